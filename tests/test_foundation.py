@@ -1,0 +1,256 @@
+"""The foundation: op-test harness, benchmark harness, CLI, compiled extension, packaging files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinylearn
+from tinylearn.bench import Comparison, Table, measure
+from tinylearn.bench.table import Row
+from tinylearn.testing import assert_close, broadcast_shape_pairs, make_array, make_layouts, tolerance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- tolerance table / assert_close
+def test_tolerance_table_matches_design():
+    assert tolerance("float64") == (1e-10, 1e-7)
+    assert tolerance("float32") == (1e-5, 1e-4)
+    assert tolerance(np.float16) == (1e-3, 1e-3)
+    assert tolerance("bfloat16") == (1e-2, 1e-2)
+    assert tolerance("float32", reduction_size=4096) == (1e-4, 1e-3)
+    assert tolerance("int8") == (0.0, 0.0)
+
+
+def test_assert_close_passes_within_and_fails_outside_tolerance():
+    e = np.linspace(-3, 3, 101).astype(np.float32)
+    assert_close(e + 5e-6, e)  # inside atol + rtol*|e|
+    with pytest.raises(AssertionError, match=r"max abs err .* worst at \(\d+,\)"):
+        assert_close(e + 1e-3, e)
+
+
+def test_assert_close_torch_dtypes_and_exact_integers():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 5, dtype=torch.bfloat16)
+    assert_close(x.float() + 1e-3, x)  # bf16 tolerance picked from expected's dtype
+    assert_close(np.arange(5, dtype=np.int8), torch.arange(5, dtype=torch.int8))
+    with pytest.raises(AssertionError, match="integer mismatches"):
+        assert_close(np.array([1, 2, 4], np.int32), np.array([1, 2, 3], np.int32))
+
+
+def test_assert_close_nan_inf_and_shape():
+    a = np.array([1.0, np.nan, np.inf], np.float32)
+    assert_close(a.copy(), a)
+    with pytest.raises(AssertionError, match="NaN mismatch"):
+        assert_close(np.array([1.0, 0.0, np.inf], np.float32), a)
+    with pytest.raises(AssertionError, match="inf mismatch"):
+        assert_close(np.array([1.0, np.nan, -np.inf], np.float32), a)
+    with pytest.raises(AssertionError, match="shape mismatch"):
+        assert_close(np.zeros((2, 3)), np.zeros((3, 2)))
+
+
+def test_harness_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="dtype"):
+        assert_close(np.zeros(2), np.zeros(2), dtype="float128x")
+    with pytest.raises(ValueError, match="layout"):
+        make_array((2, 2), layout="diagonal")
+    with pytest.raises(ValueError, match="shape"):
+        make_array((2, -1))
+
+
+def test_layouts_are_really_non_contiguous():
+    seen = dict(make_layouts((3, 4)))
+    assert set(seen) == {"contiguous", "fortran", "strided", "reversed", "broadcast"}
+    assert all(a.shape == (3, 4) for a in seen.values())
+    assert seen["contiguous"].flags.c_contiguous
+    assert not seen["fortran"].flags.c_contiguous
+    assert not seen["strided"].flags.c_contiguous and not seen["strided"].flags.f_contiguous
+    assert seen["reversed"].strides[0] < 0
+    assert 0 in seen["broadcast"].strides
+
+
+def test_broadcast_pairs_broadcast():
+    for a, b in broadcast_shape_pairs(n=50):
+        np.broadcast_shapes(a, b)
+
+
+# ---------------------------------------------------------------- bench harness
+def test_measure_reports_median_of_repeats():
+    calls = []
+    t = measure(lambda: calls.append(1), warmup=2, repeat=5)
+    assert t.min <= t.median <= t.max and len(t.times) == 5
+    assert len(calls) >= 2 + 1 + 5
+    with pytest.raises(ValueError, match="repeat"):
+        measure(lambda: None, repeat=0)
+    with pytest.raises(TypeError, match="fn"):
+        measure(42)  # type: ignore[arg-type]
+
+
+def test_comparison_ratios_and_unavailable_rows():
+    cmp = Comparison("t", baseline="torch", repeat=3)
+    with cmp.case("small", flops=1e6) as c:
+        c.add("torch", lambda: sum(range(2000)))
+        c.add("slow", lambda: sum(range(20000)))
+        c.add("broken", lambda: 1 / 0)
+        c.unavailable("gpu", "no CUDA device")
+    tab = cmp.table
+    assert tab.get("small", "torch").ratio == pytest.approx(1.0)
+    assert tab.get("small", "slow").ratio > 1.0
+    assert tab.get("small", "broken").median_ms is None and "ZeroDivisionError" in tab.get("small", "broken").note
+    assert tab.get("small", "gpu").note == "n/a: no CUDA device"
+    text = tab.to_text()
+    assert "x torch" in text and "GFLOP/s" in text and "n/a" in text
+    assert json.loads(tab.to_json())["rows"][0]["impl"] == "torch"
+    assert tab.to_markdown().count("|") > 10
+
+
+def test_tinygrad_column_says_why_without_clang(monkeypatch):
+    import tinylearn.bench.comparators as comp
+
+    monkeypatch.setattr(comp, "clang_available", lambda: False)
+    cmp = Comparison("t", repeat=3)
+    with cmp.case("c") as c:
+        row = c.add_tinygrad("tinygrad", lambda tg: (lambda: None))
+    assert row.median_ms is None and row.note == "n/a: clang not found"
+
+
+def test_plot_table_draws_bars(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    tab = Table("demo", rows=[Row("a", "torch", 1.0), Row("a", "x", 2.0), Row("b", "torch", 3.0), Row("b", "x", None)])
+    tab.compute_ratios()
+    ax = tinylearn.bench.plot_table(tab, path=str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    assert len(ax.patches) == 4
+
+
+def test_cli_unknown_topic_lists_known_ones():
+    p = subprocess.run([sys.executable, "-m", "tinylearn", "bench", "no_such_topic"], capture_output=True, text=True)
+    assert p.returncode != 0
+    assert "no_such_topic" in p.stderr and "matmul" in p.stderr and "autodiff" in p.stderr
+
+
+def test_cli_info_runs():
+    p = subprocess.run([sys.executable, "-m", "tinylearn", "info"], capture_output=True, text=True)
+    assert p.returncode == 0 and "torch" in p.stdout and "_C" in p.stdout
+
+
+def test_matmul_benchmark_has_all_columns():
+    from tinylearn.bench import matmul
+
+    (tab,) = matmul.run(sizes=[64])
+    impls = tab.impls()
+    assert {"numpy", "torch", "tinygrad", "C++ ikj loop", "C++ naive ijk"} <= set(impls)
+    assert all(r.median_ms is not None for r in tab.rows if r.impl != "tinygrad") and tab.get("n=64", "torch").ratio == 1
+
+
+# ---------------------------------------------------------------- compiled extension + roofline
+def test_extension_builds_and_machine_kernels_match_numpy():
+    from tinylearn import _C
+
+    assert "machine" in _C.submodules
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((33, 17), dtype=np.float32)
+    b = rng.standard_normal((17, 29), dtype=np.float32)
+    assert_close(_C.machine.matmul_naive(a, b), a @ b, reduction_size=17)
+    assert_close(_C.machine.matmul_ikj(a.T.copy().T, b), a @ b)  # non-contiguous input is copied
+    x, y, z = np.zeros(1001), rng.standard_normal(1001), rng.standard_normal(1001)
+    _C.machine.triad(x, y, z, 2.5)
+    assert_close(x, y + 2.5 * z)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        _C.machine.matmul_naive(a, a)
+    with pytest.raises(ValueError, match="unknown feature"):
+        _C.cpu_supports("sse9")
+
+
+def test_roofline_measurements_are_plausible():
+    from tinylearn.bench import roofline
+
+    p = roofline.peak_gflops(n=256, repeat=2)
+    assert p.gflops > 0.1
+    assert roofline.stream_bandwidth(n=2_000_000, repeat=2) > 0.1
+    th = roofline.theoretical_peak_gflops()
+    assert th.gflops > 0
+    assert roofline.attainable_gflops(1e6, 100.0, 10.0) == 100.0
+    assert roofline.attainable_gflops(1.0, 100.0, 10.0) == 10.0
+    with pytest.raises(ValueError, match="n"):
+        roofline.peak_gflops(n=4)
+
+
+# ---------------------------------------------------------------- packaging
+def _norm(name: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", name.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_environment_yml_lists_the_pyproject_packages():
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_norm(d) for d in proj["dependencies"]}
+    for extra, deps in proj["optional-dependencies"].items():
+        if extra != "gpu":  # conda users add cupy on a GPU machine (said in environment.yml)
+            wanted |= {_norm(d) for d in deps}
+    env_lines = (ROOT / "environment.yml").read_text().splitlines()
+    listed = {_norm(ln.split("#")[0].strip()[2:]) for ln in env_lines if ln.strip().startswith("- ")}
+    listed = {n.split("=")[0] for n in listed}
+    missing = wanted - listed
+    assert not missing, f"environment.yml lacks {sorted(missing)}"
+    assert {"python", "clang", "openmpi"} <= listed
+
+
+def test_constraints_pin_exact_versions_of_every_dependency():
+    pins = {}
+    for ln in (ROOT / "constraints.txt").read_text().splitlines():
+        if ln and not ln.startswith("#"):
+            name, _, ver = ln.partition("==")
+            pins[_norm(name)] = ver
+    assert pins["torch"] == "2.13.0" and pins["tinygrad"] == "0.14.0"
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = list(proj["dependencies"]) + [d for k, v in proj["optional-dependencies"].items() if k != "gpu" for d in v]
+    assert not [d for d in deps if _norm(d) not in pins]
+
+
+# ---------------------------------------------------------------- notebooks and exercises are in order
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_is_executed_with_a_plot_and_no_errors(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert code, f"{nb.name} has no code"
+    assert all(c.get("execution_count") is not None for c in code), f"{nb.name}: unexecuted cells"
+    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert any("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", [])), f"{nb.name}: no plot"
+    assert cells[0]["cell_type"] == "markdown" and "question" in "".join(cells[0]["source"]).lower()
+    src = nb.parent / "src" / (nb.stem + ".py")
+    assert src.is_file(), f"{nb.name} has no source {src}"
+
+
+EXERCISES = sorted(p for p in (ROOT / "exercises").iterdir() if p.is_dir() and p.name[:2].isdigit())
+
+
+@pytest.mark.parametrize("folder", EXERCISES, ids=[p.name for p in EXERCISES])
+def test_exercise_stubs_are_unsolved(folder):
+    """Every exercise test must fail on the untouched stubs (and CI runs --impl=reference, where they pass)."""
+    assert (folder / "stubs.py").is_file() and (folder / "reference.py").is_file()
+    assert "NotImplementedError" in (folder / "stubs.py").read_text()
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider", "--impl=stub", "--tb=no"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr
+    assert p.returncode == 1, f"{folder.name}: expected failures on stubs, got exit {p.returncode}: {summary}"
+    assert " passed" not in summary, f"{folder.name}: some tests pass on the stubs: {summary}"
+
+
+def test_library_has_no_stubs():
+    hits = [str(p) for p in (ROOT / "tinylearn").rglob("*.py") if "NotImplementedError" in p.read_text()]
+    assert not hits, f"NotImplementedError in the library: {hits}"

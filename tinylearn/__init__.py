@@ -1,0 +1,48 @@
+"""tinylearn — a notebook-driven curriculum library for AI-systems engineering.
+
+Top level: the autograd Tensor and its factory functions (``tl.Tensor``, ``tl.cat``, ``tl.no_grad`` ...).
+Topic subpackages load on first access (``tl.conv``, ``tl.quant`` ...) so ``import tinylearn`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_SUBPACKAGES = ("autograd", "nn", "optim", "data", "conv", "quant", "prune", "sparse", "kernels", "dist", "memory",
+                "bench", "testing")
+
+try:
+    from .autograd import (  # noqa: F401
+        Tensor,
+        arange,
+        cat,
+        manual_seed,
+        no_grad,
+        ones,
+        rand,
+        randn,
+        stack,
+        where,
+        zeros,
+    )
+except ImportError as _e:  # pragma: no cover - only while the autograd package is being written
+    _AUTOGRAD_ERROR: ImportError | None = _e
+else:
+    _AUTOGRAD_ERROR = None
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        mod = importlib.import_module(f".{name}", __name__)
+        globals()[name] = mod
+        return mod
+    if _AUTOGRAD_ERROR is not None and name in ("Tensor", "cat", "stack", "where", "no_grad"):
+        raise AttributeError(f"tinylearn.{name} unavailable: {_AUTOGRAD_ERROR}")
+    raise AttributeError(f"module 'tinylearn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_SUBPACKAGES))

@@ -1,0 +1,143 @@
+"""Machine limits for the roofline model: attainable GFLOP/s = min(peak, intensity * bandwidth).
+
+- ``peak_gflops()``: measured fp32 SGEMM throughput (numpy BLAS and torch, 2*n^3 flops per n x n matmul; the
+  better of the two is the practical peak).
+- ``theoretical_peak_gflops()``: cores x GHz x FMA-units x SIMD-lanes x 2 from /proc/cpuinfo flags — an upper
+  bound the measured figure should stay below (turbo and the real number of FMA ports are guesses; the
+  function says what it assumed).
+- ``stream_bandwidth()``: STREAM triad a = b + s*c on float64 in C++/OpenMP (24 bytes per element counted), with
+  arrays far larger than the last-level cache.
+- ``roofline_plot(ax, peak_gflops, bandwidth_gbs, points)``: the two roofs and measured kernels as points
+  (arithmetic intensity in FLOP/byte, achieved GFLOP/s).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Peak:
+    gflops: float
+    source: str
+    details: dict[str, float]
+
+
+def _time_best(fn: Any, repeat: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def peak_gflops(n: int = 2048, repeat: int = 5) -> Peak:
+    """Measured fp32 peak: best of numpy and torch n x n SGEMM (2 n^3 FLOPs)."""
+    if n < 16:
+        raise ValueError(f"n: matrix size must be >= 16, got {n}")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    flops = 2.0 * n**3
+    details = {"numpy": flops / _time_best(lambda: a @ b, repeat) / 1e9}
+    try:
+        import torch
+
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        details["torch"] = flops / _time_best(lambda: ta @ tb, repeat) / 1e9
+    except ImportError:
+        pass
+    src = max(details, key=details.get)
+    return Peak(details[src], f"{src} sgemm {n}x{n}", details)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_ghz() -> float | None:
+    """Nominal/current clock from /proc/cpuinfo ("cpu MHz", else the GHz in the model name)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return None
+    m = re.search(r"@\s*([\d.]+)\s*GHz", text)
+    if m:
+        return float(m.group(1))
+    mhz = re.findall(r"cpu MHz\s*:\s*([\d.]+)", text)
+    return float(mhz[0]) / 1000 if mhz else None
+
+
+def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) -> Peak:
+    """cores x GHz x 2 FMA units x lanes x 2 FLOP/FMA; lanes = 16 with AVX-512F, 8 with AVX2+FMA, 4 otherwise."""
+    flags = cpu_flags()
+    cores = cores or len(os.sched_getaffinity(0))
+    ghz = ghz or cpu_ghz() or 2.0
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
+    fma_units = 2
+    g = cores * ghz * fma_units * lanes * 2
+    return Peak(g, f"{cores} cores x {ghz:.2f} GHz x {fma_units} FMA x {lanes} lanes x 2",
+                {"cores": cores, "ghz": ghz, "lanes": lanes, "fma_units": fma_units})
+
+
+def stream_bandwidth(n: int = 20_000_000, repeat: int = 5) -> float:
+    """STREAM triad bandwidth in GB/s (C++/OpenMP kernel from tinylearn._C; numpy fallback counts 40 B/elem)."""
+    if n < 1000:
+        raise ValueError(f"n: array length must be >= 1000, got {n}")
+    a = np.zeros(n)
+    b = np.ones(n)
+    c = np.full(n, 2.0)
+    try:
+        from tinylearn._C import machine
+
+        t = _time_best(lambda: machine.triad(a, b, c, 3.0), repeat)
+        return 24.0 * n / t / 1e9
+    except ImportError:
+        tmp = np.empty(n)
+
+        def triad() -> None:
+            np.multiply(c, 3.0, out=tmp)
+            np.add(b, tmp, out=a)
+
+        t = _time_best(triad, repeat)
+        return 40.0 * n / t / 1e9
+
+
+def attainable_gflops(intensity: float | np.ndarray, peak: float, bandwidth_gbs: float) -> Any:
+    """Roofline: min(peak, intensity * bandwidth)."""
+    return np.minimum(peak, np.asarray(intensity) * bandwidth_gbs)
+
+
+def roofline_plot(
+    ax: Any, peak_gflops: float, bandwidth_gbs: float, points: list[tuple[str, float, float]] | None = None
+) -> Any:
+    """Draw the roofline on ``ax``; ``points`` are (label, FLOP/byte, measured GFLOP/s)."""
+    if peak_gflops <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"peak_gflops/bandwidth_gbs must be > 0, got {peak_gflops}, {bandwidth_gbs}")
+    xs = np.logspace(-2, 3, 200)
+    ax.loglog(xs, attainable_gflops(xs, peak_gflops, bandwidth_gbs), "k-", lw=2, label="roofline")
+    ridge = peak_gflops / bandwidth_gbs
+    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    ax.text(ridge, peak_gflops * 0.5, f" ridge {ridge:.1f} FLOP/B", fontsize=8, color="gray")
+    for label, ai, g in points or []:
+        ax.loglog([ai], [g], "o")
+        ax.annotate(label, (ai, g), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(f"roofline: {peak_gflops:.0f} GFLOP/s, {bandwidth_gbs:.1f} GB/s")
+    return ax

@@ -1,0 +1,76 @@
+"""measure(fn): wall-clock timing with warm-up; the statistic reported everywhere is the median.
+
+Each repeat times one call with time.perf_counter(); calls faster than ``min_call_s`` are batched
+(``inner`` calls per sample) so that timer resolution does not dominate. Optional peak memory: traced
+Python allocations (tracemalloc, numpy included) of one extra call.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Timing:
+    """Seconds per call: median/min/max over ``times`` (each a per-call average over ``inner`` calls)."""
+
+    median: float
+    min: float
+    max: float
+    times: list[float] = field(default_factory=list)
+    inner: int = 1
+    peak_bytes: int | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return self.median * 1e3
+
+
+def measure(
+    fn: Callable[[], object],
+    warmup: int = 2,
+    repeat: int = 10,
+    min_call_s: float = 2e-4,
+    memory: bool = False,
+) -> Timing:
+    """Time ``fn()`` (no arguments): ``warmup`` untimed calls, then ``repeat`` timed samples.
+
+    ``memory=True`` also records the peak traced allocation of one more call (tracemalloc; sees numpy and
+    Python allocations, not torch's C++ allocator).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"warmup/repeat: need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    inner = 1 if once >= min_call_s else min(1000, max(1, int(min_call_s / max(once, 1e-9))))
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t0) / inner)
+    finally:
+        if gc_was:
+            gc.enable()
+    peak = None
+    if memory:
+        tracemalloc.start()
+        try:
+            fn()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    return Timing(statistics.median(times), min(times), max(times), times, inner, peak)

@@ -1,0 +1,119 @@
+"""Build notebooks from their percent-format sources and execute them, committing clean outputs.
+
+    python tools/nb.py build notebooks/src/01_autodiff.py [...]   # -> notebooks/01_autodiff.ipynb, executed
+    python tools/nb.py build --all                                 # every notebooks/src/*.py (make notebooks)
+    python tools/nb.py check                                       # every notebook executed, no error outputs
+
+Source format (jupytext "percent"): a line ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown cell whose
+lines are written as ``# text``. The .py source is the reviewable truth; the .ipynb carries the outputs nbval
+compares. Execution: kernel ``python3`` (the standard kernelspec), cwd notebooks/, 600 s per cell; the build
+fails if a cell raises, and warns about stderr output outside ``# NBVAL_IGNORE_OUTPUT`` cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+
+
+def parse_percent(text: str) -> list[nbformat.NotebookNode]:
+    cells: list[nbformat.NotebookNode] = []
+    kind, buf = None, []
+
+    def flush() -> None:
+        if kind is None:
+            return
+        while buf and not buf[-1].strip():
+            buf.pop()
+        while buf and not buf[0].strip():
+            buf.pop(0)
+        if kind == "markdown":
+            lines = [ln[2:] if ln.startswith("# ") else ln[1:] if ln.startswith("#") else ln for ln in buf]
+            cells.append(nbformat.v4.new_markdown_cell("\n".join(lines)))
+        elif buf:
+            cells.append(nbformat.v4.new_code_cell("\n".join(buf)))
+
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            flush()
+            kind = "markdown" if "[markdown]" in line else "code"
+            buf = []
+        elif kind is not None:
+            buf.append(line)
+    flush()
+    return cells
+
+
+def build(src: Path, timeout: int = 600) -> Path:
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = parse_percent(src.read_text())
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    out = NB_DIR / (src.stem + ".ipynb")
+    t0 = time.time()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NB_DIR)}})
+    client.execute()
+    dt = time.time() - t0
+    for i, cell in enumerate(nb.cells):
+        cell.metadata = {}
+        if cell.cell_type == "code":
+            cell.id = f"c{i:03d}"
+            ignored = cell.source.lstrip().startswith("# NBVAL_IGNORE_OUTPUT")
+            for o in cell.outputs:
+                o.pop("metadata", None) if o.get("output_type") == "stream" else None
+                if o.get("output_type") == "stream" and o.get("name") == "stderr" and not ignored:
+                    print(f"  warning: {out.name} cell {i} writes to stderr: {o['text'][:100]!r}", file=sys.stderr)
+        else:
+            cell.id = f"m{i:03d}"
+    nbformat.write(nb, out)
+    print(f"built {out.relative_to(ROOT)} in {dt:.1f} s")
+    return out
+
+
+def check() -> int:
+    bad = []
+    for p in sorted(NB_DIR.glob("*.ipynb")):
+        cells = json.loads(p.read_text())["cells"]
+        code = [c for c in cells if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+        if any(c.get("execution_count") is None for c in code):
+            bad.append(f"{p.name}: unexecuted code cells")
+        if any(o.get("output_type") == "error" for c in code for o in c.get("outputs", [])):
+            bad.append(f"{p.name}: error output committed")
+        if not any("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", [])):
+            bad.append(f"{p.name}: no plot")
+    print("\n".join(bad) or "all notebooks executed, plots present, no errors")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("sources", nargs="*", type=Path)
+    b.add_argument("--all", action="store_true")
+    sub.add_parser("check")
+    args = ap.parse_args(argv)
+    if args.cmd == "check":
+        return check()
+    srcs = sorted((NB_DIR / "src").glob("*.py")) if args.all else args.sources
+    if not srcs:
+        ap.error("build: give source files or --all")
+    for s in srcs:
+        build(Path(s).resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
