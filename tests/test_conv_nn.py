@@ -1,0 +1,147 @@
+"""The autograd path: tl.nn.functional.conv2d / pools (delegating to tinylearn.conv) and tl.nn.Conv2d training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import tinylearn as tl
+from tinylearn.conv import cpp_available
+from tinylearn.conv import functional as CF
+from tinylearn.testing import assert_close, numba_available
+
+F = tl.nn.functional
+
+AVAIL = ["numpy"] + (["numba"] if numba_available() else []) + (["cpp"] if cpp_available() else [])
+
+
+@pytest.fixture(params=AVAIL)
+def backend(request):
+    old = CF.get_backend()
+    CF.set_backend(request.param)
+    yield request.param
+    CF.set_backend(old)
+
+
+def _t(a, rg=True):
+    return tl.Tensor(a, requires_grad=rg, dtype=str(a.dtype))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(stride=1, padding=1, groups=1),
+        dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2),
+        dict(stride=1, padding=1, groups=4),
+    ],
+)
+def test_functional_conv2d_vs_torch(backend, cfg):
+    rng = np.random.default_rng(0)
+    g = cfg["groups"]
+    x = rng.standard_normal((2, 4, 7, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 4 // g, 3, 3)).astype(np.float32) * 0.3
+    b = rng.standard_normal(8).astype(np.float32)
+    tx, tw, tb = _t(x), _t(w), _t(b)
+    y = F.conv2d(tx, tw, tb, **cfg)
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    y.backward(tl.Tensor(gy))
+    X, W, B = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    Y = TF.conv2d(X, W, B, **cfg)
+    Y.backward(torch.from_numpy(gy))
+    assert_close(y.data, Y, "float32")
+    assert_close(tx.grad.data, X.grad, "float32")
+    assert_close(tw.grad.data, W.grad, "float32", reduction_size=2000)
+    assert_close(tb.grad.data, B.grad, "float32", reduction_size=2000)
+    assert tx.grad.data.dtype == np.float32 and tw.grad.data.dtype == np.float32
+
+
+def test_gradcheck_fp64(backend):
+    rng = np.random.default_rng(1)
+    x = _t(rng.standard_normal((2, 4, 6, 5)))
+    w = _t(rng.standard_normal((4, 2, 3, 2)))
+    b = _t(rng.standard_normal(4))
+    assert tl.autograd.gradcheck(lambda a, ww, bb: F.conv2d(a, ww, bb, (2, 1), 1, (1, 2), 2), [x, w, b])
+    assert tl.autograd.gradcheck(lambda a: F.max_pool2d(a, 3, 2, 1), [x])
+    assert tl.autograd.gradcheck(lambda a: F.avg_pool2d(a, (3, 2), 1, 1, count_include_pad=False), [x])
+    assert tl.autograd.gradcheck(lambda a: F.avg_pool2d(a, 2), [x])
+
+
+def test_pools_vs_torch():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    cases = [
+        (F.max_pool2d, TF.max_pool2d, {}),
+        (F.avg_pool2d, TF.avg_pool2d, {"count_include_pad": False}),
+        (F.avg_pool2d, TF.avg_pool2d, {}),
+    ]
+    for fn, tfn, kw in cases:
+        tx = _t(x)
+        y = fn(tx, 3, 2, 1, **kw)
+        gy = rng.standard_normal(y.shape).astype(np.float32)
+        y.backward(tl.Tensor(gy))
+        X = torch.tensor(x, requires_grad=True)
+        Y = tfn(X, 3, 2, 1, **kw)
+        Y.backward(torch.from_numpy(gy))
+        assert_close(y.data, Y, "float32")
+        assert_close(tx.grad.data, X.grad, "float32")
+
+
+def test_nn_conv2d_training_matches_torch():
+    """Same init, same data, 5 SGD steps of Conv-ReLU-MaxPool-Linear: losses and weights track torch."""
+    tl.manual_seed(0)
+    rng = np.random.default_rng(3)
+    model = tl.nn.Sequential(
+        tl.nn.Conv2d(1, 4, 3, padding=1),
+        tl.nn.ReLU(),
+        tl.nn.MaxPool2d(2),
+        tl.nn.Conv2d(4, 4, 3, groups=2),
+        tl.nn.AvgPool2d(2, padding=1),
+        tl.nn.Flatten(),
+        tl.nn.Linear(4 * 2 * 2, 3),
+    )
+    ref = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(4, 4, 3, groups=2),
+        torch.nn.AvgPool2d(2, padding=1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 2 * 2, 3),
+    )
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+            q.copy_(torch.from_numpy(p.data))
+    opt = tl.optim.SGD(model.parameters(), lr=0.1)
+    topt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    X = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    for _ in range(5):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(tl.Tensor(X)), tl.Tensor(y, dtype="int64"))
+        loss.backward()
+        opt.step()
+        topt.zero_grad()
+        tloss = TF.cross_entropy(ref(torch.from_numpy(X)), torch.from_numpy(y))
+        tloss.backward()
+        topt.step()
+        assert abs(loss.item() - tloss.item()) < 1e-4
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert_close(p.data, q, "float32", atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_functional_conv_is_the_im2col_path():
+    assert tl.nn.functional_conv.Conv2dFn is CF.Conv2dFunction
+
+
+def test_bad_input_through_autograd():
+    x = tl.Tensor(np.zeros((1, 4, 5, 5), np.float32))
+    with pytest.raises(ValueError, match="groups"):
+        F.conv2d(x, tl.Tensor(np.zeros((6, 1, 3, 3), np.float32)), groups=3)
+    with pytest.raises(ValueError, match="kernel_size"):
+        F.conv2d(x, tl.Tensor(np.zeros((6, 4, 7, 7), np.float32)))
+    with pytest.raises(ValueError, match="weight"):
+        F.conv2d(x, tl.Tensor(np.zeros((6, 4, 3), np.float32)))
+    with pytest.raises(ValueError, match="stride"):
+        F.max_pool2d(x, 2, stride=0)

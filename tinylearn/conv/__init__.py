@@ -1,0 +1,42 @@
+"""Convolution lowered to GEMM: im2col / col2im (three backends), conv2d forward/backward, pooling, Winograd
+F(2x2, 3x3), Conv+BN folding and the tiled-im2col memory lesson. numpy arrays in and out.
+
+    tl.conv.im2col(x, kernel_size, stride=1, padding=0, dilation=1, backend="numpy"|"numba"|"cpp")  [N, C*kh*kw, L]
+    tl.conv.col2im(cols, output_size, kernel_size, stride=1, padding=0, dilation=1, backend=...)     [N, C, H, W]
+    tl.conv.conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, backend=...)
+    tl.conv.winograd_conv2d(x, w, bias=None, padding=0)
+    tl.conv.fold_batchnorm(conv_w, conv_b, bn_mean, bn_var, bn_gamma, bn_beta, eps) -> (w', b')
+
+Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is imported only when asked for.
+"""
+
+from ._cpp import cpp_available
+from ._params import BACKENDS, conv_out_size
+from .batchnorm_fold import fold_batchnorm
+from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward
+from .im2col import col2im, im2col
+from .pooling import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
+from .tiled import conv2d_tiled, im2col_workspace_bytes
+from .winograd import MULS_DIRECT_PER_TILE, MULS_WINOGRAD_PER_TILE, winograd_conv2d
+
+__all__ = [
+    "BACKENDS",
+    "MULS_DIRECT_PER_TILE",
+    "MULS_WINOGRAD_PER_TILE",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "col2im",
+    "conv2d",
+    "conv2d_backward",
+    "conv2d_flops",
+    "conv2d_forward",
+    "conv2d_tiled",
+    "conv_out_size",
+    "cpp_available",
+    "fold_batchnorm",
+    "im2col",
+    "im2col_workspace_bytes",
+    "max_pool2d",
+    "max_pool2d_backward",
+    "winograd_conv2d",
+]

@@ -1,0 +1,82 @@
+"""Argument parsing and validation shared by every conv/pool entry point.
+
+Output size of a windowed op along one axis (torch's formula, floor mode):
+
+    out = floor((in + 2*pad - dil*(k - 1) - 1) / stride) + 1
+
+It must be >= 1, i.e. the dilated kernel ``dil*(k-1)+1`` must fit in the padded input ``in + 2*pad``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Pair = tuple[int, int]
+BACKENDS = ("numpy", "numba", "cpp")
+
+
+def pair(value: Any, name: str) -> Pair:
+    """``int`` or length-2 sequence of ints -> (a, b); anything else raises TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected int or pair of ints, got bool {value!r}")
+    if isinstance(value, int | np.integer):
+        return int(value), int(value)
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    raise TypeError(f"{name}: expected int or pair of ints, got {value!r}")
+
+
+def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    """floor((size + 2p - d(k-1) - 1)/s) + 1 (may be <= 0 when the kernel does not fit; callers validate)."""
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def window_params(
+    shape: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any, dilation: Any, what: str = "x"
+) -> tuple[Pair, Pair, Pair, Pair, Pair]:
+    """Validate (kernel, stride, padding, dilation) against an NCHW ``shape``; returns them and (OH, OW)."""
+    k = pair(kernel_size, "kernel_size")
+    s = pair(stride, "stride")
+    p = pair(padding, "padding")
+    d = pair(dilation, "dilation")
+    if len(shape) != 4:
+        raise ValueError(f"{what}: expected a 4-D [N, C, H, W] array, got shape {tuple(shape)}")
+    if min(k) < 1:
+        raise ValueError(f"kernel_size: must be positive, got {k}")
+    if min(s) < 1:
+        raise ValueError(f"stride: must be positive, got {s}")
+    if min(d) < 1:
+        raise ValueError(f"dilation: must be positive, got {d}")
+    if min(p) < 0:
+        raise ValueError(f"padding: must be non-negative, got {p}")
+    H, W = shape[2], shape[3]
+    eff = (d[0] * (k[0] - 1) + 1, d[1] * (k[1] - 1) + 1)
+    if eff[0] > H + 2 * p[0] or eff[1] > W + 2 * p[1]:
+        raise ValueError(
+            f"kernel_size: dilated kernel {eff} (kernel_size={k}, dilation={d}) is larger than the padded input "
+            f"{(H + 2 * p[0], W + 2 * p[1])} ({what} shape {tuple(shape)}, padding={p})"
+        )
+    out = (conv_out_size(H, k[0], s[0], p[0], d[0]), conv_out_size(W, k[1], s[1], p[1], d[1]))
+    return k, s, p, d, out
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: unknown backend {backend!r}; known: {list(BACKENDS)}")
+    return backend
+
+
+def as_float_array(x: Any, name: str) -> np.ndarray:
+    """numpy float array (float16/32/64 kept, ints and bools -> float32); TypeError for non-numeric input."""
+    a = np.asarray(x)
+    if a.dtype.kind in "iub":
+        return a.astype(np.float32)
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a real floating array, got dtype {a.dtype}")
+    return a

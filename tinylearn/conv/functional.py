@@ -1,0 +1,130 @@
+"""Autograd Functions for conv2d / max_pool2d / avg_pool2d on tl.Tensors, built on the im2col kernels.
+
+    Conv2d     forward: y = W @ im2col(x) + b  (cols kept for backward)
+               backward: dW = dY @ colsᵀ, dX = col2im(Wᵀ @ dY), db = sum dY         (tinylearn.conv.conv2d)
+    MaxPool2d  forward keeps the window argmax; backward scatters dY to it through col2im
+    AvgPool2d  backward spreads dY / divisor over the window through col2im
+
+``set_backend("numpy"|"numba"|"cpp")`` picks the im2col/col2im kernels (default: cpp when tinylearn._C is built,
+else numpy). Dtypes the compiled kernels do not handle (float16) use the numpy kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..autograd.function import Function
+from ..autograd.tensor import Tensor
+from ._cpp import cpp_available
+from ._params import check_backend
+from .conv2d import conv2d_backward, conv2d_forward
+from .pooling import avg_pool2d as _avg_pool2d
+from .pooling import avg_pool2d_backward, max_pool2d_backward
+from .pooling import max_pool2d as _max_pool2d
+
+_STATE = {"backend": None}
+
+
+def get_backend() -> str:
+    if _STATE["backend"] is None:
+        _STATE["backend"] = "cpp" if cpp_available() else "numpy"
+    return _STATE["backend"]
+
+
+def set_backend(backend: str) -> None:
+    """Backend of the im2col/col2im kernels used by the autograd conv/pool Functions."""
+    _STATE["backend"] = check_backend(backend)
+
+
+def _backend_for(*arrays: np.ndarray) -> str:
+    be = get_backend()
+    if be != "numpy" and any(a is not None and a.dtype not in (np.float32, np.float64) for a in arrays):
+        return "numpy"
+    return be
+
+
+class Conv2dFunction(Function):
+    @staticmethod
+    def forward(ctx, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+        be = _backend_for(x, w)
+        y, cols = conv2d_forward(x, w, b, stride, padding, dilation, groups, backend=be)
+        ctx.save_for_backward(x, w, cols)
+        ctx.args = (stride, padding, dilation, groups, be, None if b is None else b.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w, cols = ctx.saved_tensors
+        stride, padding, dilation, groups, be, b_dtype = ctx.args
+        needs = ctx.needs_input_grad
+        dx, dw, db = conv2d_backward(
+            grad_out,
+            x,
+            w,
+            stride,
+            padding,
+            dilation,
+            groups,
+            backend=be,
+            cols=cols,
+            needs=(needs[0], needs[1], len(needs) > 2 and needs[2]),
+        )
+        return (
+            None if dx is None else dx.astype(x.dtype, copy=False),
+            None if dw is None else dw.astype(w.dtype, copy=False),
+            None if db is None else db.astype(b_dtype, copy=False),
+        )
+
+
+class MaxPool2dFunction(Function):
+    @staticmethod
+    def forward(ctx, x, kernel_size, stride=None, padding=0, dilation=1):
+        y, idx = _max_pool2d(x, kernel_size, stride, padding, dilation, return_indices=True)
+        ctx.save_for_backward(idx)
+        ctx.args = (x.shape, x.dtype, kernel_size, stride, padding, dilation, _backend_for(x))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (idx,) = ctx.saved_tensors
+        shape, dtype, k, s, p, d, be = ctx.args
+        return max_pool2d_backward(grad_out, idx, shape, k, s, p, d, backend=be).astype(dtype, copy=False)
+
+
+class AvgPool2dFunction(Function):
+    @staticmethod
+    def forward(ctx, x, kernel_size, stride=None, padding=0, count_include_pad=True):
+        ctx.args = (x.shape, x.dtype, kernel_size, stride, padding, count_include_pad, _backend_for(x))
+        return _avg_pool2d(x, kernel_size, stride, padding, count_include_pad)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        shape, dtype, k, s, p, cip, be = ctx.args
+        return avg_pool2d_backward(grad_out, shape, k, s, p, cip, backend=be).astype(dtype, copy=False)
+
+
+def conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """Differentiable conv2d (torch.nn.functional.conv2d semantics) via im2col + GEMM."""
+    return Conv2dFunction.apply(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
+    """Differentiable max pooling; the gradient flows to the first maximum of each window (like torch)."""
+    return MaxPool2dFunction.apply(x, kernel_size, stride=stride, padding=padding, dilation=dilation)
+
+
+def avg_pool2d(
+    x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, count_include_pad: bool = True
+) -> Tensor:
+    """Differentiable average pooling (floor mode)."""
+    return AvgPool2dFunction.apply(x, kernel_size, stride=stride, padding=padding, count_include_pad=count_include_pad)

@@ -1,0 +1,140 @@
+"""im2col / col2im: the layout transform that turns a convolution into one GEMM.
+
+Layout (identical to torch.nn.functional.unfold / fold):
+
+    cols[n, (c*kh + i)*kw + j, oh*OW + ow] = xpad[n, c, oh*sh + i*dh, ow*sw + j*dw]
+
+where ``xpad`` is ``x`` zero-padded by (ph, pw). col2im is the adjoint (transpose) of im2col: every column entry
+is *added* back to the pixel it was read from, so overlapping windows accumulate. Additions happen in ascending
+(i, j) order for each pixel, the same order as torch's CPU fold, so results are bit-identical in fp32.
+
+Backends: ``numpy`` (a strided 6-D view [N, C, kh, kw, OH, OW] of the padded input copied once; col2im loops
+over the kh*kw kernel offsets only, never over pixels), ``numba`` (parallel over N*C, lazily imported) and
+``cpp`` (tinylearn._C.conv, OpenMP over N*C with contiguous row copies).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ._params import check_backend, pair, window_params
+
+_NATIVE = (np.float32, np.float64)
+
+
+def window_view(xp: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int], out: tuple[int, int]):
+    """Read-only strided view [N, C, kh, kw, OH, OW] of an (already padded) NCHW array: no copy."""
+    sN, sC, sH, sW = xp.strides
+    N, C = xp.shape[:2]
+    shape = (N, C, k[0], k[1], out[0], out[1])
+    strides = (sN, sC, sH * d[0], sW * d[1], sH * s[0], sW * s[1])
+    return as_strided(xp, shape=shape, strides=strides, writeable=False)
+
+
+def pad_nchw(x: np.ndarray, p: tuple[int, int], value: float = 0.0) -> np.ndarray:
+    if p == (0, 0):
+        return x
+    return np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=value)
+
+
+def im2col_raw(x: np.ndarray, k, s, p, d, out, backend: str, layout: str = "NKL") -> np.ndarray:
+    """im2col on validated arguments. layout "NKL" = unfold's [N, K, L]; "KNL" = [K, N*L] (batch as one GEMM)."""
+    N, C = x.shape[:2]
+    K, L = C * k[0] * k[1], out[0] * out[1]
+    if backend == "numpy":
+        v = window_view(pad_nchw(x, p), k, s, d, out)  # [N, C, kh, kw, OH, OW], no copy yet
+        if layout == "KNL":
+            return v.transpose(1, 2, 3, 0, 4, 5).reshape(K, N * L)  # the one copy
+        return v.reshape(N, K, L)  # the one copy
+    xc = _native(x, backend, "x")
+    if backend == "numba":
+        from ._numba import im2col_numba
+
+        return im2col_numba(xc, k, s, p, d, out, layout)
+    from ._cpp import cpp_module
+
+    return cpp_module().im2col(xc, k, s, p, d, layout)
+
+
+def col2im_raw(
+    cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, backend: str, layout: str = "NKL"
+) -> np.ndarray:
+    """col2im on validated arguments (see im2col_raw for the layouts)."""
+    OH, OW = out
+    if backend == "numpy":
+        if layout == "KNL":
+            c6 = cols.reshape(C, k[0], k[1], N, OH, OW).transpose(3, 0, 1, 2, 4, 5)
+        else:
+            c6 = cols.reshape(N, C, k[0], k[1], OH, OW)
+        xp = np.zeros((N, C, H + 2 * p[0], W + 2 * p[1]), dtype=cols.dtype)
+        for i in range(k[0]):  # loop over kernel offsets only; each adds a whole strided plane
+            for j in range(k[1]):
+                hi, wj = i * d[0], j * d[1]
+                xp[:, :, hi : hi + s[0] * (OH - 1) + 1 : s[0], wj : wj + s[1] * (OW - 1) + 1 : s[1]] += c6[:, :, i, j]
+        return xp[:, :, p[0] : p[0] + H, p[1] : p[1] + W]
+    cc = _native(cols, backend, "cols")
+    if backend == "numba":
+        from ._numba import col2im_numba
+
+        return col2im_numba(cc, N, C, H, W, k, s, p, d, out, layout)
+    from ._cpp import cpp_module
+
+    return cpp_module().col2im(cc, (H, W), k, s, p, d, layout, N)
+
+
+def _native(a: np.ndarray, backend: str, name: str) -> np.ndarray:
+    if a.dtype not in _NATIVE:
+        raise TypeError(f"{name}: backend {backend!r} supports float32/float64, got dtype {a.dtype}")
+    return np.ascontiguousarray(a)
+
+
+def im2col(
+    x: Any, kernel_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, backend: str = "numpy"
+) -> np.ndarray:
+    """Unfold NCHW ``x`` into columns [N, C*kh*kw, L] (L = OH*OW), exactly like ``torch.nn.functional.unfold``."""
+    check_backend(backend)
+    x = np.asarray(x)
+    if x.ndim == 3:  # torch accepts an unbatched [C, H, W]
+        return im2col(x[None], kernel_size, stride, padding, dilation, backend)[0]
+    k, s, p, d, out = window_params(x.shape, kernel_size, stride, padding, dilation, "x")
+    return im2col_raw(x, k, s, p, d, out, backend)
+
+
+def col2im(
+    cols: Any,
+    output_size: Any,
+    kernel_size: Any,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    backend: str = "numpy",
+) -> np.ndarray:
+    """Fold columns [N, C*kh*kw, L] back into an image [N, C, H, W], summing overlaps (``F.fold`` layout)."""
+    check_backend(backend)
+    cols = np.asarray(cols)
+    if cols.ndim == 2:  # unbatched
+        return col2im(cols[None], output_size, kernel_size, stride, padding, dilation, backend)[0]
+    if cols.ndim != 3:
+        raise ValueError(f"cols: expected a 3-D [N, C*kh*kw, L] array, got shape {cols.shape}")
+    H, W = pair(output_size, "output_size")
+    if H < 1 or W < 1:
+        raise ValueError(f"output_size: must be positive, got {(H, W)}")
+    kk = pair(kernel_size, "kernel_size")
+    if min(kk) < 1:
+        raise ValueError(f"kernel_size: must be positive, got {kk}")
+    N, CK, L = cols.shape
+    if CK % (kk[0] * kk[1]) != 0:
+        raise ValueError(
+            f"cols: dim 1 ({CK}) of shape {cols.shape} is not divisible by kh*kw = {kk[0] * kk[1]} (kernel_size={kk})"
+        )
+    C = CK // (kk[0] * kk[1])
+    k, s, p, d, out = window_params((N, C, H, W), kk, stride, padding, dilation, "output_size")
+    if out[0] * out[1] != L:
+        raise ValueError(
+            f"cols: dim 2 ({L}) of shape {cols.shape} does not match the {out[0]}x{out[1]} = {out[0] * out[1]} "
+            f"windows of output_size={(H, W)} with kernel_size={k}, stride={s}, padding={p}, dilation={d}"
+        )
+    return col2im_raw(cols, N, C, H, W, k, s, p, d, out, backend)
