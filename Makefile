@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 EXTRAS ?= notebooks,kernels,dist,dev
-NBVAL := --nbval notebooks/ --sanitize-with notebooks/sanitize.cfg
+NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
 STAMP := $(VENV)/.tinylearn-installed
 
 .PHONY: setup lab bench test test-tests test-exercises test-notebooks exercises notebooks build lint clean check-clang
