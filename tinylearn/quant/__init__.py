@@ -1,0 +1,88 @@
+"""Quantization: affine int8/int4 maps, observers and calibration, FP8, int4 packing, fake-quant (STE, LSQ),
+an exact int8 GEMM, quantized Linear/Conv2d, and the PTQ / QAT pipeline (prepare -> calibrate -> convert).
+
+Shaped like torch.ao.quantization: Observer -> calculate_qparams -> FakeQuantize -> convert.
+"""
+
+from .affine import QRANGES, calculate_qparams, dequantize, qrange, quantize, quantize_dequantize
+from .fp8 import FORMATS, DelayedScaling, fp8_decode, fp8_encode, fp8_matmul, fp8_quantize, fp8_table
+from .gemm import PackedInt8Weight, int8_gemm, int8_gemm_paths, requantize
+from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
+from .observers import (
+    HistogramObserver,
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    MSEObserver,
+    PercentileObserver,
+    PerChannelMinMaxObserver,
+    kl_threshold,
+)
+
+__all__ = [
+    "QRANGES",
+    "qrange",
+    "calculate_qparams",
+    "quantize",
+    "dequantize",
+    "quantize_dequantize",
+    "FORMATS",
+    "DelayedScaling",
+    "fp8_encode",
+    "fp8_decode",
+    "fp8_matmul",
+    "fp8_quantize",
+    "fp8_table",
+    "int8_gemm",
+    "int8_gemm_paths",
+    "requantize",
+    "PackedInt8Weight",
+    "pack_int4",
+    "unpack_int4",
+    "quantize_groupwise",
+    "dequantize_groupwise",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "PerChannelMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver",
+    "PercentileObserver",
+    "MSEObserver",
+    "HistogramObserver",
+    "kl_threshold",
+]
+
+from .equalize import bias_correction, cross_layer_equalize, equalize_scales
+from .fake_quant import fake_quantize, fake_quantize_learnable
+from .modules import (
+    FakeQuantize,
+    FP8Linear,
+    Int4WeightOnlyConv2d,
+    Int4WeightOnlyLinear,
+    LearnableFakeQuantize,
+    QuantizedConv2d,
+    QuantizedLinear,
+)
+from .ptq import QConfig, calibrate, convert, default_qconfig, fuse_modules, model_size_bytes, prepare, prepare_qat
+
+__all__ += [
+    "fake_quantize",
+    "fake_quantize_learnable",
+    "FakeQuantize",
+    "LearnableFakeQuantize",
+    "QuantizedLinear",
+    "QuantizedConv2d",
+    "Int4WeightOnlyLinear",
+    "Int4WeightOnlyConv2d",
+    "FP8Linear",
+    "QConfig",
+    "default_qconfig",
+    "fuse_modules",
+    "prepare",
+    "calibrate",
+    "convert",
+    "prepare_qat",
+    "model_size_bytes",
+    "cross_layer_equalize",
+    "equalize_scales",
+    "bias_correction",
+]

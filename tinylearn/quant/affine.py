@@ -1,0 +1,206 @@
+"""Affine (uniform) quantization: the map between reals and a b-bit integer grid.
+
+    q = clamp(round(x / scale) + zero_point, qmin, qmax)          x_hat = (q - zero_point) * scale
+
+``round`` is round-half-to-even. Choosing (scale, zero_point) from an observed range [min, max] follows
+torch.ao.quantization's observers exactly (float32 arithmetic, eps = finfo(float32).eps):
+
+    min' = min(min, 0), max' = max(max, 0)                       (zero must be representable exactly)
+    affine:    scale = (max' - min') / (qmax - qmin);  zero_point = clamp(qmin - round(min' / scale), qmin, qmax)
+    symmetric: scale = max(-min', max') / ((qmax - qmin) / 2);  zero_point = 0 (signed) or the mid code (unsigned)
+
+Bit-exactness with torch: ``torch.quantize_per_tensor`` evaluates ``round(fma(x, 1/scale, zero_point))`` in float32
+(the zero point is added *before* rounding, which matters at ties when zero_point is odd), while
+``torch.quantize_per_channel`` evaluates ``round(float32(x * (1/scale)) + zero_point)``. Both are reproduced here;
+float64 holds the exact product of two float32 numbers, so ``float32(float64(x) * inv + zp)`` is the fused result
+(numpy path); large per-tensor inputs go to the C++ kernel (cpp_src/quant_affine.cpp: std::fma + nearbyint).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+# dtype -> (qmin, qmax, numpy storage dtype)
+QRANGES: dict[str, tuple[int, int, type]] = {
+    "int8": (-128, 127, np.int8),
+    "uint8": (0, 255, np.uint8),
+    "int4": (-8, 7, np.int8),
+    "uint4": (0, 15, np.uint8),
+}
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def qrange(dtype: str) -> tuple[int, int]:
+    """(qmin, qmax) of a quantized dtype name."""
+    if not isinstance(dtype, str) or dtype not in QRANGES:
+        raise ValueError(f"dtype: unknown quantized dtype {dtype!r}; known: {list(QRANGES)}")
+    lo, hi, _ = QRANGES[dtype]
+    return lo, hi
+
+
+def _check_range_args(min_val: Any, max_val: Any) -> tuple[np.ndarray, np.ndarray]:
+    lo = np.asarray(min_val, dtype=np.float32)
+    hi = np.asarray(max_val, dtype=np.float32)
+    if lo.shape != hi.shape:
+        raise ValueError(f"min_val/max_val: shapes differ: {lo.shape} vs {hi.shape}")
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        raise ValueError(f"min_val/max_val: must be finite, got min_val={min_val!r}, max_val={max_val!r}")
+    if np.any(lo > hi):
+        raise ValueError(f"min_val/max_val: min_val must be <= max_val, got min_val={min_val!r}, max_val={max_val!r}")
+    return lo, hi
+
+
+def qparams_for_range(
+    min_val: Any,
+    max_val: Any,
+    quant_min: int,
+    quant_max: int,
+    symmetric: bool = False,
+    signed: bool = True,
+    customized_range: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays (scale float32, zero_point int64) for an arbitrary integer range; torch's observer arithmetic."""
+    lo, hi = _check_range_args(min_val, max_val)
+    if quant_min >= quant_max:
+        raise ValueError(f"quant_min/quant_max: need quant_min < quant_max, got {quant_min}, {quant_max}")
+    f32 = np.float32
+    lo = np.minimum(lo, f32(0))
+    hi = np.maximum(hi, f32(0))
+    if symmetric:
+        amax = np.maximum(-lo, hi)
+        scale = (amax / f32(float(quant_max - quant_min) / 2)).astype(f32)
+        scale = np.maximum(scale, f32(EPS32))
+        if signed:
+            zp = np.zeros(scale.shape, np.int64)
+        else:
+            mid = (quant_min + quant_max) // 2 if customized_range else 128
+            zp = np.full(scale.shape, mid, np.int64)
+    else:
+        scale = ((hi - lo) / f32(quant_max - quant_min)).astype(f32)
+        scale = np.maximum(scale, f32(EPS32))
+        zp = quant_min - np.rint((lo / scale).astype(f32)).astype(np.int64)
+        zp = np.clip(zp, quant_min, quant_max)
+    return scale.astype(f32), zp.astype(np.int64)
+
+
+def calculate_qparams(min_val: Any, max_val: Any, dtype: str = "int8", symmetric: bool = False) -> tuple[Any, Any]:
+    """(scale, zero_point) covering [min_val, max_val] (scalars -> (float, int); arrays -> per-channel arrays).
+
+    Matches torch.ao.quantization.MinMaxObserver / PerChannelMinMaxObserver with the same range: int8 is
+    torch.qint8 [-128, 127], uint8 is torch.quint8 [0, 255] (symmetric zero point 128), int4/uint4 are the
+    customised ranges [-8, 7] / [0, 15] (symmetric unsigned zero point (qmin + qmax) // 2 = 7, as torch does).
+    """
+    qmin, qmax = qrange(dtype)
+    scalar = np.ndim(min_val) == 0 and np.ndim(max_val) == 0
+    scale, zp = qparams_for_range(
+        min_val,
+        max_val,
+        qmin,
+        qmax,
+        symmetric=symmetric,
+        signed=dtype.startswith("int"),
+        customized_range=dtype not in ("int8", "uint8"),
+    )
+    if scalar:
+        return float(scale), int(zp)
+    return scale, zp
+
+
+def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int | None, ndim: int, shape: tuple):
+    s = np.asarray(scale, dtype=np.float64)
+    z = np.asarray(zero_point)
+    if z.dtype.kind == "f":
+        if not np.all(np.isfinite(z)) or np.any(z != np.round(z)):
+            raise ValueError(f"zero_point: must be integers, got {zero_point!r}")
+    elif z.dtype.kind not in "iub":
+        raise TypeError(f"zero_point: must be integer(s), got dtype {z.dtype}")
+    z = z.astype(np.int64)
+    if np.any(~np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError(f"scale: must be finite and > 0, got {scale!r}")
+    if np.any(z < qmin) or np.any(z > qmax):
+        raise ValueError(f"zero_point: {zero_point!r} outside the quantized range [{qmin}, {qmax}]")
+    if axis is None:
+        if s.size != 1 or z.size != 1:
+            raise ValueError(
+                f"scale/zero_point: per-tensor quantization (axis=None) needs scalars, got shapes "
+                f"{s.shape} and {z.shape}"
+            )
+        return np.float32(s.reshape(())), int(z.reshape(())), None
+    if not isinstance(axis, int | np.integer):
+        raise TypeError(f"axis: expected an int or None, got {type(axis).__name__}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis: {axis} out of range for an input with {ndim} dimensions (shape {shape})")
+    ax = int(axis) % ndim
+    c = shape[ax]
+    s = np.broadcast_to(s.reshape(-1), (c,)) if s.size == 1 else s.reshape(-1)
+    z = np.broadcast_to(z.reshape(-1), (c,)) if z.size == 1 else z.reshape(-1)
+    if s.shape[0] != c or z.shape[0] != c:
+        raise ValueError(
+            f"scale/zero_point: per-channel along axis {axis} needs {c} values (input shape {shape}), "
+            f"got {s.size} scales and {z.size} zero points"
+        )
+    view = [1] * ndim
+    view[ax] = c
+    return s.astype(np.float32).reshape(view), z.reshape(view), ax
+
+
+@functools.cache
+def _cpp() -> Any:
+    """The C++ per-tensor kernels (tinylearn._C.quant_affine) or None when the extension is not built."""
+    try:
+        from .._C import quant_affine
+    except ImportError:  # pragma: no cover - extension missing: numpy path below is the same arithmetic
+        return None
+    return quant_affine
+
+
+def quantize(x: Any, scale: Any, zero_point: Any, dtype: str = "int8", axis: int | None = None) -> np.ndarray:
+    """Integer codes q = clamp(round(x / scale) + zero_point, qmin, qmax); per-channel along ``axis`` if given.
+
+    Bit-exact with torch.quantize_per_tensor / torch.quantize_per_channel (see module docstring), including
+    saturation of +-inf and NaN handling (per-tensor NaN -> qmax, per-channel NaN -> 0 clamped, like torch).
+    """
+    qmin, qmax = qrange(dtype)
+    xa = np.asarray(x)
+    if xa.dtype.kind not in "fiub":
+        raise TypeError(f"x: expected a real-valued array, got dtype {xa.dtype}")
+    xa = xa.astype(np.float32, copy=False)
+    s, z, ax = _check_qparams(scale, zero_point, qmin, qmax, axis, xa.ndim, xa.shape)
+    if ax is None and _cpp() is not None and xa.size > 4096:
+        return _cpp().quantize_per_tensor(np.ascontiguousarray(xa), float(s), int(z), qmin, qmax)
+    inv = np.float32(1.0) / s
+    with np.errstate(over="ignore", invalid="ignore"):
+        if ax is None:
+            t = (xa.astype(np.float64) * np.float64(inv) + z).astype(np.float32)  # fused multiply-add, one rounding
+            nan_code = qmax
+        else:
+            t = (xa * inv).astype(np.float32) + z.astype(np.float32)
+            nan_code = min(max(0, qmin), qmax)
+        r = np.rint(t)
+        r = np.clip(r, qmin, qmax)
+        r = np.where(np.isnan(r), nan_code, r)
+    return r.astype(QRANGES[dtype][2])
+
+
+def dequantize(q: Any, scale: Any, zero_point: Any, axis: int | None = None) -> np.ndarray:
+    """x_hat = (q - zero_point) * scale in float32 (torch's dequantize arithmetic)."""
+    qa = np.asarray(q)
+    if qa.dtype.kind not in "iu":
+        raise TypeError(f"q: expected an integer array, got dtype {qa.dtype}")
+    s, z, ax = _check_qparams(scale, zero_point, -(2**31), 2**31 - 1, axis, qa.ndim, qa.shape)
+    if ax is None and _cpp() is not None and qa.size > 4096 and qa.dtype in (np.int8, np.uint8):
+        fn = _cpp().dequantize_per_tensor_int8 if qa.dtype == np.int8 else _cpp().dequantize_per_tensor_uint8
+        return fn(np.ascontiguousarray(qa), float(s), int(z))
+    return (
+        (qa.astype(np.float32) - np.float32(z) if ax is None else qa.astype(np.float32) - z.astype(np.float32)) * s
+    ).astype(np.float32)
+
+
+def quantize_dequantize(
+    x: Any, scale: Any, zero_point: Any, dtype: str = "int8", axis: int | None = None
+) -> np.ndarray:
+    """dequantize(quantize(x)): the value the network actually sees; error = this - x."""
+    return dequantize(quantize(x, scale, zero_point, dtype, axis), scale, zero_point, axis)
