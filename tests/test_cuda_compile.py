@@ -1,0 +1,24 @@
+"""Every cuda_src/*.cu compiles to PTX with ``nvcc -ptx -arch=sm_80`` (skipped with a reason without nvcc)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tinylearn.testing import nvcc_available, nvcc_compile_ptx
+
+CUDA_SRC = Path(__file__).resolve().parents[1] / "cuda_src"
+SOURCES = sorted(CUDA_SRC.glob("*.cu"))
+
+
+def test_sources_exist() -> None:
+    assert (CUDA_SRC / "vector_reduce.cu") in SOURCES
+
+
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc not found on PATH")
+@pytest.mark.parametrize("source", SOURCES, ids=[p.name for p in SOURCES])
+def test_compiles_to_ptx(source: Path, tmp_path: Path) -> None:
+    ptx = nvcc_compile_ptx(source, tmp_path, arch="sm_80")
+    text = ptx.read_text()
+    assert ".entry" in text  # at least one extern "C" __global__ kernel

@@ -1,0 +1,150 @@
+"""The GPU execution model in numba.cuda, run by numba's CUDA *simulator* on a CPU box (NUMBA_ENABLE_CUDASIM=1).
+
+Grid of blocks, block of threads, each thread finds its work from ``cuda.blockIdx`` / ``cuda.threadIdx``;
+threads of one block share ``cuda.shared.array`` memory and meet at ``cuda.syncthreads()``. The simulator runs
+every thread as a Python thread: slow, but barriers and shared memory behave as on a GPU (and a missing barrier
+shows up as a wrong answer). It has no warp shuffles, so every reduction here is a shared-memory tree:
+
+    for s in (T/2, T/4, ..., 1):  if tid < s: buf[tid] += buf[tid + s];  syncthreads()     # log2(T) steps
+
+Kernels (validated against numpy in tests/test_kernels_numba.py):
+  block_reduce_sum_kernel   tiled reduction: block b sums x[b*2T : (b+1)*2T] (two loads per thread), writes out[b]
+  softmax_rows_kernel       one block per row: strided max -> tree max, strided exp-sum -> tree sum, write
+
+The simulator must be chosen before numba is imported. Importing this module sets NUMBA_ENABLE_CUDASIM=1 when
+numba is not imported yet and no GPU is present; if numba was already imported without it, ``block_reduce_sum``
+and ``softmax_rows`` raise RuntimeError — use ``run_in_subprocess(...)`` (what the tests do).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+if "numba" not in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") is None:
+    from ..testing.devices import cuda_available
+
+    if not cuda_available():
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+from numba import cuda  # noqa: E402
+
+THREADS = 32  # threads per block (a power of two); shared arrays below are sized with it
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def _usable() -> None:
+    if not (SIMULATED or cuda.is_available()):
+        raise RuntimeError(
+            "numba_sim: numba was imported before NUMBA_ENABLE_CUDASIM=1 was set and there is no GPU; "
+            "call tinylearn.kernels.numba_sim.run_in_subprocess(...) or set the variable before importing numba"
+        )
+
+
+@cuda.jit
+def block_reduce_sum_kernel(x, out):
+    buf = cuda.shared.array(THREADS, dtype=np.float32)
+    tid = cuda.threadIdx.x
+    i = cuda.blockIdx.x * (2 * THREADS) + tid
+    v = np.float32(0.0)
+    if i < x.shape[0]:
+        v += x[i]
+    if i + THREADS < x.shape[0]:
+        v += x[i + THREADS]
+    buf[tid] = v
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] += buf[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        out[cuda.blockIdx.x] = buf[0]
+
+
+@cuda.jit
+def softmax_rows_kernel(x, y):
+    buf = cuda.shared.array(THREADS, dtype=np.float32)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    cols = x.shape[1]
+    m = -np.inf
+    for c in range(tid, cols, THREADS):
+        m = max(m, x[row, c])
+    buf[tid] = m
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] = max(buf[tid], buf[tid + s])
+        cuda.syncthreads()
+        s //= 2
+    m = buf[0]
+    cuda.syncthreads()  # everyone has read the max before buf is reused
+    acc = np.float32(0.0)
+    for c in range(tid, cols, THREADS):
+        acc += np.exp(x[row, c] - m)
+    buf[tid] = acc
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] += buf[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    for c in range(tid, cols, THREADS):
+        y[row, c] = np.exp(x[row, c] - m) / total
+
+
+def block_reduce_sum(x: np.ndarray) -> float:
+    """Sum a 1-D float32 array: one launch of ceil(n / 2T) blocks gives partial sums, repeated until one is left."""
+    _usable()
+    x = np.ascontiguousarray(x, dtype=np.float32).ravel()
+    if x.size == 0:
+        return 0.0
+    while x.size > 1:
+        blocks = (x.size + 2 * THREADS - 1) // (2 * THREADS)
+        out = np.zeros(blocks, dtype=np.float32)
+        block_reduce_sum_kernel[blocks, THREADS](x, out)
+        x = out
+    return float(x[0])
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Row softmax of a 2-D float32 array, one block of THREADS threads per row."""
+    _usable()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"x: softmax_rows expects a 2-D array, got shape {x.shape}")
+    y = np.empty_like(x)
+    softmax_rows_kernel[x.shape[0], THREADS](x, y)
+    return y
+
+
+def run_in_subprocess(func: str, *arrays: np.ndarray, timeout_s: float = 300) -> np.ndarray:
+    """Run ``func`` (``'block_reduce_sum'`` or ``'softmax_rows'``) in a fresh interpreter with the simulator on."""
+    if func not in ("block_reduce_sum", "softmax_rows"):
+        raise ValueError(f"func: unknown simulator function {func!r}; known: block_reduce_sum, softmax_rows")
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npy"
+        np.savez(inp, *arrays)
+        code = (
+            "import os, numpy as np\n"
+            "os.environ['NUMBA_ENABLE_CUDASIM'] = '1'\n"
+            "from tinylearn.kernels import numba_sim\n"
+            f"d = np.load({str(inp)!r})\n"
+            f"r = numba_sim.{func}(*[d[k] for k in d.files])\n"
+            f"np.save({str(out)!r}, np.asarray(r))\n"
+        )
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"numba simulator subprocess failed:\n{proc.stderr[-2000:]}")
+        return np.load(out)
