@@ -1,0 +1,400 @@
+"""tinylearn.nn vs torch.nn: functional ops and layers forward + backward, Module internals (registration,
+state_dict round trip, hooks, prune-style re-parametrisation), BatchNorm running statistics, losses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tinylearn as tl
+from tinylearn import nn
+from tinylearn.autograd import gradcheck
+from tinylearn.nn import functional as F
+from tinylearn.testing import assert_close, make_array
+
+
+def _pair(a, grad=True):
+    return tl.Tensor(a, requires_grad=grad), torch.tensor(np.array(a, order="C", copy=True), requires_grad=grad)
+
+
+def _copy_params(tl_mod, th_mod):
+    th_sd = th_mod.state_dict()
+    tl_mod.load_state_dict({k: v.detach().numpy() for k, v in th_sd.items()})
+
+
+def _check_grads(tl_mod, th_mod, **tol):
+    th_named = dict(th_mod.named_parameters())
+    for name, p in tl_mod.named_parameters():
+        assert_close(p.grad.data, th_named[name].grad, msg=name, **tol)
+
+
+def test_linear_matches_torch_and_default_init_bounds():
+    tl.manual_seed(0)
+    lin = nn.Linear(20, 7)
+    bound = 1 / np.sqrt(20)
+    assert lin.weight.shape == (7, 20) and np.abs(lin.weight.data).max() <= bound
+    assert np.abs(lin.bias.data).max() <= bound and lin.weight.data.std() > bound / 3
+    ref = torch.nn.Linear(20, 7)
+    _copy_params(lin, ref)
+    x, tx = _pair(make_array((5, 3, 20), layout="strided"))
+    out, tout = lin(x), ref(tx)
+    assert_close(out.data, tout)
+    g = np.random.default_rng(0).standard_normal(out.shape).astype(np.float32)
+    out.backward(g)
+    tout.backward(torch.from_numpy(g))
+    assert_close(x.grad.data, tx.grad)
+    _check_grads(lin, ref)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(stride=1, padding=0),
+        dict(stride=2, padding=1),
+        dict(stride=1, padding=2, dilation=2),
+        dict(groups=2, padding=1),
+    ],
+)
+def test_conv2d_module_matches_torch(cfg):
+    tl.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, **cfg)
+    ref = torch.nn.Conv2d(4, 6, 3, **cfg)
+    _copy_params(conv, ref)
+    x, tx = _pair(make_array((2, 4, 9, 8), layout="fortran"))
+    out, tout = conv(x), ref(tx)
+    assert_close(out.data, tout)
+    g = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    out.backward(g)
+    tout.backward(torch.from_numpy(g))
+    assert_close(x.grad.data, tx.grad)
+    _check_grads(conv, ref)
+
+
+def test_pooling_modules_match_torch():
+    a = make_array((2, 3, 7, 6), seed=3)
+    for mod, ref in [
+        (nn.MaxPool2d(2), torch.nn.MaxPool2d(2)),
+        (nn.MaxPool2d(3, 2, 1), torch.nn.MaxPool2d(3, 2, 1)),
+        (nn.AvgPool2d(2), torch.nn.AvgPool2d(2)),
+        (nn.AvgPool2d(3, 1, 1, count_include_pad=False), torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False)),
+    ]:
+        x, tx = _pair(a)
+        out, tout = mod(x), ref(tx)
+        assert_close(out.data, tout)
+        out.sum().backward()
+        tout.sum().backward()
+        assert_close(x.grad.data, tx.grad)
+
+
+def test_batchnorm2d_train_eval_running_stats_like_torch():
+    bn, ref = nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    _copy_params(bn, ref)
+    for step in range(3):
+        x, tx = _pair(make_array((4, 3, 5, 5), seed=step, low=-2, high=3))
+        out, tout = bn(x), ref(tx)
+        assert_close(out.data, tout)
+        g = np.random.default_rng(step).standard_normal(out.shape).astype(np.float32)
+        out.backward(g)
+        tout.backward(torch.from_numpy(g))
+        assert_close(x.grad.data, tx.grad)
+    _check_grads(bn, ref, atol=1e-4, rtol=1e-4)
+    assert_close(bn.running_mean.data, ref.running_mean)
+    assert_close(bn.running_var.data, ref.running_var)
+    assert int(bn.num_batches_tracked.data) == int(ref.num_batches_tracked) == 3
+    bn.eval()
+    ref.eval()
+    x, tx = _pair(make_array((2, 3, 4, 4), seed=9))
+    out, tout = bn(x), ref(tx)
+    assert_close(out.data, tout)
+    out.sum().backward()
+    tout.sum().backward()
+    assert_close(x.grad.data, tx.grad)
+    with pytest.raises(ValueError, match="channels"):
+        bn(tl.Tensor(np.zeros((2, 4, 3, 3), np.float32)))
+    bn.train()
+    with pytest.raises(ValueError, match="more than 1 value"):
+        bn(tl.Tensor(np.zeros((1, 3, 1, 1), np.float32)))
+
+
+def test_layernorm_matches_torch():
+    ln, ref = nn.LayerNorm((4, 5)), torch.nn.LayerNorm((4, 5))
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    _copy_params(ln, ref)
+    x, tx = _pair(make_array((3, 4, 5), layout="reversed"))
+    out, tout = ln(x), ref(tx)
+    assert_close(out.data, tout)
+    g = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
+    out.backward(g)
+    tout.backward(torch.from_numpy(g))
+    assert_close(x.grad.data, tx.grad, atol=1e-4)
+    _check_grads(ln, ref)
+
+
+def test_norm_functions_gradcheck_fp64():
+    rng = np.random.default_rng(0)
+    x = tl.Tensor(rng.standard_normal((3, 2, 2, 2)), requires_grad=True)
+    w = tl.Tensor(rng.uniform(0.5, 1.5, 2), requires_grad=True)
+    b = tl.Tensor(rng.standard_normal(2), requires_grad=True)
+    assert gradcheck(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), (x, w, b))
+    assert gradcheck(lambda x, w, b: F.layer_norm(x, (2,), w, b), (x, w, b))
+    assert gradcheck(lambda x: F.cross_entropy(x.reshape(3, 8), np.array([0, 7, 3])), (x,))
+    assert gradcheck(lambda x: F.log_softmax(x, 1), (x,))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_matches_torch(reduction):
+    x, tx = _pair(make_array((6, 5), low=-3, high=3, layout="fortran"))
+    y = np.array([0, 4, 2, 2, 1, 3])
+    out = F.cross_entropy(x, tl.Tensor(y), reduction=reduction)
+    tout = torch.nn.functional.cross_entropy(tx, torch.from_numpy(y), reduction=reduction)
+    assert_close(out.data, tout)
+    out.sum().backward()
+    tout.sum().backward()
+    assert_close(x.grad.data, tx.grad)
+
+
+def test_cross_entropy_stable_ignore_index_label_smoothing():
+    big = np.array([[1e4, 0.0, -1e4], [5e3, 5e3, 0.0]], np.float32)
+    out = F.cross_entropy(tl.Tensor(big), np.array([0, 1]))
+    ref = torch.nn.functional.cross_entropy(torch.from_numpy(big), torch.tensor([0, 1]))
+    assert np.isfinite(out.item())
+    assert_close(out.data, ref)
+    x, tx = _pair(make_array((4, 3), seed=2))
+    y = np.array([0, -100, 2, 1])
+    out = F.cross_entropy(x, y, ignore_index=-100, label_smoothing=0.1)
+    tout = torch.nn.functional.cross_entropy(tx, torch.from_numpy(y), ignore_index=-100, label_smoothing=0.1)
+    assert_close(out.data, tout)
+    out.backward()
+    tout.backward()
+    assert_close(x.grad.data, tx.grad)
+
+
+def test_cross_entropy_bad_labels():
+    x = tl.Tensor(np.zeros((2, 3), np.float32), requires_grad=True)
+    with pytest.raises(ValueError, match="label 3"):
+        F.cross_entropy(x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="label -2"):
+        F.cross_entropy(x, np.array([-2, 0]))
+    with pytest.raises(ValueError, match="shape"):
+        F.cross_entropy(x, np.array([0, 1, 2]))
+    with pytest.raises(TypeError, match="integer"):
+        F.cross_entropy(x, np.array([0.0, 1.0]))
+
+
+def test_mse_dropout_embedding_activations():
+    x, tx = _pair(make_array((4, 3)))
+    t = make_array((4, 3), seed=1)
+    out = F.mse_loss(x, tl.Tensor(t))
+    tout = torch.nn.functional.mse_loss(tx, torch.from_numpy(t))
+    assert_close(out.data, tout)
+    out.backward()
+    tout.backward()
+    assert_close(x.grad.data, tx.grad)
+    with pytest.raises(ValueError, match="shape"):
+        F.mse_loss(x, tl.Tensor(np.zeros(3, np.float32)))
+    # dropout: zeros a fraction ~p, scales survivors, identity in eval
+    tl.manual_seed(0)
+    d = nn.Dropout(0.25)
+    z = tl.Tensor(np.ones((200, 100), np.float32), requires_grad=True)
+    y = d(z)
+    frac = (y.data == 0).mean()
+    assert 0.22 < frac < 0.28 and np.allclose(y.data[y.data != 0], 1 / 0.75)
+    y.sum().backward()
+    assert np.array_equal(z.grad.data != 0, y.data != 0)
+    d.eval()
+    assert d(z) is z
+    with pytest.raises(ValueError, match="probability"):
+        nn.Dropout(1.5)
+    # embedding with duplicate indices
+    emb = nn.Embedding(5, 3)
+    ref = torch.nn.Embedding(5, 3)
+    _copy_params(emb, ref)
+    idx = np.array([[0, 2, 2], [4, 2, 0]])
+    out, tout = emb(tl.Tensor(idx)), ref(torch.from_numpy(idx))
+    assert_close(out.data, tout)
+    out.sum().backward()
+    tout.sum().backward()
+    assert_close(emb.weight.grad.data, ref.weight.grad)
+    with pytest.raises(ValueError, match="index 5"):
+        emb(np.array([5]))
+    for mod, tmod in [
+        (nn.ReLU(), torch.nn.ReLU()),
+        (nn.GELU(), torch.nn.GELU()),
+        (nn.GELU("tanh"), torch.nn.GELU("tanh")),
+    ]:
+        a, ta = _pair(make_array((3, 4), low=-3, high=3))
+        assert_close(mod(a).data, tmod(ta))
+    fl = nn.Flatten()(tl.Tensor(np.zeros((2, 3, 4))))
+    assert fl.shape == (2, 12)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(4 * 4 * 4, 10)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.head(self.body(x).flatten(1)) * self.scale
+
+
+def test_module_registration_and_traversal():
+    net = Net()
+    names = [n for n, _ in net.named_parameters()]
+    assert names == ["body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias", "head.weight", "head.bias"]
+    assert [n for n, _ in net.named_buffers()] == [
+        "body.1.running_mean",
+        "body.1.running_var",
+        "body.1.num_batches_tracked",
+    ]
+    assert [n for n, _ in net.named_modules()] == ["", "body", "body.0", "body.1", "body.2", "body.3", "head"]
+    assert [n for n, _ in net.named_children()] == ["body", "head"]
+    assert len(list(net.parameters())) == 6 and len(net.body) == 4 and isinstance(net.body[-1], nn.MaxPool2d)
+    assert isinstance(net.body[1:3], nn.Sequential) and len(net.body[1:3]) == 2
+    assert list(iter(net.body))[0] is net.body[0]
+    ref_names = [
+        n for n, _ in torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4)).state_dict().items()
+    ]
+    assert [n for n in nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)).state_dict()] == ref_names
+    net.eval()
+    assert not net.training and not net.body[1].training
+    net.train()
+    assert net.body[1].training
+    x = tl.Tensor(np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32))
+    net(x).sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
+    net.zero_grad()
+    assert all(p.grad is None for p in net.parameters())
+    with pytest.raises(AttributeError, match="nope"):
+        _ = net.nope
+
+
+def test_state_dict_round_trip_and_strict_errors():
+    tl.manual_seed(0)
+    a = Net()
+    x = tl.Tensor(np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32))
+    a(x)  # update BN running stats
+    tl.manual_seed(1)
+    b = Net()
+    sd = a.state_dict()
+    b.load_state_dict(sd)
+    a.eval()
+    b.eval()
+    assert np.array_equal(a(x).data, b(x).data)
+    sd2 = dict(sd)
+    sd2.pop("head.bias")
+    with pytest.raises(RuntimeError, match="head.bias"):
+        b.load_state_dict(sd2)
+    sd3 = dict(sd)
+    sd3["extra"] = np.zeros(1)
+    with pytest.raises(RuntimeError, match="extra"):
+        b.load_state_dict(sd3)
+    missing, unexpected = b.load_state_dict(sd3, strict=False)
+    assert unexpected == ["extra"] and missing == []
+    sd4 = dict(sd)
+    sd4["head.weight"] = np.zeros((3, 3))
+    with pytest.raises(ValueError, match=r"head.weight.*\(3, 3\)"):
+        b.load_state_dict(sd4)
+    # torch can load our state dict (names and shapes are torch's)
+    tnet = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    ours = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    tnet.load_state_dict({k: torch.from_numpy(np.array(v.data)) for k, v in ours.state_dict().items()})
+
+
+def test_forward_hooks_and_prune_style_reparametrisation():
+    lin = nn.Linear(4, 3)
+    calls = []
+    h1 = lin.register_forward_pre_hook(lambda m, args: calls.append("pre"))
+    h2 = lin.register_forward_hook(lambda m, args, out: out * 0)
+    x = tl.Tensor(np.ones((2, 4), np.float32))
+    assert np.all(lin(x).data == 0) and calls == ["pre"]
+    h1.remove()
+    h2.remove()
+    assert np.any(lin(x).data != 0) and calls == ["pre"]
+    # torch.nn.utils.prune's mechanism
+    w = lin.weight
+    del lin._parameters["weight"]
+    lin.register_parameter("weight_orig", nn.Parameter(w.data))
+    mask = (np.arange(12).reshape(3, 4) % 2).astype(np.float32)
+    lin.register_buffer("weight_mask", tl.Tensor(mask))
+
+    def recompute(module, args):
+        module.weight = module.weight_orig * module.weight_mask
+
+    lin.register_forward_pre_hook(recompute)
+    out = lin(x)
+    out.sum().backward()
+    assert [n for n, _ in lin.named_parameters()] == ["bias", "weight_orig"]
+    assert "weight_mask" in lin.state_dict() and "weight" not in lin.state_dict()
+    assert np.array_equal(lin.weight_orig.grad.data, np.broadcast_to(2 * mask, (3, 4)))
+    assert np.array_equal(lin.weight.data, w.data * mask)
+
+
+def test_module_errors():
+    class NoInit(nn.Module):
+        def __init__(self):
+            self.w = nn.Parameter(np.zeros(2))
+
+    with pytest.raises(RuntimeError, match="super"):
+        NoInit()
+    m = nn.Linear(2, 2)
+    with pytest.raises(TypeError):
+        m.weight = tl.Tensor(np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="in_features"):
+        nn.Linear(0, 2)
+    with pytest.raises(ValueError, match=r"input shape \(3, 5\)"):
+        m(tl.Tensor(np.zeros((3, 5), np.float32)))
+
+
+def test_deepcopy_pickle_and_batchnorm_cumulative_momentum():
+    import copy
+    import pickle
+
+    from tinylearn.nn.models import DigitsCNN
+
+    m = DigitsCNN(c1=4, c2=8).eval()
+    x = tl.Tensor(np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32))
+    for clone in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert clone.fc.weight is not m.fc.weight
+        assert np.array_equal(clone(x).data, m(x).data)
+    bn, ref = nn.BatchNorm2d(3, momentum=None), torch.nn.BatchNorm2d(3, momentum=None)
+    for s in range(3):
+        a = make_array((4, 3, 2, 2), seed=s)
+        bn(tl.Tensor(a))
+        ref(torch.from_numpy(a))
+    assert_close(bn.running_mean.data, ref.running_mean)
+    assert_close(bn.running_var.data, ref.running_var)
+
+
+def test_bias_free_and_affine_free_layers_match_torch_state_dict_keys():
+    for mod, ref in [
+        (nn.Linear(3, 2, bias=False), torch.nn.Linear(3, 2, bias=False)),
+        (nn.Conv2d(2, 4, 3, bias=False), torch.nn.Conv2d(2, 4, 3, bias=False)),
+        (nn.LayerNorm(4, bias=False), torch.nn.LayerNorm(4, bias=False)),
+        (nn.LayerNorm(4, elementwise_affine=False), torch.nn.LayerNorm(4, elementwise_affine=False)),
+        (nn.BatchNorm2d(3, affine=False), torch.nn.BatchNorm2d(3, affine=False)),
+    ]:
+        assert list(mod.state_dict()) == list(ref.state_dict()), type(mod).__name__
+        _copy_params(mod, ref)
+    lin, tlin = nn.Linear(3, 2, bias=False), torch.nn.Linear(3, 2, bias=False)
+    _copy_params(lin, tlin)
+    x, tx = _pair(make_array((4, 3)))
+    assert lin.bias is None
+    assert_close(lin(x).data, tlin(tx))
+
+
+def test_load_torch_state_dict_directly_and_tensor_from_torch():
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    ours = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    ours.load_state_dict(ref.state_dict())
+    x = make_array((5, 4))
+    assert_close(ours(tl.Tensor(x)).data, ref(torch.from_numpy(x)))
+    t = tl.Tensor(torch.ones(2, 3, requires_grad=True))
+    assert t.shape == (2, 3) and t.dtype == np.float32 and not t.requires_grad

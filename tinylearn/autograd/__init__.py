@@ -1,0 +1,59 @@
+"""Reverse-mode automatic differentiation on numpy: ``Tensor``, ``Function`` (custom ops), the engine,
+gradcheck, forward-mode ``jvp`` on dual numbers, ``no_grad`` and ``detect_anomaly``.
+
+Chain rule, reverse mode: for L = f_k(...f_1(x)), dL/dx = J_1^T (J_2^T (... J_k^T 1)): each op supplies its
+vector-Jacobian product (``Function.backward``) and the engine applies them in reverse topological order.
+"""
+
+from . import dual
+from .dual import Dual, jvp
+from .factory import (
+    arange,
+    cat,
+    full,
+    get_rng,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    stack,
+    where,
+    zeros,
+    zeros_like,
+)
+from .function import Function, unbroadcast
+from .grad_mode import detect_anomaly, enable_grad, is_grad_enabled, no_grad
+from .gradcheck import gradcheck, numerical_jacobian
+from .tensor import Tensor, get_storage_hook, set_storage_hook, topo_sort
+
+__all__ = [
+    "Tensor",
+    "Function",
+    "Dual",
+    "dual",
+    "unbroadcast",
+    "cat",
+    "stack",
+    "where",
+    "zeros",
+    "ones",
+    "full",
+    "zeros_like",
+    "ones_like",
+    "randn",
+    "rand",
+    "arange",
+    "manual_seed",
+    "get_rng",
+    "no_grad",
+    "enable_grad",
+    "is_grad_enabled",
+    "detect_anomaly",
+    "gradcheck",
+    "numerical_jacobian",
+    "topo_sort",
+    "jvp",
+    "set_storage_hook",
+    "get_storage_hook",
+]

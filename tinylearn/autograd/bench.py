@@ -1,0 +1,310 @@
+"""Benchmark: one training step (forward + backward + optimizer) — tinylearn vs torch eager vs tinygrad (TinyJit).
+
+Cases (``run()``; ``TINYLEARN_FULL=1`` / ``full=True`` adds torch.compile and more repeats):
+  * MLP 784-512-512-10, batch 128, SGD(momentum=0.9), softmax cross-entropy  — GEMM-bound: ~0.3 GFLOP per step
+  * small CNN (conv3x3(1->8)-ReLU-maxpool2-conv3x3(8->16)-ReLU-maxpool2-linear) on [32, 1, 28, 28]
+  * op overhead: a 7-op graph on 16x16 tensors — pure framework overhead (Python dispatch vs C++ dispatch)
+
+All implementations get identical initial weights and the same batch. ``profile_mlp_step()`` returns cProfile's
+view of where a tinylearn step spends its time.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..bench import Comparison, Table, tinygrad_jit
+
+MLP_SIZES = (784, 512, 512, 10)
+
+
+def _mlp_weights(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, o in zip(MLP_SIZES[:-1], MLP_SIZES[1:]):
+        b = 1 / np.sqrt(i)
+        out.append((rng.uniform(-b, b, (o, i)).astype(np.float32), rng.uniform(-b, b, o).astype(np.float32)))
+    return out
+
+
+def _batch(shape: tuple[int, ...], n_classes: int = 10, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(np.float32), rng.integers(0, n_classes, shape[0]).astype(np.int64)
+
+
+# -- tinylearn ------------------------------------------------------------------------------------------------------
+def tinylearn_mlp_step(batch: int = 128) -> Callable[[], Any]:
+    import tinylearn as tl
+    from tinylearn import nn
+    from tinylearn.nn import functional as F
+
+    layers: list[nn.Module] = []
+    for k, (w, b) in enumerate(_mlp_weights()):
+        lin = nn.Linear(w.shape[1], w.shape[0])
+        lin.weight.data[...] = w
+        lin.bias.data[...] = b
+        layers += [lin] + ([nn.ReLU()] if k < 2 else [])
+    model = nn.Sequential(*layers)
+    opt = tl.optim.SGD(list(model.parameters()), lr=0.01, momentum=0.9)
+    X, y = _batch((batch, 784))
+    xt = tl.Tensor(X)
+
+    def step() -> float:
+        loss = F.cross_entropy(model(xt), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.data
+
+    return step
+
+
+def _cnn_tl() -> Any:
+    from tinylearn import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 7 * 7, 10),
+    )
+
+
+def tinylearn_cnn_step(batch: int = 32) -> tuple[Callable[[], Any], Any]:
+    import tinylearn as tl
+    from tinylearn.nn import functional as F
+
+    tl.manual_seed(0)
+    model = _cnn_tl()
+    opt = tl.optim.SGD(list(model.parameters()), lr=0.01, momentum=0.9)
+    X, y = _batch((batch, 1, 28, 28))
+    xt = tl.Tensor(X)
+
+    def step() -> float:
+        loss = F.cross_entropy(model(xt), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.data
+
+    return step, model
+
+
+# -- torch ------------------------------------------------------------------------------------------------------------
+def torch_mlp_model() -> Any:
+    import torch
+
+    layers: list[Any] = []
+    for k, (w, b) in enumerate(_mlp_weights()):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            lin.bias.copy_(torch.from_numpy(b))
+        layers += [lin] + ([torch.nn.ReLU()] if k < 2 else [])
+    return torch.nn.Sequential(*layers)
+
+
+def torch_step(model: Any, X: np.ndarray, y: np.ndarray, compile: bool = False) -> Callable[[], Any]:
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    fwd = torch.compile(model) if compile else model
+    xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+
+    def step() -> Any:
+        loss = torch.nn.functional.cross_entropy(fwd(xt), yt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def torch_cnn_model(tl_model: Any) -> Any:
+    import torch
+
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16 * 7 * 7, 10),
+    )
+    m.load_state_dict({k: torch.from_numpy(np.array(v.data)) for k, v in tl_model.state_dict().items()})
+    return m
+
+
+# -- tinygrad ---------------------------------------------------------------------------------------------------------
+def tinygrad_step_builder(
+    kind: str, X: np.ndarray, y: np.ndarray, state: dict[str, np.ndarray]
+) -> Callable[[Any], Any]:
+    def build(tg: Any) -> Callable[[], Any]:
+        from tinygrad import Tensor
+        from tinygrad import nn as tnn
+        from tinygrad.helpers import Context
+
+        params = {k: Tensor(np.ascontiguousarray(v)).realize() for k, v in state.items()}
+        if kind == "mlp":
+
+            def model(x: Any) -> Any:
+                h = x.linear(params["0.weight"].T, params["0.bias"]).relu()
+                h = h.linear(params["2.weight"].T, params["2.bias"]).relu()
+                return h.linear(params["4.weight"].T, params["4.bias"])
+        else:
+
+            def model(x: Any) -> Any:
+                h = x.conv2d(params["0.weight"], params["0.bias"], padding=1).relu().max_pool2d(2)
+                h = h.conv2d(params["3.weight"], params["3.bias"], padding=1).relu().max_pool2d(2)
+                return h.flatten(1).linear(params["7.weight"].T, params["7.bias"])
+
+        opt = tnn.optim.SGD(list(params.values()), lr=0.01, momentum=0.9)
+        xt, yt = Tensor(X).realize(), Tensor(y.astype(np.int32)).realize()
+
+        def train(x: Any, t: Any) -> Any:
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(t).backward()
+            opt.step()
+            return loss
+
+        jitted = tinygrad_jit(train)
+
+        def run() -> Any:
+            with Context(TRAINING=1):
+                return jitted(xt, yt)
+
+        return run
+
+    return build
+
+
+def _overhead_cases(cmp: Comparison) -> None:
+    import torch
+
+    import tinylearn as tl
+
+    rng = np.random.default_rng(0)
+    arrs = [rng.standard_normal((16, 16)).astype(np.float32) for _ in range(3)]
+    a, b, c = (tl.Tensor(x, requires_grad=True) for x in arrs)
+    ta, tb, tc = (torch.tensor(x, requires_grad=True) for x in arrs)
+
+    def tl_fn() -> None:
+        ((a * b + c).relu() @ b - a).tanh().sum().backward()
+        a.grad = b.grad = c.grad = None
+
+    def th_fn() -> None:
+        ((ta * tb + tc).relu() @ tb - ta).tanh().sum().backward()
+        ta.grad = tb.grad = tc.grad = None
+
+    with cmp.case("op overhead: 7 ops on 16x16, fwd+bwd") as case:
+        case.add("tinylearn", tl_fn)
+        case.add("torch", th_fn)
+
+
+CASES = ("mlp", "cnn", "overhead")
+
+
+def run(
+    full: bool = False,
+    progress: Callable[[str], None] | None = None,
+    threads: int = 1,
+    cases: tuple[str, ...] = CASES,
+) -> list[Table]:
+    """Time ``cases`` (subset of CASES) with ``threads`` threads for torch and numpy's BLAS (restored afterwards)."""
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        raise ValueError(f"cases: unknown case(s) {bad}; known: {list(CASES)}")
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with threadpool_limits(limits=threads):
+            return _run(full, progress, tuple(cases))
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _run(full: bool, progress: Callable[[str], None] | None, cases: tuple[str, ...]) -> list[Table]:
+    import torch
+
+    full = full or os.environ.get("TINYLEARN_FULL") == "1"
+    repeat = 20 if full else 10
+    cmp = Comparison(
+        "autodiff: one training step (fwd + bwd + SGD momentum), fp32 CPU", repeat=repeat, progress=progress
+    )
+    cmp.note(
+        f"threads: torch {torch.get_num_threads()} and numpy BLAS capped alike (run(threads=...)); "
+        "tinygrad DEV=CPU with TinyJit"
+    )
+
+    if "mlp" in cases:
+        _mlp_case(cmp, full)
+    if "cnn" in cases:
+        _cnn_case(cmp, full)
+    if "overhead" in cases:
+        _overhead_cases(cmp)
+    if not full:
+        cmp.note("torch.compile rows: run with full=True / TINYLEARN_FULL=1 (compilation takes ~1 min here)")
+    return [cmp.table]
+
+
+def _mlp_case(cmp: Comparison, full: bool) -> None:
+    X, y = _batch((128, 784))
+    tmodel = torch_mlp_model()
+    state = {k: v.detach().numpy().copy() for k, v in tmodel.state_dict().items()}
+    with cmp.case("MLP 784-512-512-10 bs128", flops=6 * 128 * (784 * 512 + 512 * 512 + 512 * 10)) as case:
+        case.add("tinylearn", tinylearn_mlp_step())
+        case.add("torch", torch_step(tmodel, X, y))
+        if full:
+            case.add_torch_compile("torch.compile", torch_step(torch_mlp_model(), X, y, compile=True))
+        case.add_tinygrad("tinygrad", tinygrad_step_builder("mlp", X, y, state))
+
+
+def _cnn_case(cmp: Comparison, full: bool) -> None:
+    step, tl_cnn = tinylearn_cnn_step()
+    Xc, yc = _batch((32, 1, 28, 28))
+    tcnn = torch_cnn_model(tl_cnn)
+    cstate = {k: v.detach().numpy().copy() for k, v in tcnn.state_dict().items()}
+    with cmp.case("CNN conv8-conv16-fc bs32 28x28") as case:
+        case.add("tinylearn", step)
+        case.add("torch", torch_step(tcnn, Xc, yc))
+        if full:
+            case.add_torch_compile("torch.compile", torch_step(torch_cnn_model(tl_cnn), Xc, yc, compile=True))
+        case.add_tinygrad("tinygrad", tinygrad_step_builder("cnn", Xc, yc, cstate))
+
+
+def profile_mlp_step(steps: int = 20, top: int = 12, batch: int = 128, threads: int = 1) -> str:
+    """cProfile of ``steps`` tinylearn MLP training steps (BLAS capped at ``threads``); top entries by own time."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads):
+        return _profile(steps, top, batch)
+
+
+def _profile(steps: int, top: int, batch: int) -> str:
+    step = tinylearn_mlp_step(batch)
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).strip_dirs().sort_stats("tottime").print_stats(top)
+    return buf.getvalue()

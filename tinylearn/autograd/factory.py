@@ -1,0 +1,98 @@
+"""Tensor factories and the global RNG (``manual_seed``), plus cat / stack / where as free functions.
+
+All random factories draw from one ``np.random.Generator`` reset by ``manual_seed(seed)`` so runs repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .ops_shape import Cat, Stack, Where
+from .tensor import Tensor, _shape_arg
+
+_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed: int) -> np.random.Generator:
+    """Reseed the generator behind randn/rand/Dropout/init; returns it."""
+    global _rng
+    if not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    _rng = np.random.default_rng(int(seed))
+    return _rng
+
+
+def get_rng() -> np.random.Generator:
+    return _rng
+
+
+def _dt(dtype: Any) -> np.dtype:
+    return np.dtype(np.float32 if dtype is None else dtype)
+
+
+def _check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    if any(s < 0 for s in shape):
+        raise ValueError(f"size: negative dimension in shape {shape}")
+    return shape
+
+
+def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return Tensor(np.zeros(_check_shape(_shape_arg(shape)), _dt(dtype)), requires_grad=requires_grad)
+
+
+def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return Tensor(np.ones(_check_shape(_shape_arg(shape)), _dt(dtype)), requires_grad=requires_grad)
+
+
+def full(shape: Sequence[int], fill_value: float, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return Tensor(np.full(_check_shape(tuple(shape)), fill_value, _dt(dtype)), requires_grad=requires_grad)
+
+
+def zeros_like(t: Tensor, requires_grad: bool = False) -> Tensor:
+    return Tensor(np.zeros_like(t.data), requires_grad=requires_grad)
+
+
+def ones_like(t: Tensor, requires_grad: bool = False) -> Tensor:
+    return Tensor(np.ones_like(t.data), requires_grad=requires_grad)
+
+
+def randn(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    arr = _rng.standard_normal(_check_shape(_shape_arg(shape)), dtype=np.float64).astype(_dt(dtype))
+    return Tensor(arr, requires_grad=requires_grad)
+
+
+def rand(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    arr = _rng.random(_check_shape(_shape_arg(shape))).astype(_dt(dtype))
+    return Tensor(arr, requires_grad=requires_grad)
+
+
+def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None) -> Tensor:
+    """Like torch.arange: integer arguments give int64, any float argument gives float32."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("step: must be non-zero")
+    if dtype is None:
+        dtype = np.int64 if all(isinstance(v, int | np.integer) for v in (start, end, step)) else np.float32
+    return Tensor(np.arange(start, end, step).astype(dtype))
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    return Cat.apply(*[t if isinstance(t, Tensor) else Tensor(t) for t in tensors], dim=dim)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    return Stack.apply(*[t if isinstance(t, Tensor) else Tensor(t) for t in tensors], dim=dim)
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    """Elementwise ``a if condition else b`` (broadcasting); gradients flow to a and b, never to condition."""
+    cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    if isinstance(a, np.ndarray):
+        a = Tensor(a)
+    if isinstance(b, np.ndarray):
+        b = Tensor(b)
+    return Where.apply(cond, a, b)

@@ -1,0 +1,82 @@
+"""Matrix multiply with numpy's broadcasting/1-D rules, and the fused affine map used by ``nn.Linear``.
+
+matmul  Z = A @ B           dA = G @ B^T          dB = A^T @ G      (summed over broadcast batch dims)
+linear  Y = X @ W^T + b     dX = G @ W            dW = G^T X        db = sum over rows of G
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .function import Function, unbroadcast
+
+
+class MatMul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"matmul: both operands need >= 1 dim, got shapes {a.shape} and {b.shape}")
+        ka = a.shape[-1]
+        kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+        if ka != kb:
+            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned (inner dims {ka} != {kb})")
+        try:
+            out = a @ b
+        except ValueError:
+            raise ValueError(f"matmul: batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
+        ctx.save_for_backward(a, b)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        if a.ndim == 2 and b.ndim == 2:
+            return (g @ b.T if na else None, a.T @ g if nb else None)
+        if a.ndim == 1 and b.ndim == 1:  # dot product: g is a scalar
+            return (g * b if na else None, g * a if nb else None)
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        g2 = g
+        if a.ndim == 1:
+            g2 = np.expand_dims(g2, -2)
+        if b.ndim == 1:
+            g2 = np.expand_dims(g2, -1)
+        ga = gb = None
+        if na:
+            ga = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
+        if nb:
+            gb = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
+        return ga, gb
+
+
+class Linear(Function):
+    """y = x @ w.T + b with x of shape [..., in], w [out, in], b [out] or None."""
+
+    @staticmethod
+    def forward(ctx, x, w, b=None):
+        if w.ndim != 2:
+            raise ValueError(f"linear: weight must be 2-D [out, in], got shape {w.shape}")
+        if x.ndim == 0 or x.shape[-1] != w.shape[1]:
+            raise ValueError(
+                f"linear: input shape {x.shape} does not match weight shape {w.shape} (expected [..., {w.shape[1]}])"
+            )
+        if b is not None and b.shape != (w.shape[0],):
+            raise ValueError(f"linear: bias shape {b.shape} does not match weight shape {w.shape}")
+        ctx.save_for_backward(x, w)
+        ctx.has_b = b is not None
+        out = x @ w.T
+        if b is not None:
+            out += b
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        nx, nw = ctx.needs_input_grad[:2]
+        nb = ctx.has_b and ctx.needs_input_grad[2]
+        g2 = g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g
+        gx = (g @ w) if nx else None
+        gw = (g2.T @ (x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x)) if nw else None
+        gb = g2.sum(axis=0) if nb else None
+        return gx, gw, gb

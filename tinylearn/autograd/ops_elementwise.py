@@ -1,0 +1,317 @@
+"""Elementwise ops, forward and VJP side by side. Binary ops broadcast like numpy/torch.
+
+Broadcasting rule for the VJP: if z = f(a, b) with a broadcast from shape s_a, then dL/da = sum of
+dL/dz * df/da over the axes broadcasting created or stretched (``unbroadcast(grad, s_a)``).
+
+    add  z=a+b     da = g            db = g
+    sub  z=a-b     da = g            db = -g
+    mul  z=a*b     da = g*b          db = g*a
+    div  z=a/b     da = g/b          db = -g*a/b^2
+    pow  z=a^b     da = g*b*a^(b-1)  db = g*z*ln(a)   (0 where a == 0, as torch)
+    exp  z=e^a     da = g*z;   log  da = g/a;   sqrt  da = g/(2z);   tanh  da = g*(1-z^2)
+    sigmoid        da = g*z*(1-z);  relu  da = g*[a>0];  abs  da = g*sign(a);  clip  da = g*[lo<=a<=hi]
+    gelu  z = a*Phi(a)        da = g*(Phi(a) + a*phi(a))       (tanh approximation differentiated exactly)
+    maximum        da = g*([a>b] + 0.5*[a==b])  (ties split evenly, like torch)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .function import Function, unbroadcast
+
+
+def _bshape(op: str, a, b) -> None:
+    raise ValueError(f"{op}: shapes {np.shape(a)} and {np.shape(b)} cannot be broadcast together")
+
+
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.sa, ctx.sb = np.shape(a), np.shape(b)
+        try:
+            return a + b
+        except ValueError:
+            _bshape("add", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(g, ctx.sa) if na else None, unbroadcast(g, ctx.sb) if nb else None)
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.sa, ctx.sb = np.shape(a), np.shape(b)
+        try:
+            return a - b
+        except ValueError:
+            _bshape("sub", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(g, ctx.sa) if na else None, unbroadcast(-g, ctx.sb) if nb else None)
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        try:
+            return a * b
+        except ValueError:
+            _bshape("mul", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(g * b, np.shape(a)) if na else None, unbroadcast(g * a, np.shape(b)) if nb else None)
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        try:
+            return a / b
+        except ValueError:
+            _bshape("div", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        ga = unbroadcast(g / b, np.shape(a)) if na else None
+        gb = unbroadcast(-g * a / (b * b), np.shape(b)) if nb else None
+        return ga, gb
+
+
+class Pow(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        try:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out = np.power(a, b)
+        except ValueError:
+            _bshape("pow", a, b)
+        if type(out) is not np.ndarray:
+            out = np.asarray(out, dtype=np.result_type(a, b))
+        ctx.save_for_backward(a, b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors[:2]
+        out = ctx.saved_tensors[2]
+        na, nb = ctx.needs_input_grad
+        ga = gb = None
+        if na:
+            if np.isscalar(b) and b == 0:
+                ga = np.zeros(np.shape(a), dtype=g.dtype)
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ga = unbroadcast(g * b * np.power(a, b - 1), np.shape(a))
+        if nb:
+            # torch: g * z * ln(a), masked to 0 where a == 0 and b >= 0 (NaN for a < 0, as ln(a) is)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t = g * out * np.log(a)
+                t = np.where((np.asarray(a) == 0) & (np.asarray(b) >= 0), 0, t)
+            gb = unbroadcast(np.asarray(t), np.shape(b)).astype(g.dtype, copy=False)
+        return ga, gb
+
+
+class Neg(Function):
+    @staticmethod
+    def forward(ctx, a):
+        return -a
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+class Exp(Function):
+    @staticmethod
+    def forward(ctx, a):
+        out = np.exp(a)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.saved_tensors[0]
+
+
+class Log(Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(a)
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(divide="ignore"):
+            return g / ctx.saved_tensors[0]
+
+
+class Sqrt(Function):
+    @staticmethod
+    def forward(ctx, a):
+        with np.errstate(invalid="ignore"):
+            out = np.sqrt(a)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(divide="ignore"):
+            return g / (2 * ctx.saved_tensors[0])
+
+
+class Tanh(Function):
+    @staticmethod
+    def forward(ctx, a):
+        out = np.tanh(a)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.saved_tensors[0]
+        return g * (1 - out * out)
+
+
+class Sigmoid(Function):
+    @staticmethod
+    def forward(ctx, a):
+        # stable: exp of a non-positive number only
+        e = np.exp(-np.abs(a))
+        out = np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.saved_tensors[0]
+        return g * out * (1 - out)
+
+
+class ReLU(Function):
+    @staticmethod
+    def forward(ctx, a):
+        out = np.maximum(a, 0)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (ctx.saved_tensors[0] > 0)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x)
+
+
+class GELU(Function):
+    @staticmethod
+    def forward(ctx, a, approximate="none"):
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate: must be 'none' or 'tanh', got {approximate!r}")
+        ctx.approximate = approximate
+        if approximate == "none":
+            cdf = 0.5 * (1.0 + _erf(a / math.sqrt(2.0)))
+            ctx.save_for_backward(a, cdf)
+            return (a * cdf).astype(a.dtype, copy=False)
+        inner = _SQRT_2_OVER_PI * (a + 0.044715 * a**3)
+        t = np.tanh(inner)
+        ctx.save_for_backward(a, t)
+        return (0.5 * a * (1 + t)).astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, c = ctx.saved_tensors
+        if ctx.approximate == "none":
+            pdf = np.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
+            return (g * (c + a * pdf)).astype(g.dtype, copy=False)
+        dinner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
+        return (g * (0.5 * (1 + c) + 0.5 * a * (1 - c * c) * dinner)).astype(g.dtype, copy=False)
+
+
+class Abs(Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return np.abs(a)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * np.sign(ctx.saved_tensors[0])
+
+
+class Clip(Function):
+    @staticmethod
+    def forward(ctx, a, min=None, max=None):  # noqa: A002
+        if min is None and max is None:
+            raise ValueError("clip: at least one of min and max must be given")
+        ctx.save_for_backward(a)
+        ctx.lo, ctx.hi = min, max
+        return np.clip(a, min, max)
+
+    @staticmethod
+    def backward(ctx, g):
+        a = ctx.saved_tensors[0]
+        mask = np.ones(a.shape, dtype=bool)
+        if ctx.lo is not None:
+            mask &= a >= ctx.lo
+        if ctx.hi is not None:
+            mask &= a <= ctx.hi
+        return g * mask
+
+
+class Maximum(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        try:
+            return np.maximum(a, b)
+        except ValueError:
+            _bshape("maximum", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        wa = ((a > b) + 0.5 * (a == b)).astype(g.dtype)
+        ga = unbroadcast(g * wa, np.shape(a)) if na else None
+        gb = unbroadcast(g * (1 - wa), np.shape(b)) if nb else None
+        return ga, gb
+
+
+class Minimum(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        try:
+            return np.minimum(a, b)
+        except ValueError:
+            _bshape("minimum", a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        wa = ((a < b) + 0.5 * (a == b)).astype(g.dtype)
+        ga = unbroadcast(g * wa, np.shape(a)) if na else None
+        gb = unbroadcast(g * (1 - wa), np.shape(b)) if nb else None
+        return ga, gb

@@ -1,0 +1,146 @@
+"""Reductions and the softmax family, forward and VJP side by side.
+
+sum      z = sum_i x_i                 dx = g broadcast back over the reduced dims
+mean     z = sum_i x_i / n             dx = g / n
+var      z = sum_i (x_i - m)^2 / (n - c)   (correction c = 1 by default, like torch)   dx = g * 2 (x - m) / (n - c)
+max      full reduction: the gradient is split evenly among tied maxima (torch's x.max());
+         max(dim): the gradient goes to the first maximal index along dim (torch's x.max(dim).values)
+softmax      y = e^x / sum e^x         dx = y * (g - sum(g * y))
+log_softmax  y = x - logsumexp(x)      dx = g - softmax(x) * sum(g)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .function import Function
+
+
+def norm_axes(dim: int | Sequence[int] | None, nd: int, name: str = "dim") -> tuple[int, ...] | None:
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, int | np.integer) else tuple(dim)
+    out = []
+    for d in dims:
+        if not -max(nd, 1) <= d < max(nd, 1):
+            raise ValueError(f"{name}: dimension {d} out of range for a tensor with {nd} dims")
+        out.append(int(d) % max(nd, 1))
+    return tuple(out)
+
+
+def _expand_back(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...] | None, keepdim: bool) -> np.ndarray:
+    if axes is None:
+        return np.broadcast_to(g.reshape((1,) * len(shape)), shape)
+    if not keepdim:
+        g = np.expand_dims(g, axes)
+    return np.broadcast_to(g, shape)
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False):
+        ctx.axes = norm_axes(dim, x.ndim)
+        ctx.shape, ctx.keepdim = x.shape, keepdim
+        return np.sum(x, axis=ctx.axes, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim)
+
+
+class Mean(Function):
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False):
+        ctx.axes = norm_axes(dim, x.ndim)
+        ctx.shape, ctx.keepdim = x.shape, keepdim
+        n = x.size if ctx.axes is None else int(np.prod([x.shape[a] for a in ctx.axes]))
+        ctx.n = n
+        return np.mean(x, axis=ctx.axes, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _expand_back(g / ctx.n, ctx.shape, ctx.axes, ctx.keepdim)
+
+
+class Max(Function):
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False, sign=1.0):
+        if x.size == 0:
+            raise ValueError(f"max/min: reduction over an empty tensor of shape {x.shape}")
+        ctx.shape, ctx.keepdim, ctx.dim = x.shape, keepdim, dim
+        if dim is None:
+            out = x.max() if sign > 0 else x.min()
+            ctx.save_for_backward(x == out)
+            return np.asarray(out).reshape((1,) * x.ndim) if keepdim else np.asarray(out)
+        (d,) = norm_axes(dim, x.ndim)
+        ctx.dim = d
+        idx = np.argmax(x, axis=d, keepdims=True) if sign > 0 else np.argmin(x, axis=d, keepdims=True)
+        ctx.save_for_backward(idx)
+        out = np.take_along_axis(x, idx, axis=d)
+        return out if keepdim else np.squeeze(out, axis=d)
+
+    @staticmethod
+    def backward(ctx, g):
+        (m,) = ctx.saved_tensors
+        if ctx.dim is None:
+            return (m * (g.reshape(()) / m.sum())).astype(g.dtype, copy=False)
+        gx = np.zeros(ctx.shape, dtype=g.dtype)
+        gk = g if ctx.keepdim else np.expand_dims(g, ctx.dim)
+        np.put_along_axis(gx, m, gk, axis=ctx.dim)
+        return gx
+
+
+class Var(Function):
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False, correction=1):
+        axes = norm_axes(dim, x.ndim)
+        n = x.size if axes is None else int(np.prod([x.shape[a] for a in axes]))
+        m = np.mean(x, axis=axes, keepdims=True)
+        d = x - m
+        denom = max(n - correction, 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.sum(d * d, axis=axes, keepdims=keepdim) / x.dtype.type(denom)
+        ctx.save_for_backward(d)
+        ctx.axes, ctx.keepdim, ctx.denom = axes, keepdim, denom
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (d,) = ctx.saved_tensors
+        gk = _expand_back(g, d.shape, ctx.axes, ctx.keepdim)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (gk * d * (2.0 / ctx.denom if ctx.denom else np.inf)).astype(g.dtype, copy=False)
+
+
+class Softmax(Function):
+    @staticmethod
+    def forward(ctx, x, dim=-1):
+        (d,) = norm_axes(dim, x.ndim)
+        e = np.exp(x - x.max(axis=d, keepdims=True))
+        e /= e.sum(axis=d, keepdims=True)
+        ctx.d = d
+        ctx.save_for_backward(e)
+        return e
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(axis=ctx.d, keepdims=True))
+
+
+class LogSoftmax(Function):
+    @staticmethod
+    def forward(ctx, x, dim=-1):
+        (d,) = norm_axes(dim, x.ndim)
+        z = x - x.max(axis=d, keepdims=True)
+        out = z - np.log(np.exp(z).sum(axis=d, keepdims=True))
+        ctx.d = d
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_tensors
+        return g - np.exp(out) * g.sum(axis=ctx.d, keepdims=True)

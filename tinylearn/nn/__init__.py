@@ -1,0 +1,52 @@
+"""``tinylearn.nn``: Module system, Parameter, layers, functional ops (``tinylearn.nn.functional`` as F), init,
+plus the shared digits models (``models``) and training loop (``training``) the other topics reuse."""
+
+from . import functional, init, models, training
+from .layers import (
+    GELU,
+    AvgPool2d,
+    BatchNorm1d,
+    BatchNorm2d,
+    Conv2d,
+    Dropout,
+    Embedding,
+    Flatten,
+    Identity,
+    LayerNorm,
+    Linear,
+    MaxPool2d,
+    ModuleList,
+    ReLU,
+    Sequential,
+    Sigmoid,
+    Tanh,
+)
+from .module import Module, RemovableHandle
+from .parameter import Parameter
+
+__all__ = [
+    "functional",
+    "models",
+    "training",
+    "init",
+    "Module",
+    "RemovableHandle",
+    "Parameter",
+    "Sequential",
+    "ModuleList",
+    "Identity",
+    "Linear",
+    "Conv2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "LayerNorm",
+    "ReLU",
+    "GELU",
+    "Sigmoid",
+    "Tanh",
+    "Flatten",
+    "MaxPool2d",
+    "AvgPool2d",
+    "Dropout",
+    "Embedding",
+]

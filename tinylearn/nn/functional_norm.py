@@ -1,0 +1,161 @@
+"""Fused normalisation ops (one graph node each, forward and VJP side by side).
+
+Both normalise x_hat = (x - mu) / sqrt(var + eps) with the *biased* variance, then y = gamma * x_hat + beta.
+With m values per statistic and dxh = g * gamma, the VJP through the statistics is
+
+    dx = (1 / sqrt(var + eps)) * (dxh - mean(dxh) - x_hat * mean(dxh * x_hat))
+    dgamma = sum(g * x_hat),  dbeta = sum(g)        (sums over everything but the feature dims)
+
+batch_norm: statistics over all dims except 1 (channels). Training uses the batch statistics and updates the
+running buffers in place: running = (1 - momentum) * running + momentum * batch, with the *unbiased* variance
+(m / (m - 1)) for running_var — exactly torch's rule. Eval uses the running statistics (a per-channel affine
+map, so dx = g * gamma / sqrt(running_var + eps)).
+layer_norm: statistics over the trailing ``normalized_shape`` dims of each sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..autograd.function import Function
+from ..autograd.tensor import Tensor
+
+
+class BatchNormFn(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean=None, running_var=None, training=False, momentum=0.1, eps=1e-5):
+        if x.ndim < 2:
+            raise ValueError(f"batch_norm: input must have >= 2 dims [N, C, ...], got shape {x.shape}")
+        c = x.shape[1]
+        for name, a in (
+            ("weight", weight),
+            ("bias", bias),
+            ("running_mean", running_mean),
+            ("running_var", running_var),
+        ):
+            if a is not None and np.shape(a) != (c,):
+                raise ValueError(
+                    f"batch_norm: {name} shape {np.shape(a)} does not match {c} channels of input {x.shape}"
+                )
+        axes = (0,) + tuple(range(2, x.ndim))
+        bshape = (1, c) + (1,) * (x.ndim - 2)
+        m = x.size // c
+        if training:
+            if m <= 1:
+                raise ValueError(
+                    f"batch_norm: expected more than 1 value per channel when training, got input {x.shape}"
+                )
+            mean = x.mean(axis=axes)
+            xc = x - mean.reshape(bshape)
+            var = (xc * xc).mean(axis=axes)
+            if running_mean is not None:
+                running_mean *= 1 - momentum
+                running_mean += momentum * mean
+            if running_var is not None:
+                running_var *= 1 - momentum
+                running_var += momentum * var * (m / (m - 1))
+        else:
+            if running_mean is None or running_var is None:
+                raise ValueError("batch_norm: running_mean and running_var are required when training=False")
+            mean, var = running_mean, running_var
+            xc = x - mean.reshape(bshape)
+        invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+        xhat = xc * invstd.reshape(bshape)
+        out = xhat
+        if weight is not None:
+            out = out * weight.reshape(bshape)
+        if bias is not None:
+            out = out + bias.reshape(bshape)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.meta = (axes, bshape, training)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, invstd, weight = ctx.saved_tensors
+        axes, bshape, training = ctx.meta
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        dxh = g * weight.reshape(bshape) if weight is not None else g
+        gx = None
+        if nx:
+            if training:
+                mean_d = dxh.mean(axis=axes, keepdims=True)
+                mean_dx = (dxh * xhat).mean(axis=axes, keepdims=True)
+                gx = invstd.reshape(bshape) * (dxh - mean_d - xhat * mean_dx)
+            else:
+                gx = dxh * invstd.reshape(bshape)
+        gw = (g * xhat).sum(axis=axes) if nw else None
+        gb = g.sum(axis=axes) if nb else None
+        return gx, gw, gb
+
+
+class LayerNormFn(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, normalized_shape=(), eps=1e-5):
+        k = len(normalized_shape)
+        if tuple(x.shape[x.ndim - k :]) != tuple(normalized_shape) or k == 0:
+            raise ValueError(f"layer_norm: normalized_shape {tuple(normalized_shape)} does not match input {x.shape}")
+        for name, a in (("weight", weight), ("bias", bias)):
+            if a is not None and a.shape != tuple(normalized_shape):
+                raise ValueError(f"layer_norm: {name} shape {a.shape} != normalized_shape {tuple(normalized_shape)}")
+        axes = tuple(range(x.ndim - k, x.ndim))
+        mean = x.mean(axis=axes, keepdims=True)
+        xc = x - mean
+        var = (xc * xc).mean(axis=axes, keepdims=True)
+        invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+        xhat = xc * invstd
+        out = xhat
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.axes = axes
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, invstd, weight = ctx.saved_tensors
+        axes = ctx.axes
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        lead = tuple(range(g.ndim - len(axes)))
+        dxh = g * weight if weight is not None else g
+        gx = None
+        if nx:
+            gx = invstd * (
+                dxh - dxh.mean(axis=axes, keepdims=True) - xhat * (dxh * xhat).mean(axis=axes, keepdims=True)
+            )
+        gw = (g * xhat).sum(axis=lead) if nw else None
+        gb = g.sum(axis=lead) if nb else None
+        return gx, gw, gb
+
+
+def batch_norm(
+    x: Tensor,
+    running_mean: Tensor | np.ndarray | None,
+    running_var: Tensor | np.ndarray | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """torch.nn.functional.batch_norm; running buffers (if given) are updated in place when training."""
+    rm = running_mean.data if isinstance(running_mean, Tensor) else running_mean
+    rv = running_var.data if isinstance(running_var, Tensor) else running_var
+    return BatchNormFn.apply(
+        x, weight, bias, running_mean=rm, running_var=rv, training=training, momentum=momentum, eps=eps
+    )
+
+
+def layer_norm(
+    x: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    return LayerNormFn.apply(x, weight, bias, normalized_shape=ns, eps=eps)

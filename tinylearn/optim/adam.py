@@ -1,0 +1,117 @@
+"""Adam and AdamW (Kingma & Ba 2015; Loshchilov & Hutter 2019) — torch's update rule with bias correction:
+
+Adam:  g <- g + wd * w                 AdamW:  w <- w * (1 - lr * wd)      (decoupled decay)
+m <- b1 m + (1 - b1) g                 v <- b2 v + (1 - b2) g^2
+w <- w - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+amsgrad: v_max <- max(v_max, v) is used in place of v in the denominator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .optimizer import Optimizer
+
+
+class Adam(Optimizer):
+    _decoupled = False
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"{type(self).__name__}: lr {lr}, eps {eps}, weight_decay {weight_decay} must be >= 0")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas: each beta must be in [0, 1), got {betas}")
+        super().__init__(
+            params,
+            dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize),
+            backend=backend,
+        )
+
+    def _update(self, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = np.zeros_like(w)
+            state["exp_avg_sq"] = np.zeros_like(w)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = np.zeros_like(w)
+        vmax = state.get("max_exp_avg_sq", state["exp_avg_sq"])
+        if self.fused_ok(w, g, state["exp_avg"], state["exp_avg_sq"], vmax):
+            state["step"] += 1
+            self._fused.adam_step(
+                w,
+                g,
+                state["exp_avg"],
+                state["exp_avg_sq"],
+                vmax,
+                lr,
+                b1,
+                b2,
+                eps,
+                wd,
+                state["step"],
+                self._decoupled,
+                group["amsgrad"],
+                group["maximize"],
+            )
+            return
+        if group["maximize"]:
+            g = -g
+        if wd:
+            if self._decoupled:
+                w *= w.dtype.type(1 - lr * wd)
+            else:
+                g = g + wd * w
+        state["step"] += 1
+        t = state["step"]
+        dt = w.dtype.type
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        tmp = self.scratch(w)
+        m *= dt(b1)
+        m += np.multiply(g, dt(1 - b1), out=tmp)
+        v *= dt(b2)
+        np.multiply(g, g, out=tmp)
+        tmp *= dt(1 - b2)
+        v += tmp
+        if group["amsgrad"]:
+            np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+            v = state["max_exp_avg_sq"]
+        bc1 = 1 - b1**t
+        bc2_sqrt = math.sqrt(1 - b2**t)
+        denom = np.sqrt(v, out=tmp)
+        denom /= dt(bc2_sqrt)
+        denom += dt(eps)
+        np.divide(m, denom, out=tmp)  # tmp = m / denom
+        tmp *= dt(lr / bc1)
+        w -= tmp
+
+
+class AdamW(Adam):
+    _decoupled = True
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, backend)

@@ -1,0 +1,90 @@
+"""SGD with momentum, dampening, Nesterov and L2 weight decay — torch's update rule:
+
+g <- g + wd * w
+b <- g                          (first step)      b <- mu * b + (1 - dampening) * g     (later steps)
+g <- g + mu * b  (nesterov)     g <- b  (plain momentum)
+w <- w - lr * g
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .optimizer import Optimizer
+
+
+class SGD(Optimizer):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        maximize: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD: lr {lr}, momentum {momentum}, weight_decay {weight_decay} must be >= 0")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("nesterov: Nesterov momentum requires momentum > 0 and dampening = 0")
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                dampening=dampening,
+                nesterov=nesterov,
+                maximize=maximize,
+            ),
+            backend=backend,
+        )
+
+    def _update(self, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+        if self.fused_ok(w, g):
+            buf = state.get("momentum_buffer")
+            first = buf is None
+            if mu and first:
+                buf = state["momentum_buffer"] = np.empty_like(w)
+            if buf is None or self.fused_ok(w, buf):
+                self._fused.sgd_step(
+                    w,
+                    g,
+                    buf if buf is not None else w,
+                    lr,
+                    mu,
+                    group["dampening"],
+                    wd,
+                    group["nesterov"],
+                    group["maximize"],
+                    first,
+                )
+                return
+        dt = w.dtype.type
+        if group["maximize"]:
+            g = -g
+        if wd:
+            g = g + dt(wd) * w
+        if mu:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = np.array(g, dtype=w.dtype, copy=True)
+            else:
+                buf *= dt(mu)
+                damp = 1 - group["dampening"]
+                if damp == 1:
+                    buf += g
+                else:
+                    buf += dt(damp) * g
+            if group["nesterov"]:
+                g = g + dt(mu) * buf
+            else:
+                g = buf
+        tmp = np.multiply(g, dt(lr), out=self.scratch(w))
+        w -= tmp
