@@ -63,6 +63,10 @@ void check_dtype(const py::array& a, const char* name) {
     tl::value_error(std::string(name) + ": must be C-contiguous, got shape " + shape_str(a));
 }
 
+// Below this many copied elements a parallel region costs more than it saves (thread wake-up, and on a
+// loaded machine whole scheduler slices): small layers such as the digits CNN run single-threaded.
+constexpr ssize_t kParallelMinElems = ssize_t(1) << 16;
+
 // Column-matrix addressing: row r = (c*kh+i)*kw+j of image n starts at cols + n*bstride + r*rstride.
 //   "NKL" (unfold layout [N, K, L]):  bstride = K*L, rstride = L
 //   "KNL" (one GEMM for the whole batch, [K, N*L]): bstride = L, rstride = N*L
@@ -70,7 +74,7 @@ template <typename T>
 void im2col_impl(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH,
                  ssize_t OW, ssize_t bstride, ssize_t rstride) {
   const ssize_t KK = w.kh * w.kw;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (N * C * KK * OH * OW >= kParallelMinElems)
   for (ssize_t nc = 0; nc < N * C; ++nc) {
     const T* plane = x + nc * H * W;
     T* out = cols + (nc / C) * bstride + (nc % C) * KK * rstride;
@@ -107,7 +111,7 @@ template <typename T>
 void col2im_impl(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH,
                  ssize_t OW, ssize_t bstride, ssize_t rstride) {
   const ssize_t KK = w.kh * w.kw;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (N * C * KK * OH * OW >= kParallelMinElems)
   for (ssize_t nc = 0; nc < N * C; ++nc) {
     T* plane = x + nc * H * W;
     std::memset(plane, 0, sizeof(T) * H * W);
