@@ -1,0 +1,43 @@
+"""Collectives on real processes: ring / tree / recursive doubling / hierarchical all-reduce built on
+torch.distributed point-to-point, a process launcher, the alpha-beta-gamma cost model, an event-driven
+simulator, data-parallel helpers (bucketing, overlap) and gradient compression with error feedback.
+
+    import tinylearn as tl
+    results = tl.dist.launch(fn, 4)                      # fn(*args) on 4 local processes, per-rank results
+    tl.dist.all_reduce(t, op="sum", algorithm="ring")    # inside a rank: in place, like dist.all_reduce
+    tl.dist.cost_model.predict("ring", 1 << 20, 8, alpha_s=1e-5, beta_s_per_byte=1e-10)
+    tl.dist.simulate("hierarchical", 1024, 1 << 26, topology=tl.dist.TwoLevel(node_size=8))
+"""
+
+from . import cost_model
+from .collectives import (
+    ALGORITHMS,
+    OPS,
+    all_gather,
+    all_reduce,
+    bounds,
+    broadcast,
+    default_node_size,
+    recursive_doubling_partner,
+    reduce_scatter,
+    ring_schedule,
+)
+from .launch import launch
+from .simulator import TwoLevel, simulate
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "TwoLevel",
+    "all_gather",
+    "all_reduce",
+    "bounds",
+    "broadcast",
+    "cost_model",
+    "default_node_size",
+    "launch",
+    "recursive_doubling_partner",
+    "reduce_scatter",
+    "ring_schedule",
+    "simulate",
+]
