@@ -1,0 +1,62 @@
+"""tl.memory — allocators over an arena (offsets, like device pointers), metrics, static planning, pooled tensors.
+
+    alloc = tl.memory.CachingAllocator(64 << 20, backend="cpp")
+    off = alloc.malloc(4096); x = alloc.view(off, (32, 32), "float32"); alloc.free(off); alloc.stats()
+
+Allocators (each with backend="python" (the readable reference) or "cpp" (tinylearn._C.memory), same offsets for
+the same trace): BumpAllocator, FirstFitAllocator, BestFitAllocator, BuddyAllocator, SlabAllocator,
+CachingAllocator. Planner: plan, lower_bound. Traces: TraceRecorder, random_ops, replay_stats. pooled(alloc).
+"""
+
+from .base import STAT_KEYS, Allocator, align_up, external_fragmentation
+from .buddy import BuddyAllocator, buddy_of, next_pow2, split_block
+from .bump import BumpAllocator
+from .caching import CachingAllocator, allocation_size, round_size
+from .freelist import BestFitAllocator, FirstFitAllocator
+from .planner import check_plan, lower_bound, plan, plan_greedy
+from .pooled import TraceRecorder, count_numpy_allocations, pooled
+from .slab import SlabAllocator
+from .trace import lifetimes_from_ops, ops_from_lifetimes, pair_ops, random_ops, replay_python, replay_stats
+from .viz import plot_arena
+
+ALLOCATORS = {
+    "bump": BumpAllocator,
+    "first_fit": FirstFitAllocator,
+    "best_fit": BestFitAllocator,
+    "buddy": BuddyAllocator,
+    "slab": SlabAllocator,
+    "caching": CachingAllocator,
+}
+
+__all__ = [
+    "ALLOCATORS",
+    "STAT_KEYS",
+    "Allocator",
+    "BestFitAllocator",
+    "BuddyAllocator",
+    "BumpAllocator",
+    "CachingAllocator",
+    "FirstFitAllocator",
+    "SlabAllocator",
+    "TraceRecorder",
+    "align_up",
+    "allocation_size",
+    "buddy_of",
+    "check_plan",
+    "count_numpy_allocations",
+    "external_fragmentation",
+    "lifetimes_from_ops",
+    "lower_bound",
+    "next_pow2",
+    "ops_from_lifetimes",
+    "pair_ops",
+    "plan",
+    "plan_greedy",
+    "plot_arena",
+    "pooled",
+    "random_ops",
+    "replay_python",
+    "replay_stats",
+    "round_size",
+    "split_block",
+]
