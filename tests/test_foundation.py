@@ -6,11 +6,11 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 
 import tinylearn
 from tinylearn.bench import Comparison, Table, measure
@@ -118,7 +118,7 @@ def test_tinygrad_column_says_why_without_clang(monkeypatch):
     monkeypatch.setattr(comp, "clang_available", lambda: False)
     cmp = Comparison("t", repeat=3)
     with cmp.case("c") as c:
-        row = c.add_tinygrad("tinygrad", lambda tg: (lambda: None))
+        row = c.add_tinygrad("tinygrad", lambda tg: lambda: None)
     assert row.median_ms is None and row.note == "n/a: clang not found"
 
 
@@ -150,7 +150,9 @@ def test_matmul_benchmark_has_all_columns():
     (tab,) = matmul.run(sizes=[64])
     impls = tab.impls()
     assert {"numpy", "torch", "tinygrad", "C++ ikj loop", "C++ naive ijk"} <= set(impls)
-    assert all(r.median_ms is not None for r in tab.rows if r.impl != "tinygrad") and tab.get("n=64", "torch").ratio == 1
+    assert (
+        all(r.median_ms is not None for r in tab.rows if r.impl != "tinygrad") and tab.get("n=64", "torch").ratio == 1
+    )
 
 
 # ---------------------------------------------------------------- compiled extension + roofline
@@ -244,7 +246,9 @@ def test_exercise_stubs_are_unsolved(folder):
     assert "NotImplementedError" in (folder / "stubs.py").read_text()
     p = subprocess.run(
         [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider", "--impl=stub", "--tb=no"],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr
     assert p.returncode == 1, f"{folder.name}: expected failures on stubs, got exit {p.returncode}: {summary}"

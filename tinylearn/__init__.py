@@ -11,8 +11,21 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("autograd", "nn", "optim", "data", "conv", "quant", "prune", "sparse", "kernels", "dist", "memory",
-                "bench", "testing")
+_SUBPACKAGES = (
+    "autograd",
+    "nn",
+    "optim",
+    "data",
+    "conv",
+    "quant",
+    "prune",
+    "sparse",
+    "kernels",
+    "dist",
+    "memory",
+    "bench",
+    "testing",
+)
 
 try:
     from .autograd import (  # noqa: F401

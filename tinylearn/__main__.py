@@ -1,8 +1,8 @@
 """Command line: ``tinylearn bench|check|info`` (also ``python -m tinylearn ...``).
 
-    tinylearn bench [TOPIC ...] [--json PATH] [--plot DIR] [--full]   side-by-side benchmark tables
-    tinylearn check TOPIC                                             run your exercises for one topic
-    tinylearn info                                                    versions, devices, compilers
+tinylearn bench [TOPIC ...] [--json PATH] [--plot DIR] [--full]   side-by-side benchmark tables
+tinylearn check TOPIC                                             run your exercises for one topic
+tinylearn info                                                    versions, devices, compilers
 """
 
 from __future__ import annotations
@@ -23,15 +23,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     unknown = [t for t in args.topics if t not in TOPICS]
     if unknown:
-        print(f"tinylearn bench: unknown topic(s) {', '.join(unknown)}; known topics: {', '.join(TOPICS)}",
-              file=sys.stderr)
+        print(
+            f"tinylearn bench: unknown topic(s) {', '.join(unknown)}; known topics: {', '.join(TOPICS)}",
+            file=sys.stderr,
+        )
         return 2
     topics = args.topics or available_topics()
     all_tables = []
     for topic in topics:
         bar = tqdm(desc=f"bench {topic}", unit=" rows", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
         try:
-            tables = run_topic(topic, full=args.full, progress=lambda msg: (bar.set_postfix_str(msg[:40]), bar.update()))
+
+            def progress(msg: str, bar: tqdm = bar) -> None:
+                bar.set_postfix_str(msg[:40])
+                bar.update()
+
+            tables = run_topic(topic, full=args.full, progress=progress)
         except ModuleNotFoundError as e:
             bar.close()
             print(f"[{topic}] not available: {e}", file=sys.stderr)
@@ -71,11 +78,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if d is None:
         root = Path(__file__).resolve().parents[1] / "exercises"
         known = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name[:2].isdigit()) if root.is_dir() else []
-        print(f"tinylearn check: no exercise folder for {args.topic!r}; known: {', '.join(known) or 'none'}",
-              file=sys.stderr)
+        print(
+            f"tinylearn check: no exercise folder for {args.topic!r}; known: {', '.join(known) or 'none'}",
+            file=sys.stderr,
+        )
         return 2
-    cmd = [sys.executable, "-m", "pytest", str(d), "-q", "--no-header", "-rN", "-p", "no:cacheprovider",
-           f"--impl={args.impl}", "--tb=line"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(d),
+        "-q",
+        "--no-header",
+        "-rN",
+        "-p",
+        "no:cacheprovider",
+        f"--impl={args.impl}",
+        "--tb=line",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=d.parents[1])
     m = re.search(r"(\d+) passed", proc.stdout)
     passed = int(m.group(1)) if m else 0
@@ -99,8 +119,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from tinylearn.testing import clang_available, cuda_available, mpi_available, nvcc_available
 
     print(f"python     {platform.python_version()} ({sys.executable})")
-    for pkg in ("tinylearn", "numpy", "torch", "tinygrad", "numba", "triton", "scikit-learn", "cupy-cuda12x",
-                "mpi4py"):
+    for pkg in ("tinylearn", "numpy", "torch", "tinygrad", "numba", "triton", "scikit-learn", "cupy-cuda12x", "mpi4py"):
         try:
             print(f"{pkg:<10} {md.version(pkg)}")
         except md.PackageNotFoundError:
@@ -121,7 +140,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tinylearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="tinylearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="run benchmark tables (tinylearn vs torch vs tinygrad)")
     b.add_argument("topics", nargs="*", help="topics (default: every available one)")

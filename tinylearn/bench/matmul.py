@@ -15,7 +15,9 @@ from .comparators import Comparison, tinygrad_jit
 from .table import Table
 
 
-def run(full: bool = False, progress: Callable[[str], None] | None = None, sizes: list[int] | None = None) -> list[Table]:
+def run(
+    full: bool = False, progress: Callable[[str], None] | None = None, sizes: list[int] | None = None
+) -> list[Table]:
     import torch
 
     from tinylearn._C import machine

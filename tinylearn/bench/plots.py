@@ -9,7 +9,9 @@ import numpy as np
 from .table import Table
 
 
-def plot_table(table: Table, metric: str = "median_ms", ax: Any = None, log: bool = True, path: str | None = None) -> Any:
+def plot_table(
+    table: Table, metric: str = "median_ms", ax: Any = None, log: bool = True, path: str | None = None
+) -> Any:
     """Grouped bar chart: one group per case, one bar per implementation; rows without a value are skipped.
 
     ``metric`` is a Row field (median_ms, ratio, gflops, gbps, peak_mb). Returns the matplotlib Axes.
@@ -35,8 +37,13 @@ def plot_table(table: Table, metric: str = "median_ms", ax: Any = None, log: boo
             vals.append(np.nan if v is None else v)
         ax.bar(x + (i - (len(impls) - 1) / 2) * width, vals, width, label=impl)
     ax.set_xticks(x, cases, rotation=20, ha="right")
-    labels = {"median_ms": "median time (ms)", "ratio": f"time / {table.baseline}", "gflops": "GFLOP/s",
-              "gbps": "GB/s", "peak_mb": "peak MB"}
+    labels = {
+        "median_ms": "median time (ms)",
+        "ratio": f"time / {table.baseline}",
+        "gflops": "GFLOP/s",
+        "gbps": "GB/s",
+        "peak_mb": "peak MB",
+    }
     ax.set_ylabel(labels[metric])
     if log:
         ax.set_yscale("log")

@@ -91,8 +91,11 @@ def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) 
     lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
     fma_units = 2
     g = cores * ghz * fma_units * lanes * 2
-    return Peak(g, f"{cores} cores x {ghz:.2f} GHz x {fma_units} FMA x {lanes} lanes x 2",
-                {"cores": cores, "ghz": ghz, "lanes": lanes, "fma_units": fma_units})
+    return Peak(
+        g,
+        f"{cores} cores x {ghz:.2f} GHz x {fma_units} FMA x {lanes} lanes x 2",
+        {"cores": cores, "ghz": ghz, "lanes": lanes, "fma_units": fma_units},
+    )
 
 
 def stream_bandwidth(n: int = 20_000_000, repeat: int = 5) -> float:

@@ -98,8 +98,12 @@ class Table:
         return "\n".join(out)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "baseline": self.baseline, "rows": [asdict(r) for r in self.rows],
-                "notes": list(self.notes)}
+        return {
+            "title": self.title,
+            "baseline": self.baseline,
+            "rows": [asdict(r) for r in self.rows],
+            "notes": list(self.notes),
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
