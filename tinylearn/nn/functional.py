@@ -2,7 +2,7 @@
 
 Activations and softmax are Tensor methods (VJPs in tinylearn/autograd/ops_*.py); linear, losses, norms,
 dropout and embedding are fused Functions here and in functional_loss.py / functional_norm.py.
-conv2d / max_pool2d / avg_pool2d live in functional_conv.py (replaceable implementation, fixed signatures).
+conv2d / max_pool2d / avg_pool2d come from functional_conv.py (the im2col implementation of tinylearn.conv).
 
     dropout (training)   y = x * m / (1 - p),  m ~ Bernoulli(1 - p)       dx = g * m / (1 - p)
     embedding            y = W[idx]                                       dW = scatter-add of g into rows idx
@@ -18,7 +18,7 @@ from ..autograd import factory as _factory
 from ..autograd.function import Function
 from ..autograd.linalg import Linear as _LinearFn
 from ..autograd.tensor import Tensor
-from . import functional_conv as _conv
+from .functional_conv import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
 from .functional_loss import cross_entropy, mse_loss
 from .functional_norm import batch_norm, layer_norm
 
@@ -50,28 +50,6 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y = x @ weight.T + bias (weight [out, in], like torch)."""
     return _LinearFn.apply(x, weight, bias)
-
-
-def conv2d(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: Any = 1,
-    padding: Any = 0,
-    dilation: Any = 1,
-    groups: int = 1,
-) -> Tensor:
-    return _conv.conv2d(x, weight, bias, stride, padding, dilation, groups)
-
-
-def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
-    return _conv.max_pool2d(x, kernel_size, stride, padding)
-
-
-def avg_pool2d(
-    x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, count_include_pad: bool = True
-) -> Tensor:
-    return _conv.avg_pool2d(x, kernel_size, stride, padding, count_include_pad)
 
 
 class DropoutFn(Function):

@@ -10,36 +10,9 @@ backend switch (``tinylearn.conv.functional.set_backend``) live in tinylearn/con
 
 from __future__ import annotations
 
-from typing import Any
+from ..conv.functional import AvgPool2dFunction as AvgPool2dFn  # noqa: F401
+from ..conv.functional import Conv2dFunction as Conv2dFn  # noqa: F401
+from ..conv.functional import MaxPool2dFunction as MaxPool2dFn  # noqa: F401
+from ..conv.functional import avg_pool2d, conv2d, max_pool2d
 
-from ..autograd.tensor import Tensor
-from ..conv import functional as _cf
-
-Conv2dFn = _cf.Conv2dFunction
-MaxPool2dFn = _cf.MaxPool2dFunction
-AvgPool2dFn = _cf.AvgPool2dFunction
-
-
-def conv2d(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: Any = 1,
-    padding: Any = 0,
-    dilation: Any = 1,
-    groups: int = 1,
-) -> Tensor:
-    """2-D cross-correlation like torch.nn.functional.conv2d (x [N, C, H, W], weight [O, C/groups, kh, kw])."""
-    return _cf.conv2d(x, weight, bias, stride, padding, dilation, groups)
-
-
-def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
-    """Max pooling like torch.nn.functional.max_pool2d (floor mode)."""
-    return _cf.max_pool2d(x, kernel_size, stride, padding)
-
-
-def avg_pool2d(
-    x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, count_include_pad: bool = True
-) -> Tensor:
-    """Average pooling like torch.nn.functional.avg_pool2d (floor mode)."""
-    return _cf.avg_pool2d(x, kernel_size, stride, padding, count_include_pad)
+__all__ = ["conv2d", "max_pool2d", "avg_pool2d"]
