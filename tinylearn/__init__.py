@@ -2,12 +2,20 @@
 
 Top level: the autograd Tensor and its factory functions (``tl.Tensor``, ``tl.cat``, ``tl.no_grad`` ...).
 Topic subpackages load on first access (``tl.conv``, ``tl.quant`` ...) so ``import tinylearn`` stays light.
+
+On a machine with no NVIDIA device node, importing tinylearn sets ``TRITON_INTERPRET=1`` (unless already set):
+Triton kernels can only run in its interpreter there, and triton reads the knob when it is first imported — which
+torch may do lazily (optimizer steps, torch.compile) before ``tl.kernels`` is used.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+if "TRITON_INTERPRET" not in os.environ and not any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/dxg")):
+    os.environ["TRITON_INTERPRET"] = "1"
 
 __version__ = "0.1.0"
 

@@ -66,6 +66,9 @@ def _backend(name: str | None, op: str, need: str | None = None) -> ModuleType:
     if name not in avail:
         raise RuntimeError(f"backend: {name!r} is not available on this machine for {op}; available: {avail}")
     mod = importlib.import_module(_MODULES[name])
+    ok, why = mod.available() if hasattr(mod, "available") else (True, "")
+    if not ok:
+        raise RuntimeError(f"backend: {name!r} cannot run {op} in this process: {why}")
     if need is not None and not hasattr(mod, need):
         have = [b for b in avail if hasattr(importlib.import_module(_MODULES[b]), need)]
         raise ValueError(f"backend: {name!r} has no {op}; backends with it: {have}")

@@ -36,7 +36,24 @@ NATIVE_DTYPES = (np.float32, np.float16)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _stdlib_mode_matches() -> bool:
+    """triton.language's own @jit helpers (tl.max's combine function ...) are decorated when triton is first
+    imported; if that happened before TRITON_INTERPRET=1 was set (torch imports triton, e.g. in an optimizer step
+    or torch.compile), interpreted kernels fail on them with "Cannot call @triton.jit'd outside of the scope of a
+    kernel"."""
+    import triton.language.standard as std
+    from triton.runtime.jit import JITFunction
+
+    helper = getattr(std, "max", None)
+    return not (INTERPRETED and isinstance(helper, JITFunction) and type(helper) is JITFunction)
+
+
 def available() -> tuple[bool, str]:
+    if not _stdlib_mode_matches():
+        return False, (
+            "triton was imported before TRITON_INTERPRET=1 was set (torch imports it lazily); "
+            "import tinylearn first or export TRITON_INTERPRET=1 before starting Python"
+        )
     return True, ""
 
 
