@@ -1,0 +1,156 @@
+"""The topic table: one row per topic, the single place a topic is added.
+
+Used by ``tinylearn bench`` (bench module), ``tinylearn check`` (exercise folder), the foundation tests (every
+listed file exists), the README curriculum map and the question index. ``get()`` accepts any of a topic's names:
+the package name (``quant``), the notebook name (``03_quantization``), its number (``03``), the bench name, or an
+alias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str  # short name: the package under tinylearn/ and the bench topic
+    notebook: str  # notebooks/<notebook>.ipynb, notebooks/src/<notebook>.py
+    title: str
+    packages: tuple[str, ...]  # tinylearn subpackages this topic owns
+    exercises: str | None  # exercises/<exercises>/ (None: no exercise folder)
+    tests: tuple[str, ...]  # tests/<name>.py modules
+    bench: str | None  # module defining run(full=False, progress=None) -> list[Table]
+    cpp: tuple[str, ...] = ()  # cpp_src/ files (globs allowed)
+    cuda: tuple[str, ...] = ()  # cuda_src/ files (globs allowed)
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def number(self) -> str:
+        return self.notebook.split("_", 1)[0]
+
+    def names(self) -> tuple[str, ...]:
+        return (self.name, self.notebook, self.number, *self.aliases)
+
+
+TOPICS: tuple[Topic, ...] = (
+    Topic(
+        "tour",
+        "00_tour",
+        "Tour: roofline and honest benchmarking",
+        ("bench", "testing"),
+        None,
+        ("test_foundation", "test_api_surface"),
+        "tinylearn.bench.matmul",
+        ("machine.cpp",),
+        aliases=("matmul",),
+    ),
+    Topic(
+        "autograd",
+        "01_autodiff",
+        "Autodiff engine, nn, optim",
+        ("autograd", "nn", "optim", "data"),
+        "01_autodiff",
+        ("test_autograd", "test_nn", "test_optim", "test_data"),
+        "tinylearn.autograd.bench",
+        ("autograd_optim.cpp", "optim*.cpp"),
+        aliases=("autodiff",),
+    ),
+    Topic(
+        "conv",
+        "02_im2col_conv",
+        "im2col convolution",
+        ("conv",),
+        "02_im2col_conv",
+        ("test_conv", "test_conv_im2col", "test_conv_nn"),
+        "tinylearn.conv.bench",
+        ("conv_*.cpp",),
+        aliases=("im2col",),
+    ),
+    Topic(
+        "quant",
+        "03_quantization",
+        "Quantization: INT8/INT4/FP8, observers, PTQ/QAT",
+        ("quant",),
+        "03_quantization",
+        ("test_quant", "test_quant_fp8", "test_quant_gemm", "test_quant_ptq"),
+        "tinylearn.quant.bench",
+        ("quant_*.cpp",),
+        ("quant_*.cu",),
+        aliases=("quantization",),
+    ),
+    Topic(
+        "prune",
+        "04_pruning",
+        "Pruning and sparsity",
+        ("prune", "sparse"),
+        "04_pruning",
+        ("test_prune", "test_sparse"),
+        "tinylearn.prune.bench",
+        ("sparse*.cpp",),
+        ("sparse_*.cu",),
+        aliases=("pruning", "sparse"),
+    ),
+    Topic(
+        "kernels",
+        "05_fused_kernels",
+        "Fused kernels: softmax, LayerNorm, bias+GELU, flash attention",
+        ("kernels",),
+        "05_fused_kernels",
+        (
+            "test_kernels",
+            "test_kernels_bench",
+            "test_kernels_cpu",
+            "test_kernels_cuda",
+            "test_kernels_numba",
+            "test_kernels_torch",
+            "test_kernels_traffic",
+        ),
+        "tinylearn.kernels.bench",
+        ("kernels*.cpp",),
+        ("kernels_*.cu", "vector_reduce.cu"),
+        aliases=("fused_kernels",),
+    ),
+    Topic(
+        "dist",
+        "06_allreduce",
+        "All-reduce and collectives",
+        ("dist",),
+        "06_allreduce",
+        ("test_dist", "test_dist_launchers", "test_dist_model"),
+        "tinylearn.dist.bench",
+        aliases=("allreduce",),
+    ),
+    Topic(
+        "memory",
+        "07_memory_pools",
+        "Memory pools and allocators",
+        ("memory",),
+        "07_memory_pools",
+        ("test_memory", "test_memory_cuda", "test_memory_planner"),
+        "tinylearn.memory.bench",
+        ("memory*.cpp", "memory*.h", "memory/*.h"),
+        ("memory_*.cu",),
+        aliases=("memory_pools",),
+    ),
+)
+
+
+def all_topics() -> tuple[Topic, ...]:
+    return TOPICS
+
+
+def get(name: str) -> Topic:
+    """The topic with this name, notebook name, number or alias; ValueError listing the known names."""
+    if not isinstance(name, str):
+        raise TypeError(f"topic: must be a str, got {type(name).__name__}")
+    key = name.strip().removesuffix(".ipynb").removesuffix(".py")
+    for t in TOPICS:
+        if key in t.names():
+            return t
+    known = ", ".join(f"{t.name} ({t.notebook})" for t in TOPICS)
+    raise ValueError(f"topic: unknown topic {name!r}; known topics: {known}")
+
+
+def bench_topics() -> dict[str, str]:
+    """bench name -> module, in curriculum order (``tinylearn bench`` uses the short name; aliases resolve)."""
+    return {t.name: t.bench for t in TOPICS if t.bench}
