@@ -1,17 +1,17 @@
 """Convolution lowered to GEMM: im2col / col2im (three backends), conv2d forward/backward, pooling, Winograd
 F(2x2, 3x3), Conv+BN folding and the tiled-im2col memory lesson. numpy arrays in and out.
 
-    tl.conv.im2col(x, kernel_size, stride=1, padding=0, dilation=1, backend="numpy"|"numba"|"cpp")  [N, C*kh*kw, L]
+    tl.conv.im2col(x, kernel_size, stride=1, padding=0, dilation=1, backend="numpy"|"numba"|"cpp"|None)  [N, C*kh*kw, L]
     tl.conv.col2im(cols, output_size, kernel_size, stride=1, padding=0, dilation=1, backend=...)     [N, C, H, W]
     tl.conv.conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, backend=...)
     tl.conv.winograd_conv2d(x, w, bias=None, padding=0)
     tl.conv.fold_batchnorm(conv_w, conv_b, bn_mean, bn_var, bn_gamma, bn_beta, eps) -> (w', b')
 
-Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is imported only when asked for.
+Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is imported only when asked for. Backends
+dispatch through ``tinylearn.backends`` (ops ``conv.im2col``, ``conv.col2im``); ``backend=None`` = fastest here.
 """
 
-from ._cpp import cpp_available
-from ._params import BACKENDS, conv_out_size
+from ._params import BACKENDS, conv_out_size, cpp_available
 from .batchnorm_fold import fold_batchnorm
 from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward
 from .im2col import col2im, im2col

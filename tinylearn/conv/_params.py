@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
+from .._inputs import as_array
+
 Pair = tuple[int, int]
 BACKENDS = ("numpy", "numba", "cpp")
 
@@ -66,15 +69,24 @@ def window_params(
     return k, s, p, d, out
 
 
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: unknown backend {backend!r}; known: {list(BACKENDS)}")
-    return backend
+def cpp_available() -> bool:
+    """Whether the compiled conv kernels (tinylearn._C.conv) are built."""
+    return backends.C_available("conv")
+
+
+def check_backend(backend: str | None) -> str | None:
+    """Early check of a conv ``backend=`` (None = the registry picks per input); ValueError for unknown names."""
+    if backend is None:
+        return None
+    name = backends.canonical(backend)
+    if name not in BACKENDS:
+        raise ValueError(f"backend: unknown backend {backend!r} for conv; known: {list(BACKENDS)}")
+    return name
 
 
 def as_float_array(x: Any, name: str) -> np.ndarray:
     """numpy float array (float16/32/64 kept, ints and bools -> float32); TypeError for non-numeric input."""
-    a = np.asarray(x)
+    a = as_array(x, name, dtypes=("f", "i", "u", "b"))
     if a.dtype.kind in "iub":
         return a.astype(np.float32)
     if a.dtype.kind != "f":

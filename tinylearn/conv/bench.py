@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import backends as registry
 from ..bench import Comparison, Table, measure, tinygrad_jit
-from ._cpp import cpp_available
 from ._params import window_params
 from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward, conv_cols
 from .tiled import im2col_workspace_bytes
@@ -32,9 +32,9 @@ LAYERS = [
 
 
 def backends() -> list[str]:
-    from ..testing import numba_available
-
-    return ["numpy"] + (["numba"] if numba_available() else []) + (["cpp"] if cpp_available() else [])
+    """The im2col backends that run here, in registration order (numpy, numba, cpp)."""
+    here = set(registry.available("conv.im2col"))
+    return [b for b in registry.registered("conv.im2col") if b in here]
 
 
 def layer_arrays(C: int, OC: int, H: int, k: int, batch: int, seed: int = 0):

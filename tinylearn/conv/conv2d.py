@@ -53,7 +53,7 @@ def _is_pointwise(k, s, p, d) -> bool:
     return k == (1, 1) and s == (1, 1) and p == (0, 0)
 
 
-def _prepare(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: int, backend: str):
+def _prepare(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: int, backend: str | None):
     check_backend(backend)
     x = as_float_array(x, "x")
     w = as_float_array(w, "weight")
@@ -66,7 +66,7 @@ def _prepare(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
     return x, w, b, groups, k, s, p, d, out
 
 
-def conv_cols(x: np.ndarray, k, s, p, d, out, backend: str) -> np.ndarray:
+def conv_cols(x: np.ndarray, k, s, p, d, out, backend: str | None) -> np.ndarray:
     """Column matrix [C*kh*kw, N*L] of x ("KNL"); a pointwise conv (1x1, stride 1, no padding) only transposes."""
     if _is_pointwise(k, s, p, d):
         N, C, H, W = x.shape
@@ -82,7 +82,7 @@ def conv2d(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
 ) -> np.ndarray:
     """2-D cross-correlation like ``torch.nn.functional.conv2d`` (NCHW), computed as im2col + GEMM."""
     y, _ = conv2d_forward(x, w, bias, stride, padding, dilation, groups, backend)
@@ -97,7 +97,7 @@ def conv2d_forward(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass."""
     x, w, b, g, k, s, p, d, (OH, OW) = _prepare(x, w, bias, stride, padding, dilation, groups, backend)
@@ -125,7 +125,7 @@ def conv2d_backward(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
     cols: np.ndarray | None = None,
     needs: tuple[bool, bool, bool] = (True, True, True),
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:

@@ -5,8 +5,11 @@
     MaxPool2d  forward keeps the window argmax; backward scatters dY to it through col2im
     AvgPool2d  backward spreads dY / divisor over the window through col2im
 
-``set_backend("numpy"|"numba"|"cpp")`` picks the im2col/col2im kernels (default: cpp when tinylearn._C is built,
-else numpy). Dtypes the compiled kernels do not handle (float16) use the numpy kernels.
+The im2col/col2im kernels come from ``tinylearn.backends`` (ops ``conv.im2col`` / ``conv.col2im``): by default the
+registry's choice for the input (cpp when tinylearn._C is built, numpy for float16 or without it).
+``set_backend("numpy"|"numba"|"cpp")`` pins one for these Functions (the torch-signature ``F.conv2d`` has no
+``backend=``); ``set_backend(None)`` returns to the registry's choice. Dtypes the compiled kernels do not handle
+(float16) still use numpy when a compiled backend is pinned.
 """
 
 from __future__ import annotations
@@ -17,30 +20,28 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
-from ._cpp import cpp_available
 from ._params import check_backend
 from .conv2d import conv2d_backward, conv2d_forward
 from .pooling import avg_pool2d as _avg_pool2d
 from .pooling import avg_pool2d_backward, max_pool2d_backward
 from .pooling import max_pool2d as _max_pool2d
 
-_STATE = {"backend": None}
+_STATE: dict[str, str | None] = {"backend": None}
 
 
-def get_backend() -> str:
-    if _STATE["backend"] is None:
-        _STATE["backend"] = "cpp" if cpp_available() else "numpy"
+def get_backend() -> str | None:
+    """The pinned im2col backend of the autograd conv/pool Functions (None: the registry picks per input)."""
     return _STATE["backend"]
 
 
-def set_backend(backend: str) -> None:
-    """Backend of the im2col/col2im kernels used by the autograd conv/pool Functions."""
+def set_backend(backend: str | None) -> None:
+    """Pin the im2col/col2im backend used by the autograd conv/pool Functions (None: the registry's choice)."""
     _STATE["backend"] = check_backend(backend)
 
 
-def _backend_for(*arrays: np.ndarray) -> str:
+def _backend_for(*arrays: np.ndarray) -> str | None:
     be = get_backend()
-    if be != "numpy" and any(a is not None and a.dtype not in (np.float32, np.float64) for a in arrays):
+    if be not in (None, "numpy") and any(a is not None and a.dtype not in (np.float32, np.float64) for a in arrays):
         return "numpy"
     return be
 

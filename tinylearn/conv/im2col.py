@@ -10,7 +10,9 @@ is *added* back to the pixel it was read from, so overlapping windows accumulate
 
 Backends: ``numpy`` (a strided 6-D view [N, C, kh, kw, OH, OW] of the padded input copied once; col2im loops
 over the kh*kw kernel offsets only, never over pixels), ``numba`` (parallel over N*C, lazily imported) and
-``cpp`` (tinylearn._C.conv, OpenMP over N*C with contiguous row copies).
+``cpp`` (tinylearn._C.conv, OpenMP over N*C with contiguous row copies). All three register as the ops
+``conv.im2col`` / ``conv.col2im`` in ``tinylearn.backends``; ``backend=None`` picks cpp when built (float32/64),
+else numpy.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import backends
+from .._inputs import as_array
 from ._params import check_backend, pair, window_params
 
 _NATIVE = (np.float32, np.float64)
+_NUMERIC = ("f", "i", "u", "b")
 
 
 def window_view(xp: np.ndarray, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int], out: tuple[int, int]):
@@ -40,49 +45,9 @@ def pad_nchw(x: np.ndarray, p: tuple[int, int], value: float = 0.0) -> np.ndarra
     return np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=value)
 
 
-def im2col_raw(x: np.ndarray, k, s, p, d, out, backend: str, layout: str = "NKL") -> np.ndarray:
-    """im2col on validated arguments. layout "NKL" = unfold's [N, K, L]; "KNL" = [K, N*L] (batch as one GEMM)."""
-    N, C = x.shape[:2]
-    K, L = C * k[0] * k[1], out[0] * out[1]
-    if backend == "numpy":
-        v = window_view(pad_nchw(x, p), k, s, d, out)  # [N, C, kh, kw, OH, OW], no copy yet
-        if layout == "KNL":
-            return v.transpose(1, 2, 3, 0, 4, 5).reshape(K, N * L)  # the one copy
-        return v.reshape(N, K, L)  # the one copy
-    xc = _native(x, backend, "x")
-    if backend == "numba":
-        from ._numba import im2col_numba
-
-        return im2col_numba(xc, k, s, p, d, out, layout)
-    from ._cpp import cpp_module
-
-    return cpp_module().im2col(xc, k, s, p, d, layout)
-
-
-def col2im_raw(
-    cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, backend: str, layout: str = "NKL"
-) -> np.ndarray:
-    """col2im on validated arguments (see im2col_raw for the layouts)."""
-    OH, OW = out
-    if backend == "numpy":
-        if layout == "KNL":
-            c6 = cols.reshape(C, k[0], k[1], N, OH, OW).transpose(3, 0, 1, 2, 4, 5)
-        else:
-            c6 = cols.reshape(N, C, k[0], k[1], OH, OW)
-        xp = np.zeros((N, C, H + 2 * p[0], W + 2 * p[1]), dtype=cols.dtype)
-        for i in range(k[0]):  # loop over kernel offsets only; each adds a whole strided plane
-            for j in range(k[1]):
-                hi, wj = i * d[0], j * d[1]
-                xp[:, :, hi : hi + s[0] * (OH - 1) + 1 : s[0], wj : wj + s[1] * (OW - 1) + 1 : s[1]] += c6[:, :, i, j]
-        return xp[:, :, p[0] : p[0] + H, p[1] : p[1] + W]
-    cc = _native(cols, backend, "cols")
-    if backend == "numba":
-        from ._numba import col2im_numba
-
-        return col2im_numba(cc, N, C, H, W, k, s, p, d, out, layout)
-    from ._cpp import cpp_module
-
-    return cpp_module().col2im(cc, (H, W), k, s, p, d, layout, N)
+def _native_dtype(a: np.ndarray, *_: Any, **__: Any) -> bool:
+    """``when=`` predicate: the compiled kernels handle float32/float64 only (float16 stays on numpy)."""
+    return a.dtype in _NATIVE
 
 
 def _native(a: np.ndarray, backend: str, name: str) -> np.ndarray:
@@ -91,12 +56,74 @@ def _native(a: np.ndarray, backend: str, name: str) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+@backends.register("conv.im2col", "numpy")
+def _im2col_numpy(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
+    N, C = x.shape[:2]
+    K, L = C * k[0] * k[1], out[0] * out[1]
+    v = window_view(pad_nchw(x, p), k, s, d, out)  # [N, C, kh, kw, OH, OW], no copy yet
+    if layout == "KNL":
+        return v.transpose(1, 2, 3, 0, 4, 5).reshape(K, N * L)  # the one copy
+    return v.reshape(N, K, L)  # the one copy
+
+
+# numba ranks below numpy for backend=None: its first call pays the JIT compile; name it to use it
+@backends.register("conv.im2col", "numba", priority=5, when=_native_dtype)
+def _im2col_numba(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
+    from ._numba import im2col_numba
+
+    return im2col_numba(_native(x, "numba", "x"), k, s, p, d, out, layout)
+
+
+@backends.register("conv.im2col", "cpp", when=_native_dtype, available=lambda: backends.C_available("conv"))
+def _im2col_cpp(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
+    return backends.load_C("conv").im2col(_native(x, "cpp", "x"), k, s, p, d, layout)
+
+
+@backends.register("conv.col2im", "numpy")
+def _col2im_numpy(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL"):
+    OH, OW = out
+    if layout == "KNL":
+        c6 = cols.reshape(C, k[0], k[1], N, OH, OW).transpose(3, 0, 1, 2, 4, 5)
+    else:
+        c6 = cols.reshape(N, C, k[0], k[1], OH, OW)
+    xp = np.zeros((N, C, H + 2 * p[0], W + 2 * p[1]), dtype=cols.dtype)
+    for i in range(k[0]):  # loop over kernel offsets only; each adds a whole strided plane
+        for j in range(k[1]):
+            hi, wj = i * d[0], j * d[1]
+            xp[:, :, hi : hi + s[0] * (OH - 1) + 1 : s[0], wj : wj + s[1] * (OW - 1) + 1 : s[1]] += c6[:, :, i, j]
+    return xp[:, :, p[0] : p[0] + H, p[1] : p[1] + W]
+
+
+@backends.register("conv.col2im", "numba", priority=5, when=_native_dtype)
+def _col2im_numba(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL"):
+    from ._numba import col2im_numba
+
+    return col2im_numba(_native(cols, "numba", "cols"), N, C, H, W, k, s, p, d, out, layout)
+
+
+@backends.register("conv.col2im", "cpp", when=_native_dtype, available=lambda: backends.C_available("conv"))
+def _col2im_cpp(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL"):
+    return backends.load_C("conv").col2im(_native(cols, "cpp", "cols"), (H, W), k, s, p, d, layout, N)
+
+
+def im2col_raw(x: np.ndarray, k, s, p, d, out, backend: str | None, layout: str = "NKL") -> np.ndarray:
+    """im2col on validated arguments. layout "NKL" = unfold's [N, K, L]; "KNL" = [K, N*L] (batch as one GEMM)."""
+    return backends.dispatch("conv.im2col", x, k, s, p, d, out, layout, backend=backend)
+
+
+def col2im_raw(
+    cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, backend: str | None, layout: str = "NKL"
+) -> np.ndarray:
+    """col2im on validated arguments (see im2col_raw for the layouts)."""
+    return backends.dispatch("conv.col2im", cols, N, C, H, W, k, s, p, d, out, layout, backend=backend)
+
+
 def im2col(
-    x: Any, kernel_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, backend: str = "numpy"
+    x: Any, kernel_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, backend: str | None = "numpy"
 ) -> np.ndarray:
     """Unfold NCHW ``x`` into columns [N, C*kh*kw, L] (L = OH*OW), exactly like ``torch.nn.functional.unfold``."""
     check_backend(backend)
-    x = np.asarray(x)
+    x = as_array(x, "x", dtypes=_NUMERIC)
     if x.ndim == 3:  # torch accepts an unbatched [C, H, W]
         return im2col(x[None], kernel_size, stride, padding, dilation, backend)[0]
     k, s, p, d, out = window_params(x.shape, kernel_size, stride, padding, dilation, "x")
@@ -110,11 +137,11 @@ def col2im(
     stride: Any = 1,
     padding: Any = 0,
     dilation: Any = 1,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
 ) -> np.ndarray:
     """Fold columns [N, C*kh*kw, L] back into an image [N, C, H, W], summing overlaps (``F.fold`` layout)."""
     check_backend(backend)
-    cols = np.asarray(cols)
+    cols = as_array(cols, "cols", dtypes=_NUMERIC)
     if cols.ndim == 2:  # unbatched
         return col2im(cols[None], output_size, kernel_size, stride, padding, dilation, backend)[0]
     if cols.ndim != 3:

@@ -60,7 +60,7 @@ def max_pool2d_backward(
     stride: Any = None,
     padding: Any = 0,
     dilation: Any = 1,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
 ) -> np.ndarray:
     """dx: each output gradient is routed to its window's argmax (overlapping windows accumulate via col2im)."""
     check_backend(backend)
@@ -103,7 +103,7 @@ def avg_pool2d_backward(
     stride: Any = None,
     padding: Any = 0,
     count_include_pad: bool = True,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
 ) -> np.ndarray:
     """dx = col2im(dy / divisor copied to every tap of its window)."""
     check_backend(backend)

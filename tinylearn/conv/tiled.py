@@ -52,7 +52,7 @@ def conv2d_tiled(
     groups: int = 1,
     rows_per_tile: int | None = None,
     max_workspace_bytes: int | None = None,
-    backend: str = "numpy",
+    backend: str | None = "numpy",
 ) -> np.ndarray:
     """conv2d computed ``rows_per_tile`` output rows at a time (or as many as fit in ``max_workspace_bytes``).
 
