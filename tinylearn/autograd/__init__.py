@@ -7,6 +7,7 @@ vector-Jacobian product (``Function.backward``) and the engine applies them in r
 
 from . import dual
 from .dual import Dual, jvp
+from .engine import topo_sort
 from .factory import (
     arange,
     cat,
@@ -25,7 +26,8 @@ from .factory import (
 from .function import Function, unbroadcast
 from .grad_mode import detect_anomaly, enable_grad, is_grad_enabled, no_grad
 from .gradcheck import gradcheck, numerical_jacobian
-from .tensor import Tensor, get_storage_hook, set_storage_hook, topo_sort
+from .storage import get_storage_hook, set_storage_hook
+from .tensor import Tensor
 
 __all__ = [
     "Tensor",

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from .methods import _shape_arg
 from .ops_shape import Cat, Stack, Where
-from .tensor import Tensor, _shape_arg
+from .tensor import Tensor
 
 _rng = np.random.default_rng(0)
 

@@ -1,0 +1,272 @@
+"""The differentiable method surface of ``Tensor`` (torch's names), each a thin call into a ``Function``.
+
+``TensorMethods`` is a mixin: ``Tensor`` (tensor.py) holds the state (data, grad, graph links, hooks, in-place
+updates) and inherits these operators, elementwise maps, reductions and shape ops. The math lives in
+ops_elementwise.py, ops_reduce.py, ops_shape.py and linalg.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import linalg as _la
+from . import ops_elementwise as _ew
+from . import ops_reduce as _rd
+from . import ops_shape as _sh
+from . import tensor as _tensor  # circular (Tensor subclasses this mixin): read as _tensor.Tensor at call time
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+
+class TensorMethods:
+    __slots__ = ()
+
+    # -- operators (implemented in ops_*.py as Functions) ---------------------------------------------------
+    def __add__(self, other: Any) -> Tensor:
+        return _ew.Add.apply(self, _lift(other))
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Tensor:
+        return _ew.Sub.apply(self, _lift(other))
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return _ew.Sub.apply(_lift(other), self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return _ew.Mul.apply(self, _lift(other))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return _ew.Div.apply(self, _lift(other))
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return _ew.Div.apply(_lift(other), self)
+
+    def __pow__(self, other: Any) -> Tensor:
+        return _ew.Pow.apply(self, _lift(other))
+
+    def __rpow__(self, other: Any) -> Tensor:
+        return _ew.Pow.apply(_lift(other), self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return _la.MatMul.apply(self, other if isinstance(other, TensorMethods) else _tensor.Tensor(other))
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return _la.MatMul.apply(_tensor.Tensor(other), self)
+
+    def __neg__(self) -> Tensor:
+        return _ew.Neg.apply(self)
+
+    def __getitem__(self, idx: Any) -> Tensor:
+        return _sh.GetItem.apply(self, _unwrap_index(idx))
+
+    # comparisons: plain (non-differentiable) bool tensors
+    def __lt__(self, o: Any) -> Tensor:
+        return self._make(self.data < _val(o), False, None, 0)
+
+    def __le__(self, o: Any) -> Tensor:
+        return self._make(self.data <= _val(o), False, None, 0)
+
+    def __gt__(self, o: Any) -> Tensor:
+        return self._make(self.data > _val(o), False, None, 0)
+
+    def __ge__(self, o: Any) -> Tensor:
+        return self._make(self.data >= _val(o), False, None, 0)
+
+    def __eq__(self, o: Any) -> Tensor:  # type: ignore[override]
+        return self._make(self.data == _val(o), False, None, 0)
+
+    def __ne__(self, o: Any) -> Tensor:  # type: ignore[override]
+        return self._make(self.data != _val(o), False, None, 0)
+
+    # elementwise
+    def neg(self) -> Tensor:
+        return _ew.Neg.apply(self)
+
+    def exp(self) -> Tensor:
+        return _ew.Exp.apply(self)
+
+    def log(self) -> Tensor:
+        return _ew.Log.apply(self)
+
+    def sqrt(self) -> Tensor:
+        return _ew.Sqrt.apply(self)
+
+    def tanh(self) -> Tensor:
+        return _ew.Tanh.apply(self)
+
+    def sigmoid(self) -> Tensor:
+        return _ew.Sigmoid.apply(self)
+
+    def relu(self) -> Tensor:
+        return _ew.ReLU.apply(self)
+
+    def gelu(self, approximate: str = "none") -> Tensor:
+        return _ew.GELU.apply(self, approximate=approximate)
+
+    def abs(self) -> Tensor:
+        return _ew.Abs.apply(self)
+
+    def clip(self, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
+        return _ew.Clip.apply(self, min=min, max=max)
+
+    clamp = clip
+
+    def maximum(self, other: Any) -> Tensor:
+        return _ew.Maximum.apply(self, _lift(other))
+
+    def minimum(self, other: Any) -> Tensor:
+        return _ew.Minimum.apply(self, _lift(other))
+
+    def pow(self, other: Any) -> Tensor:
+        return self.__pow__(other)
+
+    def matmul(self, other: Any) -> Tensor:
+        return self.__matmul__(other)
+
+    def softmax(self, dim: int = -1) -> Tensor:
+        return _rd.Softmax.apply(self, dim=dim)
+
+    def log_softmax(self, dim: int = -1) -> Tensor:
+        return _rd.LogSoftmax.apply(self, dim=dim)
+
+    # reductions
+    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _rd.Sum.apply(self, dim=dim, keepdim=keepdim)
+
+    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _rd.Mean.apply(self, dim=dim, keepdim=keepdim)
+
+    def max(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return _rd.Max.apply(self, dim=dim, keepdim=keepdim, sign=1.0)
+
+    def min(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return _rd.Max.apply(self, dim=dim, keepdim=keepdim, sign=-1.0)
+
+    def var(
+        self, dim: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1, unbiased: Any = None
+    ) -> Tensor:
+        if unbiased is not None:
+            correction = 1 if unbiased else 0
+        return _rd.Var.apply(self, dim=dim, keepdim=keepdim, correction=correction)
+
+    def std(self, dim: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        return self.var(dim, keepdim, correction).sqrt()
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        out = np.argmax(self.data, axis=dim, keepdims=keepdim) if dim is not None else np.argmax(self.data)
+        return self._make(np.asarray(out, dtype=np.int64), False, None, 0)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        out = np.argmin(self.data, axis=dim, keepdims=keepdim) if dim is not None else np.argmin(self.data)
+        return self._make(np.asarray(out, dtype=np.int64), False, None, 0)
+
+    # shape
+    def reshape(self, *shape: Any) -> Tensor:
+        return _sh.Reshape.apply(self, _shape_arg(shape))
+
+    def view(self, *shape: Any) -> Tensor:
+        return _sh.Reshape.apply(self, _shape_arg(shape))
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        nd = self.data.ndim
+        perm = list(range(nd))
+        d0, d1 = _norm_dim(dim0, nd, "dim0"), _norm_dim(dim1, nd, "dim1")
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return _sh.Permute.apply(self, tuple(perm))
+
+    def permute(self, *dims: Any) -> Tensor:
+        dims = _shape_arg(dims)
+        nd = self.data.ndim
+        if sorted(_norm_dim(d, nd, "dims") for d in dims) != list(range(nd)):
+            raise ValueError(f"dims: {dims} is not a permutation of the {nd} dims of shape {self.shape}")
+        return _sh.Permute.apply(self, tuple(_norm_dim(d, nd, "dims") for d in dims))
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802
+        return _sh.Permute.apply(self, tuple(range(self.data.ndim - 1, -1, -1)))
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802
+        return self.transpose(-2, -1)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        nd = self.data.ndim
+        if nd == 0:
+            return self.reshape(1)
+        s, e = _norm_dim(start_dim, nd, "start_dim"), _norm_dim(end_dim, nd, "end_dim")
+        if s > e:
+            raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
+        shp = self.shape
+        return self.reshape(shp[:s] + (int(np.prod(shp[s : e + 1])),) + shp[e + 1 :])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = _norm_dim(dim, self.data.ndim + 1, "dim")
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        shp = self.shape
+        if dim is None:
+            return self.reshape(tuple(s for s in shp if s != 1))
+        d = _norm_dim(dim, self.data.ndim, "dim")
+        if shp[d] != 1:
+            return self
+        return self.reshape(shp[:d] + shp[d + 1 :])
+
+    def expand(self, *sizes: Any) -> Tensor:
+        sizes = _shape_arg(sizes)
+        shp = self.shape
+        if len(sizes) < len(shp):
+            raise ValueError(f"expand: sizes {sizes} have fewer dims than the tensor's shape {shp}")
+        lead = len(sizes) - len(shp)
+        target = tuple(shp[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(sizes))
+        return _sh.Expand.apply(self, target)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(*other.shape)
+
+    def repeat(self, *reps: Any) -> Tensor:
+        reps = _shape_arg(reps)
+        return _sh.Repeat.apply(self, reps)
+
+
+def _lift(x: Any) -> Any:
+    """Scalars stay Python scalars (keeps the tensor's dtype); arrays become constant Tensors."""
+    t = type(x)
+    if t is float or t is int or isinstance(x, TensorMethods):
+        return x
+    if isinstance(x, np.generic | bool):
+        return x.item() if isinstance(x, np.generic) else x
+    return _tensor.Tensor(x)
+
+
+def _val(x: Any) -> Any:
+    return x.data if isinstance(x, TensorMethods) else x
+
+
+def _unwrap_index(idx: Any) -> Any:
+    if isinstance(idx, TensorMethods):
+        return idx.data
+    if isinstance(idx, tuple):
+        return tuple(i.data if isinstance(i, TensorMethods) else i for i in idx)
+    if isinstance(idx, list):
+        return np.asarray(idx)
+    return idx
+
+
+def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], tuple | list):
+        shape = tuple(shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def _norm_dim(d: int, nd: int, name: str) -> int:
+    if not -max(nd, 1) <= d < max(nd, 1):
+        raise ValueError(f"{name}: dimension {d} out of range for a tensor with {nd} dims")
+    return d % max(nd, 1)
