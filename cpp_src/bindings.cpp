@@ -1,5 +1,8 @@
 // bindings.cpp — the tinylearn._C module: one submodule per topic file (see registry.h), plus build info.
+#include "cpu_features.h"
 #include "registry.h"
+
+#include <iterator>
 
 #ifdef TINYLEARN_OPENMP
 #include <omp.h>
@@ -19,16 +22,17 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("compiled_avx2") = false;
 #endif
-  m.def("cpu_supports", [](const std::string& feature) {
-    __builtin_cpu_init();
-    if (feature == "avx2") return bool(__builtin_cpu_supports("avx2"));
-    if (feature == "fma") return bool(__builtin_cpu_supports("fma"));
-    if (feature == "avx512f") return bool(__builtin_cpu_supports("avx512f"));
-    if (feature == "avx512bw") return bool(__builtin_cpu_supports("avx512bw"));
-    if (feature == "avx512vnni") return bool(__builtin_cpu_supports("avx512vnni"));
-    if (feature == "avxvnni") return bool(__builtin_cpu_supports("avxvnni"));
-    throw std::invalid_argument("cpu_supports: unknown feature '" + feature + "'");
-  }, pybind11::arg("feature"), "Run-time CPU feature check (avx2, fma, avx512f, avx512bw, avx512vnni, avxvnni).");
+  m.def("cpu_supports", [](const std::string& feature) { return tl::cpu_has(feature.c_str()); },
+        pybind11::arg("feature"),
+        "Effective run-time CPU feature check after TINYLEARN_CPU_FEATURES (what dispatching kernels use): "
+        "sse4.2, avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avxvnni.");
+  m.def("cpu_detected", [](const std::string& feature) { return tl::cpu_detected(feature); },
+        pybind11::arg("feature"), "What the CPU reports for a feature, ignoring TINYLEARN_CPU_FEATURES.");
+  m.def("cpu_features_forced", []() { return tl::cpu_features_forced(); },
+        "The level forced by TINYLEARN_CPU_FEATURES ('scalar', 'avx2', 'avx512'), '' when not forced; "
+        "ValueError for an invalid value.");
+  m.attr("cpu_feature_names") = std::vector<std::string>(std::begin(tl::kCpuFeatureNames),
+                                                         std::end(tl::kCpuFeatureNames));
   std::vector<std::string> names;
   for (auto& [name, fn] : tl::registrars()) {
     auto sub = m.def_submodule(name.c_str());

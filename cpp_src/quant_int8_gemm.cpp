@@ -8,9 +8,11 @@
 //   avx512vnni   B packed as bytes [N/16][K/4][16][4]; _mm512_dpbusd_epi32 is u8 x s8 with exact int32 sums, so A
 //                is offset to unsigned (a + 128 = a ^ 0x80) and the offset is removed afterwards:
 //                sum_k (a_ik + 128) b_kj = C_ij + 128 * colsum_j(B).
-// Dispatch happens at run time (__builtin_cpu_supports) and each SIMD path is compiled with
-// __attribute__((target(...))), so a portable (-march=x86-64) build still uses them. Register blocking: 4 rows x
-// 4 zmm (VNNI) or 2 ymm (AVX2) vectors of columns; OpenMP over column panels (or row blocks when N is small).
+// Dispatch happens at run time (tl::cpu_has in cpu_features.h, which honours TINYLEARN_CPU_FEATURES) and each
+// SIMD path is compiled with __attribute__((target(...))), so a portable (-march=x86-64) build still uses them.
+// Register blocking: 4 rows x 4 zmm (VNNI) or 2 ymm (AVX2) vectors of columns; OpenMP over column panels (or row
+// blocks when N is small).
+#include "cpu_features.h"
 #include "registry.h"
 
 #include <immintrin.h>
@@ -194,12 +196,11 @@ void gemm_vnni(const i8* A, const i8* B, i32* C, ssize_t M, ssize_t K, ssize_t N
   gemm_vnni_packed(A, P.data(), colsum.data(), C, M, K, N);
 }
 
+// Effective features (tl::cpu_has honours TINYLEARN_CPU_FEATURES=scalar|avx2|avx512).
 bool has(const char* f) {
-  __builtin_cpu_init();
-  if (std::string(f) == "avx2") return __builtin_cpu_supports("avx2");
+  if (std::string(f) == "avx2") return tl::cpu_has("avx2");
   if (std::string(f) == "avx512vnni")
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vnni");
+    return tl::cpu_has("avx512f") && tl::cpu_has("avx512bw") && tl::cpu_has("avx512vnni");
   return false;
 }
 
