@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backends
+
 NATIVE_DTYPES = (np.float32, np.float64)
 
 SOFTMAX_VERSION = "three_pass"
@@ -21,16 +23,14 @@ LAYER_NORM_VERSION = "two_pass"
 
 
 def _k():  # type: ignore[no-untyped-def]
-    from tinylearn._C import kernels
-
-    return kernels
+    return backends.load_C("kernels")
 
 
 def available() -> tuple[bool, str]:
     try:
         _k()
-    except ImportError as e:
-        return False, f"tinylearn._C.kernels not built ({e}); run tools/build.sh"
+    except RuntimeError as e:
+        return False, str(e)
     return True, ""
 
 

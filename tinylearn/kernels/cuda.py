@@ -1,7 +1,7 @@
 """The ``cuda`` backend: the hand-written kernels in cuda_src/*.cu, compiled at run time by cupy.RawModule.
 
 ``load(name)`` returns the cupy.RawModule of ``cuda_src/<name>.cu`` and raises RuntimeError when no CUDA device
-is usable (``tinylearn.testing.cuda_available()`` is False): nothing here ever pretends a CPU result came from a GPU.
+is usable (``tinylearn.backends.cuda_available()`` is False): nothing here ever pretends a CPU result came from a GPU.
 On a CPU-only box the sources are still compiled to PTX by tests/test_cuda_compile.py (nvcc -ptx -arch=sm_80).
 
 Launch choices (see each .cu header for the kernel versions): softmax v3 (one warp per row, online max/sum with
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..testing.devices import cuda_available
+from ..backends import cuda_available
 
 NATIVE_DTYPES = (np.float32,)
 CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
@@ -27,7 +27,7 @@ WARPS_PER_BLOCK = 4
 
 def available() -> tuple[bool, str]:
     if not cuda_available():
-        return False, "no CUDA device (tinylearn.testing.cuda_available() is False)"
+        return False, "no CUDA device (tinylearn.backends.cuda_available() is False)"
     return True, ""
 
 
@@ -45,7 +45,7 @@ def load(name: str) -> Any:
     path = source_path(name)
     if not cuda_available():
         raise RuntimeError(
-            f"cuda: cannot load {path.name}: no CUDA device (tinylearn.testing.cuda_available() is False); "
+            f"cuda: cannot load {path.name}: no CUDA device (tinylearn.backends.cuda_available() is False); "
             "the sources are only compile-checked on this machine"
         )
     import cupy

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 if "numba" not in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") is None:
-    from ..testing.devices import cuda_available
+    from ..backends import cuda_available
 
     if not cuda_available():
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"

@@ -5,95 +5,148 @@
     bias_gelu(x, bias, approximate)        gelu(x + bias), bias broadcast along the last dim
     flash_attention(q, k, v, causal)       softmax(q k^T / sqrt(D)) v on [..., N, D], tiled with online softmax
 
-Backends (``available_backends()``): ``numpy`` (unfused reference), ``cpu`` (fused C++/OpenMP), ``triton``
+Backends (``available_backends()``), registered in ``tinylearn.backends`` as ops ``kernels.<op>``: ``numpy``
+(unfused reference), ``cpu`` (= ``cpp``: fused C++/OpenMP), ``triton``
 (``@triton.jit`` kernels; on a CPU box they run under TRITON_INTERPRET=1), ``cuda`` (cuda_src/ kernels through
 cupy, only when a GPU exists). Backward functions exist for ``numpy`` and ``cpu`` (and ``cuda`` where a kernel is
 written); flash-attention backward recomputes P from the saved log-sum-exp.
 
-Inputs: numpy arrays of any layout (non-contiguous and broadcast views are copied to C order), float32/float64,
-plus float16 (computed in float32, returned as float16). Outputs have the input's dtype.
+Inputs (``tinylearn._inputs.as_array``): numpy arrays, tl.Tensors or torch CPU tensors of any layout
+(non-contiguous and broadcast views are copied to C order), float32/float64, plus float16 (computed in float32,
+returned as float16); other dtypes are a TypeError. Outputs are numpy arrays with the input's dtype.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from ..testing.devices import cuda_available, triton_available
+from .. import backends
+from .._inputs import as_array
 
-_MODULES = {
-    "numpy": "tinylearn.kernels.reference",
-    "cpu": "tinylearn.kernels.cpu",
-    "triton": "tinylearn.kernels.triton_kernels",
-    "cuda": "tinylearn.kernels.cuda",
-}
 _FLOATS = (np.float16, np.float32, np.float64)
+PUBLIC_NAMES = {"cpp": "cpu"}  # this topic named the C++ backend "cpu" first; both spellings are accepted
+
+# backend -> (module, {op: [(version, attribute, fixed keywords), ...]}); the first version is the default
+_ALL = ("softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "bias_gelu", "bias_gelu_backward")
+_TABLE: dict[str, tuple[str, dict[str, list[tuple[str, str, dict[str, Any]]]]]] = {
+    "numpy": (
+        "tinylearn.kernels.reference",
+        {
+            **{op: [("default", op, {})] for op in _ALL + ("attention", "attention_backward")},
+            "softmax": [("three_pass", "softmax", {}), ("online", "softmax_online", {})],
+        },
+    ),
+    "cpp": (
+        "tinylearn.kernels.cpu",
+        {
+            **{op: [("default", op, {})] for op in _ALL + ("attention", "attention_backward")},
+            "softmax": [
+                ("three_pass", "softmax", {"version": "three_pass"}),
+                ("online", "softmax", {"version": "online"}),
+            ],
+            "layer_norm": [
+                ("two_pass", "layer_norm", {"version": "two_pass"}),
+                ("welford", "layer_norm", {"version": "welford"}),
+            ],
+        },
+    ),
+    "triton": (
+        "tinylearn.kernels.triton_kernels",
+        {
+            "softmax": [
+                ("one_block", "softmax", {"version": "one_block"}),
+                ("online", "softmax", {"version": "online"}),
+            ],
+            "layer_norm": [("default", "layer_norm", {})],
+            "bias_gelu": [("default", "bias_gelu", {})],
+            "attention": [("default", "attention", {})],
+        },
+    ),
+    "cuda": ("tinylearn.kernels.cuda", {op: [("default", op, {})] for op in _ALL + ("attention",)}),
+}
+# backend=None: cpp when built, else numpy. triton runs interpreted on a CPU box and cuda moves host arrays over
+# PCIe for one memory-bound op, so both are used only when named.
+_PRIORITY = {"numpy": 10, "cpp": 20, "triton": 5, "cuda": 1}
 
 
-def _cpu_ok() -> bool:
-    try:
-        importlib.import_module("tinylearn._C").kernels  # noqa: B018
-    except (ImportError, AttributeError):
-        return False
-    return True
+class Kernel:
+    """One registered kernel: imports its backend module on first call (triton/cupy are heavy) and checks that
+    the module can run in this process (e.g. Triton's interpreter mode), else RuntimeError saying why."""
+
+    def __init__(self, backend: str, module: str, attr: str, fixed: dict[str, Any]) -> None:
+        self.backend, self.module_name, self.attr, self.fixed = backend, module, attr, fixed
+
+    @property
+    def module(self) -> Any:
+        mod = importlib.import_module(self.module_name)
+        ok, why = mod.available()
+        if not ok:
+            raise RuntimeError(f"backend: {public_name(self.backend)!r} cannot run {self.attr} in this process: {why}")
+        return mod
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        return getattr(self.module, self.attr)(*args, **self.fixed, **kw)
+
+
+def _register() -> None:
+    for b, (module, table) in _TABLE.items():
+        extra = (lambda: backends.C_available("kernels")) if b == "cpp" else None
+        for op, vs in table.items():
+            for version, attr, fixed in vs:
+                backends.register(
+                    f"kernels.{op}",
+                    b,
+                    Kernel(b, module, attr, fixed),
+                    version=version,
+                    priority=_PRIORITY[b],
+                    available=extra,
+                )
+
+
+_register()
+
+
+def public_name(backend: str) -> str:
+    return PUBLIC_NAMES.get(backend, backend)
 
 
 def available_backends() -> list[str]:
-    """Backends that can run here: numpy always; cpu if the C++ extension is built; triton if installed;
-    cuda only with a CUDA device (``tinylearn.testing.cuda_available()``)."""
-    out = ["numpy"]
-    if _cpu_ok():
-        out.append("cpu")
-    if triton_available():
-        out.append("triton")
-    if cuda_available():
-        out.append("cuda")
-    return out
+    """Backends that can run here, in the documented order: numpy always; cpu if the C++ extension is built;
+    triton if installed; cuda only with a CUDA device (``tinylearn.backends.cuda_available()``)."""
+    here = set(backends.available("kernels.softmax"))
+    return [public_name(b) for b in backends.registered("kernels.softmax") if b in here]
 
 
 def default_backend() -> str:
-    return "cpu" if _cpu_ok() else "numpy"
+    """What ``backend=None`` runs: cpu when the C++ extension is built, else numpy."""
+    return public_name(backends.resolve("kernels.softmax")[0])
 
 
-def _backend(name: str | None, op: str, need: str | None = None) -> ModuleType:
-    name = default_backend() if name is None else name
-    avail = available_backends()
-    if not isinstance(name, str) or name not in _MODULES:
-        raise ValueError(f"backend: unknown backend {name!r} for {op}; available: {avail}")
-    if name not in avail:
-        raise RuntimeError(f"backend: {name!r} is not available on this machine for {op}; available: {avail}")
-    mod = importlib.import_module(_MODULES[name])
-    ok, why = mod.available() if hasattr(mod, "available") else (True, "")
-    if not ok:
-        raise RuntimeError(f"backend: {name!r} cannot run {op} in this process: {why}")
-    if need is not None and not hasattr(mod, need):
-        have = [b for b in avail if hasattr(importlib.import_module(_MODULES[b]), need)]
-        raise ValueError(f"backend: {name!r} has no {op}; backends with it: {have}")
-    return mod
+def _kernel(op: str, backend: str | None, version: str | None = None) -> Kernel:
+    """The registered kernel for ``op``; registry errors gain the list of backends available here."""
+    try:
+        _, _, fn = backends.resolve(f"kernels.{op}", backend, version)
+    except (ValueError, RuntimeError) as e:
+        raise type(e)(f"{e}; available: {available_backends()}") from None
+    return fn
 
 
 def _as_float(x: Any, name: str) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        if type(x).__module__.startswith("torch"):
-            raise TypeError(f"{name}: expected a numpy array, got a torch tensor (use tinylearn.kernels.torch_ops)")
-        x = np.asarray(x)
-    if x.dtype.type not in _FLOATS:
-        raise ValueError(f"{name}: unsupported dtype {x.dtype}; supported: float16, float32, float64")
-    return x
+    return as_array(x, name, dtypes=_FLOATS)
 
 
-def _compute_dtype(mod: ModuleType, dtype: np.dtype, backend: str, name: str) -> type:
-    """The dtype the backend computes in: native if it has it, float16 -> float32 otherwise, else an error."""
-    native = mod.NATIVE_DTYPES
+def _compute_dtype(k: Kernel, dtype: np.dtype, name: str) -> type:
+    """The dtype the backend computes in: native if it has it, float16 -> float32 otherwise, else a TypeError."""
+    native = k.module.NATIVE_DTYPES
     if dtype.type in native:
         return dtype.type
     if dtype.type == np.float16 and np.float32 in native:
         return np.float32
     names = [np.dtype(t).name for t in native] + (["float16"] if np.float32 in native else [])
-    raise ValueError(f"{name}: dtype {dtype} is not supported by backend {backend!r}; supported: {names}")
+    raise TypeError(f"{name}: dtype {dtype} is not supported by backend {public_name(k.backend)!r}; supported: {names}")
 
 
 def _prep(a: np.ndarray, ct: type) -> np.ndarray:
@@ -112,18 +165,21 @@ def _rows(x: np.ndarray, ct: type) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ softmax
-def softmax(x: np.ndarray, dim: int = -1, backend: str | None = None, **kw: Any) -> np.ndarray:
-    """Numerically stable softmax along ``dim``. Extra keywords go to the backend (e.g. ``version='online'``)."""
+def softmax(
+    x: np.ndarray, dim: int = -1, backend: str | None = None, version: str | None = None, **kw: Any
+) -> np.ndarray:
+    """Numerically stable softmax along ``dim``. ``version``: 'three_pass'|'online' (numpy, cpu), 'one_block'|
+    'online' (triton); extra keywords go to the kernel (e.g. triton's ``block=``)."""
     x = _as_float(x, "x")
-    mod = _backend(backend, "softmax")
-    ct = _compute_dtype(mod, x.dtype, backend or default_backend(), "x")
+    mod = _kernel("softmax", backend, version)
+    ct = _compute_dtype(mod, x.dtype, "x")
     if x.ndim == 0:
         raise ValueError("x: softmax needs at least one dimension, got a 0-d array")
     d = _check_dim(dim, x.ndim)
     xm = np.moveaxis(x, d, -1)
     if xm.size == 0:
         return np.empty(x.shape, dtype=x.dtype)
-    y = mod.softmax(_rows(xm, ct), **kw).reshape(xm.shape)
+    y = mod(_rows(xm, ct), **kw).reshape(xm.shape)
     return np.moveaxis(y, -1, d).astype(x.dtype, copy=False)
 
 
@@ -132,11 +188,11 @@ def softmax_backward(y: np.ndarray, dy: np.ndarray, dim: int = -1, backend: str 
     y, dy = _as_float(y, "y"), _as_float(dy, "dy")
     if y.shape != dy.shape:
         raise ValueError(f"dy: shape {dy.shape} does not match y shape {y.shape}")
-    mod = _backend(backend, "softmax_backward", need="softmax_backward")
-    ct = _compute_dtype(mod, y.dtype, backend or default_backend(), "y")
+    mod = _kernel("softmax_backward", backend)
+    ct = _compute_dtype(mod, y.dtype, "y")
     d = _check_dim(dim, y.ndim)
     ym, gm = np.moveaxis(y, d, -1), np.moveaxis(dy, d, -1)
-    dx = mod.softmax_backward(_rows(ym, ct), _rows(gm, ct)).reshape(ym.shape)
+    dx = mod(_rows(ym, ct), _rows(gm, ct)).reshape(ym.shape)
     return np.moveaxis(dx, -1, d).astype(y.dtype, copy=False)
 
 
@@ -165,15 +221,16 @@ def layer_norm(
     eps: float = 1e-5,
     backend: str | None = None,
     return_stats: bool = False,
-    **kw: Any,
+    version: str | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LayerNorm over the trailing ``weight.ndim`` dims: (x - mean) / sqrt(var + eps) * weight + bias.
 
     ``return_stats=True`` also returns (mean, rstd) with shape x.shape[:-weight.ndim] for the backward.
+    ``version``: 'two_pass'|'welford' on cpu.
     """
     x = _as_float(x, "x")
-    mod = _backend(backend, "layer_norm")
-    ct = _compute_dtype(mod, x.dtype, backend or default_backend(), "x")
+    mod = _kernel("layer_norm", backend, version)
+    ct = _compute_dtype(mod, x.dtype, "x")
     if not (isinstance(eps, int | float) and eps >= 0):
         raise ValueError(f"eps: must be a number >= 0, got {eps!r}")
     w, b, norm, c = _ln_params(x, weight, bias, ct)
@@ -182,7 +239,7 @@ def layer_norm(
     if x2.shape[0] == 0:
         y, mean, rstd = np.empty(x.shape, x.dtype), np.empty(lead, ct), np.empty(lead, ct)
     else:
-        y, mean, rstd = mod.layer_norm(x2, w, b, float(eps), **kw)
+        y, mean, rstd = mod(x2, w, b, float(eps))
     y = y.reshape(x.shape).astype(x.dtype, copy=False)
     if return_stats:
         return y, np.asarray(mean).reshape(lead), np.asarray(rstd).reshape(lead)
@@ -201,8 +258,8 @@ def layer_norm_backward(
     x, dy = _as_float(x, "x"), _as_float(dy, "dy")
     if dy.shape != x.shape:
         raise ValueError(f"dy: shape {dy.shape} does not match x shape {x.shape}")
-    mod = _backend(backend, "layer_norm_backward", need="layer_norm_backward")
-    ct = _compute_dtype(mod, x.dtype, backend or default_backend(), "x")
+    mod = _kernel("layer_norm_backward", backend)
+    ct = _compute_dtype(mod, x.dtype, "x")
     if weight is None:
         raise ValueError("weight: layer_norm_backward needs weight (pass np.ones(normalised_shape))")
     w, _, norm, c = _ln_params(x, weight, None, ct)
@@ -212,7 +269,7 @@ def layer_norm_backward(
     for nm, s in (("mean", mean), ("rstd", rstd)):
         if s.size != r:
             raise ValueError(f"{nm}: shape {s.shape} does not match x's leading shape {lead}")
-    dx, dw, db = mod.layer_norm_backward(
+    dx, dw, db = mod(
         _prep(dy, ct).reshape(-1, c), _prep(x, ct).reshape(-1, c), w, _prep(mean, ct).ravel(), _prep(rstd, ct).ravel()
     )
     return dx.reshape(x.shape).astype(x.dtype, copy=False), dw.reshape(norm), db.reshape(norm)
@@ -224,9 +281,9 @@ def _check_approx(approximate: str) -> None:
         raise ValueError(f"approximate: must be 'none' or 'tanh', got {approximate!r}")
 
 
-def _gelu_prep(x: Any, bias: Any, mod: ModuleType, backend: str | None) -> tuple[np.ndarray, np.ndarray, type]:
+def _gelu_prep(x: Any, bias: Any, mod: Kernel) -> tuple[np.ndarray, np.ndarray, type]:
     x, bias = _as_float(x, "x"), _as_float(bias, "bias")
-    ct = _compute_dtype(mod, x.dtype, backend or default_backend(), "x")
+    ct = _compute_dtype(mod, x.dtype, "x")
     if x.ndim == 0 or bias.ndim != 1 or bias.shape[0] != x.shape[-1]:
         raise ValueError(f"bias: shape {bias.shape} must be ({x.shape[-1] if x.ndim else '?'},) for x shape {x.shape}")
     return x, _prep(bias, ct), ct
@@ -235,11 +292,11 @@ def _gelu_prep(x: Any, bias: Any, mod: ModuleType, backend: str | None) -> tuple
 def bias_gelu(x: np.ndarray, bias: np.ndarray, backend: str | None = None, approximate: str = "none") -> np.ndarray:
     """gelu(x + bias): erf form (``approximate='none'``, torch's default) or tanh form."""
     _check_approx(approximate)
-    mod = _backend(backend, "bias_gelu")
-    x, b, ct = _gelu_prep(x, bias, mod, backend)
+    mod = _kernel("bias_gelu", backend)
+    x, b, ct = _gelu_prep(x, bias, mod)
     if x.size == 0:
         return np.empty(x.shape, x.dtype)
-    return mod.bias_gelu(_rows(x, ct), b, approximate).reshape(x.shape).astype(x.dtype, copy=False)
+    return mod(_rows(x, ct), b, approximate).reshape(x.shape).astype(x.dtype, copy=False)
 
 
 def bias_gelu_backward(
@@ -247,18 +304,18 @@ def bias_gelu_backward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over all leading dims."""
     _check_approx(approximate)
-    mod = _backend(backend, "bias_gelu_backward", need="bias_gelu_backward")
-    x, b, ct = _gelu_prep(x, bias, mod, backend)
+    mod = _kernel("bias_gelu_backward", backend)
+    x, b, ct = _gelu_prep(x, bias, mod)
     dy = _as_float(dy, "dy")
     if dy.shape != x.shape:
         raise ValueError(f"dy: shape {dy.shape} does not match x shape {x.shape}")
-    dx, db = mod.bias_gelu_backward(_rows(dy, ct), _rows(x, ct), b, approximate)
+    dx, db = mod(_rows(dy, ct), _rows(x, ct), b, approximate)
     return dx.reshape(x.shape).astype(x.dtype, copy=False), db.astype(bias.dtype, copy=False)
 
 
 # ------------------------------------------------------------------------------------------------ attention
 def _attn_prep(
-    q: Any, k: Any, v: Any, block_size: int, mod: ModuleType, backend: str | None
+    q: Any, k: Any, v: Any, block_size: int, mod: Kernel
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], type]:
     q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
@@ -277,10 +334,10 @@ def _attn_prep(
     if k.shape[-2] < 1 or q.shape[-1] < 1:
         raise ValueError(f"k: need at least one key and head dim >= 1, got k {k.shape}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise ValueError(f"q/k/v: dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"q/k/v: dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if not isinstance(block_size, int | np.integer) or block_size < 1:
         raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
-    ct = _compute_dtype(mod, q.dtype, backend or default_backend(), "q")
+    ct = _compute_dtype(mod, q.dtype, "q")
 
     def flat(a: np.ndarray) -> np.ndarray:
         return _prep(a, ct).reshape((-1,) + a.shape[-2:])
@@ -302,9 +359,9 @@ def flash_attention(
     ``causal`` masks key j > query i (top-left aligned, as torch's ``is_causal``). ``return_lse`` also returns
     the row log-sum-exp [..., Nq] that the backward needs.
     """
-    mod = _backend(backend, "flash_attention")
-    q3, k3, v3, lead, _ = _attn_prep(q, k, v, block_size, mod, backend)
-    o, lse = mod.attention(q3, k3, v3, bool(causal), int(block_size))
+    mod = _kernel("attention", backend)
+    q3, k3, v3, lead, _ = _attn_prep(q, k, v, block_size, mod)
+    o, lse = mod(q3, k3, v3, bool(causal), int(block_size))
     o = o.reshape(lead + o.shape[-2:]).astype(q.dtype, copy=False)
     if return_lse:
         return o, np.asarray(lse).reshape(lead + (q3.shape[1],))
@@ -323,8 +380,8 @@ def flash_attention_backward(
     backend: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) by recomputation: P = exp(S - lse) tile by tile, never stored whole (cpu backend)."""
-    mod = _backend(backend, "flash_attention_backward", need="attention_backward")
-    q3, k3, v3, lead, ct = _attn_prep(q, k, v, block_size, mod, backend)
+    mod = _kernel("attention_backward", backend)
+    q3, k3, v3, lead, ct = _attn_prep(q, k, v, block_size, mod)
     o, dout, lse = _as_float(o, "o"), _as_float(dout, "dout"), _as_float(lse, "lse")
     want = lead + (q3.shape[1], v3.shape[2])
     if o.shape != want or dout.shape != want:
@@ -334,7 +391,7 @@ def flash_attention_backward(
     o3 = _prep(o, ct).reshape(q3.shape[:2] + (v3.shape[2],))
     g3 = _prep(dout, ct).reshape(o3.shape)
     l2 = _prep(lse, ct).reshape(q3.shape[:2])
-    dq, dk, dv = mod.attention_backward(q3, k3, v3, o3, l2, g3, bool(causal), int(block_size))
+    dq, dk, dv = mod(q3, k3, v3, o3, l2, g3, bool(causal), int(block_size))
     return (
         dq.reshape(q.shape).astype(q.dtype, copy=False),
         dk.reshape(k.shape).astype(k.dtype, copy=False),

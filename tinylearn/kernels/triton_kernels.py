@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 if os.environ.get("TRITON_INTERPRET") is None:
-    from ..testing.devices import cuda_available
+    from ..backends import cuda_available
 
     if not cuda_available():
         os.environ["TRITON_INTERPRET"] = "1"
