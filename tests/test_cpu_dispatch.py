@@ -1,0 +1,106 @@
+"""TINYLEARN_CPU_FEATURES=scalar|avx2|avx512: the one switch every feature-dispatching C++ kernel honours.
+
+cpp_src/cpu_features.h reads the variable on every dispatch, so setting it in os.environ takes effect at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinylearn import cpu
+from tinylearn import quant as Q
+from tinylearn.backends import load_C
+
+C = load_C()
+DETECTED = set(cpu.detected_features())
+V3 = {"sse4.2", "avx", "avx2", "fma", "f16c"}
+
+
+@pytest.fixture
+def level(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", request.param)
+    return request.param
+
+
+def test_unset_means_detected(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("TINYLEARN_CPU_FEATURES", raising=False)
+    assert cpu.forced() is None and C.cpu_features_forced() == ""
+    assert set(cpu.cpu_features()) == DETECTED
+    assert all(C.cpu_supports(f) == C.cpu_detected(f) for f in C.cpu_feature_names)
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512", " AVX2 "], indirect=True)
+def test_forced_level_is_reported_and_applied(level: str):
+    want = level.strip().lower()
+    assert cpu.forced() == want and C.cpu_features_forced() == want
+    feats = set(cpu.cpu_features())
+    if want == "scalar":
+        assert feats == set() and Q.int8_gemm_paths() == ["scalar"]
+        assert cpu.kernel_paths()["quant.int8_gemm"] == "scalar"
+    elif want == "avx2":
+        assert feats == DETECTED & V3
+        assert not any(f.startswith("avx512") or f == "avxvnni" for f in feats)
+        assert "avx512vnni" not in Q.int8_gemm_paths()
+        assert Q.int8_gemm_paths()[0] == ("avx2" if "avx2" in DETECTED else "scalar")
+    else:
+        assert feats == DETECTED
+    assert feats <= DETECTED  # forcing never claims a feature the CPU lacks
+
+
+@pytest.mark.parametrize("bad", ["sse", "avx-512", "native", "1"])
+def test_invalid_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, bad: str):
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", bad)
+    for fn in (cpu.forced, C.cpu_features_forced, lambda: C.cpu_supports("avx2"), Q.int8_gemm_paths):
+        with pytest.raises(ValueError, match=r"TINYLEARN_CPU_FEATURES.*scalar, avx2, avx512"):
+            fn()
+    a = np.ones((2, 3), np.int8)
+    with pytest.raises(ValueError, match="TINYLEARN_CPU_FEATURES"):
+        Q.int8_gemm(a, a.T.copy(), backend="cpp")
+
+
+def _exact(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a.astype(np.int64) @ b.astype(np.int64)
+
+
+# shapes that exercise the SIMD tails (N not a multiple of the panel width, odd K) and extreme values
+SHAPES = [(1, 1, 1), (5, 7, 3), (17, 33, 19), (64, 130, 48)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in SHAPES])
+def test_int8_gemm_forced_paths_are_exact_and_identical(monkeypatch: pytest.MonkeyPatch, shape):
+    m, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    a[0, :] = -128  # worst case for a saturating u8 x s8 pair sum
+    b[:, 0] = -128
+    want = _exact(a, b)
+    results = {}
+    for level in ("scalar", "avx2", "avx512"):
+        monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+        path = Q.int8_gemm_paths()[0]
+        results[level] = (path, Q.int8_gemm(a, b, backend="cpp"))
+        np.testing.assert_array_equal(results[level][1], want)
+    assert results["scalar"][0] == "scalar"
+    np.testing.assert_array_equal(results["scalar"][1], results["avx2"][1])
+    # non-contiguous operands take the same forced path
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "scalar")
+    at = np.asfortranarray(a)
+    np.testing.assert_array_equal(Q.int8_gemm(at, b, backend="cpp"), want)
+
+
+def test_forced_scalar_refuses_an_explicit_simd_path(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "scalar")
+    a = np.ones((4, 8), np.int8)
+    with pytest.raises(ValueError, match="avx2"):
+        load_C("quant").int8_gemm(a, a.T.copy(), "avx2")
+    with pytest.raises(ValueError, match="avx512vnni"):
+        load_C("quant").int8_pack_b(a)
+
+
+def test_unknown_feature_name_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown feature 'sse9'"):
+        C.cpu_supports("sse9")
+    with pytest.raises(ValueError, match="unknown feature"):
+        C.cpu_detected("avx1024")

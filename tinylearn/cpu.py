@@ -1,0 +1,91 @@
+"""Which numeric paths this process uses on the CPU: tinylearn's own dispatch, BLAS, torch, numpy.
+
+``TINYLEARN_CPU_FEATURES=scalar|avx2|avx512`` forces tinylearn's C++ kernels down to a level (one switch, read by
+``cpp_src/cpu_features.h`` on every dispatch): ``scalar`` no SIMD feature at all, ``avx2`` the x86-64-v3 subset
+(sse4.2, avx, avx2, fma, f16c) where the CPU has it, ``avx512`` (or unset) whatever the CPU reports.
+
+    tinylearn.cpu.cpu_features()      # effective features, e.g. ['sse4.2', 'avx', 'avx2', 'fma', 'f16c']
+    tinylearn.cpu.forced()            # 'scalar' | 'avx2' | 'avx512' | None
+    tinylearn.cpu.kernel_paths()      # {'quant.int8_gemm': 'avx2'}: the path each dispatching kernel takes
+    tinylearn.cpu.numeric_paths()     # the above plus torch's capability, OpenBLAS core type, numpy's SIMD
+
+``tinylearn info`` and ``tools/portable.py`` (``make test-portable``) print these.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .backends import env_flag, load_C
+
+LEVELS: tuple[str, ...] = ("scalar", "avx2", "avx512")
+ENV = "TINYLEARN_CPU_FEATURES"
+
+
+def forced() -> str | None:
+    """The level forced by TINYLEARN_CPU_FEATURES, None when unset; ValueError for any other value."""
+    v = env_flag(ENV)
+    if not v:
+        return None
+    if v not in LEVELS:
+        raise ValueError(f"{ENV}: unknown value {os.environ[ENV]!r} (choose {', '.join(LEVELS)}, or leave it unset)")
+    return v
+
+
+def detected_features() -> list[str]:
+    """What the CPU reports (ignores the switch), among the names the C++ side knows."""
+    C = load_C()
+    return [f for f in C.cpu_feature_names if C.cpu_detected(f)]
+
+
+def cpu_features() -> list[str]:
+    """The effective features the C++ kernels may use after TINYLEARN_CPU_FEATURES."""
+    C = load_C()
+    return [f for f in C.cpu_feature_names if C.cpu_supports(f)]
+
+
+def kernel_paths() -> dict[str, str]:
+    """Every C++ kernel that dispatches on CPU features -> the path it takes now (best available)."""
+    return {"quant.int8_gemm": load_C("quant").int8_gemm_paths()[0]}
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """threadpoolctl's view of the BLAS libraries loaded in this process (numpy's and scipy's OpenBLAS ...)."""
+    import numpy  # noqa: F401  (loads numpy's BLAS so that threadpoolctl sees it)
+    from threadpoolctl import threadpool_info
+
+    return [
+        {k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "filepath")}
+        for d in threadpool_info()
+        if d.get("user_api") == "blas"
+    ]
+
+
+def torch_capability() -> str:
+    """torch's CPU kernel level (ATEN_CPU_CAPABILITY forces it): 'DEFAULT', 'AVX2', 'AVX512' ..."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def numpy_simd() -> dict[str, list[str]]:
+    """numpy's dispatch: features it found on the CPU and uses, and those it was told not to use."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as feats
+    except ImportError:  # numpy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as feats
+    disabled = env_flag("NPY_DISABLE_CPU_FEATURES").upper().replace(",", " ").split()
+    return {"enabled": sorted(k for k, v in feats.items() if v), "disabled_by_env": sorted(disabled)}
+
+
+def numeric_paths() -> dict[str, Any]:
+    """One dict describing every numeric path the process uses (printed by tools/portable.py)."""
+    return {
+        "tinylearn_forced": forced(),
+        "tinylearn_features": cpu_features(),
+        "tinylearn_kernels": kernel_paths(),
+        "torch_capability": torch_capability(),
+        "blas": blas_info(),
+        "numpy_simd": numpy_simd(),
+    }
