@@ -245,3 +245,23 @@ def test_cuda_kernels_on_gpu():  # pragma: no cover - needs a CUDA device
         y = cupy.zeros(300, dtype=cupy.float32)
         mod.get_function(name)(((threads + 255) // 256,), (256,), (*args, y, np.int64(300)))
         assert_close(cupy.asnumpy(y), a @ x, "float32")
+
+
+def test_matmul_dispatches_through_the_backend_registry():
+    from tinylearn import backends
+
+    assert set(backends.registered("sparse.csr_matmul")) == {"numpy", "numba", "cpp"}
+    assert set(backends.registered("sparse.bsr_matmul")) == {"numpy", "cpp"}
+    a = sparse_matrix((8, 6), 0.5)
+    x = np.random.default_rng(1).standard_normal(6).astype(np.float32)
+    for cls in (CSR, ELL):
+        s = cls.from_dense(a)
+        assert backends.resolve(s.op, None, None, (s, x, np.dtype(np.float32)))[0] == backends.available(s.op)[0]
+        assert_close(s.matmul(x, backend="cpu"), a @ x, "float32")  # "cpu" is the alias of "cpp"
+    # backend=None with an integer input goes to the numpy reference (the compiled kernels are float-only)
+    ai = np.eye(3, dtype=np.int64)
+    np.testing.assert_array_equal(CSR.from_dense(ai).matmul(np.arange(3)), [0, 1, 2])
+    with pytest.raises(ValueError, match="numba"):
+        BSR.from_dense(a[:6], 2).matmul(x, backend="numba")
+    with pytest.raises(ValueError, match="version"):
+        CSR.from_dense(a).matmul(x, backend="numpy", version="nope")

@@ -1,0 +1,82 @@
+"""What CSR, ELL and BSR share: input checks and ``matmul`` dispatch through ``tinylearn.backends``.
+
+Each format registers one op, ``sparse.<format>_matmul``, on three backends, with the signature
+``fn(A, x, dtype) -> ndarray`` (``x`` already checked; C-contiguous in the compute dtype for compiled backends):
+
+    numpy   reference (scatter-add); any numeric dtype
+    numba   @njit kernels (sparse/numba_kernels.py); float32/float64
+    cpp     tinylearn._C.sparse (OpenMP); float32/float64
+
+``backend=None`` picks the fastest available backend for the input (cpp > numba > numpy; integer inputs go to
+numpy). A named compiled backend with a non-float input is a TypeError that names the dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import backends
+from .._inputs import as_array
+
+_COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def as_2d(a: Any, name: str = "a") -> np.ndarray:
+    """A 2-D numeric (or bool) matrix from any array-like; ValueError/TypeError naming ``name`` otherwise."""
+    return as_array(a, name, ndim=2, dtypes=("b", "i", "u", "f"))
+
+
+def compiled_dtype_ok(A: Any, x: np.ndarray, dtype: np.dtype) -> bool:
+    """``when=`` predicate of the compiled backends: they have float32/float64 kernels only."""
+    return dtype in _COMPILED_DTYPES
+
+
+def C_sparse() -> Any:
+    """tinylearn._C.sparse (RuntimeError with the build command when it is missing)."""
+    return backends.load_C("sparse")
+
+
+def has_C_sparse() -> bool:
+    return backends.C_available("sparse")
+
+
+def register_matmul(op: str, numpy_fn: Any, cpp_fn: Any, numba_fn: Any = None) -> None:
+    """Register a format's three SpMV/SpMM implementations under ``op``."""
+    backends.register(op, "numpy", numpy_fn)
+    backends.register(op, "cpp", cpp_fn, when=compiled_dtype_ok, available=has_C_sparse)
+    if numba_fn is not None:
+        backends.register(op, "numba", numba_fn, when=compiled_dtype_ok)
+
+
+class SparseMatrix:
+    """Base of the formats: ``shape``, ``data``, ``dtype`` and ``A @ dense`` through the registry."""
+
+    format = ""
+    op = ""  # the registry op of this format's matmul
+    shape: tuple[int, int]
+    data: np.ndarray
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    def matmul(self, dense: Any, backend: str | None = None, version: str | None = None) -> np.ndarray:
+        """A @ dense for 1-D ``dense`` (SpMV, shape (K,)) or 2-D (SpMM, shape (K, N)).
+
+        backend: None (fastest available for this input), "numpy", "numba" (not BSR), "cpp" (alias "cpu")."""
+        K = self.shape[1]
+        x = as_array(dense, "dense", ndim=(1, 2))
+        if x.shape[0] != K:
+            raise ValueError(f"dense: first dimension must equal the sparse matrix's {K} columns, got shape {x.shape}")
+        dt = np.result_type(self.data.dtype, x.dtype)
+        b, _, fn = backends.resolve(self.op, backend, version, (self, x, dt))
+        if b != "numpy":
+            if dt not in _COMPILED_DTYPES:
+                raise TypeError(f"backend={b!r}: supports float32/float64 only, got dtype {dt}; use backend='numpy'")
+            x = np.ascontiguousarray(x, dtype=dt)
+        return fn(self, x, dt)
+
+    def __matmul__(self, dense: Any) -> np.ndarray:
+        return self.matmul(dense)
