@@ -4,7 +4,7 @@
     csr_spmm:  Y[i, :] = sum_{k in row i} data[k] * B[indices[k], :]
     ell_spmv:  y[i] = sum_{slot} data[slot, i] * x[indices[slot, i]]  (padding column -1 skipped)
 
-Compiled on first call (a few seconds, cached on disk). Inputs are validated by the callers in formats.py.
+Compiled on first call (a few seconds, cached on disk). Inputs are validated by the callers (csr.py, ell.py).
 """
 
 from __future__ import annotations
