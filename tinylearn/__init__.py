@@ -31,8 +31,10 @@ _SUBPACKAGES = (
     "kernels",
     "dist",
     "memory",
+    "amp",
     "bench",
     "testing",
+    "inference",
 )
 
 try:
@@ -56,6 +58,10 @@ else:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "check":  # tl.check("01_autodiff"): the exercise tests as a pass/fail table
+        from .exercise_check import check
+
+        return check
     if name in _SUBPACKAGES:
         mod = importlib.import_module(f".{name}", __name__)
         globals()[name] = mod
@@ -63,6 +69,13 @@ def __getattr__(name: str) -> Any:
     if _AUTOGRAD_ERROR is not None and name in ("Tensor", "cat", "stack", "where", "no_grad"):
         raise AttributeError(f"tinylearn.{name} unavailable: {_AUTOGRAD_ERROR}")
     raise AttributeError(f"module 'tinylearn' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext tinylearn`` adds the ``%tinylearn check TOPIC`` magic."""
+    from .exercise_check import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __dir__() -> list[str]:

@@ -1,0 +1,55 @@
+"""tl.inference — LLM inference on tinylearn's own nn: TinyGPT (RoPE, GQA/MQA, dense KV cache), sampling and
+``generate``, a paged KV cache with copy-on-write prefix sharing and INT8 mode, paged attention, speculative
+decoding, and a static-vs-continuous batching serving simulator.
+
+    model = tl.inference.TinyGPT(vocab_size=64, d_model=64, n_heads=4, n_layers=2, max_seq_len=128, n_kv_heads=2)
+    tokens = tl.inference.generate(model, [1, 2, 3], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=0)
+"""
+
+from .config import GPTConfig
+from .model import DenseKVCache, TinyGPT, apply_rope, causal_mask, rope_tables, rotate_half
+from .paged import (
+    PagedKVCache,
+    dense_attention,
+    dequantize_int8,
+    kv_bytes_per_token,
+    paged_attention,
+    quantize_int8,
+)
+from .sampling import filter_probs, generate, sample_from, softmax, top_k_filter, top_p_filter
+from .serving import linear_step_cost, poisson_requests, simulate_serving
+from .session import GPTSession, TableLM, open_session
+from .speculative import accept_draft, residual_distribution, speculative_generate
+from .torch_ref import torch_reference
+
+__all__ = [
+    "GPTConfig",
+    "TinyGPT",
+    "DenseKVCache",
+    "torch_reference",
+    "rope_tables",
+    "rotate_half",
+    "apply_rope",
+    "causal_mask",
+    "generate",
+    "filter_probs",
+    "softmax",
+    "top_k_filter",
+    "top_p_filter",
+    "sample_from",
+    "PagedKVCache",
+    "paged_attention",
+    "dense_attention",
+    "quantize_int8",
+    "dequantize_int8",
+    "kv_bytes_per_token",
+    "speculative_generate",
+    "accept_draft",
+    "residual_distribution",
+    "simulate_serving",
+    "linear_step_cost",
+    "poisson_requests",
+    "GPTSession",
+    "TableLM",
+    "open_session",
+]

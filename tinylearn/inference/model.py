@@ -1,0 +1,224 @@
+"""TinyGPT: a pre-LN decoder-only transformer on tinylearn's own autograd/nn, with a dense KV cache.
+
+    x = tok_emb[ids] (+ pos_emb[pos] when rope=False)
+    per block:  x = x + attn(ln1(x));  x = x + mlp(ln2(x))        (pre-LN; mlp = fc -> GELU(erf) -> proj)
+    logits = lm_head(ln_f(x))                                      (lm_head untied, no bias)
+
+Attention: q [B, H, T, hd], k/v [B, Hkv, S, hd]; H = Hkv * g. Grouped-query attention without copying K/V:
+query head h uses KV head h // g (torch ``repeat_interleave`` order), so q reshaped to [B, Hkv, g*T, hd] multiplies
+each KV head once. Causal mask: query i (absolute position start + i) sees keys j <= start + i.
+
+RoPE, rotate-half convention (GPT-NeoX / Llama in Hugging Face): for a head vector x of size hd,
+    x1, x2 = x[:hd/2], x[hd/2:];  rotate_half(x) = [-x2, x1]
+    rope(x, pos) = x * cos(pos * f) + rotate_half(x) * sin(pos * f),  f_i = 10000^(-2i/hd), cos/sin repeated twice
+so dims i and i + hd/2 form one rotating pair (not the interleaved (2i, 2i+1) pairs of the original paper/GPT-J).
+Rotating q and k by their absolute positions makes q.k depend only on the position difference.
+
+Dense KV cache: per layer K and V arrays [B, Hkv, max_seq_len, hd]; a step with T new tokens writes positions
+[length, length + T) and attends over [0, length + T). Decoding one token then costs O(S) instead of re-running
+the whole prefix (O(S^2) attention + O(S) MLP rows per token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..autograd import Tensor, cat, no_grad
+from ..nn import GELU, Embedding, LayerNorm, Linear, Module, ModuleList
+from .config import GPTConfig
+
+ROPE_BASE = 10000.0
+
+
+def rope_tables(max_seq_len: int, head_dim: int, base: float = ROPE_BASE) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin float32 [max_seq_len, head_dim] (rotate-half layout: the hd/2 frequencies repeated twice)."""
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.arange(max_seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]
+    ang = np.concatenate([ang, ang], axis=1)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
+    """x [..., T, hd] rotated by cos/sin [T, hd] (positions already sliced)."""
+    return x * Tensor(cos) + rotate_half(x) * Tensor(sin)
+
+
+def causal_mask(t: int, start: int) -> np.ndarray:
+    """[t, start + t] additive mask: 0 where key j <= start + i, -inf above."""
+    s = start + t
+    keep = np.arange(s)[None, :] <= (start + np.arange(t))[:, None]
+    return np.where(keep, 0.0, -np.inf).astype(np.float32)
+
+
+class DenseKVCache:
+    """Preallocated per-layer K/V [B, Hkv, max_seq_len, hd] and the number of cached positions ``length``."""
+
+    def __init__(self, config: GPTConfig, batch_size: int = 1, dtype: Any = np.float32) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        c = config
+        shape = (batch_size, c.kv_heads, c.max_seq_len, c.head_dim)
+        self.k = [np.zeros(shape, dtype) for _ in range(c.n_layers)]
+        self.v = [np.zeros(shape, dtype) for _ in range(c.n_layers)]
+        self.batch_size, self.max_seq_len, self.length = batch_size, c.max_seq_len, 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k + self.v)
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store k/v [B, Hkv, T, hd] at positions [length, length + T); return all cached K/V of ``layer``."""
+        t = k.shape[2]
+        self.k[layer][:, :, self.length : self.length + t] = k
+        self.v[layer][:, :, self.length : self.length + t] = v
+        end = self.length + t
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class Attention(Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = Linear(c.d_model, c.n_heads * c.head_dim)
+        self.k_proj = Linear(c.d_model, c.kv_heads * c.head_dim)
+        self.v_proj = Linear(c.d_model, c.kv_heads * c.head_dim)
+        self.o_proj = Linear(c.n_heads * c.head_dim, c.d_model)
+
+    def forward(self, x: Tensor, rope: tuple[np.ndarray, np.ndarray] | None, start: int, cache: Any, layer: int):
+        c = self.c
+        b, t, _ = x.shape
+        hd, h, hkv, g = c.head_dim, c.n_heads, c.kv_heads, c.group
+        q = self.q_proj(x).reshape(b, t, h, hd).transpose(1, 2)
+        k = self.k_proj(x).reshape(b, t, hkv, hd).transpose(1, 2)
+        v = self.v_proj(x).reshape(b, t, hkv, hd).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope[0][start : start + t], rope[1][start : start + t]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            ka, va = cache.write(layer, k.data, v.data)
+            k, v = Tensor(ka), Tensor(va)
+        s = start + t
+        scores = (q.reshape(b, hkv, g * t, hd) @ k.transpose(-1, -2)) * (1.0 / np.sqrt(hd))
+        if t > 1:
+            scores = (scores.reshape(b, hkv, g, t, s) + Tensor(causal_mask(t, start))).reshape(b, hkv, g * t, s)
+        out = scores.softmax(-1) @ v  # [B, Hkv, g*T, hd]
+        out = out.reshape(b, h, t, hd).transpose(1, 2).reshape(b, t, h * hd)
+        return self.o_proj(out)
+
+
+class MLP(Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.fc = Linear(c.d_model, 4 * c.d_model)
+        self.act = GELU()
+        self.proj = Linear(4 * c.d_model, c.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = LayerNorm(c.d_model)
+        self.attn = Attention(c)
+        self.ln2 = LayerNorm(c.d_model)
+        self.mlp = MLP(c)
+
+    def forward(self, x: Tensor, rope: Any, start: int, cache: Any, layer: int) -> Tensor:
+        x = x + self.attn(self.ln1(x), rope, start, cache, layer)
+        return x + self.mlp(self.ln2(x))
+
+
+def check_ids(ids: Any, vocab_size: int, name: str = "ids") -> np.ndarray:
+    """ids as an int64 [B, T] array (a [T] list/array becomes [1, T]); TypeError/ValueError naming the problem."""
+    if isinstance(ids, Tensor):
+        ids = ids.data
+    arr = np.asarray(ids)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise TypeError(f"{name}: token ids must be integers, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] == 0:
+        raise ValueError(f"{name}: expected shape [B, T] with T >= 1, got {tuple(np.asarray(ids).shape)}")
+    if arr.min() < 0 or arr.max() >= vocab_size:
+        raise ValueError(f"{name}: token ids must lie in [0, {vocab_size}), got range [{arr.min()}, {arr.max()}]")
+    return arr.astype(np.int64)
+
+
+class TinyGPT(Module):
+    """Decoder-only transformer; ``model(ids [B, T]) -> logits [B, T, V]``; see the module docstring."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        max_seq_len: int,
+        n_kv_heads: int | None = None,
+        rope: bool = True,
+    ) -> None:
+        super().__init__()
+        c = GPTConfig(vocab_size, d_model, n_heads, n_layers, max_seq_len, n_kv_heads, rope)
+        self.config = c
+        self.tok_emb = Embedding(vocab_size, d_model)
+        if not rope:
+            self.pos_emb = Embedding(max_seq_len, d_model)
+        self.blocks = ModuleList([Block(c) for _ in range(n_layers)])
+        self.ln_f = LayerNorm(d_model)
+        self.lm_head = Linear(d_model, vocab_size, bias=False)
+        self._rope = rope_tables(max_seq_len, c.head_dim) if rope else None
+
+    @classmethod
+    def from_config(cls, config: Any) -> TinyGPT:
+        c = GPTConfig.coerce(config)
+        return cls(c.vocab_size, c.d_model, c.n_heads, c.n_layers, c.max_seq_len, c.n_kv_heads, c.rope)
+
+    def new_cache(self, batch_size: int = 1) -> DenseKVCache:
+        """An empty dense KV cache for ``forward(ids, cache=...)``."""
+        return DenseKVCache(self.config, batch_size)
+
+    def forward(self, ids: Any, cache: DenseKVCache | None = None) -> Tensor:
+        """logits [B, T, V]. With ``cache``: ids are the next T tokens after ``cache.length`` cached ones."""
+        c = self.config
+        ids = check_ids(ids, c.vocab_size)
+        b, t = ids.shape
+        start = 0
+        if cache is not None:
+            if not isinstance(cache, DenseKVCache):
+                raise TypeError(f"cache: expected a DenseKVCache, got {type(cache).__name__}")
+            if cache.batch_size != b:
+                raise ValueError(f"cache: batch size {cache.batch_size} does not match ids batch {b}")
+            start = cache.length
+        if start + t > c.max_seq_len:
+            raise ValueError(f"ids: {start} cached + {t} new tokens exceed max_seq_len={c.max_seq_len}")
+        x = self.tok_emb(ids)
+        if not c.rope:
+            x = x + self.pos_emb(np.arange(start, start + t))
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, self._rope, start, cache, i)
+        if cache is not None:
+            cache.length += t
+        return self.lm_head(self.ln_f(x))
+
+    @no_grad()
+    def logits_last(self, ids: Any, cache: DenseKVCache | None = None) -> np.ndarray:
+        """float32 [V] logits of the last position (batch 1), without autograd."""
+        return self.forward(ids, cache).data[0, -1]
+
+    def load_torch_state_dict(self, sd: Any) -> TinyGPT:
+        """Load a ``torch_reference(config).state_dict()`` (same parameter names)."""
+        arrays = {k: (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)) for k, v in sd.items()}
+        self.load_state_dict(arrays)
+        return self
+
+    def extra_repr(self) -> str:
+        return str(self.config)

@@ -1,0 +1,318 @@
+"""Paged KV cache (vLLM's PagedAttention memory manager) and attention that reads it block by block.
+
+Physical memory: one arena of ``num_blocks`` equal blocks handed out by ``tl.memory.SlabAllocator`` (a single
+size class = one block, so its LIFO per-slab free stacks are the free list). A block holds ``block_size`` token
+slots for every layer: data [n_layers, 2 (K, V), block_size, n_kv_heads, head_dim]. A sequence owns a *block
+table* (logical block i -> physical block id), so its KV needs no contiguous memory and wastes at most one
+partially filled block.
+
+    append(seq, layer, k, v)   write T tokens at positions [len, len + T) of that layer, allocating blocks on demand
+    fork(seq)                  new sequence sharing every block (refcount + 1): prefix sharing / parallel sampling
+    copy-on-write              a write into a block with refcount > 1 first copies it to a fresh block
+    free(seq)                  refcount - 1 for each block; blocks reaching 0 go back to the allocator
+    out of blocks              MemoryError naming num_blocks, raised before anything is modified
+
+INT8 mode stores each token's K and V per head as int8 codes with one float32 scale per (token, head):
+scale = max|x| / 127 over head_dim, code = round(x / scale). Bytes per token: fp32 2*L*H*D*4;
+int8 2*L*H*(D + 4) (codes + scales) -- ``stats()['bytes_per_token']`` reports exactly this.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from ..memory import SlabAllocator, align_up
+
+_DTYPES = {"float32": np.float32, "int8": np.int8}
+
+
+def _pos_int(name: str, v: Any) -> int:
+    if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name}: must be a positive int, got {v!r}")
+    return int(v)
+
+
+class _Seq:
+    __slots__ = ("table", "lens")
+
+    def __init__(self, table: list[int], lens: list[int]) -> None:
+        self.table, self.lens = table, lens
+
+
+class PagedKVCache:
+    """Block-table KV cache; see the module docstring. ``dtype``: "float32" or "int8"."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int = 16,
+        dtype: str = "float32",
+    ) -> None:
+        self.n_layers = _pos_int("n_layers", n_layers)
+        self.n_kv_heads = _pos_int("n_kv_heads", n_kv_heads)
+        self.head_dim = _pos_int("head_dim", head_dim)
+        self.num_blocks = _pos_int("num_blocks", num_blocks)
+        self.block_size = _pos_int("block_size", block_size)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected 'float32' or 'int8', got {dtype!r}")
+        self.dtype = dtype
+        L, bs, H, D = self.n_layers, self.block_size, self.n_kv_heads, self.head_dim  # noqa: N806
+        elem = np.dtype(_DTYPES[dtype]).itemsize
+        self.data_bytes = 2 * L * bs * H * D * elem
+        self.scale_bytes = 2 * L * bs * H * 4 if dtype == "int8" else 0
+        self.bytes_per_block = self.data_bytes + self.scale_bytes
+        scale_off = align_up(self.data_bytes, 16)
+        self.slot_bytes = align_up(scale_off + self.scale_bytes, 64)  # arena stride of one block (alignment pad)
+        cap = self.num_blocks * self.slot_bytes
+        self.allocator = SlabAllocator([self.slot_bytes], capacity=cap, slab_size=self.slot_bytes, alignment=64)
+        raw = self.allocator.arena[:cap].reshape(self.num_blocks, self.slot_bytes)
+        self._data = raw[:, : self.data_bytes].view(_DTYPES[dtype]).reshape(self.num_blocks, L, 2, bs, H, D)
+        self._scale = None
+        if dtype == "int8":
+            self._scale = raw[:, scale_off : scale_off + self.scale_bytes].view(np.float32)
+            self._scale = self._scale.reshape(self.num_blocks, L, 2, bs, H)
+            assert np.shares_memory(self._scale, self.allocator.arena)
+        assert np.shares_memory(self._data, self.allocator.arena)  # views, never copies
+        self.refcount = np.zeros(self.num_blocks, dtype=np.int64)
+        self.seqs: dict[int, _Seq] = {}
+        self._ids = itertools.count()
+        self.cow_copies = 0
+        self.peak_blocks_used = 0
+
+    # -- sequences ----------------------------------------------------------------------------------------------
+    def new_sequence(self) -> int:
+        sid = next(self._ids)
+        self.seqs[sid] = _Seq([], [0] * self.n_layers)
+        return sid
+
+    def _seq(self, seq_id: Any) -> _Seq:
+        if seq_id not in self.seqs:
+            raise ValueError(f"seq_id: {seq_id!r} is not a live sequence (live: {sorted(self.seqs)[:8]})")
+        return self.seqs[seq_id]
+
+    def _layer(self, layer: Any) -> int:
+        if not isinstance(layer, int | np.integer) or not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer: must be in [0, {self.n_layers}), got {layer!r}")
+        return int(layer)
+
+    def length(self, seq_id: int, layer: int = 0) -> int:
+        return self._seq(seq_id).lens[self._layer(layer)]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).table)
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence sharing all of ``seq_id``'s blocks (copy-on-write); returns its id."""
+        s = self._seq(seq_id)
+        sid = next(self._ids)
+        self.seqs[sid] = _Seq(list(s.table), list(s.lens))
+        for b in s.table:
+            self.refcount[b] += 1
+        return sid
+
+    def free(self, seq_id: int) -> None:
+        s = self._seq(seq_id)
+        for b in s.table:
+            self._release(b)
+        del self.seqs[seq_id]
+
+    # -- blocks -------------------------------------------------------------------------------------------------
+    @property
+    def blocks_free(self) -> int:
+        return int(np.count_nonzero(self.refcount == 0))
+
+    def _alloc(self) -> int:
+        b = self.allocator.malloc(self.slot_bytes) // self.slot_bytes
+        assert self.refcount[b] == 0
+        self.refcount[b] = 1
+        self.peak_blocks_used = max(self.peak_blocks_used, self.num_blocks - self.blocks_free)
+        return b
+
+    def _release(self, b: int) -> None:
+        self.refcount[b] -= 1
+        if self.refcount[b] == 0:
+            self.allocator.free(b * self.slot_bytes)
+
+    # -- data ---------------------------------------------------------------------------------------------------
+    def _check_kv(self, name: str, x: Any, t: int | None) -> np.ndarray:
+        a = np.asarray(x.data if hasattr(x, "data") and not isinstance(x, np.ndarray) else x)
+        if not np.issubdtype(a.dtype, np.floating):
+            raise TypeError(f"{name}: expected a floating array, got dtype {a.dtype}")
+        if a.ndim != 3 or a.shape[1:] != (self.n_kv_heads, self.head_dim) or a.shape[0] < 1:
+            raise ValueError(
+                f"{name}: expected shape [T, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}] with T >= 1, "
+                f"got {a.shape}"
+            )
+        if t is not None and a.shape[0] != t:
+            raise ValueError(f"{name}: has {a.shape[0]} tokens but k has {t}")
+        return a.astype(np.float32, copy=False)
+
+    def append(self, seq_id: int, layer: int, k: Any, v: Any) -> None:
+        """Write k, v [T, n_kv_heads, head_dim] after the ``layer``'s current length."""
+        s = self._seq(seq_id)
+        layer = self._layer(layer)
+        k = self._check_kv("k", k, None)
+        v = self._check_kv("v", v, k.shape[0])
+        bs = self.block_size
+        start = s.lens[layer]
+        end = start + k.shape[0]
+        need = math.ceil(end / bs)
+        first = start // bs
+        shared = [i for i in range(first, min(need, len(s.table))) if self.refcount[s.table[i]] > 1]
+        extra = max(0, need - len(s.table))
+        if extra + len(shared) > self.blocks_free:
+            raise MemoryError(
+                f"PagedKVCache out of blocks: sequence {seq_id} needs {extra + len(shared)} more block(s) of "
+                f"{bs} tokens but only {self.blocks_free} of num_blocks={self.num_blocks} are free "
+                f"({len(self.seqs)} live sequences); free or preempt a sequence, or raise num_blocks"
+            )
+        for i in shared:  # copy-on-write
+            old, new = s.table[i], self._alloc()
+            self._data[new] = self._data[old]
+            if self._scale is not None:
+                self._scale[new] = self._scale[old]
+            self.refcount[old] -= 1  # still > 0: another sequence holds it
+            s.table[i] = new
+            self.cow_copies += 1
+        for _ in range(extra):
+            s.table.append(self._alloc())
+        pos = np.arange(start, end)
+        blk = np.asarray(s.table)[pos // bs]
+        slot = pos % bs
+        for j, x in ((0, k), (1, v)):
+            if self._scale is None:
+                self._data[blk, layer, j, slot] = x
+            else:
+                q, sc = quantize_int8(x)
+                self._data[blk, layer, j, slot] = q
+                self._scale[blk, layer, j, slot] = sc
+        s.lens[layer] = end
+
+    def _read(self, blk: np.ndarray, layer: int, j: int, slot: np.ndarray) -> np.ndarray:
+        x = self._data[blk, layer, j, slot]
+        if self._scale is None:
+            return x.astype(np.float32, copy=True)
+        return dequantize_int8(x, self._scale[blk, layer, j, slot])
+
+    def gather(self, seq_id: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v) float32 [S, n_kv_heads, head_dim]: the layer's S cached tokens in order (dequantized)."""
+        s = self._seq(seq_id)
+        layer = self._layer(layer)
+        pos = np.arange(s.lens[layer])
+        blk = np.asarray(s.table, dtype=np.int64)[pos // self.block_size] if len(pos) else pos
+        slot = pos % self.block_size
+        return self._read(blk, layer, 0, slot), self._read(blk, layer, 1, slot)
+
+    def iter_blocks(self, seq_id: int, layer: int) -> Any:
+        """Yield (k, v) [n, H, D] per physical block of the sequence, in order (what a paged kernel reads)."""
+        s = self._seq(seq_id)
+        layer = self._layer(layer)
+        n_tok = s.lens[layer]
+        for i in range(math.ceil(n_tok / self.block_size)):
+            n = min(self.block_size, n_tok - i * self.block_size)
+            b = np.full(n, s.table[i])
+            slot = np.arange(n)
+            yield self._read(b, layer, 0, slot), self._read(b, layer, 1, slot)
+
+    def stats(self) -> dict[str, Any]:
+        used = self.num_blocks - self.blocks_free
+        tokens = sum(max(s.lens) for s in self.seqs.values())
+        logical = sum(len(s.table) for s in self.seqs.values())
+        return dict(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            blocks_used=used,
+            blocks_free=self.num_blocks - used,
+            peak_blocks_used=self.peak_blocks_used,
+            bytes_per_block=self.bytes_per_block,
+            bytes_per_token=self.bytes_per_block / self.block_size,
+            bytes_used=used * self.bytes_per_block,
+            bytes_total=self.num_blocks * self.bytes_per_block,
+            arena_bytes=self.num_blocks * self.slot_bytes,
+            sequences=len(self.seqs),
+            tokens=tokens,
+            logical_blocks=logical,
+            shared_blocks=int(np.count_nonzero(self.refcount > 1)),
+            blocks_saved_by_sharing=logical - used,
+            cow_copies=self.cow_copies,
+            slot_utilization=tokens / (logical * self.block_size) if logical else 0.0,
+        )
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"PagedKVCache(blocks {s['blocks_used']}/{self.num_blocks} used, block_size={self.block_size}, "
+            f"dtype={self.dtype}, {len(self.seqs)} sequences)"
+        )
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per (token, head): x [T, H, D] -> codes int8 [T, H, D], scales float32 [T, H]."""
+    amax = np.abs(x).max(axis=-1)
+    scale = (amax / 127.0).astype(np.float32)
+    safe = np.where(scale > 0, scale, 1.0)
+    q = np.clip(np.rint(x / safe[..., None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * scale[..., None]
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float32") -> int:
+    """2 * n_layers * n_kv_heads * head_dim * bytes (+ one float32 scale per token and head for int8)."""
+    if dtype == "float32":
+        return 2 * n_layers * n_kv_heads * head_dim * 4
+    if dtype == "int8":
+        return 2 * n_layers * n_kv_heads * (head_dim * 1 + 4)
+    raise ValueError(f"dtype: expected 'float32' or 'int8', got {dtype!r}")
+
+
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(q k^T / sqrt(D)) v for one query: q [Hq, D], k/v [S, H, D], query head h uses KV head h // (Hq/H)."""
+    hq, d = q.shape
+    g = hq // k.shape[1]
+    kr = np.repeat(k, g, axis=1)  # [S, Hq, D]
+    vr = np.repeat(v, g, axis=1)
+    s = np.einsum("hd,shd->hs", q, kr) / np.sqrt(d)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hs,shd->hd", p, vr).astype(np.float32)
+
+
+def paged_attention(q: Any, cache: PagedKVCache, seq_id: int, layer: int) -> np.ndarray:
+    """One decode query q [Hq, D] attending over the sequence's cached tokens, reading block by block.
+
+    Online softmax across blocks (running max m, normaliser l, accumulator acc -- the FlashAttention/vLLM
+    recurrence), so no [S, H, D] gather is materialised. Hq must be a multiple of the cache's n_kv_heads (GQA)."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache: expected a PagedKVCache, got {type(cache).__name__}")
+    q = np.asarray(q.data if hasattr(q, "data") and not isinstance(q, np.ndarray) else q, dtype=np.float32)
+    h, d = cache.n_kv_heads, cache.head_dim
+    if q.ndim != 2 or q.shape[1] != d or q.shape[0] % h:
+        raise ValueError(f"q: expected shape [Hq, head_dim={d}] with Hq a multiple of n_kv_heads={h}, got {q.shape}")
+    if cache.length(seq_id, layer) == 0:
+        raise ValueError(f"seq_id: sequence {seq_id} has no cached tokens in layer {layer}")
+    g = q.shape[0] // h
+    qg = q.reshape(h, g, d)
+    scale = 1.0 / np.sqrt(d)
+    m = np.full((h, g), -np.inf, dtype=np.float32)
+    lsum = np.zeros((h, g), dtype=np.float32)
+    acc = np.zeros((h, g, d), dtype=np.float32)
+    for kb, vb in cache.iter_blocks(seq_id, layer):
+        s = np.einsum("hgd,nhd->hgn", qg, kb) * scale
+        m_new = np.maximum(m, s.max(-1))
+        alpha = np.exp(m - m_new)
+        p = np.exp(s - m_new[..., None])
+        lsum = lsum * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + np.einsum("hgn,nhd->hgd", p, vb)
+        m = m_new
+    return (acc / lsum[..., None]).reshape(q.shape).astype(np.float32)

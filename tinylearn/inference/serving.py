@@ -1,0 +1,195 @@
+"""A discrete-event simulator of an LLM server: static vs continuous (iteration-level) batching.
+
+Each request is dict(arrival=s, prompt_len=int, output_len=int). The engine runs steps; a step processes
+``batch_tokens`` tokens (prompt tokens of sequences being prefilled + one token per decoding sequence) and takes
+``step_cost(batch_tokens)`` seconds. ``max_batch_tokens`` is the KV-cache budget: tokens resident in the cache.
+
+static (request-level batching, e.g. a plain ``model.generate(batch)``): when the engine is idle, take arrived
+    requests first-come-first-served while the padded reservation n * (max prompt + max output) fits the budget;
+    one prefill step over n * max_prompt tokens, then max(output) decode steps of n tokens each. A request's
+    latency ends at its own last token, but its slot stays idle until the whole batch ends.
+continuous (Orca / vLLM): before every step admit arrived requests FCFS while their prompt fits the free KV
+    budget; every step = prefills of new requests + one decode token for each running one; finished requests
+    leave immediately. The cache grows by one token per running request per step; when it would exceed the
+    budget the most recently admitted request is preempted (vLLM's default order) with the *recompute* policy:
+    its KV is dropped, it goes back to the front of the queue and, when re-admitted, prefills prompt + the tokens
+    it had generated (no swap space; generated tokens are kept, only their KV is recomputed).
+The first output token comes from the prefill step (TTFT = end of that step - arrival).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _check_requests(requests: Sequence[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    out = []
+    for i, r in enumerate(requests):
+        try:
+            a, p, o = float(r["arrival"]), int(r["prompt_len"]), int(r["output_len"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"requests[{i}]: need arrival (s), prompt_len and output_len, got {r!r}") from e
+        if not math.isfinite(a) or a < 0 or p < 1 or o < 1:
+            raise ValueError(f"requests[{i}]: arrival >= 0, prompt_len >= 1, output_len >= 1 required, got {r!r}")
+        if p + o > budget:
+            raise ValueError(
+                f"requests[{i}]: prompt_len + output_len = {p + o} tokens can never fit max_batch_tokens={budget}"
+            )
+        out.append(dict(id=i, arrival=a, prompt_len=p, output_len=o, generated=0, first=None, finish=None))
+    return sorted(out, key=lambda r: (r["arrival"], r["id"]))
+
+
+def _static(reqs: list[dict[str, Any]], budget: int, cost: Callable[[int], float], st: dict[str, Any]) -> None:
+    t, i = 0.0, 0
+    while i < len(reqs):
+        t = max(t, reqs[i]["arrival"])
+        batch = [reqs[i]]
+        j = i + 1
+        while j < len(reqs) and reqs[j]["arrival"] <= t:
+            cand = batch + [reqs[j]]
+            need = len(cand) * (max(r["prompt_len"] for r in cand) + max(r["output_len"] for r in cand))
+            if need > budget:
+                break
+            batch, j = cand, j + 1
+        n, pmax, omax = len(batch), max(r["prompt_len"] for r in batch), max(r["output_len"] for r in batch)
+        t += cost(n * pmax)
+        st["steps"] += 1
+        st["batch_tokens"].append(n * pmax)
+        for r in batch:
+            r["first"], r["generated"] = t, 1
+            if r["output_len"] == 1:
+                r["finish"] = t
+        for _ in range(omax - 1):
+            t += cost(n)
+            st["steps"] += 1
+            st["batch_tokens"].append(n)
+            for r in batch:
+                if r["generated"] < r["output_len"]:
+                    r["generated"] += 1
+                    if r["generated"] == r["output_len"]:
+                        r["finish"] = t
+        st["kv_peak"] = max(st["kv_peak"], n * (pmax + omax))
+        i = j
+
+
+def _continuous(reqs: list[dict[str, Any]], budget: int, cost: Callable[[int], float], st: dict[str, Any]) -> None:
+    t, nxt = 0.0, 0
+    waiting: list[dict[str, Any]] = []  # FCFS queue (preempted requests go back to the front)
+    running: list[dict[str, Any]] = []  # in admission order
+    done = 0
+    while done < len(reqs):
+        while nxt < len(reqs) and reqs[nxt]["arrival"] <= t:
+            waiting.append(reqs[nxt])
+            nxt += 1
+        if not running and not waiting:
+            t = reqs[nxt]["arrival"]
+            continue
+        used = sum(r["prompt_len"] + r["generated"] for r in running)
+        prefill = []
+        while waiting:
+            r = waiting[0]
+            ctx = r["prompt_len"] + r["generated"]  # recompute: re-prefill what it had
+            if used + ctx + 1 > budget:
+                break
+            waiting.pop(0)
+            prefill.append((r, ctx))
+            used += ctx
+        decode = list(running)
+        # growth: every sequence in the step adds one token of KV; preempt the newest until it fits
+        while used + len(decode) + len(prefill) > budget and decode:
+            victim = decode.pop()
+            running.remove(victim)
+            used -= victim["prompt_len"] + victim["generated"]
+            waiting.insert(0, victim)
+            st["preemptions"] += 1
+        if not decode and not prefill:  # nothing fits (only possible transiently); admit the head alone
+            r = waiting.pop(0)
+            prefill.append((r, r["prompt_len"] + r["generated"]))
+        tokens = sum(c for _, c in prefill) + len(decode)
+        t += cost(tokens)
+        st["steps"] += 1
+        st["batch_tokens"].append(tokens)
+        st["recomputed_tokens"] += sum(c - r["prompt_len"] for r, c in prefill)
+        for r in decode + [r for r, _ in prefill]:
+            r["generated"] += 1
+            if r["first"] is None:
+                r["first"] = t
+            if r["generated"] == r["output_len"]:
+                r["finish"] = t
+                done += 1
+        running = [r for r in running if r["finish"] is None] + [r for r, _ in prefill if r["finish"] is None]
+        st["kv_peak"] = max(st["kv_peak"], sum(r["prompt_len"] + r["generated"] for r in running))
+
+
+def simulate_serving(
+    requests: Sequence[dict[str, Any]],
+    policy: str = "continuous",
+    max_batch_tokens: int = 4096,
+    step_cost: Callable[[int], float] | None = None,
+) -> dict[str, Any]:
+    """Simulate serving ``requests``; returns throughput_tok_s, p50/p99 latency, TTFT, preemptions and more.
+
+    ``step_cost(batch_tokens) -> seconds`` (default: 5 ms + 20 us per token). See the module docstring."""
+    if policy not in ("static", "continuous"):
+        raise ValueError(f"policy: expected 'static' or 'continuous', got {policy!r}")
+    if not isinstance(max_batch_tokens, int | np.integer) or max_batch_tokens < 2:
+        raise ValueError(f"max_batch_tokens: must be an int >= 2, got {max_batch_tokens!r}")
+    cost = step_cost if step_cost is not None else linear_step_cost(5e-3, 20e-6)
+    if not callable(cost):
+        raise TypeError(f"step_cost: expected a callable batch_tokens -> seconds, got {type(cost).__name__}")
+    reqs = _check_requests(requests, int(max_batch_tokens))
+    if not reqs:
+        raise ValueError("requests: empty trace")
+    st: dict[str, Any] = dict(steps=0, batch_tokens=[], preemptions=0, recomputed_tokens=0, kv_peak=0)
+    (_static if policy == "static" else _continuous)(reqs, int(max_batch_tokens), cost, st)
+    lat = np.array([r["finish"] - r["arrival"] for r in reqs])
+    ttft = np.array([r["first"] - r["arrival"] for r in reqs])
+    out_tok = sum(r["output_len"] for r in reqs)
+    span = max(r["finish"] for r in reqs) - min(r["arrival"] for r in reqs)
+    tpot = [(r["finish"] - r["first"]) / (r["output_len"] - 1) for r in reqs if r["output_len"] > 1]
+    return dict(
+        policy=policy,
+        n_requests=len(reqs),
+        output_tokens=out_tok,
+        makespan_s=span,
+        throughput_tok_s=out_tok / span if span > 0 else float("inf"),
+        p50_latency=float(np.percentile(lat, 50)),
+        p99_latency=float(np.percentile(lat, 99)),
+        mean_latency=float(lat.mean()),
+        ttft_p50=float(np.percentile(ttft, 50)),
+        ttft_p99=float(np.percentile(ttft, 99)),
+        tpot_mean=float(np.mean(tpot)) if tpot else 0.0,
+        steps=st["steps"],
+        mean_batch_tokens=float(np.mean(st["batch_tokens"])),
+        preemptions=st["preemptions"],
+        recomputed_tokens=st["recomputed_tokens"],
+        kv_peak_tokens=st["kv_peak"],
+    )
+
+
+def linear_step_cost(fixed_s: float, per_token_s: float) -> Callable[[int], float]:
+    """step_cost(n) = fixed_s + per_token_s * n: a weight-read floor plus per-token compute."""
+    if fixed_s < 0 or per_token_s < 0:
+        raise ValueError(f"fixed_s, per_token_s: must be >= 0, got {fixed_s}, {per_token_s}")
+    return lambda n: fixed_s + per_token_s * n
+
+
+def poisson_requests(
+    n: int,
+    rate: float,
+    prompt_len: tuple[int, int] = (16, 128),
+    output_len: tuple[int, int] = (8, 128),
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """n requests with exponential inter-arrival times (``rate`` req/s) and uniform prompt/output lengths."""
+    if n < 1 or rate <= 0:
+        raise ValueError(f"n, rate: need n >= 1 and rate > 0, got {n}, {rate}")
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.exponential(1.0 / rate, n))
+    p = rng.integers(prompt_len[0], prompt_len[1] + 1, n)
+    o = rng.integers(output_len[0], output_len[1] + 1, n)
+    return [dict(arrival=float(a), prompt_len=int(x), output_len=int(y)) for a, x, y in zip(arr, p, o, strict=True)]
