@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tinylearn as tl
+from tinylearn import backends
 from tinylearn.testing import assert_close, make_layouts
 
 warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated.*")
@@ -346,6 +347,10 @@ def test_quantize_large_cpp_path_exact(dtype):
         q = Q.quantize(x, s, z, dtype)
         assert q.dtype == (np.int8 if dtype in ("int8", "int4") else np.uint8)
         np.testing.assert_array_equal(q[5:1000], Q.quantize(x[5:1000], s, z, dtype))  # numpy path, same values
+        np.testing.assert_array_equal(q, Q.quantize(x, s, z, dtype, backend="numpy"))  # the whole array on numpy
+        assert backends.resolve("quant.quantize_per_tensor", None, None, (x,))[0] == "cpp"  # the when= threshold
+        assert backends.resolve("quant.quantize_per_tensor", None, None, (x[:100],))[0] == "numpy"
+        np.testing.assert_array_equal(Q.dequantize(q, s, z, backend="numpy"), Q.dequantize(q, s, z, backend="cpp"))
         if dtype in TORCH_DT:
             ref = torch.quantize_per_tensor(torch.from_numpy(x), float(s), z, TORCH_DT[dtype]).int_repr().numpy()
             np.testing.assert_array_equal(q, ref)

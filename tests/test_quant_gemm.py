@@ -68,9 +68,24 @@ def test_int8_gemm_bad_input(a, b, exc, match):
         Q.int8_gemm(a, b)
 
 
-def test_int8_gemm_unknown_path():
-    with pytest.raises(ValueError, match="path"):
+def test_int8_gemm_unknown_version():
+    with pytest.raises(ValueError, match="version: 'sse9'"):
         Q.int8_gemm(np.ones((2, 2), np.int8), np.ones((2, 2), np.int8), "sse9")
+
+
+def test_int8_gemm_backends_versions_and_path_alias():
+    """quant.int8_gemm in the registry: cpp (one version per SIMD path) and the numpy int32 reference agree;
+    path= still works as a deprecated alias of version=."""
+    from tinylearn import backends
+
+    assert backends.available("quant.int8_gemm")[0] == "cpp"
+    assert backends.versions("quant.int8_gemm", "cpp")[0] == "auto"
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(-128, 128, (5, 70), dtype=np.int8), rng.integers(-128, 128, (70, 6), dtype=np.int8)
+    np.testing.assert_array_equal(Q.int8_gemm(a, b, backend="numpy"), _ref(a, b))
+    with pytest.warns(DeprecationWarning, match="version="):
+        np.testing.assert_array_equal(Q.int8_gemm(a, b, path="scalar"), _ref(a, b))
+    np.testing.assert_array_equal(Q.int8_gemm(a, b, version="scalar", backend="cpu"), _ref(a, b))
 
 
 @pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")

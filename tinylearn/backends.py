@@ -251,9 +251,14 @@ def resolve(
     o = _op(op)
     if backend is None:
         kwargs = kwargs or {}
+        if version is not None and not any(version in vs for vs in o.impls.values()):
+            have = {b: list(vs) for b, vs in o.impls.items()}
+            raise ValueError(f"version: {version!r} is not a version of {op}; versions by backend: {have}")
         cands = []
         for b, vs in o.impls.items():
-            v = version if version is not None and version in vs else o.defaults[b]
+            if version is not None and version not in vs:
+                continue  # a named version selects the backends that have it
+            v = o.defaults[b] if version is None else version
             impl = vs[v]
             if not _runs_here(b, impl):
                 continue
@@ -261,7 +266,8 @@ def resolve(
                 continue
             cands.append((impl.priority, b, v, impl.fn))
         if not cands:
-            raise RuntimeError(f"backend: no backend can run {op} here; registered: {list(o.impls)}")
+            what = op if version is None else f"{op} version {version!r}"
+            raise RuntimeError(f"backend: no backend can run {what} here; registered: {list(o.impls)}")
         _, b, v, fn = max(cands, key=lambda t: t[0])
         return b, v, fn
     b = canonical(backend)

@@ -13,15 +13,19 @@ Bit-exactness with torch: ``torch.quantize_per_tensor`` evaluates ``round(fma(x,
 (the zero point is added *before* rounding, which matters at ties when zero_point is odd), while
 ``torch.quantize_per_channel`` evaluates ``round(float32(x * (1/scale)) + zero_point)``. Both are reproduced here;
 float64 holds the exact product of two float32 numbers, so ``float32(float64(x) * inv + zp)`` is the fused result
-(numpy path); large per-tensor inputs go to the C++ kernel (cpp_src/quant_affine.cpp: std::fma + nearbyint).
+(numpy path); large per-tensor inputs go to the C++ kernel (cpp_src/quant_affine.cpp: std::fma + nearbyint):
+ops ``quant.quantize_per_tensor`` / ``quant.dequantize_per_tensor`` in tinylearn.backends, the size threshold is
+the C++ registration's ``when=`` predicate.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
+
+from .. import backends
+from .._inputs import as_array
 
 # dtype -> (qmin, qmax, numpy storage dtype)
 QRANGES: dict[str, tuple[int, int, type]] = {
@@ -147,56 +151,95 @@ def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int 
     return s.astype(np.float32).reshape(view), z.reshape(view), ax
 
 
-@functools.cache
-def _cpp() -> Any:
-    """The C++ per-tensor kernels (tinylearn._C.quant_affine) or None when the extension is not built."""
-    try:
-        from .._C import quant_affine
-    except ImportError:  # pragma: no cover - extension missing: numpy path below is the same arithmetic
-        return None
-    return quant_affine
+CPP_MIN_SIZE = 4096  # below this the numpy path is as fast as a call into C++ (measured; both are bit-exact)
 
 
-def quantize(x: Any, scale: Any, zero_point: Any, dtype: str = "int8", axis: int | None = None) -> np.ndarray:
+def _large(a: np.ndarray, *_: Any) -> bool:
+    """``when=`` predicate of the C++ kernels: worth a call into C++ only above CPP_MIN_SIZE elements."""
+    return a.size > CPP_MIN_SIZE
+
+
+def _cpp_affine() -> bool:
+    return backends.C_available("quant_affine")
+
+
+@backends.register("quant.quantize_per_tensor", "numpy")
+def _quantize_numpy(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int) -> np.ndarray:
+    inv = np.float32(1.0) / s
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = (xa.astype(np.float64) * np.float64(inv) + z).astype(np.float32)  # fused multiply-add, one rounding
+        r = np.clip(np.rint(t), qmin, qmax)
+        r = np.where(np.isnan(r), qmax, r)
+    return r.astype(np.int8 if qmin < 0 else np.uint8)
+
+
+@backends.register("quant.quantize_per_tensor", "cpp", when=_large, available=_cpp_affine)
+def _quantize_cpp(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int) -> np.ndarray:
+    return backends.load_C("quant_affine").quantize_per_tensor(np.ascontiguousarray(xa), float(s), int(z), qmin, qmax)
+
+
+@backends.register("quant.dequantize_per_tensor", "numpy")
+def _dequantize_numpy(qa: np.ndarray, s: np.float32, z: int) -> np.ndarray:
+    return ((qa.astype(np.float32) - np.float32(z)) * s).astype(np.float32)
+
+
+def _large_int8(qa: np.ndarray, *_: Any) -> bool:
+    return _large(qa) and qa.dtype in (np.int8, np.uint8)
+
+
+@backends.register("quant.dequantize_per_tensor", "cpp", when=_large_int8, available=_cpp_affine)
+def _dequantize_cpp(qa: np.ndarray, s: np.float32, z: int) -> np.ndarray:
+    if qa.dtype not in (np.int8, np.uint8):
+        raise TypeError(f"q: backend 'cpp' dequantizes int8/uint8 codes, got dtype {qa.dtype}")
+    C = backends.load_C("quant_affine")
+    fn = C.dequantize_per_tensor_int8 if qa.dtype == np.int8 else C.dequantize_per_tensor_uint8
+    return fn(np.ascontiguousarray(qa), float(s), int(z))
+
+
+def _per_tensor_only(backend: str | None, axis: Any) -> None:
+    if axis is not None and backend is not None and backends.canonical(backend) != "numpy":
+        raise ValueError(f"backend: per-channel quantization (axis={axis}) runs on numpy only, got {backend!r}")
+
+
+def quantize(
+    x: Any,
+    scale: Any,
+    zero_point: Any,
+    dtype: str = "int8",
+    axis: int | None = None,
+    backend: str | None = None,
+    version: str | None = None,
+) -> np.ndarray:
     """Integer codes q = clamp(round(x / scale) + zero_point, qmin, qmax); per-channel along ``axis`` if given.
 
     Bit-exact with torch.quantize_per_tensor / torch.quantize_per_channel (see module docstring), including
     saturation of +-inf and NaN handling (per-tensor NaN -> qmax, per-channel NaN -> 0 clamped, like torch).
+    backend (per-tensor): None = C++ above CPP_MIN_SIZE elements when built, else numpy; "numpy" | "cpp".
     """
     qmin, qmax = qrange(dtype)
-    xa = np.asarray(x)
-    if xa.dtype.kind not in "fiub":
-        raise TypeError(f"x: expected a real-valued array, got dtype {xa.dtype}")
-    xa = xa.astype(np.float32, copy=False)
+    _per_tensor_only(backend, axis)
+    xa = as_array(x, "x", dtypes=("f", "i", "u", "b")).astype(np.float32, copy=False)
     s, z, ax = _check_qparams(scale, zero_point, qmin, qmax, axis, xa.ndim, xa.shape)
-    if ax is None and _cpp() is not None and xa.size > 4096:
-        return _cpp().quantize_per_tensor(np.ascontiguousarray(xa), float(s), int(z), qmin, qmax)
-    inv = np.float32(1.0) / s
+    if ax is None:
+        q = backends.dispatch("quant.quantize_per_tensor", xa, s, z, qmin, qmax, backend=backend, version=version)
+        return q.astype(QRANGES[dtype][2], copy=False)
     with np.errstate(over="ignore", invalid="ignore"):
-        if ax is None:
-            t = (xa.astype(np.float64) * np.float64(inv) + z).astype(np.float32)  # fused multiply-add, one rounding
-            nan_code = qmax
-        else:
-            t = (xa * inv).astype(np.float32) + z.astype(np.float32)
-            nan_code = min(max(0, qmin), qmax)
-        r = np.rint(t)
-        r = np.clip(r, qmin, qmax)
-        r = np.where(np.isnan(r), nan_code, r)
+        t = (xa * (np.float32(1.0) / s)).astype(np.float32) + z.astype(np.float32)
+        r = np.clip(np.rint(t), qmin, qmax)
+        r = np.where(np.isnan(r), min(max(0, qmin), qmax), r)
     return r.astype(QRANGES[dtype][2])
 
 
-def dequantize(q: Any, scale: Any, zero_point: Any, axis: int | None = None) -> np.ndarray:
+def dequantize(
+    q: Any, scale: Any, zero_point: Any, axis: int | None = None, backend: str | None = None, version: str | None = None
+) -> np.ndarray:
     """x_hat = (q - zero_point) * scale in float32 (torch's dequantize arithmetic)."""
-    qa = np.asarray(q)
-    if qa.dtype.kind not in "iu":
-        raise TypeError(f"q: expected an integer array, got dtype {qa.dtype}")
+    _per_tensor_only(backend, axis)
+    qa = as_array(q, "q", dtypes=("i", "u"))
     s, z, ax = _check_qparams(scale, zero_point, -(2**31), 2**31 - 1, axis, qa.ndim, qa.shape)
-    if ax is None and _cpp() is not None and qa.size > 4096 and qa.dtype in (np.int8, np.uint8):
-        fn = _cpp().dequantize_per_tensor_int8 if qa.dtype == np.int8 else _cpp().dequantize_per_tensor_uint8
-        return fn(np.ascontiguousarray(qa), float(s), int(z))
-    return (
-        (qa.astype(np.float32) - np.float32(z) if ax is None else qa.astype(np.float32) - z.astype(np.float32)) * s
-    ).astype(np.float32)
+    if ax is None:
+        return backends.dispatch("quant.dequantize_per_tensor", qa, s, z, backend=backend, version=version)
+    return ((qa.astype(np.float32) - z.astype(np.float32)) * s).astype(np.float32)
 
 
 def quantize_dequantize(

@@ -1,4 +1,5 @@
-"""int8 GEMM front end: C = A @ B with int8 operands and exact int32 accumulation (C++ in tinylearn._C.quant).
+"""int8 GEMM front end: C = A @ B with int8 operands and exact int32 accumulation (C++ in tinylearn._C.quant;
+registered as ``quant.int8_gemm`` in tinylearn.backends, one version per SIMD path, plus an exact numpy reference).
 
 Exactness: |sum_k a_ik b_kj| <= K * 128 * 128 = K * 2^14 fits int32 for K <= 2^17. See cpp_src/quant_int8_gemm.cpp
 for the kernel versions (AVX-512 VNNI dpbusd with the +128 offset trick, AVX2 int16 madd, scalar) and why the
@@ -11,19 +12,19 @@ with acc = sum_k (x_q - zp_x) w_q[k, j] (weights symmetric, zp_w = 0) = x_q @ w_
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
+from .. import backends
+from .._inputs import as_array
+
+VERSIONS = ("auto", "avx512vnni", "avx2", "scalar")  # C++ code paths; "auto" = the best this CPU runs
+
 
 def _C() -> Any:
-    try:
-        from .._C import quant
-    except ImportError as e:  # pragma: no cover - build missing
-        raise RuntimeError(
-            f"int8_gemm: the compiled extension tinylearn._C is unavailable ({e}); run tools/build.sh"
-        ) from e
-    return quant
+    return backends.load_C("quant")
 
 
 def int8_gemm_paths() -> list[str]:
@@ -31,18 +32,47 @@ def int8_gemm_paths() -> list[str]:
     return list(_C().int8_gemm_paths())
 
 
-def int8_gemm(a_int8: Any, b_int8: Any, path: str = "auto") -> np.ndarray:
-    """Exact int8 x int8 -> int32 matrix product of a [M, K] and b [K, N] (any strides)."""
-    for name, arr in (("a_int8", a_int8), ("b_int8", b_int8)):
-        if not isinstance(arr, np.ndarray):
-            raise TypeError(f"{name}: expected a numpy int8 array, got {type(arr).__name__}")
-        if arr.dtype != np.int8:
-            raise TypeError(f"{name}: expected dtype int8, got {arr.dtype}")
-        if arr.ndim != 2:
-            raise ValueError(f"{name}: expected a 2-D array, got shape {arr.shape}")
-    if a_int8.shape[1] != b_int8.shape[0]:
-        raise ValueError(f"int8_gemm: inner dimensions differ: a_int8 {a_int8.shape} @ b_int8 {b_int8.shape}")
-    return _C().int8_gemm(np.ascontiguousarray(a_int8), np.ascontiguousarray(b_int8), path)
+def _register() -> None:
+    for v in VERSIONS:
+
+        def fn(a: np.ndarray, b: np.ndarray, v: str = v) -> np.ndarray:
+            return _C().int8_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), v)
+
+        def runs_here(v: str = v) -> bool:
+            return backends.C_available("quant") and (v == "auto" or v in int8_gemm_paths())
+
+        backends.register("quant.int8_gemm", "cpp", fn, version=v, available=runs_here)
+
+    @backends.register("quant.int8_gemm", "numpy", version="int32_matmul")
+    def _int8_gemm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Exact reference: numpy's integer matmul in int32 (no BLAS; exact while K <= 2^17)."""
+        return a.astype(np.int32) @ b.astype(np.int32)
+
+
+_register()
+
+
+def _check_int8(arr: Any, name: str) -> np.ndarray:
+    return as_array(arr, name, dtypes=(np.int8,), ndim=2)
+
+
+def int8_gemm(
+    a_int8: Any, b_int8: Any, version: str | None = None, backend: str | None = None, path: str | None = None
+) -> np.ndarray:
+    """Exact int8 x int8 -> int32 matrix product of a [M, K] and b [K, N] (any strides).
+
+    backend: None (C++ when built, else numpy) | "cpp" | "numpy". version (cpp): "auto" (default) | "avx512vnni" |
+    "avx2" | "scalar" (``int8_gemm_paths()`` lists those this CPU runs). ``path=`` is the old name of ``version=``
+    (deprecated alias)."""
+    if path is not None:
+        warnings.warn("int8_gemm(path=) is deprecated; use version=", DeprecationWarning, stacklevel=2)
+        if version is not None and version != path:
+            raise ValueError(f"version: {version!r} conflicts with the deprecated path={path!r}; pass only version=")
+        version = path
+    a, b = _check_int8(a_int8, "a_int8"), _check_int8(b_int8, "b_int8")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"int8_gemm: inner dimensions differ: a_int8 {a.shape} @ b_int8 {b.shape}")
+    return backends.dispatch("quant.int8_gemm", a, b, backend=backend, version=version)
 
 
 def requantize(acc: np.ndarray, multiplier: Any, zero_point: int, quant_min: int, quant_max: int) -> np.ndarray:
@@ -57,8 +87,7 @@ class PackedInt8Weight:
     column sums the +128 offset trick needs); falls back to plain int8_gemm on CPUs without VNNI."""
 
     def __init__(self, b_int8: np.ndarray) -> None:
-        if not isinstance(b_int8, np.ndarray) or b_int8.dtype != np.int8 or b_int8.ndim != 2:
-            raise TypeError(f"b_int8: expected a 2-D int8 numpy array, got {getattr(b_int8, 'dtype', type(b_int8))}")
+        b_int8 = _check_int8(b_int8, "b_int8")
         self.k, self.n = b_int8.shape
         self.b = np.ascontiguousarray(b_int8)
         self.packed = None
@@ -66,8 +95,7 @@ class PackedInt8Weight:
             self.packed = _C().int8_pack_b(self.b)
 
     def matmul(self, a_int8: np.ndarray) -> np.ndarray:
-        if not isinstance(a_int8, np.ndarray) or a_int8.dtype != np.int8 or a_int8.ndim != 2:
-            raise TypeError(f"a_int8: expected a 2-D int8 numpy array, got {getattr(a_int8, 'dtype', type(a_int8))}")
+        a_int8 = _check_int8(a_int8, "a_int8")
         if a_int8.shape[1] != self.k:
             raise ValueError(f"a_int8: inner dimension {a_int8.shape[1]} != packed K {self.k}")
         if self.packed is None:
