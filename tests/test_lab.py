@@ -1,0 +1,63 @@
+"""The learner's JupyterLab: the browser test's verdict logic and ``tl.check`` (browser run: `make test-lab`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import tinylearn as tl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _lab_test():
+    spec = importlib.util.spec_from_file_location("lab_test", ROOT / "tools" / "lab_test.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cell(src="x = 1", count=1, outputs=()):
+    return {"type": "code", "count": count, "source": src, "outputs": list(outputs)}
+
+
+PNG = {"output_type": "display_data", "data": {"image/png": "iVBOR"}}
+WIDGET = {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}}}
+
+
+def test_check_cells_accepts_a_good_notebook():
+    assert _lab_test().check_cells([_cell(outputs=[PNG]), _cell("from tqdm.auto import tqdm", 2, [WIDGET])]) == []
+
+
+@pytest.mark.parametrize(
+    "cells,fragment",
+    [
+        ([_cell(outputs=[PNG]), _cell(count=None)], "last code cell did not run"),
+        ([_cell(outputs=[PNG, {"output_type": "error", "ename": "ValueError", "evalue": "x"}])], "raised ValueError"),
+        ([_cell()], "no plot"),
+        ([_cell(outputs=[PNG]), _cell("from tqdm.auto import tqdm", 2, [{"output_type": "stream"}])], "widget"),
+    ],
+)
+def test_check_cells_reports_each_problem(cells, fragment):
+    problems = _lab_test().check_cells(cells)
+    assert any(fragment in p for p in problems), problems
+
+
+def test_tl_check_runs_the_exercises_both_ways():
+    ref = tl.check("01_autodiff", impl="reference")
+    assert ref.ok and ref.passed > 0 and ref.failed == 0
+    stub = tl.check("autograd")  # any of the topic's names
+    assert not stub.ok and stub.failed > 0
+    assert "not written yet" in stub.summary()
+    assert "<table>" in stub._repr_html_()
+
+
+def test_tl_check_errors_name_the_argument():
+    with pytest.raises(ValueError, match="topic"):
+        tl.check("no_such_topic")
+    with pytest.raises(ValueError, match="impl"):
+        tl.check("01_autodiff", impl="mine")
+    with pytest.raises(ValueError, match="has no exercises"):
+        tl.check("tour")
