@@ -62,6 +62,10 @@ def __getattr__(name: str) -> Any:
         from .exercise_check import check
 
         return check
+    if name == "autocast":  # tl.autocast lives in tinylearn.amp (imports ml_dtypes on first use)
+        from .amp import autocast
+
+        return autocast
     if name in _SUBPACKAGES:
         mod = importlib.import_module(f".{name}", __name__)
         globals()[name] = mod

@@ -1,0 +1,71 @@
+"""tl.amp — mixed precision: autocast, loss scaling, bfloat16 rounding, low-bit formats, bit allocation.
+
+    with tl.autocast(dtype="bfloat16"):            # matmul/linear/conv2d in bf16, softmax/norms/losses in fp32
+        loss = F.cross_entropy(model(x), y)
+    scaler = tl.amp.GradScaler()                    # dynamic loss scaling for fp16
+    scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+
+Pieces: dtypes (bfloat16 via ml_dtypes, float16), bf16 (round-to-nearest-even by bit manipulation), autocast_mode
+(op lists + the Function.apply hook), grad_scaler, lowbit (FP4 E2M1, INT2, STE fake-quant), mx (OCP MX block
+scaling), sensitivity (Hutchinson Hessian trace, bit allocation), bench (``tinylearn bench amp``).
+"""
+
+from .autocast_mode import (
+    FP32_OPS,
+    LOWER_PRECISION_OPS,
+    autocast,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    op_category,
+)
+from .bf16 import bf16_bits, bf16_bits_to_float32, round_to_bf16, to_bfloat16
+from .dtypes import bfloat16, finfo, float16, is_floating, low_dtype
+from .grad_scaler import GradScaler, update_scale
+from .lowbit import (
+    FP4_VALUES,
+    absmax_scale,
+    fake_quant_fp4,
+    fake_quant_int2,
+    fp4_decode,
+    fp4_encode,
+    fp4_round,
+    int2_quantize,
+)
+from .mx import MX_FORMATS, mx_bits_per_element, mx_dequantize, mx_quantize, mx_round
+from .sensitivity import allocate_bits, hutchinson_trace, quantize_symmetric
+
+__all__ = [
+    "FP32_OPS",
+    "FP4_VALUES",
+    "LOWER_PRECISION_OPS",
+    "MX_FORMATS",
+    "GradScaler",
+    "absmax_scale",
+    "allocate_bits",
+    "autocast",
+    "bf16_bits",
+    "bf16_bits_to_float32",
+    "bfloat16",
+    "fake_quant_fp4",
+    "fake_quant_int2",
+    "finfo",
+    "float16",
+    "fp4_decode",
+    "fp4_encode",
+    "fp4_round",
+    "get_autocast_dtype",
+    "hutchinson_trace",
+    "int2_quantize",
+    "is_autocast_enabled",
+    "is_floating",
+    "low_dtype",
+    "mx_bits_per_element",
+    "mx_dequantize",
+    "mx_quantize",
+    "mx_round",
+    "op_category",
+    "quantize_symmetric",
+    "round_to_bf16",
+    "to_bfloat16",
+    "update_scale",
+]

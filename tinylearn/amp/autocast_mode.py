@@ -1,0 +1,162 @@
+"""``tl.autocast(dtype="bfloat16"|"float16")``: run GEMM-like ops in the low dtype, precision-sensitive ops in fp32.
+
+Inside the context every differentiable op goes through one hook in ``Function.apply`` which looks the op up in
+two lists (torch's autocast op categories, aten/src/ATen/autocast_mode.cpp):
+
+- **lower precision** (``LOWER_PRECISION_OPS``): floating inputs are cast to the autocast dtype, the op runs on
+  low-precision arrays (products accumulated in fp32, as torch's CPU bf16 GEMM does) and its output is stored in
+  the low dtype. torch's CPU list: conv1d/2d/3d, conv_transpose*, bmm, mm, baddbmm, addmm, addbmm, linear,
+  matmul, linalg_vecdot, prelu, scaled_dot_product_attention, _native_multi_head_attention, conv_tbc,
+  mkldnn_rnn_layer. tinylearn has: matmul (MatMul), linear (Linear), conv2d (Conv2dFunction).
+- **fp32** (``FP32_OPS``): low-precision inputs are cast up to float32 and the output is float32: reductions,
+  softmax / log_softmax, norms, losses, exp / log / pow. torch's CUDA fp32 list has all of these; torch's CPU
+  fp32 list has only the losses (mse_loss, nll_loss, cross_entropy_loss, ...) and runs softmax / layer_norm /
+  batch_norm / sum in their input dtype (with fp32 math inside), so on CPU the two policies differ only in
+  whether those outputs are rounded to bf16 -- within bf16 tolerance either way.
+- everything else (add, mul, relu, reshape, pooling, ...) runs in whatever dtype its inputs have; mixed inputs
+  promote (bf16 + fp32 -> fp32), like torch's "promote" list.
+
+Casts are differentiable: the gradient of a cast is cast back to the source dtype, so fp32 parameters receive
+fp32 gradients (the "master weights" of mixed-precision training).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..autograd import Function, Tensor
+from .dtypes import float32, is_floating, low_dtype
+
+# torch aten op -> tinylearn Function class name
+LOWER_PRECISION_OPS: dict[str, str] = {
+    "matmul": "MatMul",
+    "mm": "MatMul",
+    "bmm": "MatMul",
+    "linear": "Linear",
+    "addmm": "Linear",
+    "conv2d": "Conv2dFunction",
+}
+FP32_OPS: dict[str, str] = {
+    "softmax": "Softmax",
+    "log_softmax": "LogSoftmax",
+    "layer_norm": "LayerNormFn",
+    "batch_norm": "BatchNormFn",
+    "sum": "Sum",
+    "mean": "Mean",
+    "var": "Var",
+    "cross_entropy_loss": "CrossEntropyFn",
+    "exp": "Exp",
+    "log": "Log",
+    "pow": "Pow",
+}
+_CATEGORY: dict[str, str] = {
+    **{v: "lower" for v in LOWER_PRECISION_OPS.values()},
+    **{v: "fp32" for v in FP32_OPS.values()},
+}
+
+
+class _State:
+    dtype: np.dtype | None = None  # the active autocast dtype (None: autocast off)
+    inside: bool = False  # an autocast op is being applied (its casts must not recurse)
+    n_cast: int = 0  # casts inserted since the last reset (for lessons/tests)
+
+
+def op_category(fn_class: type | str) -> str | None:
+    """'lower', 'fp32' or None (runs in its input dtype) for a Function class or its name."""
+    name = fn_class if isinstance(fn_class, str) else fn_class.__name__
+    return _CATEGORY.get(name)
+
+
+def get_autocast_dtype() -> np.dtype | None:
+    """The dtype of the innermost active autocast context, or None."""
+    return _State.dtype
+
+
+def is_autocast_enabled() -> bool:
+    return _State.dtype is not None
+
+
+class AutocastCast(Function):
+    """Differentiable dtype cast; the backward casts the gradient back to the source dtype."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.src = x.dtype
+        return x.astype(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.astype(ctx.src), None
+
+
+def _cast(a: Any, dtype: np.dtype) -> Any:
+    if isinstance(a, Tensor) and a.dtype != dtype and is_floating(a.dtype):
+        _State.n_cast += 1
+        return AutocastCast.apply(a, dtype)
+    return a
+
+
+def autocast_hook(cls: type, args: tuple, kwargs: dict) -> Any:
+    """Called by ``Function.apply`` while autocast is on; NotImplemented means "apply the op unchanged"."""
+    dt = _State.dtype
+    cat = _CATEGORY.get(cls.__name__)
+    if dt is None or cat is None or _State.inside:
+        return NotImplemented
+    target = dt if cat == "lower" else float32
+    new_args = tuple(_cast(a, target) for a in args)
+    _State.inside = True
+    try:
+        out = cls.apply(*new_args, **kwargs)
+    finally:
+        _State.inside = False
+    if isinstance(out, Tensor):
+        return _cast(out, target)  # numpy accumulates low-precision GEMMs in fp32: round the result once
+    return out
+
+
+def _hook_module() -> Any:
+    from ..autograd import function
+
+    return function
+
+
+def _install(hook: Callable | None) -> None:
+    mod = _hook_module()
+    if not hasattr(mod, "_autocast_hook"):
+        raise RuntimeError("tinylearn.autograd.function has no _autocast_hook: autocast needs the Function.apply hook")
+    mod._autocast_hook = hook
+
+
+class autocast:  # noqa: N801  (torch's name)
+    """Context manager / decorator: ``with tl.autocast(dtype="bfloat16"): loss = model(x) ...``.
+
+    Nested contexts restore the outer dtype on exit; ``enabled=False`` turns autocast off inside."""
+
+    def __init__(self, dtype: Any = "bfloat16", enabled: bool = True) -> None:
+        self.dtype = low_dtype(dtype)
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
+        self.enabled = enabled
+        self._prev: list[np.dtype | None] = []
+
+    def __enter__(self) -> autocast:
+        self._prev.append(_State.dtype)
+        _State.dtype = self.dtype if self.enabled else None
+        _install(autocast_hook if _State.dtype is not None else None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _State.dtype = self._prev.pop()
+        _install(autocast_hook if _State.dtype is not None else None)
+
+    def __call__(self, fn: Callable) -> Callable:
+        def wrapped(*a: Any, **k: Any) -> Any:
+            with autocast(self.dtype, self.enabled):
+                return fn(*a, **k)
+
+        wrapped.__name__ = getattr(fn, "__name__", "autocast_fn")
+        wrapped.__doc__ = fn.__doc__
+        return wrapped

@@ -1,0 +1,152 @@
+"""``tl.amp.GradScaler``: dynamic loss scaling, the same state machine as ``torch.amp.GradScaler``.
+
+Why: fp16 has 5 exponent bits; gradients below ~6e-8 (the smallest subnormal) flush to zero. Multiplying the loss
+by S shifts every gradient up by log2(S) binades (the chain rule is linear in the upstream gradient), and
+unscaling by 1/S in fp32 before the optimizer step restores the true values.
+
+The update rule (torch's _amp_update_scale_), after each iteration:
+
+    if any gradient was Inf/NaN:  skip optimizer.step();  S *= backoff_factor;  tracker = 0
+    else:                         tracker += 1
+                                  if tracker == growth_interval:  S *= growth_factor (if finite);  tracker = 0
+
+The scale is kept as a float32 like torch's scale tensor, so the sequences agree exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..autograd import Tensor
+
+
+class GradScaler:
+    def __init__(
+        self,
+        init_scale: float = 65536.0,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        if not init_scale > 0:
+            raise ValueError(f"init_scale: must be > 0, got {init_scale}")
+        if not growth_factor > 1.0:
+            raise ValueError(f"growth_factor: must be > 1.0, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"backoff_factor: must be in (0, 1), got {backoff_factor}")
+        if not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"growth_interval: must be a positive int, got {growth_interval!r}")
+        self._scale = np.float32(init_scale)
+        self.growth_factor = np.float32(growth_factor)
+        self.backoff_factor = np.float32(backoff_factor)
+        self.growth_interval = growth_interval
+        self.enabled = enabled
+        self._growth_tracker = 0
+        self._opt_state: dict[int, dict[str, Any]] = {}  # id(optimizer) -> {"unscaled": bool, "found_inf": bool}
+        self.n_skipped = 0
+
+    # -- the four calls of a training step ------------------------------------------------------------------
+    def scale(self, loss: Tensor) -> Tensor:
+        """loss * S (differentiable, so backward produces S-times-larger gradients)."""
+        if not isinstance(loss, Tensor):
+            raise TypeError(f"loss: expected a tinylearn Tensor, got {type(loss).__name__}")
+        if not self.enabled:
+            return loss
+        return loss * float(self._scale)
+
+    def _params(self, optimizer: Any) -> list[Tensor]:
+        groups = getattr(optimizer, "param_groups", None)
+        if groups is None:
+            raise TypeError(f"optimizer: expected a tinylearn optimizer, got {type(optimizer).__name__}")
+        return [p for g in groups for p in g["params"]]
+
+    def unscale_(self, optimizer: Any) -> None:
+        """Divide the gradients of ``optimizer``'s parameters by S in place (fp32 math) and record Inf/NaN."""
+        if not self.enabled:
+            return
+        st = self._opt_state.setdefault(id(optimizer), {"unscaled": False, "found_inf": False})
+        if st["unscaled"]:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        inv = np.float32(np.float64(1.0) / np.float64(self._scale))  # torch: scale.double().reciprocal().float()
+        found = False
+        for p in self._params(optimizer):
+            if p.grad is None:
+                continue
+            g = p.grad.data
+            if not np.isfinite(g).all():
+                found = True
+            g32 = g.astype(np.float32) * inv
+            p.grad.data = g32.astype(g.dtype) if g.dtype != np.float32 else g32
+        st["unscaled"], st["found_inf"] = True, found
+
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """unscale_ (if not done yet), then optimizer.step() unless a gradient was Inf/NaN (skipped step)."""
+        if not self.enabled:
+            return optimizer.step(*args, **kwargs)
+        st = self._opt_state.get(id(optimizer))
+        if st is None or not st["unscaled"]:
+            self.unscale_(optimizer)
+            st = self._opt_state[id(optimizer)]
+        if st["found_inf"]:
+            self.n_skipped += 1
+            return None
+        return optimizer.step(*args, **kwargs)
+
+    def update(self, new_scale: float | None = None) -> None:
+        """Back off on Inf/NaN, grow after ``growth_interval`` clean steps; resets the per-step state."""
+        if not self.enabled:
+            return
+        if new_scale is not None:
+            self._scale = np.float32(new_scale)
+        else:
+            if not self._opt_state:
+                raise RuntimeError("update: no inf checks were recorded (call step(optimizer) first)")
+            found_inf = any(s["found_inf"] for s in self._opt_state.values())
+            self._scale, self._growth_tracker = update_scale(
+                self._scale,
+                self._growth_tracker,
+                found_inf,
+                self.growth_factor,
+                self.backoff_factor,
+                self.growth_interval,
+            )
+        self._opt_state = {}
+
+    def get_scale(self) -> float:
+        return float(self._scale) if self.enabled else 1.0
+
+    def get_growth_tracker(self) -> int:
+        return self._growth_tracker
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "scale": float(self._scale),
+            "growth_factor": float(self.growth_factor),
+            "backoff_factor": float(self.backoff_factor),
+            "growth_interval": self.growth_interval,
+            "_growth_tracker": self._growth_tracker,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._scale = np.float32(state["scale"])
+        self.growth_factor = np.float32(state["growth_factor"])
+        self.backoff_factor = np.float32(state["backoff_factor"])
+        self.growth_interval = int(state["growth_interval"])
+        self._growth_tracker = int(state["_growth_tracker"])
+
+
+def update_scale(
+    scale: Any, tracker: int, found_inf: bool, growth_factor: Any, backoff_factor: Any, growth_interval: int
+) -> tuple[np.float32, int]:
+    """One step of the update rule on a float32 scale: returns (new scale, new growth tracker)."""
+    scale = np.float32(scale)
+    if found_inf:
+        return np.float32(scale * np.float32(backoff_factor)), 0
+    tracker += 1
+    if tracker == growth_interval:
+        grown = np.float32(scale * np.float32(growth_factor))
+        return (grown if np.isfinite(grown) else scale), 0
+    return scale, tracker
