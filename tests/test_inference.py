@@ -1,0 +1,257 @@
+"""tl.inference model, sampling and speculative decoding: TinyGPT vs the torch reference (same weights), KV cache
+equivalence, RoPE, top-k/top-p vs a torch implementation, the speculative rejection rule (exact + chi-square)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+
+import tinylearn as tl
+from tinylearn.inference import (
+    GPTConfig,
+    TableLM,
+    TinyGPT,
+    accept_draft,
+    filter_probs,
+    generate,
+    residual_distribution,
+    rope_tables,
+    speculative_generate,
+    torch_reference,
+)
+from tinylearn.testing import assert_close
+
+CONFIGS = [
+    dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, max_seq_len=48),  # MHA
+    dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, max_seq_len=48, n_kv_heads=2),  # GQA
+    dict(vocab_size=37, d_model=32, n_heads=4, n_layers=1, max_seq_len=48, n_kv_heads=1),  # MQA
+    dict(vocab_size=37, d_model=24, n_heads=2, n_layers=2, max_seq_len=48, rope=False),  # learned positions
+]
+
+
+def pair(cfg: dict, seed: int = 0) -> tuple[TinyGPT, torch.nn.Module]:
+    torch.manual_seed(seed)
+    ref = torch_reference(cfg)
+    with torch.no_grad():  # spread the weights a little so logits are far from ties
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model = TinyGPT.from_config(cfg).load_torch_state_dict(ref.state_dict())
+    return model, ref
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["mha", "gqa", "mqa", "abs_pos"])
+def test_logits_match_torch(cfg: dict) -> None:
+    model, ref = pair(cfg)
+    ids = np.random.default_rng(1).integers(0, cfg["vocab_size"], (3, 20))
+    with tl.no_grad():
+        out = model(ids).numpy()
+    exp = ref(torch.from_numpy(ids)).detach().numpy()
+    assert out.shape == (3, 20, cfg["vocab_size"])
+    assert_close(out, exp, np.float32)
+
+
+def test_state_dict_names_match_torch() -> None:
+    model, ref = pair(CONFIGS[1])
+    assert list(model.state_dict()) == list(ref.state_dict())
+    assert model.config == GPTConfig(**CONFIGS[1])
+
+
+def test_gradients_match_torch() -> None:
+    cfg = CONFIGS[1]
+    model, ref = pair(cfg)
+    ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], (2, 12))
+    tgt = np.random.default_rng(3).integers(0, cfg["vocab_size"], (2 * 12,))
+    loss = tl.nn.functional.cross_entropy(model(ids).reshape(24, cfg["vocab_size"]), tgt)
+    loss.backward()
+    tl_loss = ref(torch.from_numpy(ids)).reshape(24, -1)
+    torch.nn.functional.cross_entropy(tl_loss, torch.from_numpy(tgt)).backward()
+    grads = dict(model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert_close(grads[name].grad.numpy(), p.grad.numpy(), np.float32, atol=1e-5, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=["mha", "gqa", "mqa"])
+def test_kv_cache_incremental_equals_full(cfg: dict) -> None:
+    model, ref = pair(cfg)
+    ids = np.random.default_rng(4).integers(0, cfg["vocab_size"], (2, 15))
+    with tl.no_grad():
+        full = model(ids).numpy()
+        cache = model.new_cache(2)
+        parts = [model(ids[:, a:b], cache).numpy() for a, b in [(0, 7), (7, 8), (8, 9), (9, 15)]]
+    assert cache.length == 15
+    assert_close(np.concatenate(parts, axis=1), full, np.float32)
+    # torch reference with past_key_values gives the same incremental logits
+    logits, past = ref(torch.from_numpy(ids[:, :7]), use_cache=True)
+    step, past = ref(torch.from_numpy(ids[:, 7:8]), past_key_values=past, use_cache=True)
+    assert_close(step.detach().numpy(), full[:, 7:8], np.float32)
+
+
+def test_rope_relative_position() -> None:
+    """RoPE: <rope(q, m), rope(k, n)> depends on m - n only."""
+    cos, sin = rope_tables(64, 8)
+    rng = np.random.default_rng(5)
+    q, k = tl.Tensor(rng.standard_normal(8).astype(np.float32)), tl.Tensor(rng.standard_normal(8).astype(np.float32))
+    from tinylearn.inference import apply_rope
+
+    def dot(m: int, n: int) -> float:
+        return float((apply_rope(q, cos[m], sin[m]) * apply_rope(k, cos[n], sin[n])).sum().item())
+
+    assert abs(dot(10, 3) - dot(40, 33)) < 1e-4
+    assert abs(dot(5, 5) - float((q * k).sum().item())) < 1e-4
+    assert abs(dot(10, 3) - dot(10, 4)) > 1e-3
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["mha", "gqa", "mqa", "abs_pos"])
+def test_greedy_cache_equals_no_cache_and_torch(cfg: dict) -> None:
+    model, ref = pair(cfg)
+    a = generate(model, [1, 2, 3], 15, kv_cache=True)
+    b = generate(model, [1, 2, 3], 15, kv_cache=False)
+    assert a == b and len(a) == 15
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        for _ in range(15):
+            ids = torch.cat([ids, ref(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert a == ids[0, 3:].tolist()
+
+
+def test_sampling_seeded_and_cache_independent() -> None:
+    model, _ = pair(CONFIGS[1])
+    kw = dict(temperature=0.9, top_k=10, top_p=0.9, seed=7)
+    a = generate(model, [4, 5], 20, **kw)
+    assert a == generate(model, [4, 5], 20, **kw)
+    assert a == generate(model, [4, 5], 20, kv_cache=False, **kw)
+    assert a != generate(model, [4, 5], 20, **{**kw, "seed": 8})
+
+
+def torch_filter(logits: np.ndarray, t: float, k: int | None, p: float | None) -> np.ndarray:
+    x = torch.tensor(logits, dtype=torch.float64) / t
+    probs = torch.softmax(x, -1)
+    if k is not None:
+        kth = torch.topk(probs, min(k, len(probs))).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
+    if p is not None:
+        srt, idx = torch.sort(probs, descending=True, stable=True)
+        keep = (torch.cumsum(srt, -1) - srt) < p
+        keep[0] = True
+        mask = torch.zeros_like(probs, dtype=torch.bool).scatter(0, idx, keep)
+        probs = torch.where(mask, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
+    return probs.numpy()
+
+
+@pytest.mark.parametrize(
+    "t,k,p",
+    [
+        (1.0, None, None),
+        (0.7, 5, None),
+        (1.3, None, 0.8),
+        (0.5, 8, 0.6),
+        (1.0, 1, None),
+        (2.0, None, 1e-6),
+        (1.0, None, 1.0),
+        (0.9, 50, 0.95),
+    ],
+)
+def test_filter_probs_match_torch(t: float, k: int | None, p: float | None) -> None:
+    logits = np.random.default_rng(11).standard_normal(20) * 3
+    got = filter_probs(logits, t, k, p)
+    assert_close(got, torch_filter(logits, t, k, p), np.float64)
+    assert (got > 0).sum() >= 1 and abs(got.sum() - 1) < 1e-12
+
+
+def test_top_p_smallest_set() -> None:
+    probs = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    assert np.count_nonzero(filter_probs(probs, 1.0, top_p=0.5)) == 1  # 0.5 >= 0.5
+    assert np.count_nonzero(filter_probs(probs, 1.0, top_p=0.51)) == 2
+    assert np.count_nonzero(filter_probs(probs, 1.0, top_p=0.95)) == 3
+    assert np.count_nonzero(filter_probs(probs, 1.0, top_p=0.96)) == 4
+
+
+def test_sampled_frequencies_match_filtered_distribution() -> None:
+    from tinylearn.inference import sample_from
+
+    logits = np.random.default_rng(12).standard_normal(8)
+    p = filter_probs(logits, 0.8, top_k=6, top_p=0.9)
+    rng = np.random.default_rng(0)
+    counts = np.bincount([sample_from(p, rng) for _ in range(20000)], minlength=8)
+    assert np.all(counts[p == 0] == 0)
+    nz = p > 0
+    assert sps.chisquare(counts[nz], 20000 * p[nz]).pvalue > 1e-3
+
+
+def test_acceptance_rule_is_exact() -> None:
+    """q(x) min(1, p/q) + P(reject) norm(max(0, p-q))(x) == p(x) for random p, q."""
+    rng = np.random.default_rng(13)
+    for _ in range(20):
+        p, q = rng.dirichlet(np.ones(6) * 0.5), rng.dirichlet(np.ones(6) * 0.5)
+        acc = q * np.minimum(1, p / q)
+        out = acc + (1 - acc.sum()) * residual_distribution(p, q)
+        assert_close(out, p, np.float64)
+    assert accept_draft(0.2, 0.1, 0.99) and not accept_draft(0.1, 0.2, 0.5) and accept_draft(0.1, 0.2, 0.49)
+
+
+def test_speculative_greedy_equals_target() -> None:
+    cfg = CONFIGS[1]
+    target, _ = pair(cfg, seed=0)
+    draft, _ = pair({**cfg, "n_layers": 1}, seed=1)
+    # a draft that agrees often: the target's first block only (shared embeddings and head)
+    same = TinyGPT.from_config({**cfg, "n_layers": 1})
+    same.load_state_dict({k: v for k, v in target.state_dict().items() if not k.startswith("blocks.1.")})
+    ref = generate(target, [3, 1, 4], 30)
+    for d in (draft, same, target):
+        for k in (1, 3, 5):
+            toks, st = speculative_generate(target, d, [3, 1, 4], 30, k=k)
+            assert toks == ref, (k, st)
+            assert st["target_calls"] == st["rounds"] <= 30
+    toks, st = speculative_generate(target, target, [3, 1, 4], 30, k=4)
+    assert st["acceptance_rate"] == 1.0 and st["target_calls"] == 6  # 5 tokens per call: 4 drafts + bonus
+
+
+def _markov_probs(table: np.ndarray, t: float) -> np.ndarray:
+    return np.stack([filter_probs(row, t) for row in table])
+
+
+def test_speculative_sampling_matches_target_distribution() -> None:
+    """Chi-square over 3-token continuations: speculative samples follow the target, not the draft."""
+    v, n, t = 3, 3000, 1.0
+    rng = np.random.default_rng(14)
+    target, draft = TableLM(rng.standard_normal((v, v)) * 1.5), TableLM(rng.standard_normal((v, v)) * 1.5)
+    pt, pd = _markov_probs(target.table, t), _markov_probs(draft.table, t)
+    seqs = [tuple(speculative_generate(target, draft, [0], 3, k=2, temperature=t, seed=s)[0]) for s in range(n)]
+    idx = np.array([a * v * v + b * v + c for a, b, c in seqs])
+    counts = np.bincount(idx, minlength=v**3)
+    exp_t = np.array([pt[0, a] * pt[a, b] * pt[b, c] for a in range(v) for b in range(v) for c in range(v)])
+    exp_d = np.array([pd[0, a] * pd[a, b] * pd[b, c] for a in range(v) for b in range(v) for c in range(v)])
+    assert sps.chisquare(counts, n * exp_t).pvalue > 1e-3
+    assert sps.chisquare(counts, n * exp_d).pvalue < 1e-6  # the test has power: the draft's law is rejected
+    _, st = speculative_generate(target, draft, [0], 50, k=3, temperature=t, seed=0)
+    assert 0 < st["acceptance_rate"] < 1
+
+
+def test_bad_inputs() -> None:
+    model = TinyGPT(10, 8, 2, 1, 16)
+    with pytest.raises(ValueError, match="ids"):
+        model(np.array([[1, 10]]))
+    with pytest.raises(TypeError, match="ids"):
+        model(np.array([[1.5, 2.0]]))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(np.zeros((1, 17), dtype=np.int64))
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        TinyGPT(10, 8, 2, 1, 16, n_kv_heads=3)
+    with pytest.raises(ValueError, match="d_model"):
+        TinyGPT(10, 9, 2, 1, 16)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, [1], 3, temperature=1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, [1], 3, temperature=-1.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, [1, 2], 16)
+    with pytest.raises(ValueError, match="k"):
+        speculative_generate(model, model, [1], 3, k=0)
+    with pytest.raises(TypeError, match="model"):
+        generate(object(), [1], 3)
+    with pytest.raises(TypeError, match="config"):
+        torch_reference(42)
