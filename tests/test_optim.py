@@ -9,7 +9,7 @@ import torch
 import tinylearn as tl
 from tinylearn import optim
 
-BACKENDS = ["numpy", "cpp"] if optim.optimizer._cpp_module() is not None else ["numpy"]
+BACKENDS = ["numpy", "cpp"] if optim.optimizer.has_fused_steps() else ["numpy"]
 
 
 def _run(tl_cls, th_cls, kwargs, steps=6, dtype=np.float32, backend="numpy"):
@@ -155,3 +155,15 @@ def test_training_reduces_loss_end_to_end():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0]
+
+
+def test_updates_dispatch_through_the_backend_registry():
+    from tinylearn import backends
+
+    for op in ("optim.sgd_step", "optim.adam_step"):
+        assert set(backends.registered(op)) == {"numpy", "cpp"}
+    p = tl.Tensor(np.ones(3, np.float32), requires_grad=True)
+    assert optim.SGD([p], lr=0.1, backend=None).backend == BACKENDS[-1]  # None/"auto": the fastest available
+    if "cpp" in BACKENDS:
+        assert optim.Adam([p], backend="cpu").backend == "cpp"  # "cpu" is the alias of "cpp"
+        assert hasattr(tl._C.optim, "adam_step") and not hasattr(tl._C, "autograd")

@@ -52,7 +52,7 @@ TOPICS: tuple[Topic, ...] = (
         "01_autodiff",
         ("test_autograd", "test_nn", "test_optim", "test_data"),
         "tinylearn.autograd.bench",
-        ("autograd_optim.cpp", "optim*.cpp"),
+        ("optim*.cpp",),
         aliases=("autodiff",),
     ),
     Topic(

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, register_step
 
 
 class Adam(Optimizer):
+    op = "optim.adam_step"
     _decoupled = False
 
     def __init__(
@@ -41,64 +42,6 @@ class Adam(Optimizer):
             backend=backend,
         )
 
-    def _update(self, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = np.zeros_like(w)
-            state["exp_avg_sq"] = np.zeros_like(w)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = np.zeros_like(w)
-        vmax = state.get("max_exp_avg_sq", state["exp_avg_sq"])
-        if self.fused_ok(w, g, state["exp_avg"], state["exp_avg_sq"], vmax):
-            state["step"] += 1
-            self._fused.adam_step(
-                w,
-                g,
-                state["exp_avg"],
-                state["exp_avg_sq"],
-                vmax,
-                lr,
-                b1,
-                b2,
-                eps,
-                wd,
-                state["step"],
-                self._decoupled,
-                group["amsgrad"],
-                group["maximize"],
-            )
-            return
-        if group["maximize"]:
-            g = -g
-        if wd:
-            if self._decoupled:
-                w *= w.dtype.type(1 - lr * wd)
-            else:
-                g = g + wd * w
-        state["step"] += 1
-        t = state["step"]
-        dt = w.dtype.type
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        tmp = self.scratch(w)
-        m *= dt(b1)
-        m += np.multiply(g, dt(1 - b1), out=tmp)
-        v *= dt(b2)
-        np.multiply(g, g, out=tmp)
-        tmp *= dt(1 - b2)
-        v += tmp
-        if group["amsgrad"]:
-            np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
-            v = state["max_exp_avg_sq"]
-        bc1 = 1 - b1**t
-        bc2_sqrt = math.sqrt(1 - b2**t)
-        denom = np.sqrt(v, out=tmp)
-        denom /= dt(bc2_sqrt)
-        denom += dt(eps)
-        np.divide(m, denom, out=tmp)  # tmp = m / denom
-        tmp *= dt(lr / bc1)
-        w -= tmp
-
 
 class AdamW(Adam):
     _decoupled = True
@@ -115,3 +58,76 @@ class AdamW(Adam):
         backend: str = "auto",
     ) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, backend)
+
+
+def _init_state(w: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = np.zeros_like(w)
+        state["exp_avg_sq"] = np.zeros_like(w)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = np.zeros_like(w)
+
+
+def _step_numpy(opt: Adam, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+    _init_state(w, state, group)
+    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    if group["maximize"]:
+        g = -g
+    if wd:
+        if opt._decoupled:
+            w *= w.dtype.type(1 - lr * wd)
+        else:
+            g = g + wd * w
+    state["step"] += 1
+    t = state["step"]
+    dt = w.dtype.type
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    tmp = opt.scratch(w)
+    m *= dt(b1)
+    m += np.multiply(g, dt(1 - b1), out=tmp)
+    v *= dt(b2)
+    np.multiply(g, g, out=tmp)
+    tmp *= dt(1 - b2)
+    v += tmp
+    if group["amsgrad"]:
+        np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+        v = state["max_exp_avg_sq"]
+    bc1 = 1 - b1**t
+    bc2_sqrt = math.sqrt(1 - b2**t)
+    denom = np.sqrt(v, out=tmp)
+    denom /= dt(bc2_sqrt)
+    denom += dt(eps)
+    np.divide(m, denom, out=tmp)  # tmp = m / denom
+    tmp *= dt(lr / bc1)
+    w -= tmp
+
+
+def _step_cpp(opt: Adam, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+    """One fused pass (tinylearn._C.optim.adam_step) when the arrays allow it, else the numpy passes."""
+    _init_state(w, state, group)
+    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    vmax = state.get("max_exp_avg_sq", state["exp_avg_sq"])
+    if opt.fused_ok(w, g, state["exp_avg"], state["exp_avg_sq"], vmax):
+        state["step"] += 1
+        opt._fused.adam_step(
+            w,
+            g,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            vmax,
+            lr,
+            b1,
+            b2,
+            eps,
+            wd,
+            state["step"],
+            opt._decoupled,
+            group["amsgrad"],
+            group["maximize"],
+        )
+        return
+    _step_numpy(opt, w, g, state, group)
+
+
+register_step(Adam.op, _step_numpy, _step_cpp)

@@ -1,42 +1,52 @@
 """Optimizer base: parameter groups (dicts with their own hyper-parameters, e.g. ``lr``), per-parameter state.
 
-Updates happen in place on ``p.data`` under no graph recording. Two backends compute the same update:
-"numpy" (several in-place array passes) and "cpp" (one fused pass per parameter, tinylearn._C.autograd; used
-for C-contiguous float32/float64 parameters). ``backend="auto"`` (default) picks cpp when the extension is built.
+Updates happen in place on ``p.data`` under no graph recording. Each optimizer's per-parameter update is one op
+in ``tinylearn.backends`` (``optim.sgd_step``, ``optim.adam_step``) with two backends computing the same update:
+"numpy" (several in-place array passes) and "cpp" (one fused pass per parameter, tinylearn._C.optim; used for
+C-contiguous float32/float64 parameters, the others fall back to the numpy passes). ``backend="auto"`` (default,
+same as None) picks the fastest available, i.e. cpp when the extension is built; "cpu" is an alias of "cpp".
+The backend is resolved once, when the optimizer is built.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from .. import backends
 from ..autograd.tensor import Tensor
 
-
-@functools.cache
-def _cpp_module() -> ModuleType | None:
-    try:
-        from .. import _C
-    except ImportError:
-        return None
-    return getattr(_C, "autograd", None)
+BACKENDS = ("numpy", "cpp")  # the names an optimizer accepts (+ "auto"/None for the fastest, "cpu" for "cpp")
 
 
-_BACKENDS = ("auto", "numpy", "cpp")
+def has_fused_steps() -> bool:
+    """True when tinylearn._C.optim (the fused C++ updates) is built."""
+    return backends.C_available("optim")
+
+
+def register_step(op: str, numpy_fn: Callable[..., None], cpp_fn: Callable[..., None]) -> None:
+    """Register an optimizer's per-parameter update ``fn(opt, w, g, state, group)`` on its two backends."""
+    backends.register(op, "numpy", numpy_fn)
+    backends.register(op, "cpp", cpp_fn, available=has_fused_steps)
 
 
 class Optimizer:
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], backend: str = "auto") -> None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
-        if backend == "cpp" and _cpp_module() is None:
-            raise RuntimeError("backend 'cpp': tinylearn._C.autograd is not built; run tools/build.sh")
-        self._fused = _cpp_module() if backend in ("auto", "cpp") else None
-        self.backend = "cpp" if self._fused is not None else "numpy"
+    op = ""  # the registry op of the per-parameter update; a subclass without one overrides ``_update``
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], backend: str | None = "auto") -> None:
+        if backend == "auto":
+            backend = None
+        elif backend is not None and backends.canonical(backend) not in BACKENDS:
+            raise ValueError(f"backend: expected one of {['auto', *BACKENDS]} (or None), got {backend!r}")
+        if self.op:
+            self.backend, _, self._step_fn = backends.resolve(self.op, backend)
+        elif backend in (None, "numpy"):
+            self.backend, self._step_fn = "numpy", None
+        else:
+            raise ValueError(f"backend: {type(self).__name__} has only a numpy update, got {backend!r}")
+        self._fused = backends.load_C("optim") if self.backend == "cpp" else None
         self.defaults = dict(defaults)
         self.state: dict[Tensor, dict[str, Any]] = {}
         self._scratch: dict[tuple, np.ndarray] = {}
@@ -104,7 +114,9 @@ class Optimizer:
         return buf
 
     def _update(self, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
-        raise RuntimeError(f"{type(self).__name__} must implement _update")
+        if self._step_fn is None:
+            raise RuntimeError(f"{type(self).__name__} must implement _update or set op")
+        self._step_fn(self, w, g, state, group)
 
     def state_dict(self) -> dict[str, Any]:
         index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}

@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, register_step
 
 
 class SGD(Optimizer):
+    op = "optim.sgd_step"
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -45,46 +47,56 @@ class SGD(Optimizer):
             backend=backend,
         )
 
-    def _update(self, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
-        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if self.fused_ok(w, g):
-            buf = state.get("momentum_buffer")
-            first = buf is None
-            if mu and first:
-                buf = state["momentum_buffer"] = np.empty_like(w)
-            if buf is None or self.fused_ok(w, buf):
-                self._fused.sgd_step(
-                    w,
-                    g,
-                    buf if buf is not None else w,
-                    lr,
-                    mu,
-                    group["dampening"],
-                    wd,
-                    group["nesterov"],
-                    group["maximize"],
-                    first,
-                )
-                return
-        dt = w.dtype.type
-        if group["maximize"]:
-            g = -g
-        if wd:
-            g = g + dt(wd) * w
-        if mu:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = np.array(g, dtype=w.dtype, copy=True)
+
+def _step_numpy(opt: Optimizer, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+    lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+    dt = w.dtype.type
+    if group["maximize"]:
+        g = -g
+    if wd:
+        g = g + dt(wd) * w
+    if mu:
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = state["momentum_buffer"] = np.array(g, dtype=w.dtype, copy=True)
+        else:
+            buf *= dt(mu)
+            damp = 1 - group["dampening"]
+            if damp == 1:
+                buf += g
             else:
-                buf *= dt(mu)
-                damp = 1 - group["dampening"]
-                if damp == 1:
-                    buf += g
-                else:
-                    buf += dt(damp) * g
-            if group["nesterov"]:
-                g = g + dt(mu) * buf
-            else:
-                g = buf
-        tmp = np.multiply(g, dt(lr), out=self.scratch(w))
-        w -= tmp
+                buf += dt(damp) * g
+        if group["nesterov"]:
+            g = g + dt(mu) * buf
+        else:
+            g = buf
+    tmp = np.multiply(g, dt(lr), out=opt.scratch(w))
+    w -= tmp
+
+
+def _step_cpp(opt: Optimizer, w: np.ndarray, g: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
+    """One fused pass (tinylearn._C.optim.sgd_step) when the arrays allow it, else the numpy passes."""
+    lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+    if opt.fused_ok(w, g):
+        buf = state.get("momentum_buffer")
+        first = buf is None
+        if mu and first:
+            buf = state["momentum_buffer"] = np.empty_like(w)
+        if buf is None or opt.fused_ok(w, buf):
+            opt._fused.sgd_step(
+                w,
+                g,
+                buf if buf is not None else w,
+                lr,
+                mu,
+                group["dampening"],
+                wd,
+                group["nesterov"],
+                group["maximize"],
+                first,
+            )
+            return
+    _step_numpy(opt, w, g, state, group)
+
+
+register_step(SGD.op, _step_numpy, _step_cpp)

@@ -1,4 +1,4 @@
-// autograd_optim.cpp — fused optimizer updates for tinylearn.optim (one pass over memory instead of 4-8 numpy passes).
+// optim.cpp — tinylearn._C.optim: fused optimizer updates for tinylearn.optim (one pass over memory instead of 4-8 numpy passes).
 //
 // Versions (each checked against torch.optim and the numpy path in tests/test_optim.py):
 //   sgd_step   torch.optim.SGD: g += wd*w; b = mu*b + (1-dampening)*g (b = g on the first step);
@@ -134,7 +134,7 @@ void adam_step(Arr<T> w, Arr<T> g, Arr<T> m, Arr<T> v, Arr<T> vmax, double lr, d
 
 }  // namespace
 
-TL_REGISTER(autograd) {
+TL_REGISTER(optim) {
   m.doc() = "Fused optimizer updates for tinylearn.optim (in place on C-contiguous float32/float64 arrays)";
   m.def("sgd_step", &sgd_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
         py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
