@@ -482,3 +482,23 @@ def test_replay_rejects_bad_traces() -> None:
     with pytest.raises(ValueError, match=r"shape"):
         alloc.replay(np.zeros((3, 3), dtype=np.int64))
     assert alloc.stats()["n_alloc"] == 0
+
+
+def test_backends_registry_and_one_caching_config() -> None:
+    """Allocator cores are registered as memory.<kind> (python, cpp); backend=None takes the fastest built one.
+    The caching allocator's knobs live in one CachingConfig that both cores and allocation_size read."""
+    from tinylearn import backends
+
+    for kind in ("Bump", "FreeList", "Buddy", "Slab", "Caching"):
+        assert backends.registered(f"memory.{kind}") == ["python", "cpp"]
+    assert M.BumpAllocator(4096, backend=None).backend == backends.available("memory.Bump")[0]
+    cfg = M.CachingConfig()
+    assert (cfg.round_to, cfg.small_size, cfg.large_buffer) == (512, 1 << 20, 20 << 20)
+    assert all(M.allocation_size(n) == cfg.segment_size(n) for n in (512, 1 << 20, (1 << 20) + 512, 11 << 20))
+    py, cpp = (
+        M.CachingAllocator(1 << 22, small_buffer=8192),
+        M.CachingAllocator(1 << 22, small_buffer=8192, backend="cpp"),
+    )
+    assert [py.malloc(n) for n in (100, 5000, 3000)] == [cpp.malloc(n) for n in (100, 5000, 3000)]
+    with pytest.raises(ValueError, match="small_buffer"):
+        M.CachingConfig(small_buffer=0)

@@ -11,7 +11,7 @@ CachingAllocator. Planner: plan, lower_bound. Traces: TraceRecorder, random_ops,
 from .base import STAT_KEYS, Allocator, align_up, external_fragmentation
 from .buddy import BuddyAllocator, buddy_of, next_pow2, split_block
 from .bump import BumpAllocator
-from .caching import CachingAllocator, allocation_size, round_size
+from .caching import CachingAllocator, CachingConfig, allocation_size, round_size
 from .freelist import BestFitAllocator, FirstFitAllocator
 from .planner import check_plan, lower_bound, plan, plan_greedy
 from .pooled import TraceRecorder, count_numpy_allocations, pooled
@@ -40,6 +40,7 @@ __all__ = [
     "SlabAllocator",
     "TraceRecorder",
     "align_up",
+    "CachingConfig",
     "allocation_size",
     "buddy_of",
     "check_plan",

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
+
 ARENA_ALIGN = 4096  # the arena base address is page aligned, so offset alignment == address alignment
 
 STAT_KEYS = (
@@ -265,16 +267,25 @@ class Allocator:
 
 def load_cpp() -> Any:
     """tinylearn._C.memory, or RuntimeError explaining why the C++ backend is unavailable."""
-    try:
-        from .. import _C  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise RuntimeError(f"backend='cpp': tinylearn._C is not built ({e}); run tools/build.sh") from e
-    if not hasattr(_C, "memory"):
-        raise RuntimeError("backend='cpp': tinylearn._C has no 'memory' submodule; rebuild with tools/build.sh")
-    return _C.memory
+    return backends.load_C("memory")
 
 
-def check_backend(backend: str) -> str:
-    if backend not in ("python", "cpp"):
-        raise ValueError(f"backend: expected 'python' or 'cpp', got {backend!r}")
-    return backend
+def register_core(kind: str, python_core: Any, cpp_core: Any) -> None:
+    """Register an allocator's two cores as op ``memory.<kind>``: ``python`` (reference) and ``cpp`` (same offsets).
+
+    ``cpp_core(_C.memory, *args)`` builds the C++ core from the Python constructor's arguments."""
+    backends.register(f"memory.{kind}", "python", python_core)
+    backends.register(
+        f"memory.{kind}",
+        "cpp",
+        lambda *args: cpp_core(load_cpp(), *args),
+        available=lambda: backends.C_available("memory"),
+    )
+
+
+def make_core(kind: str, backend: str | None, *args: Any) -> tuple[Any, str]:
+    """(core, backend name) for ``backend="python"|"cpp"`` (None: the fastest built, i.e. cpp when available)."""
+    if backend is not None and backends.canonical(backend) not in ("python", "cpp"):
+        raise ValueError(f"backend: expected 'python' or 'cpp' (or None), got {backend!r}")
+    name, _, factory = backends.resolve(f"memory.{kind}", backend)
+    return factory(*args), name

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..bench import Comparison, Row, Table, measure
 from . import planner
-from .base import STAT_KEYS  # noqa: F401  (documented stats keys)
+from .base import STAT_KEYS, load_cpp  # noqa: F401  (STAT_KEYS: documented stats keys)
 from .buddy import BuddyAllocator, next_pow2
 from .bump import BumpAllocator
 from .caching import CachingAllocator
@@ -90,8 +90,8 @@ def glibc_mmap_seconds(ops: np.ndarray, repeat: int = 7) -> float | None:
         path = os.path.join(d, "ops.npy")
         np.save(path, ops)
         code = (
-            "import sys, numpy as np; from tinylearn import _C; ops = np.load(sys.argv[1]); "
-            f"ts = sorted(_C.memory.malloc_replay(ops) for _ in range({repeat})); print(ts[len(ts) // 2])"
+            "import sys, numpy as np; from tinylearn.backends import load_C; ops = np.load(sys.argv[1]); "
+            f"ts = sorted(load_C('memory').malloc_replay(ops) for _ in range({repeat})); print(ts[len(ts) // 2])"
         )
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
         try:
@@ -124,8 +124,6 @@ def _torch_empty(torch: Any) -> Callable[[int], Any]:
 def latency_table(full: bool = False, progress: Any = None) -> Table:
     import torch
 
-    from .. import _C
-
     n_pairs = 20_000 if full else 2_000
     cmp = Comparison(
         "memory: malloc+free pair latency", baseline="torch.empty", warmup=2, repeat=7 if full else 5, progress=progress
@@ -146,7 +144,7 @@ def latency_table(full: bool = False, progress: Any = None) -> Table:
                 ("torch.empty", _object_replay(ops, _torch_empty(torch), _drop), "py loop"),
                 ("numpy.empty", _object_replay(ops, _numpy_empty, _drop), "py loop"),
                 ("glibc malloc", _object_replay(ops, libc.malloc, libc.free), "py loop (ctypes)"),
-                ("glibc malloc C++", partial(_C.memory.malloc_replay, ops), "C++ loop"),
+                ("glibc malloc C++", partial(load_cpp().malloc_replay, ops), "C++ loop"),
             ]
             for impl, fn, how in fns:
                 _add(c, impl, fn, how, pairs)

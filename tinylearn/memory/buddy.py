@@ -16,9 +16,7 @@ and no bytes are lost on the first allocation. Internal fragmentation = rounding
 
 from __future__ import annotations
 
-from typing import Any
-
-from .base import Allocator, PyCore, check_backend, check_power_of_two, load_cpp
+from .base import Allocator, PyCore, check_power_of_two, make_core, register_core
 
 
 def next_pow2(n: int) -> int:
@@ -103,14 +101,12 @@ class PyBuddy(PyCore):
         return sorted((o, s) for s, offs in self.free_lists.items() for o in offs)
 
 
+register_core("Buddy", PyBuddy, lambda C, *a: C.Buddy(*a))
+
+
 class BuddyAllocator(Allocator):
     """Binary buddy allocator over ``capacity`` bytes with blocks of at least ``min_block`` bytes."""
 
     def __init__(self, capacity: int, min_block: int = 256, backend: str = "python") -> None:
-        core: Any = (
-            PyBuddy(capacity, min_block)
-            if check_backend(backend) == "python"
-            else load_cpp().Buddy(capacity, min_block)
-        )
-        super().__init__(core, backend)
+        super().__init__(*make_core("Buddy", backend, capacity, min_block))
         self.min_block = int(min_block)

@@ -11,9 +11,7 @@ but unusable, so external fragmentation = 1 - (capacity - top) / (capacity - all
 
 from __future__ import annotations
 
-from typing import Any
-
-from .base import Allocator, PyCore, align_up, check_backend, load_cpp
+from .base import Allocator, PyCore, align_up, make_core, register_core
 
 
 class PyBump(PyCore):
@@ -52,14 +50,14 @@ class PyBump(PyCore):
         return [(self.top, self.capacity - self.top)] if self.top < self.capacity else []
 
 
+register_core("Bump", PyBump, lambda C, *a: C.Bump(*a))
+
+
 class BumpAllocator(Allocator):
     """Linear allocator over an arena of ``capacity`` bytes; see the module docstring."""
 
     def __init__(self, capacity: int, alignment: int = 64, backend: str = "python") -> None:
-        core: Any = (
-            PyBump(capacity, alignment) if check_backend(backend) == "python" else load_cpp().Bump(capacity, alignment)
-        )
-        super().__init__(core, backend)
+        super().__init__(*make_core("Bump", backend, capacity, alignment))
 
     def reset(self) -> None:
         """Invalidate every live offset; the whole arena is free again."""

@@ -30,7 +30,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Allocator, align_up, check_backend, check_int, external_fragmentation, load_cpp
+from .base import Allocator, align_up, check_int, external_fragmentation, make_core, register_core
 from .freelist import PyFreeList
 
 MiB = 1 << 20
@@ -41,20 +41,39 @@ def round_size(nbytes: int, round_to: int = 512) -> int:
     return round_to if nbytes < round_to else align_up(nbytes, round_to)
 
 
-def allocation_size(
-    size: int,
-    small_size: int = MiB,
-    small_buffer: int = 2 * MiB,
-    large_buffer: int = 20 * MiB,
-    min_large_alloc: int = 10 * MiB,
-    round_large: int = 2 * MiB,
-) -> int:
-    """Segment size requested from the device ("cudaMalloc") for a rounded request of ``size`` bytes."""
-    if size <= small_size:
-        return small_buffer
-    if size < min_large_alloc:
-        return large_buffer
-    return align_up(size, round_large)
+@dataclass(frozen=True)
+class CachingConfig:
+    """The caching allocator's knobs with PyTorch's defaults: the one place they are written (the Python core,
+    the C++ core's arguments and ``allocation_size`` all read this)."""
+
+    round_to: int = 512
+    small_size: int = MiB
+    small_buffer: int = 2 * MiB
+    large_buffer: int = 20 * MiB
+    min_large_alloc: int = 10 * MiB
+    round_large: int = 2 * MiB
+    max_split_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("small_size", "small_buffer", "large_buffer", "min_large_alloc", "round_large"):
+            if check_int(name, getattr(self, name)) <= 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+
+    def segment_size(self, size: int) -> int:
+        """Segment size requested from the device ("cudaMalloc") for a rounded request of ``size`` bytes."""
+        if size <= self.small_size:
+            return self.small_buffer
+        if size < self.min_large_alloc:
+            return self.large_buffer
+        return align_up(size, self.round_large)
+
+
+DEFAULT = CachingConfig()
+
+
+def allocation_size(size: int, **config: int) -> int:
+    """Segment size for a rounded request of ``size`` bytes (keywords override ``CachingConfig`` fields)."""
+    return CachingConfig(**config).segment_size(size)
 
 
 @dataclass(eq=False)
@@ -77,25 +96,12 @@ class Block:
 class PyCaching:
     """Python reference core of CachingAllocator (same decisions, same offsets as the C++ core)."""
 
-    def __init__(
-        self,
-        capacity: int,
-        round_to: int = 512,
-        small_size: int = MiB,
-        small_buffer: int = 2 * MiB,
-        large_buffer: int = 20 * MiB,
-        min_large_alloc: int = 10 * MiB,
-        round_large: int = 2 * MiB,
-        max_split_size: int | None = None,
-    ) -> None:
-        self.device = PyFreeList(capacity, round_to)  # validates capacity and round_to (power of two)
-        self.capacity, self.alignment, self.round_to = self.device.capacity, round_to, round_to
-        self.small_size, self.small_buffer, self.large_buffer = small_size, small_buffer, large_buffer
-        self.min_large_alloc, self.round_large = min_large_alloc, round_large
-        self.max_split_size = max_split_size if max_split_size is not None else (1 << 62)
-        for name in ("small_size", "small_buffer", "large_buffer", "min_large_alloc", "round_large"):
-            if check_int(name, getattr(self, name)) <= 0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+    def __init__(self, capacity: int, config: CachingConfig = DEFAULT) -> None:
+        self.device = PyFreeList(capacity, config.round_to)  # validates capacity and round_to (power of two)
+        self.config = config
+        self.capacity, self.alignment, self.round_to = self.device.capacity, config.round_to, config.round_to
+        self.small_size, self.large_buffer = config.small_size, config.large_buffer
+        self.max_split_size = config.max_split_size if config.max_split_size is not None else (1 << 62)
         self.pools: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # sorted keys of free blocks
         self.blocks: dict[int, Block] = {}  # offset -> block (free or allocated)
         self.live: dict[int, Block] = {}
@@ -147,9 +153,7 @@ class PyCaching:
                     self.n_segment_free += 1
 
     def _new_segment(self, n: int, size: int, small: bool, stream: int) -> Block:
-        seg = allocation_size(
-            size, self.small_size, self.small_buffer, self.large_buffer, self.min_large_alloc, self.round_large
-        )
+        seg = self.config.segment_size(size)
         seg = min(seg, self.capacity // self.round_to * self.round_to)  # an arena smaller than one segment
         try:
             off = self.device.malloc(seg)
@@ -301,6 +305,16 @@ class PyCaching:
         }
 
 
+def _cpp_caching(C: Any, capacity: int, c: CachingConfig) -> Any:
+    m = -1 if c.max_split_size is None else c.max_split_size
+    return C.Caching(
+        capacity, c.round_to, c.small_size, c.small_buffer, c.large_buffer, c.min_large_alloc, c.round_large, m
+    )
+
+
+register_core("Caching", PyCaching, _cpp_caching)
+
+
 class CachingAllocator(Allocator):
     """PyTorch-style caching allocator over an arena of ``capacity`` bytes; see the module docstring.
 
@@ -311,21 +325,19 @@ class CachingAllocator(Allocator):
     def __init__(
         self,
         capacity: int,
-        round_to: int = 512,
-        small_size: int = MiB,
-        small_buffer: int = 2 * MiB,
-        large_buffer: int = 20 * MiB,
-        min_large_alloc: int = 10 * MiB,
-        round_large: int = 2 * MiB,
-        max_split_size: int | None = None,
+        round_to: int = DEFAULT.round_to,
+        small_size: int = DEFAULT.small_size,
+        small_buffer: int = DEFAULT.small_buffer,
+        large_buffer: int = DEFAULT.large_buffer,
+        min_large_alloc: int = DEFAULT.min_large_alloc,
+        round_large: int = DEFAULT.round_large,
+        max_split_size: int | None = DEFAULT.max_split_size,
         backend: str = "python",
     ) -> None:
-        args = (capacity, round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large)
-        if check_backend(backend) == "python":
-            core: Any = PyCaching(*args, max_split_size)
-        else:
-            core = load_cpp().Caching(*args, -1 if max_split_size is None else max_split_size)
-        super().__init__(core, backend)
+        config = CachingConfig(
+            round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large, max_split_size
+        )
+        super().__init__(*make_core("Caching", backend, capacity, config))
         self.round_to = int(round_to)
 
     def malloc(self, nbytes: int, stream: int = 0) -> int:  # replaced per instance in __init__

@@ -15,9 +15,8 @@ MemoryError when no hole fits; the message says whether that is lack of memory o
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
-from .base import Allocator, PyCore, align_up, check_backend, load_cpp
+from .base import Allocator, PyCore, align_up, make_core, register_core
 
 
 def first_fit(holes: list[tuple[int, int]], size: int) -> tuple[int | None, list[tuple[int, int]]]:
@@ -99,18 +98,16 @@ class PyFreeList(PyCore):
         return [(o, self.holes[o]) for o in self.starts]
 
 
+register_core("FreeList", PyFreeList, lambda C, *a: C.FreeList(*a))
+
+
 class FirstFitAllocator(Allocator):
     """First-fit free list with coalescing over an arena of ``capacity`` bytes."""
 
     best_fit = False
 
     def __init__(self, capacity: int, alignment: int = 64, backend: str = "python") -> None:
-        core: Any = (
-            PyFreeList(capacity, alignment, self.best_fit)
-            if check_backend(backend) == "python"
-            else load_cpp().FreeList(capacity, alignment, self.best_fit)
-        )
-        super().__init__(core, backend)
+        super().__init__(*make_core("FreeList", backend, capacity, alignment, self.best_fit))
 
 
 class BestFitAllocator(FirstFitAllocator):

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from .base import load_cpp
+
 
 class _Block:
     """Owner of one allocator block; numpy arrays built from it keep it (and the arena) alive."""
@@ -102,9 +104,8 @@ class NumpyHandlerStats:
         self._handler = handler
 
     def stats(self) -> dict[str, int]:
-        from .. import _C  # type: ignore[attr-defined]
 
-        return dict(_C.memory.handler_stats(self._handler))
+        return dict(load_cpp().handler_stats(self._handler))
 
     def __getattr__(self, name: str) -> int:
         if name in ("n_malloc", "n_free", "n_fallback", "n_system"):
@@ -114,20 +115,18 @@ class NumpyHandlerStats:
 
 @contextlib.contextmanager
 def _numpy_handler(handler: Any) -> Iterator[NumpyHandlerStats]:
-    from .. import _C  # type: ignore[attr-defined]
 
-    prev = _C.memory.set_numpy_handler(handler)
+    prev = load_cpp().set_numpy_handler(handler)
     try:
         yield NumpyHandlerStats(handler)
     finally:
-        _C.memory.set_numpy_handler(prev)
+        load_cpp().set_numpy_handler(prev)
 
 
 def count_numpy_allocations() -> contextlib.AbstractContextManager[NumpyHandlerStats]:
     """Context manager: numpy data allocations go to glibc malloc as usual but are counted (``.n_malloc``)."""
-    from .. import _C  # type: ignore[attr-defined]
 
-    return _numpy_handler(_C.memory.counting_numpy_handler())
+    return _numpy_handler(load_cpp().counting_numpy_handler())
 
 
 @contextlib.contextmanager
@@ -145,9 +144,8 @@ def pooled(alloc: Any, numpy: bool = False) -> Iterator[Any]:
 
         if not isinstance(alloc, CachingAllocator) or alloc.backend != "cpp":
             raise TypeError(f"alloc: numpy=True needs CachingAllocator(backend='cpp'), got {alloc!r}")
-        from .. import _C  # type: ignore[attr-defined]
 
-        with _numpy_handler(_C.memory.numpy_handler(alloc._core)) as counters:
+        with _numpy_handler(load_cpp().numpy_handler(alloc._core)) as counters:
             yield counters
         return
     hook = PoolHook(alloc)
@@ -193,9 +191,7 @@ class TraceRecorder:
 
     def __enter__(self) -> TraceRecorder:
         if self.level == "numpy":
-            from .. import _C  # type: ignore[attr-defined]
-
-            self._handler = _C.memory.recording_numpy_handler()
+            self._handler = load_cpp().recording_numpy_handler()
             self._ctx = _numpy_handler(self._handler)
             self._ctx.__enter__()
         else:
@@ -204,10 +200,8 @@ class TraceRecorder:
 
     def __exit__(self, *exc: object) -> None:
         if self.level == "numpy":
-            from .. import _C  # type: ignore[attr-defined]
-
             self._ctx.__exit__(*exc)
-            rows = [tuple(r) for r in _C.memory.handler_trace(self._handler).tolist()]
+            rows = [tuple(r) for r in load_cpp().handler_trace(self._handler).tolist()]
             n = sum(1 for op, _ in rows if op == 0)
             freed = {arg for op, arg in rows if op == 1}
             self._ops = rows + [(1, i) for i in range(n) if i not in freed]  # type: ignore[misc]

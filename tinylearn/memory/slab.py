@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from .base import Allocator, PyCore, align_up, check_backend, check_int, load_cpp
+from .base import Allocator, PyCore, align_up, check_int, make_core, register_core
 
 
 class PySlab(PyCore):
@@ -123,6 +123,9 @@ class PySlab(PyCore):
         return sorted(out)
 
 
+register_core("Slab", PySlab, lambda C, sizes, *a: C.Slab([check_int("sizes", s) for s in sizes], *a))
+
+
 class SlabAllocator(Allocator):
     """Size-class allocator: ``sizes`` are the object sizes served; see the module docstring."""
 
@@ -134,10 +137,7 @@ class SlabAllocator(Allocator):
         alignment: int = 16,
         backend: str = "python",
     ) -> None:
-        if check_backend(backend) == "python":
-            core: Any = PySlab(sizes, capacity, slab_size, alignment)
-        else:
-            core = load_cpp().Slab([check_int("sizes", s) for s in sizes], capacity, slab_size, alignment)
-        super().__init__(core, backend)
+        core, name = make_core("Slab", backend, sizes, capacity, slab_size, alignment)
+        super().__init__(core, name)
         self.classes = list(core.classes)
         self.slab_size = int(slab_size)
