@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd import Function, Tensor
-from .dtypes import float32, is_floating, low_dtype
+from .dtypes import float16, float32, is_floating, low_dtype
 
 # torch aten op -> tinylearn Function class name
 LOWER_PRECISION_OPS: dict[str, str] = {
@@ -52,6 +52,9 @@ FP32_OPS: dict[str, str] = {
     "log": "Log",
     "pow": "Pow",
 }
+# lower-precision ops whose tinylearn kernels only take fp32: inputs are rounded to the low dtype, the op runs in
+# fp32 on those values and the output is rounded (same numbers as a low-precision kernel with fp32 accumulation)
+EMULATED_OPS = frozenset({"Conv2dFunction"})
 _CATEGORY: dict[str, str] = {
     **{v: "lower" for v in LOWER_PRECISION_OPS.values()},
     **{v: "fp32" for v in FP32_OPS.values()},
@@ -107,6 +110,10 @@ def autocast_hook(cls: type, args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     target = dt if cat == "lower" else float32
     new_args = tuple(_cast(a, target) for a in args)
+    if cat == "lower" and (cls.__name__ in EMULATED_OPS or dt == float16):
+        # no low-precision kernel here (conv backends take fp32; numpy's fp16 matmul has no BLAS): compute in fp32
+        # on the rounded inputs -- exact products, fp32 accumulation, like torch's CPU kernels -- then round once
+        new_args = tuple(_cast(a, float32) for a in new_args)
     _State.inside = True
     try:
         out = cls.apply(*new_args, **kwargs)

@@ -6,6 +6,7 @@ vector-Jacobian product (``Function.backward``) and the engine applies them in r
 """
 
 from . import dual
+from .checkpoint import checkpoint, checkpoint_sequential, recompute_count, reset_recompute_count
 from .dual import Dual, jvp
 from .engine import topo_sort
 from .factory import (
@@ -31,6 +32,10 @@ from .tensor import Tensor
 
 __all__ = [
     "Tensor",
+    "checkpoint",
+    "checkpoint_sequential",
+    "recompute_count",
+    "reset_recompute_count",
     "Function",
     "Dual",
     "dual",

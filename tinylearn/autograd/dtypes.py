@@ -23,8 +23,17 @@ DTYPES: dict[str, type] = {
 }
 
 
+def is_floating(dtype: np.dtype) -> bool:
+    """Floating for autograd: numpy floats and ml_dtypes' bfloat16 (whose numpy kind is 'V')."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def as_dtype(dtype: Any) -> np.dtype:
-    """A numpy dtype from a dtype, a numpy type or one of the names in ``DTYPES``."""
+    """A numpy dtype from a dtype, a numpy type or one of the names in ``DTYPES`` ('bfloat16': ml_dtypes)."""
+    if dtype in ("bfloat16", "bf16"):
+        import ml_dtypes  # imported on first use: keeps ``import tinylearn`` light
+
+        return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
 
 

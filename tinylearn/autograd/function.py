@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+_autocast_hook: Any = None  # tinylearn.amp.autocast installs (cls, args, kwargs) -> outputs | NotImplemented
+
 
 class _GradMode:
     """Global switch read by ``Function.apply`` (``tl.no_grad()`` flips it). Anomaly mode lives here too."""
@@ -116,6 +118,10 @@ class Function:
     # -- graph construction ---------------------------------------------------------------------------------
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        if _autocast_hook is not None:  # the one autocast entry point: casts inputs/outputs of listed ops
+            out = _autocast_hook(cls, args, kwargs)
+            if out is not NotImplemented:
+                return out
         ctx = cls()
         arrays = []
         needs = []

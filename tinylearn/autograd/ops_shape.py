@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .dtypes import is_floating
 from .function import Function, unbroadcast
 from .ops_reduce import norm_axes
 
@@ -184,4 +185,4 @@ class Cast(Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g.astype(ctx.src) if ctx.src.kind == "f" else None
+        return g.astype(ctx.src) if is_floating(ctx.src) else None

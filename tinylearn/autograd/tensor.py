@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import storage as _storage
-from .dtypes import as_array, as_dtype
+from .dtypes import as_array, as_dtype, is_floating
 from .function import Function, _GradMode
 from .methods import TensorMethods, _unwrap_index
 from .storage import get_storage_hook, set_storage_hook  # noqa: F401  (re-exported: memory.pooled uses them here)
@@ -64,7 +64,7 @@ class Tensor(TensorMethods):
         t.grad = None
         t._hooks = None
         t._idx = idx
-        if requires_grad and arr.dtype.kind == "f":
+        if requires_grad and is_floating(arr.dtype):
             t._rg, t._ctx = True, ctx
         else:
             t._rg, t._ctx = False, None
@@ -77,7 +77,7 @@ class Tensor(TensorMethods):
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
-        if value and self.data.dtype.kind not in "fc":
+        if value and not (is_floating(self.data.dtype) or self.data.dtype.kind == "c"):
             raise TypeError(
                 f"requires_grad: only floating point tensors can require gradients, got dtype {self.data.dtype}"
             )
@@ -162,6 +162,17 @@ class Tensor(TensorMethods):
 
     def long(self) -> Tensor:
         return self.astype(np.int64)
+
+    def half(self) -> Tensor:
+        return self.astype(np.float16)
+
+    def bfloat16(self) -> Tensor:
+        return self.astype("bfloat16")
+
+    def to(self, dtype: Any) -> Tensor:
+        """Differentiable cast, e.g. ``t.to("bfloat16")`` (no devices here: dtype only); self if unchanged."""
+        dt = as_dtype(dtype)
+        return self if dt == self.data.dtype else self.astype(dt)
 
     def __repr__(self) -> str:
         extra = ""

@@ -110,7 +110,6 @@ def estimate(
     params = list(model.parameters())
     scale = _ITEMSIZE[dtype] / 4
     n_param_bytes = int(sum(p.data.size for p in params) * _ITEMSIZE[dtype])
-    largest_param = int(max((p.data.size for p in params), default=0) * _ITEMSIZE[dtype])
     exclude = {id(_base(p.data)) for p in params}
     x = autograd.zeros(*input_shape)
     loss_fn = loss or (lambda out: F.cross_entropy(out, autograd.Tensor(np.zeros(out.shape[0], np.int64))))
