@@ -31,6 +31,7 @@ _SUBPACKAGES = (
     "kernels",
     "dist",
     "memory",
+    "gemm",
     "amp",
     "bench",
     "testing",

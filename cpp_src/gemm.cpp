@@ -1,0 +1,618 @@
+// gemm.cpp — C = A @ B from the textbook loop to a BLIS-style packed SIMD kernel (tinylearn._C.gemm).
+//
+// The ladder (each step keeps the previous step's idea and adds one; all take any strides, fp32 or fp64):
+//   naive     i-j-k triple loop: the inner k loop walks B down a column (stride N), one cache line per FMA
+//   ikj       loop order i-k-j: the inner loop streams a row of B and a row of C (unit stride, vectorisable)
+//   blocked   ikj over KC x NC blocks of B and MC rows of A so the working set stays in L2 (cache blocking)
+//   packed    BLIS loops: copy an MC x KC block of A and a KC x NC panel of B into contiguous micro-panels
+//             (MR rows / NR columns interleaved, zero-padded) then a portable C++ MR x NR micro-kernel
+//   simd      the same packing with a hand-written register-blocked micro-kernel: MR x NR accumulators held in
+//             vector registers, one broadcast of A and NR/lanes loads of B per k, FMA (AVX2 6x16 / AVX-512
+//             6x32 for fp32; 6x8 / 6x16 for fp64); runtime ISA dispatch, a scalar kernel as the fallback
+//   parallel  simd + OpenMP: threads share the packed B panel and split the MC row blocks (macro-tiles) of C
+// ISA dispatch: the best of avx512 > avx2 > scalar this CPU has; TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 (or the
+// isa= argument) forces one (ValueError when the CPU lacks it). The SIMD kernels are compiled with
+// __attribute__((target(...))) so a portable build still contains them.
+// Also here: fma_peak (register-only FMA loop: the compute roof), pack_a / pack_b (exposed for the tests).
+// Checked against numpy in tests/test_gemm.py.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "registry.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// TODO: switch to tl::cpu_has from cpu_features.h once that header lands (it did not exist when this was written).
+bool cpu_has(const std::string& f) {
+  __builtin_cpu_init();
+  if (f == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (f == "avx512") return __builtin_cpu_supports("avx512f");
+  return f == "scalar";
+}
+
+std::string best_isa() { return cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "scalar"; }
+
+// "auto": TINYLEARN_CPU_FEATURES if set, else the best this CPU has.
+std::string pick_isa(const std::string& requested) {
+  std::string isa = requested, source = "isa";
+  if (isa == "auto") {
+    const char* env = std::getenv("TINYLEARN_CPU_FEATURES");
+    if (env && *env) {
+      isa = env;
+      source = "TINYLEARN_CPU_FEATURES";
+      for (auto& ch : isa) ch = char(std::tolower(ch));
+    } else {
+      return best_isa();
+    }
+  }
+  if (isa != "scalar" && isa != "avx2" && isa != "avx512")
+    tl::value_error("gemm: " + source + "='" + isa + "' is not one of auto, scalar, avx2, avx512");
+  if (!cpu_has(isa)) tl::value_error("gemm: " + source + "='" + isa + "' but this CPU does not support " + isa);
+  return isa;
+}
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// A strided view of a matrix: element (i, j) is p[i*rs + j*cs] (strides in elements, may be negative).
+template <class T>
+struct View {
+  const T* p;
+  ssize_t rs, cs;
+  T operator()(ssize_t i, ssize_t j) const { return p[i * rs + j * cs]; }
+};
+
+struct Dims {
+  ssize_t M, N, K;
+};
+
+// ------------------------------------------------------------------------------------------- 1-3: plain loops
+// naive: C[i,j] = sum_k A[i,k] B[k,j], inner loop over k (B column walk: a new cache line every iteration).
+template <class T>
+void gemm_naive(View<T> A, View<T> B, T* C, Dims d) {
+  for (ssize_t i = 0; i < d.M; ++i)
+    for (ssize_t j = 0; j < d.N; ++j) {
+      T acc = 0;
+      for (ssize_t k = 0; k < d.K; ++k) acc += A(i, k) * B(k, j);
+      C[i * d.N + j] = acc;
+    }
+}
+
+// c[0:n] += a * b[0:n*bs:bs]; the unit-stride case is a separate loop so the compiler vectorises it.
+template <class T>
+inline void axpy(ssize_t n, T a, const T* b, ssize_t bs, T* c) {
+  if (bs == 1) {
+    for (ssize_t j = 0; j < n; ++j) c[j] += a * b[j];
+  } else {
+    for (ssize_t j = 0; j < n; ++j) c[j] += a * b[j * bs];
+  }
+}
+
+// ikj: for each (i, k) stream row k of B into row i of C (unit stride when B is row-major).
+template <class T>
+void gemm_ikj(View<T> A, View<T> B, T* C, Dims d) {
+  std::fill(C, C + d.M * d.N, T(0));
+  for (ssize_t i = 0; i < d.M; ++i)
+    for (ssize_t k = 0; k < d.K; ++k) axpy(d.N, A(i, k), B.p + k * B.rs, B.cs, C + i * d.N);
+}
+
+// blocked: ikj restricted to an MC x KC block of A times a KC x NC block of B, so B's block (KC*NC elements) is
+// reused from L2 by all MC rows instead of streaming from memory once per row.
+template <class T>
+void gemm_blocked(View<T> A, View<T> B, T* C, Dims d) {
+  constexpr ssize_t MC = 64, KC = 256, NC = 512;
+  std::fill(C, C + d.M * d.N, T(0));
+  for (ssize_t jc = 0; jc < d.N; jc += NC) {
+    const ssize_t nc = std::min(NC, d.N - jc);
+    for (ssize_t pc = 0; pc < d.K; pc += KC) {
+      const ssize_t kc = std::min(KC, d.K - pc);
+      for (ssize_t ic = 0; ic < d.M; ic += MC) {
+        const ssize_t mc = std::min(MC, d.M - ic);
+        for (ssize_t i = ic; i < ic + mc; ++i)
+          for (ssize_t k = pc; k < pc + kc; ++k) axpy(nc, A(i, k), B.p + k * B.rs + jc * B.cs, B.cs, C + i * d.N + jc);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- 4: packing
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+template <class T>
+std::unique_ptr<T[], AlignedFree> aligned_buffer(size_t n) {
+  size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+  void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+  if (!p) throw std::bad_alloc();
+  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(p));
+}
+
+// pack_a: rows [i0, i0+mc) x cols [p0, p0+kc) of A into ceil(mc/MR) micro-panels; panel r holds, for each k,
+// the MR values A[i0+r*MR : i0+r*MR+MR, p0+k] next to each other (rows past mc are zero). The micro-kernel then
+// reads A with unit stride: MR scalars per k.
+template <class T>
+void pack_a(View<T> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, T* dst) {
+  for (ssize_t r = 0; r < mc; r += MR) {
+    const ssize_t rows = std::min(MR, mc - r);
+    for (ssize_t k = 0; k < kc; ++k) {
+      for (ssize_t ii = 0; ii < rows; ++ii) dst[ii] = A(i0 + r + ii, p0 + k);
+      for (ssize_t ii = rows; ii < MR; ++ii) dst[ii] = T(0);
+      dst += MR;
+    }
+  }
+}
+
+// pack_b: rows [p0, p0+kc) x cols [j0, j0+nc) of B into ceil(nc/NR) micro-panels; panel c holds, for each k,
+// B[p0+k, j0+c*NR : j0+c*NR+NR] contiguous (columns past nc are zero): NR/lanes aligned vector loads per k.
+template <class T>
+void pack_b(View<T> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, T* dst) {
+  for (ssize_t c = 0; c < nc; c += NR) {
+    const ssize_t cols = std::min(NR, nc - c);
+    for (ssize_t k = 0; k < kc; ++k) {
+      const T* src = B.p + (p0 + k) * B.rs + (j0 + c) * B.cs;
+      if (B.cs == 1) {
+        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = src[jj];
+      } else {
+        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = src[jj * B.cs];
+      }
+      for (ssize_t jj = cols; jj < NR; ++jj) dst[jj] = T(0);
+      dst += NR;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------- micro-kernels
+// Contract: c[i*ldc + j] += sum_k a[k*MR + i] * b[k*NR + j] for the full MR x NR tile (a, b packed, b 64-byte
+// aligned). Edge tiles go through a zeroed MR x NR scratch tile (see macro_kernel).
+using UkrF = void (*)(ssize_t, const float*, const float*, float*, ssize_t);
+using UkrD = void (*)(ssize_t, const double*, const double*, double*, ssize_t);
+
+// portable kernel ("packed"): plain loops over a local accumulator tile; the compiler vectorises what it can.
+template <class T, int MR, int NR>
+void ukr_generic(ssize_t kc, const T* a, const T* b, T* c, ssize_t ldc) {
+  T acc[MR][NR] = {};
+  for (ssize_t k = 0; k < kc; ++k, a += MR, b += NR)
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] += a[i] * b[j];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) c[i * ldc + j] += acc[i][j];
+}
+
+// scalar kernel ("simd" with isa=scalar): the same loops with auto-vectorisation switched off — the honest
+// one-FLOP-at-a-time baseline for the SIMD kernels.
+template <class T, int MR, int NR>
+__attribute__((optimize("no-tree-vectorize"))) void ukr_scalar(ssize_t kc, const T* a, const T* b, T* c,
+                                                                ssize_t ldc) {
+  T acc[MR][NR] = {};
+  for (ssize_t k = 0; k < kc; ++k, a += MR, b += NR)
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[i][j] += a[i] * b[j];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) c[i * ldc + j] += acc[i][j];
+}
+
+// The SIMD micro-kernel body, shared by the four ISA/dtype kernels below: 6 rows x 2 vectors of accumulators as
+// 12 named registers (an array of vectors would be kept in memory by GCC), per k one broadcast of each A value and
+// two aligned loads of B, 12 FMAs; at the end C += the accumulators (unaligned loads/stores: any ldc).
+#define TL_UKR_ROW(i)         \
+  ai = BCAST(a + i);          \
+  c##i##0 = FMA(ai, b0, c##i##0); \
+  c##i##1 = FMA(ai, b1, c##i##1);
+#define TL_UKR_STORE(i)                                              \
+  STOREU(c + i * ldc, ADD(LOADU(c + i * ldc), c##i##0));            \
+  STOREU(c + i * ldc + LANES, ADD(LOADU(c + i * ldc + LANES), c##i##1));
+#define TL_UKR_BODY                                                                                 \
+  VEC c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(), c21 = ZERO();           \
+  VEC c30 = ZERO(), c31 = ZERO(), c40 = ZERO(), c41 = ZERO(), c50 = ZERO(), c51 = ZERO();           \
+  for (ssize_t k = 0; k < kc; ++k, a += 6, b += 2 * LANES) {                                        \
+    const VEC b0 = LOAD(b), b1 = LOAD(b + LANES);                                                   \
+    VEC ai;                                                                                         \
+    TL_UKR_ROW(0) TL_UKR_ROW(1) TL_UKR_ROW(2) TL_UKR_ROW(3) TL_UKR_ROW(4) TL_UKR_ROW(5)             \
+  }                                                                                                 \
+  TL_UKR_STORE(0) TL_UKR_STORE(1) TL_UKR_STORE(2) TL_UKR_STORE(3) TL_UKR_STORE(4) TL_UKR_STORE(5)
+
+// AVX2 fp32 6x16: 12 ymm accumulators + 2 ymm of B + 1 broadcast of A = 15 of 16 registers; 12 FMAs per k.
+__attribute__((target("avx2,fma"))) void ukr_avx2_f32(ssize_t kc, const float* a, const float* b, float* c,
+                                                       ssize_t ldc) {
+#define VEC __m256
+#define LANES 8
+#define ZERO _mm256_setzero_ps
+#define LOAD _mm256_load_ps
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define BCAST _mm256_broadcast_ss
+#define FMA _mm256_fmadd_ps
+#define ADD _mm256_add_ps
+  TL_UKR_BODY
+#undef VEC
+#undef LANES
+#undef ZERO
+#undef LOAD
+#undef LOADU
+#undef STOREU
+#undef BCAST
+#undef FMA
+#undef ADD
+}
+
+// AVX2 fp64 6x8: the same register budget with 4 lanes.
+__attribute__((target("avx2,fma"))) void ukr_avx2_f64(ssize_t kc, const double* a, const double* b, double* c,
+                                                       ssize_t ldc) {
+#define VEC __m256d
+#define LANES 4
+#define ZERO _mm256_setzero_pd
+#define LOAD _mm256_load_pd
+#define LOADU _mm256_loadu_pd
+#define STOREU _mm256_storeu_pd
+#define BCAST _mm256_broadcast_sd
+#define FMA _mm256_fmadd_pd
+#define ADD _mm256_add_pd
+  TL_UKR_BODY
+#undef VEC
+#undef LANES
+#undef ZERO
+#undef LOAD
+#undef LOADU
+#undef STOREU
+#undef BCAST
+#undef FMA
+#undef ADD
+}
+
+// AVX-512 fp32 6x32: 12 zmm accumulators (of 32 registers), 16 lanes.
+__attribute__((target("avx512f"))) void ukr_avx512_f32(ssize_t kc, const float* a, const float* b, float* c,
+                                                        ssize_t ldc) {
+#define VEC __m512
+#define LANES 16
+#define ZERO _mm512_setzero_ps
+#define LOAD _mm512_load_ps
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+#define BCAST(p) _mm512_set1_ps(*(p))
+#define FMA _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+  TL_UKR_BODY
+#undef VEC
+#undef LANES
+#undef ZERO
+#undef LOAD
+#undef LOADU
+#undef STOREU
+#undef BCAST
+#undef FMA
+#undef ADD
+}
+
+// AVX-512 fp64 6x16.
+__attribute__((target("avx512f"))) void ukr_avx512_f64(ssize_t kc, const double* a, const double* b, double* c,
+                                                        ssize_t ldc) {
+#define VEC __m512d
+#define LANES 8
+#define ZERO _mm512_setzero_pd
+#define LOAD _mm512_load_pd
+#define LOADU _mm512_loadu_pd
+#define STOREU _mm512_storeu_pd
+#define BCAST(p) _mm512_set1_pd(*(p))
+#define FMA _mm512_fmadd_pd
+#define ADD _mm512_add_pd
+  TL_UKR_BODY
+#undef VEC
+#undef LANES
+#undef ZERO
+#undef LOAD
+#undef LOADU
+#undef STOREU
+#undef BCAST
+#undef FMA
+#undef ADD
+}
+
+// A micro-kernel with its tile shape and cache-block sizes. KC x NR of B (16 KB for fp32 6x16) stays in L1 while
+// the MR x KC sliver of A streams; the MC x KC block of A (~150 KB) lives in L2; the KC x NC panel of B in L3.
+template <class T>
+struct Kernel {
+  void (*ukr)(ssize_t, const T*, const T*, T*, ssize_t);
+  ssize_t MR, NR, KC, MC, NC;
+};
+
+template <class T>
+Kernel<T> kernel_for(const std::string& version, const std::string& isa);
+
+template <>
+Kernel<float> kernel_for<float>(const std::string& version, const std::string& isa) {
+  if (version == "packed") return {&ukr_generic<float, 6, 16>, 6, 16, 256, 144, 4080};
+  if (isa == "avx512") return {&ukr_avx512_f32, 6, 32, 256, 96, 4096};
+  if (isa == "avx2") return {&ukr_avx2_f32, 6, 16, 256, 144, 4080};
+  return {&ukr_scalar<float, 6, 16>, 6, 16, 256, 144, 4080};
+}
+
+template <>
+Kernel<double> kernel_for<double>(const std::string& version, const std::string& isa) {
+  if (version == "packed") return {&ukr_generic<double, 6, 8>, 6, 8, 256, 72, 2040};
+  if (isa == "avx512") return {&ukr_avx512_f64, 6, 16, 256, 48, 2048};
+  if (isa == "avx2") return {&ukr_avx2_f64, 6, 8, 256, 72, 2040};
+  return {&ukr_scalar<double, 6, 8>, 6, 8, 256, 72, 2040};
+}
+
+// The two inner loops around the micro-kernel (BLIS loops 2 and 1) over one packed A block and B panel.
+template <class T>
+void macro_kernel(const Kernel<T>& kn, ssize_t mc, ssize_t nc, ssize_t kc, const T* Ap, const T* Bp, T* C,
+                  ssize_t ldc) {
+  alignas(64) T tile[6 * 32];
+  for (ssize_t jr = 0; jr < nc; jr += kn.NR) {
+    const ssize_t nr = std::min(kn.NR, nc - jr);
+    for (ssize_t ir = 0; ir < mc; ir += kn.MR) {
+      const ssize_t mr = std::min(kn.MR, mc - ir);
+      const T* a = Ap + ir * kc;
+      const T* b = Bp + jr * kc;
+      T* c = C + ir * ldc + jr;
+      if (mr == kn.MR && nr == kn.NR) {
+        kn.ukr(kc, a, b, c, ldc);
+      } else {  // edge: full tile into scratch, add the valid mr x nr corner
+        std::fill(tile, tile + kn.MR * kn.NR, T(0));
+        kn.ukr(kc, a, b, tile, kn.NR);
+        for (ssize_t i = 0; i < mr; ++i)
+          for (ssize_t j = 0; j < nr; ++j) c[i * ldc + j] += tile[i * kn.NR + j];
+      }
+    }
+  }
+}
+
+// BLIS loop nest (jc, pc, ic) with packing; `threads` > 1 shares each packed B panel and splits the ic loop.
+template <class T>
+void gemm_packed(View<T> A, View<T> B, T* C, Dims d, const Kernel<T>& kn, int threads) {
+  std::fill(C, C + d.M * d.N, T(0));
+  if (d.M == 0 || d.N == 0 || d.K == 0) return;
+  const ssize_t nc_max = std::min(kn.NC, ((d.N + kn.NR - 1) / kn.NR) * kn.NR);
+  const ssize_t kc_max = std::min(kn.KC, d.K);
+  // balance: split M into a multiple of `threads` blocks of at most MC rows (rounded to MR)
+  ssize_t nblk = (d.M + kn.MC - 1) / kn.MC;
+  nblk = ((nblk + threads - 1) / threads) * threads;
+  ssize_t mc_blk = (d.M + nblk - 1) / nblk;
+  mc_blk = std::max(kn.MR, ((mc_blk + kn.MR - 1) / kn.MR) * kn.MR);
+  auto Bp = aligned_buffer<T>(size_t(kc_max) * nc_max);
+  std::vector<std::unique_ptr<T[], AlignedFree>> Aps;
+  for (int t = 0; t < threads; ++t) Aps.push_back(aligned_buffer<T>(size_t(mc_blk) * kc_max));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+#ifdef _OPENMP
+    T* Ap = Aps[omp_get_thread_num()].get();
+#else
+    T* Ap = Aps[0].get();
+#endif
+    for (ssize_t jc = 0; jc < d.N; jc += kn.NC) {
+      const ssize_t nc = std::min(kn.NC, d.N - jc);
+      for (ssize_t pc = 0; pc < d.K; pc += kn.KC) {
+        const ssize_t kc = std::min(kn.KC, d.K - pc);
+        const ssize_t npanels = (nc + kn.NR - 1) / kn.NR;
+#pragma omp for schedule(static)
+        for (ssize_t q = 0; q < npanels; ++q)
+          pack_b(B, pc, kc, jc + q * kn.NR, std::min(kn.NR, nc - q * kn.NR), kn.NR, Bp.get() + q * kn.NR * kc);
+        // implicit barrier: the B panel is complete before anyone reads it
+#pragma omp for schedule(static)
+        for (ssize_t ic = 0; ic < d.M; ic += mc_blk) {
+          const ssize_t mc = std::min(mc_blk, d.M - ic);
+          pack_a(A, ic, mc, pc, kc, kn.MR, Ap);
+          macro_kernel(kn, mc, nc, kc, Ap, Bp.get(), C + ic * d.N + jc, d.N);
+        }
+        // implicit barrier: nobody repacks B while another thread still reads it
+      }
+    }
+  }
+}
+
+const std::vector<std::string> kVersions = {"naive", "ikj", "blocked", "packed", "simd", "parallel"};
+
+template <class T>
+void run_version(const std::string& version, View<T> A, View<T> B, T* C, Dims d, const std::string& isa,
+                 int threads) {
+  if (version == "naive") return gemm_naive(A, B, C, d);
+  if (version == "ikj") return gemm_ikj(A, B, C, d);
+  if (version == "blocked") return gemm_blocked(A, B, C, d);
+  Kernel<T> kn = kernel_for<T>(version, isa);
+  gemm_packed(A, B, C, d, kn, version == "parallel" ? threads : 1);
+}
+
+std::string shape_str(const py::array& x) {
+  std::string s = "(";
+  for (ssize_t i = 0; i < x.ndim(); ++i) s += (i ? ", " : "") + std::to_string(x.shape(i));
+  return s + (x.ndim() == 1 ? ",)" : ")");
+}
+
+template <class T>
+View<T> view_of(const py::array& x) {
+  return {static_cast<const T*>(x.data()), ssize_t(x.strides(0) / ssize_t(sizeof(T))),
+          ssize_t(x.strides(1) / ssize_t(sizeof(T)))};
+}
+
+// A strided 2-D view is used as is when its strides are whole elements; anything else is copied first.
+py::array as_view_array(const py::array& x) {
+  const ssize_t item = x.itemsize();
+  if (x.strides(0) % item == 0 && x.strides(1) % item == 0) return x;
+  return py::array::ensure(x, py::array::c_style);
+}
+
+py::array matmul(const py::array& a_in, const py::array& b_in, const std::string& version, const std::string& isa_req,
+                 int threads) {
+  if (std::find(kVersions.begin(), kVersions.end(), version) == kVersions.end())
+    tl::value_error("gemm.matmul: version='" + version +
+                    "' is not one of naive, ikj, blocked, packed, simd, parallel");
+  const bool f32 = a_in.dtype().is(py::dtype::of<float>()), f64 = a_in.dtype().is(py::dtype::of<double>());
+  if (!f32 && !f64)
+    throw py::type_error("gemm.matmul: a must have dtype float32 or float64, got " + std::string(py::str(a_in.dtype())));
+  if (!b_in.dtype().is(a_in.dtype()))
+    throw py::type_error("gemm.matmul: b has dtype " + std::string(py::str(b_in.dtype())) + " but a has " +
+                         std::string(py::str(a_in.dtype())));
+  if (a_in.ndim() != 2) tl::value_error("gemm.matmul: a must be 2-D, got shape " + shape_str(a_in));
+  if (b_in.ndim() != 2) tl::value_error("gemm.matmul: b must be 2-D, got shape " + shape_str(b_in));
+  if (a_in.shape(1) != b_in.shape(0))
+    tl::value_error("gemm.matmul: inner dimensions differ: a is " + shape_str(a_in) + ", b is " + shape_str(b_in));
+  const std::string isa = pick_isa(isa_req);
+  if (threads <= 0) threads = max_threads();
+  py::array a = as_view_array(a_in), b = as_view_array(b_in);
+  const Dims d{a.shape(0), b.shape(1), a.shape(1)};
+  py::array c = f32 ? py::array(py::array_t<float>({d.M, d.N})) : py::array(py::array_t<double>({d.M, d.N}));
+  void* cp = c.mutable_data();
+  {
+    py::gil_scoped_release release;
+    if (f32)
+      run_version<float>(version, view_of<float>(a), view_of<float>(b), static_cast<float*>(cp), d, isa, threads);
+    else
+      run_version<double>(version, view_of<double>(a), view_of<double>(b), static_cast<double*>(cp), d, isa, threads);
+  }
+  return c;
+}
+
+// pack_a / pack_b of a whole matrix (kc = K, one block), for tests and the notebook: shape (panels, K, MR|NR).
+py::array_t<float> pack_a_py(py::array_t<float> a_in, ssize_t mr) {
+  if (a_in.ndim() != 2) tl::value_error("gemm.pack_a: a must be 2-D, got shape " + shape_str(a_in));
+  if (mr < 1) tl::value_error("gemm.pack_a: mr must be >= 1, got " + std::to_string(mr));
+  py::array a = as_view_array(a_in);
+  const ssize_t M = a.shape(0), K = a.shape(1), P = (M + mr - 1) / mr;
+  py::array_t<float> out({P, K, mr});
+  pack_a(view_of<float>(a), 0, M, 0, K, mr, out.mutable_data());
+  return out;
+}
+
+py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr) {
+  if (b_in.ndim() != 2) tl::value_error("gemm.pack_b: b must be 2-D, got shape " + shape_str(b_in));
+  if (nr < 1) tl::value_error("gemm.pack_b: nr must be >= 1, got " + std::to_string(nr));
+  py::array b = as_view_array(b_in);
+  const ssize_t K = b.shape(0), N = b.shape(1), P = (N + nr - 1) / nr;
+  py::array_t<float> out({P, K, nr});
+  pack_b(view_of<float>(b), 0, K, 0, N, nr, out.mutable_data());
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------ FMA peak
+// Register-only FMA loop: 12 independent accumulator chains (more than FMA latency x FMA ports = 4 x 2 on current
+// x86 cores), no memory traffic, so FLOPs/s is the core's compute roof. Returns FLOPs done by this thread.
+#define TL_FMA12(F)                                                                                      \
+  r0 = F(r0, x, y); r1 = F(r1, x, y); r2 = F(r2, x, y); r3 = F(r3, x, y); r4 = F(r4, x, y);          \
+  r5 = F(r5, x, y); r6 = F(r6, x, y); r7 = F(r7, x, y); r8 = F(r8, x, y); r9 = F(r9, x, y);          \
+  r10 = F(r10, x, y); r11 = F(r11, x, y);
+#define TL_SUM12 (r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7 + r8 + r9 + r10 + r11)
+
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(long iters, float seed) {
+  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+  __m256 r0 = _mm256_set1_ps(seed), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0, r8 = r0,
+         r9 = r0, r10 = r0, r11 = r0;
+  for (long it = 0; it < iters; ++it) {
+    TL_FMA12(_mm256_fmadd_ps)
+  }
+  volatile float sink = _mm256_cvtss_f32(TL_SUM12);  // keep the chains alive
+  (void)sink;
+  return double(iters) * 12 * 8 * 2;
+}
+
+__attribute__((target("avx512f"))) double fma_loop_avx512(long iters, float seed) {
+  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+  __m512 r0 = _mm512_set1_ps(seed), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0, r8 = r0,
+         r9 = r0, r10 = r0, r11 = r0;
+  for (long it = 0; it < iters; ++it) {
+    TL_FMA12(_mm512_fmadd_ps)
+  }
+  volatile float sink = _mm512_reduce_add_ps(TL_SUM12);
+  (void)sink;
+  return double(iters) * 12 * 16 * 2;
+}
+
+__attribute__((optimize("no-tree-vectorize"))) double fma_loop_scalar(long iters, float seed) {
+  const float x = 0.999999f, y = 1e-7f;
+  float r0 = seed, r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0, r8 = r0, r9 = r0, r10 = r0,
+        r11 = r0;
+  for (long it = 0; it < iters; ++it) {
+    TL_FMA12(__builtin_fmaf)
+  }
+  volatile float sink = TL_SUM12;
+  (void)sink;
+  return double(iters) * 12 * 2;
+}
+
+// Best-of-`repeat` FP32 GFLOP/s of `threads` threads each running the register FMA loop for `iters` iterations.
+py::dict fma_peak(long iters, int threads, int repeat, const std::string& isa_req) {
+  if (iters < 1) tl::value_error("gemm.fma_peak: iters must be >= 1, got " + std::to_string(iters));
+  if (repeat < 1) tl::value_error("gemm.fma_peak: repeat must be >= 1, got " + std::to_string(repeat));
+  const std::string isa = pick_isa(isa_req);
+  if (threads <= 0) threads = max_threads();
+  double best = 0;
+  {
+    py::gil_scoped_release release;
+    for (int r = 0; r < repeat; ++r) {
+      double flops = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+      {
+        if (isa == "avx512")
+          flops += fma_loop_avx512(iters, 1.0f);
+        else if (isa == "avx2")
+          flops += fma_loop_avx2(iters, 1.0f);
+        else
+          flops += fma_loop_scalar(iters, 1.0f);
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, flops / s / 1e9);
+    }
+  }
+  py::dict out;
+  out["gflops"] = best;
+  out["threads"] = threads;
+  out["isa"] = isa;
+  return out;
+}
+
+}  // namespace
+
+TL_REGISTER(gemm) {
+  m.doc() = "fp32/fp64 GEMM ladder: naive, ikj, blocked, packed, simd (AVX2/AVX-512 FMA micro-kernel), parallel";
+  m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("version") = "parallel", py::arg("isa") = "auto",
+        py::arg("threads") = 0,
+        "C = a @ b (float32 or float64, any strides) with one rung of the ladder; isa: auto|scalar|avx2|avx512 "
+        "(auto reads TINYLEARN_CPU_FEATURES); threads (parallel only): 0 = OpenMP default");
+  m.def("versions", []() { return kVersions; }, "the ladder, slowest first");
+  m.def("isa", []() { return pick_isa("auto"); }, "the micro-kernel ISA a call with isa='auto' uses");
+  m.def("isa_paths", []() {
+    std::vector<std::string> out;
+    for (const char* p : {"avx512", "avx2", "scalar"})
+      if (cpu_has(p)) out.push_back(p);
+    return out;
+  }, "micro-kernel ISAs this CPU can run, best first");
+  m.def("max_threads", &max_threads, "OpenMP's default thread count");
+  m.def("kernel_shape", [](const std::string& version, const std::string& isa, const std::string& dtype) {
+    auto shape = [](auto kn) {
+      return py::dict(py::arg("MR") = kn.MR, py::arg("NR") = kn.NR, py::arg("KC") = kn.KC, py::arg("MC") = kn.MC,
+                      py::arg("NC") = kn.NC);
+    };
+    if (dtype == "float64") return shape(kernel_for<double>(version, pick_isa(isa)));
+    if (dtype != "float32") tl::value_error("gemm.kernel_shape: dtype must be float32 or float64, got " + dtype);
+    return shape(kernel_for<float>(version, pick_isa(isa)));
+  }, py::arg("version") = "simd", py::arg("isa") = "auto", py::arg("dtype") = "float32",
+     "micro-kernel tile MR x NR and cache blocks KC, MC, NC of a packed version");
+  m.def("pack_a", &pack_a_py, py::arg("a"), py::arg("mr"),
+        "pack a (M, K) float32 matrix into (ceil(M/mr), K, mr) micro-panels, zero-padded");
+  m.def("pack_b", &pack_b_py, py::arg("b"), py::arg("nr"),
+        "pack a (K, N) float32 matrix into (ceil(N/nr), K, nr) micro-panels, zero-padded");
+  m.def("fma_peak", &fma_peak, py::arg("iters") = 20000000, py::arg("threads") = 0, py::arg("repeat") = 3,
+        py::arg("isa") = "auto", "register-only FMA loop: best-of-repeat fp32 GFLOP/s on `threads` threads");
+}

@@ -1,0 +1,252 @@
+"""tl.gemm: every rung of the C++ ladder (and the numpy/numba backends) vs an fp64 oracle and torch, over odd sizes
+and strided layouts; ISA paths; packing; roofline; machine_peak; validation errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tinylearn as tl
+from tinylearn import backends
+from tinylearn.testing import assert_close, make_layouts
+
+needs_C = pytest.mark.skipif(not backends.C_available("gemm"), reason="tinylearn._C.gemm not built")
+
+SHAPES = [(1, 1, 1), (7, 7, 7), (33, 33, 33), (13, 300, 37), (1, 70, 5), (50, 1, 19), (6, 256, 16), (257, 257, 257)]
+
+
+def _pair(m: int, k: int, n: int, dtype: str = "float32", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (
+        rng.uniform(-1, 1, (m, k)).astype(dtype),
+        rng.uniform(-1, 1, (k, n)).astype(dtype),
+    )
+
+
+def _expected(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a.astype(np.float64) @ b.astype(np.float64)).astype(a.dtype)
+
+
+@needs_C
+def test_cpp_versions_match_library_table() -> None:
+    assert tl.gemm.versions("cpp") == list(tl.gemm.CPP_VERSIONS) == list(backends.load_C("gemm").versions())
+    assert tl.gemm.versions() == tl.gemm.versions("cpu")
+    assert tl.gemm.versions("numpy") == ["default"]
+
+
+@needs_C
+@pytest.mark.parametrize("version", tl.gemm.CPP_VERSIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cpp_version_odd_sizes(version: str, shape: tuple[int, int, int]) -> None:
+    m, k, n = shape
+    a, b = _pair(m, k, n)
+    c = tl.gemm.matmul(a, b, backend="cpp", version=version)
+    assert c.dtype == np.float32 and c.shape == (m, n) and c.flags.c_contiguous
+    assert_close(c, _expected(a, b), reduction_size=k)
+    assert_close(c, torch.from_numpy(a) @ torch.from_numpy(b), reduction_size=k)
+
+
+@needs_C
+@pytest.mark.parametrize("version", tl.gemm.CPP_VERSIONS)
+def test_cpp_version_fp64(version: str) -> None:
+    a, b = _pair(37, 129, 23, "float64")
+    c = tl.gemm.matmul(a, b, backend="cpp", version=version)
+    assert c.dtype == np.float64
+    assert_close(c, torch.from_numpy(a) @ torch.from_numpy(b))
+
+
+@needs_C
+@pytest.mark.parametrize("version", tl.gemm.CPP_VERSIONS)
+def test_cpp_version_layouts(version: str) -> None:
+    """Transposed (Fortran), strided, reversed and broadcast (stride 0) views of A and B, used in place."""
+    for (la, a), (lb, b) in zip(make_layouts((19, 45)), make_layouts((45, 23), seed=7), strict=True):
+        c = tl.gemm.matmul(a, b, backend="cpp", version=version)
+        assert_close(c, _expected(np.ascontiguousarray(a), np.ascontiguousarray(b)), msg=f"{la} @ {lb}")
+    a, b = _pair(40, 30, 20)
+    c = tl.gemm.matmul(b.T, a.T, backend="cpp", version=version)  # both transposed
+    assert_close(c, _expected(b.T.copy(), a.T.copy()))
+
+
+@needs_C
+@pytest.mark.parametrize("isa", backends.load_C("gemm").isa_paths() if backends.C_available("gemm") else [])
+@pytest.mark.parametrize("version", ["simd", "parallel"])
+def test_every_isa_path(isa: str, version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TINYLEARN_CPU_FEATURES forces each micro-kernel this CPU can run (edge tiles included)."""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", isa)
+    g = backends.load_C("gemm")
+    assert g.isa() == isa
+    for dtype in ("float32", "float64"):
+        a, b = _pair(101, 77, 67, dtype, seed=3)
+        assert_close(tl.gemm.matmul(a, b, backend="cpp", version=version), _expected(a, b), reduction_size=77)
+
+
+@needs_C
+def test_forced_isa_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = backends.load_C("gemm")
+    a, b = _pair(4, 4, 4)
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "sse9")
+    with pytest.raises(ValueError, match="TINYLEARN_CPU_FEATURES='sse9'"):
+        g.matmul(a, b, "simd")
+    monkeypatch.delenv("TINYLEARN_CPU_FEATURES")
+    if "avx512" not in g.isa_paths():
+        with pytest.raises(ValueError, match="does not support avx512"):
+            g.matmul(a, b, "simd", "avx512")
+
+
+@needs_C
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_parallel_thread_counts(threads: int) -> None:
+    """Threads split the row blocks; any count (more threads than blocks included) gives the same answer."""
+    g = backends.load_C("gemm")
+    for m in (5, 150, 301):
+        a, b = _pair(m, 260, 41, seed=m)
+        assert_close(g.matmul(a, b, "parallel", "auto", threads), _expected(a, b))
+
+
+@needs_C
+def test_empty_dims() -> None:
+    for m, k, n in [(0, 3, 4), (3, 0, 4), (3, 4, 0)]:
+        a, b = _pair(m, k, n)
+        for v in tl.gemm.CPP_VERSIONS:
+            c = tl.gemm.matmul(a, b, backend="cpp", version=v)
+            assert c.shape == (m, n) and not c.any()
+
+
+def test_numpy_and_numba_backends() -> None:
+    a, b = _pair(33, 65, 17)
+    assert_close(tl.gemm.matmul(a, b, backend="numpy"), _expected(a, b))
+    if backends.numba_available():
+        for dtype in ("float32", "float64"):
+            a, b = _pair(70, 300, 33, dtype)
+            c = tl.gemm.matmul(a.T.copy().T, b, backend="numba")
+            assert c.dtype == a.dtype
+            assert_close(c, _expected(a, b), reduction_size=300)
+
+
+@needs_C
+def test_default_backend_is_cpp_parallel() -> None:
+    b, v, _ = backends.resolve("gemm.matmul", None, None, (np.zeros((2, 2), np.float32),) * 2)
+    assert (b, v) == ("cpp", "parallel")
+
+
+@needs_C
+@pytest.mark.parametrize("m,k,mr", [(1, 1, 6), (7, 5, 6), (12, 3, 6), (33, 17, 4)])
+def test_pack_a_matches_reference(m: int, k: int, mr: int) -> None:
+    a, _ = _pair(m, k, 1)
+    ref = tl.gemm.pack_a(a, mr)
+    assert ref.shape == (-(-m // mr), k, mr)
+    np.testing.assert_array_equal(backends.load_C("gemm").pack_a(a, mr), ref)
+    np.testing.assert_array_equal(backends.load_C("gemm").pack_a(np.asfortranarray(a), mr), ref)
+    assert ref[0, :, 0].tolist() == a[0].tolist()  # panel 0 column 0 = row 0 of A
+    if m % mr:
+        assert not ref[-1, :, m % mr :].any()  # zero padding
+
+
+@needs_C
+@pytest.mark.parametrize("k,n,nr", [(1, 1, 16), (5, 17, 16), (9, 32, 8), (4, 3, 16)])
+def test_pack_b_matches_reference(k: int, n: int, nr: int) -> None:
+    _, b = _pair(1, k, n)
+    ref = tl.gemm.pack_b(b, nr)
+    assert ref.shape == (-(-n // nr), k, nr)
+    np.testing.assert_array_equal(backends.load_C("gemm").pack_b(b, nr), ref)
+    np.testing.assert_array_equal(backends.load_C("gemm").pack_b(b[::-1][::-1], nr), ref)
+    assert ref[0, 0, : min(nr, n)].tolist() == b[0, : min(nr, n)].tolist()
+
+
+def test_numpy_blocked_and_packed_references() -> None:
+    for m, k, n in [(1, 1, 1), (7, 33, 5), (65, 300, 130)]:
+        a, b = _pair(m, k, n, "float64")
+        assert_close(tl.gemm.blocked_matmul(a, b, mc=16, kc=32, nc=24), a @ b)
+        assert_close(tl.gemm.packed_matmul(a, b, mr=6, nr=16), a @ b)
+
+
+@needs_C
+def test_kernel_shape() -> None:
+    g = backends.load_C("gemm")
+    s = g.kernel_shape("simd", "auto", "float32")
+    assert s["MR"] == 6 and s["NR"] in (16, 32) and s["MC"] % s["MR"] == 0 and s["NC"] % s["NR"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------- roofline
+def test_roofline_values() -> None:
+    r = tl.gemm.roofline(flops=1e9, nbytes=1e9, peak_gflops=100.0, bandwidth_gbs=10.0)
+    assert r == pytest.approx(
+        {"intensity": 1.0, "attainable_gflops": 10.0, "bound": "memory", "ridge": 10.0, "time_s": 0.1}
+    )
+    r = tl.gemm.roofline(2 * 1024**3, 3 * 4 * 1024**2, peak_gflops=100.0, bandwidth_gbs=10.0)
+    assert r["intensity"] == pytest.approx(2 * 1024 / 12) and r["bound"] == "compute"
+    assert r["attainable_gflops"] == 100.0
+    # exactly at the ridge point the two roofs meet: compute-bound by definition (not below the roof)
+    assert tl.gemm.roofline(10.0, 1.0, 100.0, 10.0)["bound"] == "compute"
+    flops, nbytes = tl.gemm.matmul_traffic(1024, 1024, 1024)
+    assert flops == 2 * 1024**3 and nbytes == 4 * 3 * 1024**2
+
+
+def test_roofline_errors() -> None:
+    with pytest.raises(ValueError, match="nbytes"):
+        tl.gemm.roofline(1.0, 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="flops"):
+        tl.gemm.roofline(-1.0, 1.0, 1.0, 1.0)
+    with pytest.raises(TypeError, match="peak_gflops"):
+        tl.gemm.roofline(1.0, 1.0, "fast", 1.0)
+    with pytest.raises(ValueError, match="bandwidth_gbs"):
+        tl.gemm.roofline(1.0, 1.0, 1.0, float("nan"))
+
+
+@needs_C
+def test_machine_peak_measured_and_cached() -> None:
+    p = tl.gemm.machine_peak()
+    assert set(p) >= {"gflops_fp32", "bandwidth_gbs", "cores", "isa"}
+    assert p["gflops_fp32"] > 0 and p["bandwidth_gbs"] > 0 and p["cores"] >= 1
+    assert p["isa"] in ("avx512", "avx2", "scalar")
+    assert tl.gemm.machine_peak() is p  # cached: measured once per process
+    r = tl.gemm.roofline(1.0, 1e6)
+    assert r["ridge"] == pytest.approx(p["gflops_fp32"] / p["bandwidth_gbs"])
+
+
+@needs_C
+def test_fma_peak_counts_flops() -> None:
+    """One thread's scalar FMA loop is slower than its vector loop (4-16x fewer FLOPs per instruction)."""
+    g = backends.load_C("gemm")
+    best = g.isa_paths()[0]
+    vec = g.fma_peak(iters=2_000_000, threads=1, repeat=3, isa=best)
+    sca = g.fma_peak(iters=2_000_000, threads=1, repeat=3, isa="scalar")
+    assert vec["isa"] == best and sca["isa"] == "scalar"
+    if best != "scalar":
+        assert vec["gflops"] > 2 * sca["gflops"]
+    with pytest.raises(ValueError, match="iters"):
+        g.fma_peak(iters=0)
+
+
+# -------------------------------------------------------------------------------------------------- bad input
+def test_bad_input_messages() -> None:
+    a, b = _pair(3, 4, 5)
+    with pytest.raises(TypeError, match="a: must be a numpy.ndarray"):
+        tl.gemm.matmul([[1.0]], b)
+    with pytest.raises(TypeError, match="b: dtype must be float32 or float64, got int64"):
+        tl.gemm.matmul(a, np.ones((4, 5), dtype=np.int64))
+    with pytest.raises(TypeError, match="b: dtype float64 differs"):
+        tl.gemm.matmul(a, b.astype(np.float64))
+    with pytest.raises(ValueError, match=r"a: must be 2-D, got shape \(3,\)"):
+        tl.gemm.matmul(np.ones(3, np.float32), b)
+    with pytest.raises(ValueError, match=r"inner dimensions differ: a is \(3, 4\), b is \(5, 5\)"):
+        tl.gemm.matmul(a, np.ones((5, 5), np.float32))
+    with pytest.raises(ValueError, match="version"):
+        tl.gemm.matmul(a, b, backend="cpp", version="turbo")
+    with pytest.raises(ValueError, match="backend"):
+        tl.gemm.matmul(a, b, backend="fortran")
+    with pytest.raises(ValueError, match="mr"):
+        tl.gemm.pack_a(a, 0)
+
+
+@needs_C
+def test_bad_input_in_cpp() -> None:
+    g = backends.load_C("gemm")
+    a, b = _pair(3, 4, 5)
+    with pytest.raises(ValueError, match=r"inner dimensions differ: a is \(3, 4\), b is \(3, 4\)"):
+        g.matmul(a, a, "simd")
+    with pytest.raises(TypeError, match="b has dtype float64"):
+        g.matmul(a, b.astype(np.float64), "simd")
+    with pytest.raises(ValueError, match="version='fast'"):
+        g.matmul(a, b, "fast")
