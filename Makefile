@@ -7,11 +7,16 @@ EXTRAS ?= notebooks,kernels,dist,dev
 NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
 STAMP := $(VENV)/.tinylearn-installed
 
-.PHONY: setup lab bench test test-tests test-exercises test-notebooks exercises notebooks build lint clean check-clang
+.PHONY: setup system-deps lab bench test test-tests test-exercises test-notebooks test-portable wheel-smoke exercises \
+	notebooks build lint clean
 
-setup: $(STAMP) check-clang
+setup: system-deps $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt CMakeLists.txt
+# clang (tinygrad's CPU device), Open MPI, g++, python3-venv: apt-get as root, else sudo -n, else the exact command
+system-deps:
+	@tools/system_deps.sh
+
+$(STAMP): pyproject.toml constraints.txt CMakeLists.txt | system-deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt scikit-build-core pybind11 cmake ninja
@@ -19,14 +24,11 @@ $(STAMP): pyproject.toml constraints.txt CMakeLists.txt
 	$(PY) -c "import tinylearn._C"
 	@touch $(STAMP)
 
-check-clang:
-	@command -v clang >/dev/null || echo "note: clang not found — tinygrad's CPU device needs it (sudo apt-get install clang); tinygrad columns will read 'n/a: clang not found'."
-
 build: $(STAMP)  ## rebuild tinylearn._C after editing cpp_src/
 	tools/build.sh
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	tools/lab.sh
 
 bench: setup
 	$(PY) -m tinylearn bench
@@ -42,6 +44,15 @@ test-exercises: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m pytest $(NBVAL) -q
 
+# the suites again with other numeric paths forced (torch ATEN_CPU_CAPABILITY, OPENBLAS_CORETYPE, numpy
+# NPY_DISABLE_CPU_FEATURES, TINYLEARN_CPU_FEATURES); prints and verifies the paths of each run (tools/portable.py)
+test-portable: $(STAMP)
+	$(PY) tools/portable.py
+
+# pip wheel . -> fresh venv outside the repo -> import, one op per topic, cuda sources, bench, check in a copy
+wheel-smoke: $(STAMP)
+	tools/wheel_smoke.sh
+
 exercises: setup  ## the learner's run: your stubs in exercises/*/stubs.py
 	-$(PY) -m pytest exercises/ -q --tb=line
 
@@ -49,9 +60,14 @@ notebooks: setup  ## re-execute every notebook from notebooks/src and write clea
 	$(PY) tools/nb.py build --all
 	$(PY) tools/nb.py check
 
-lint: setup
-	$(VENV)/bin/ruff check tinylearn tests exercises tools
-	$(VENV)/bin/ruff format --check tinylearn tests exercises tools
+# lint needs only ruff (pinned), so CI can fail fast before the full setup
+$(VENV)/bin/ruff: | system-deps
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -c constraints.txt ruff
+
+lint: $(VENV)/bin/ruff
+	$(VENV)/bin/ruff check tinylearn tests exercises tools notebooks/src
+	$(VENV)/bin/ruff format --check tinylearn tests exercises tools notebooks/src
 
 clean:
 	rm -rf build $(VENV) .pytest_cache

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""make test-portable: run the unit tests, the exercises and nbval again with other numeric paths forced.
+
+One machine stands in for others by forcing, in one process environment per run, every library's CPU dispatch:
+
+    run       tinylearn (TINYLEARN_CPU_FEATURES)  torch (ATEN_CPU_CAPABILITY)  OpenBLAS (OPENBLAS_CORETYPE)  numpy
+    baseline  scalar                              default                      Sandybridge                   every SIMD
+                                                                                                             dispatch
+                                                                                                             target off
+    avx2      avx2                                avx2                         Haswell                       AVX-512 off
+
+(numpy: NPY_DISABLE_CPU_FEATURES, given only the dispatch targets this CPU has; numpy ignores the others.)
+Before a run, a child process with that environment reports the paths it really uses (torch's
+get_cpu_capability, threadpoolctl's OpenBLAS core type, numpy's __cpu_features__, tinylearn._C.cpu_supports and
+the int8 GEMM path) and the run fails if an override did not take effect. A run whose effective paths are all
+the ones ``make test`` already used on this CPU (e.g. ``avx2`` on an AVX2-only CPU) is reported and skipped
+(``--no-skip`` runs it anyway).
+
+    python tools/portable.py                  # every run, then the suites
+    python tools/portable.py --report-only    # print and verify the paths, run no tests
+    python tools/portable.py --runs baseline  # one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = {
+    "tests": ["-m", "pytest", "tests/", "-q", "-p", "no:cacheprovider"],
+    "exercises": ["-m", "pytest", "exercises/", "--impl=reference", "-q", "-p", "no:cacheprovider"],
+    "notebooks": [
+        "-m",
+        "pytest",
+        "--nbval",
+        "notebooks/",
+        "--nbval-sanitize-with",
+        "notebooks/sanitize.cfg",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ],
+}
+FORCED_VARS = ("TINYLEARN_CPU_FEATURES", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES")
+
+
+def report() -> dict:
+    """The numeric paths of this process (run in a child with the run's environment)."""
+    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS too, so threadpoolctl sees both)
+
+    from tinylearn import cpu
+
+    out = cpu.numeric_paths()
+    out["detected"] = cpu.detected_features()
+    for b in out["blas"]:
+        b.pop("filepath", None)
+    return out
+
+
+def child_report(env: dict[str, str]) -> dict:
+    code = "import json, sys; sys.path.insert(0, 'tools'); import portable; print(json.dumps(portable.report()))"
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"portable: the report process failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in FORCED_VARS}
+
+
+def runs_for(default: dict) -> dict[str, dict[str, str]]:
+    """The overrides of each run, given what this CPU does by default."""
+    simd = default["numpy_simd"]["dispatch"]  # the dispatch targets this CPU enables (X86_V3, X86_V4, AVX512_*)
+    avx512 = [t for t in simd if "512" in t or t == "X86_V4"]
+    runs = {
+        "baseline": {
+            "TINYLEARN_CPU_FEATURES": "scalar",
+            "ATEN_CPU_CAPABILITY": "default",
+            "OPENBLAS_CORETYPE": "Sandybridge",
+            "NPY_DISABLE_CPU_FEATURES": " ".join(simd),
+        },
+    }
+    if "avx2" in default["detected"]:
+        runs["avx2"] = {
+            "TINYLEARN_CPU_FEATURES": "avx2",
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "OPENBLAS_CORETYPE": "Haswell",
+            "NPY_DISABLE_CPU_FEATURES": " ".join(avx512),
+        }
+    return runs
+
+
+def verify(name: str, forced: dict[str, str], got: dict) -> list[str]:
+    """Every override took effect; returns the failures (empty = all good)."""
+    bad = []
+    want_cap = {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}[forced["ATEN_CPU_CAPABILITY"]]
+    if got["torch_capability"] != want_cap:
+        bad.append(f"torch: ATEN_CPU_CAPABILITY={forced['ATEN_CPU_CAPABILITY']} but {got['torch_capability']}")
+    openblas = [b for b in got["blas"] if b["internal_api"] == "openblas"]
+    if not openblas:
+        bad.append("OpenBLAS: no OpenBLAS loaded (threadpoolctl), so OPENBLAS_CORETYPE cannot be checked")
+    for b in openblas:
+        if str(b["architecture"]).lower() != forced["OPENBLAS_CORETYPE"].lower():
+            want = forced["OPENBLAS_CORETYPE"]
+            bad.append(f"OpenBLAS {b['version']}: OPENBLAS_CORETYPE={want} but core {b['architecture']}")
+    still = set(forced["NPY_DISABLE_CPU_FEATURES"].split()) & set(got["numpy_simd"]["enabled"])
+    if still:
+        bad.append(f"numpy: NPY_DISABLE_CPU_FEATURES did not disable {sorted(still)}")
+    level = forced["TINYLEARN_CPU_FEATURES"]
+    feats = set(got["tinylearn_features"])
+    if got["tinylearn_forced"] != level:
+        bad.append(f"tinylearn: forced level reported as {got['tinylearn_forced']!r}, expected {level!r}")
+    if level == "scalar" and (feats or set(got["tinylearn_kernels"].values()) != {"scalar"}):
+        bad.append(f"tinylearn: scalar forced but features {sorted(feats)}, kernels {got['tinylearn_kernels']}")
+    if level == "avx2" and (
+        any(f.startswith("avx512") or f == "avxvnni" for f in feats)
+        or any("512" in p for p in got["tinylearn_kernels"].values())
+    ):
+        bad.append(f"tinylearn: avx2 forced but features {sorted(feats)}, kernels {got['tinylearn_kernels']}")
+    return [f"[{name}] {b}" for b in bad]
+
+
+def effective(r: dict) -> tuple:
+    return (
+        r["torch_capability"],
+        tuple(sorted(str(b["architecture"]) for b in r["blas"])),
+        tuple(r["numpy_simd"]["enabled"]),
+        tuple(r["tinylearn_features"]),
+        tuple(sorted(r["tinylearn_kernels"].items())),
+    )
+
+
+def show(name: str, r: dict) -> None:
+    blas = ", ".join(f"{b['internal_api']} {b['version']} core={b['architecture']}" for b in r["blas"]) or "none"
+    print(f"  [{name}] torch capability : {r['torch_capability']}")
+    print(f"  [{name}] BLAS             : {blas}")
+    print(f"  [{name}] numpy dispatch   : {', '.join(r['numpy_simd']['dispatch']) or 'baseline only'}")
+    forced = r["tinylearn_forced"] or "not forced"
+    print(f"  [{name}] tinylearn        : {forced}; features {' '.join(r['tinylearn_features']) or '(none)'}")
+    print(f"  [{name}] tinylearn kernels: {r['tinylearn_kernels']}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", nargs="*", help="runs to do (default: all)")
+    ap.add_argument("--suites", nargs="*", default=list(SUITES), choices=list(SUITES))
+    ap.add_argument("--report-only", action="store_true", help="print and verify the paths, run no tests")
+    ap.add_argument("--no-skip", action="store_true", help="run suites even when the paths equal the default ones")
+    args = ap.parse_args(argv)
+
+    base = clean_env()
+    default = child_report(base)
+    print("portable: default numeric paths of this CPU")
+    show("default", default)
+    runs = runs_for(default)
+    unknown = set(args.runs or ()) - set(runs)
+    if unknown:
+        print(f"portable: unknown or inapplicable run(s) {sorted(unknown)}; known here: {list(runs)}", file=sys.stderr)
+        return 2
+    failed: list[str] = []
+    for name in args.runs or list(runs):
+        forced = runs[name]
+        env = {**base, **forced}
+        print(f"\nportable: run {name}: " + " ".join(f"{k}={v!r}" for k, v in forced.items()))
+        got = child_report(env)
+        show(name, got)
+        bad = verify(name, forced, got)
+        if bad:
+            print("\n".join(f"portable: FAILED override {b}" for b in bad), file=sys.stderr)
+            failed += bad
+            continue
+        print(f"  [{name}] every override took effect")
+        if effective(got) == effective(default) and not args.no_skip:
+            print(f"  [{name}] same effective paths as the default run (`make test`) on this CPU: suites skipped")
+            continue
+        if args.report_only:
+            continue
+        for suite in args.suites:
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, *SUITES[suite]], env=env, cwd=ROOT)
+            status = "passed" if p.returncode == 0 else f"FAILED (exit {p.returncode})"
+            print(f"portable: [{name}] {suite} {status} in {time.perf_counter() - t0:.0f} s", flush=True)
+            if p.returncode:
+                failed.append(f"[{name}] {suite}")
+    if failed:
+        print("\nportable: failures: " + "; ".join(failed), file=sys.stderr)
+        return 1
+    print("\nportable: all runs green")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
