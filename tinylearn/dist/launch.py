@@ -228,6 +228,19 @@ def _stop(procs: list[Any]) -> None:
             p.join(2.0)
 
 
+def _dead_rank(rank: int, proc: Any) -> RankFailure:
+    """The failure of a rank whose process died without sending a result (killed, segfault, os._exit)."""
+    proc.join(1.0)
+    return RankFailure(
+        rank,
+        "builtins",
+        "RuntimeError",
+        f"process exited with code {proc.exitcode} without returning a result",
+        "(no Python traceback: the process died)",
+        None,
+    )
+
+
 def launch(
     fn: Callable[..., Any],
     world_size: int,
@@ -288,17 +301,7 @@ def launch(
                     try:
                         status, data = c.recv()
                     except (EOFError, OSError):
-                        p.join(1.0)
-                        failures.append(
-                            RankFailure(
-                                r,
-                                "builtins",
-                                "RuntimeError",
-                                f"process exited with code {p.exitcode} without returning a result",
-                                "(no Python traceback: the process died)",
-                                None,
-                            )
-                        )
+                        failures.append(_dead_rank(r, p))
                         pending.discard(r)
                         continue
                     if status == "ready":
@@ -312,17 +315,7 @@ def launch(
                     else:
                         failures.append(RankFailure(r, *data))
                 elif p.sentinel in ready:
-                    p.join(1.0)
-                    failures.append(
-                        RankFailure(
-                            r,
-                            "builtins",
-                            "RuntimeError",
-                            f"process exited with code {p.exitcode} without returning a result",
-                            "(no Python traceback: the process died)",
-                            None,
-                        )
-                    )
+                    failures.append(_dead_rank(r, p))
                     pending.discard(r)
             if failures and grace_end is None:
                 # peers of a failed rank usually fail fast (connection closed); give them a moment to say so

@@ -16,17 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._inputs import as_array
 from . import ops
 
 BACKEND = "cpu"
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
-    if t.device.type != "cpu":
-        raise ValueError(f"tensor: torch_ops run the cpu kernels; got a tensor on {t.device}")
-    if t.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"tensor: dtype {t.dtype} not supported; use float32 or float64")
-    return t.detach().contiguous().numpy()
+    """The one input policy (CPU tensors only; ValueError naming the device otherwise), float32/float64 only."""
+    return as_array(t, "tensor", dtypes=(np.float32, np.float64))
 
 
 def _t(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:

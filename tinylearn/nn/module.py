@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import to_numpy
 from ..autograd.tensor import Tensor
 from .parameter import Parameter
 
@@ -270,13 +271,7 @@ class Module:
         for k, t in own.items():
             if k not in state_dict:
                 continue
-            v = state_dict[k]
-            if isinstance(v, Tensor):
-                arr = v.data
-            elif type(v).__module__.startswith("torch"):  # a torch state_dict loads directly
-                arr = v.detach().cpu().numpy()
-            else:
-                arr = np.asarray(v)
+            arr = to_numpy(state_dict[k], f"state_dict[{k!r}]")  # a torch (CPU) state_dict loads directly
             if arr.shape != t.data.shape:
                 raise ValueError(f"state_dict[{k!r}]: shape {arr.shape} does not match the module's {t.data.shape}")
             if t.data.flags.writeable:

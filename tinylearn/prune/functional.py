@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import to_numpy
 from ..autograd.tensor import Tensor
 from . import masks as M
 from .methods import (
@@ -30,7 +31,6 @@ from .methods import (
     RandomStructured,
     RandomUnstructured,
     _find_hook,
-    _np,
     pruning_hooks,
 )
 
@@ -115,7 +115,7 @@ def global_unstructured(
         if _find_hook(module, name) is None and not isinstance(module._parameters.get(name), Tensor):
             raise ValueError(f"name: {type(module).__name__} has no parameter {name!r} to prune")
         w = getattr(module, name)
-        s = _np(importance_scores.get((module, name), w))
+        s = to_numpy(importance_scores.get((module, name), w), "importance_scores")
         if s.shape != w.shape:
             raise ValueError(f"importance_scores[{name!r}]: shape {s.shape} differs from the parameter's {w.shape}")
         mask = getattr(module, name + "_mask", None)
@@ -190,4 +190,4 @@ def sparsity(module_or_array: Any) -> float:
                 zeros += int(np.count_nonzero(arr == 0))
                 total += arr.size
         return zeros / total if total else 0.0
-    return M.sparsity_of(_np(x))
+    return M.sparsity_of(to_numpy(x, "module_or_array"))

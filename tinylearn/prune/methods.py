@@ -24,16 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import to_numpy
 from ..autograd.tensor import Tensor
 from . import masks as M
-
-
-def _np(t: Any) -> np.ndarray:
-    if isinstance(t, Tensor):
-        return t.data
-    if type(t).__module__.startswith("torch"):
-        return t.detach().cpu().numpy()
-    return np.asarray(t)
 
 
 def _find_hook(module: Any, name: str) -> tuple[Any, BasePruningMethod] | None:
@@ -94,7 +87,7 @@ class BasePruningMethod(ABC):
                 method = container
         orig = getattr(module, name)
         scores = orig if importance_scores is None else importance_scores
-        scores_np = _np(scores)
+        scores_np = to_numpy(scores, "importance_scores")
         if scores_np.shape != orig.shape:
             raise ValueError(f"importance_scores: shape {scores_np.shape} differs from {name!r}'s {orig.shape}")
         fresh = not isinstance(method, PruningContainer)
@@ -126,9 +119,9 @@ class BasePruningMethod(ABC):
 
     def prune(self, t: Any, default_mask: Any = None, importance_scores: Any = None) -> np.ndarray:
         """``t * mask`` without touching a module (numpy)."""
-        t = _np(t)
-        scores = t if importance_scores is None else _np(importance_scores)
-        dm = np.ones_like(t) if default_mask is None else _np(default_mask)
+        t = to_numpy(t, "t")
+        scores = t if importance_scores is None else to_numpy(importance_scores, "importance_scores")
+        dm = np.ones_like(t) if default_mask is None else to_numpy(default_mask, "default_mask")
         return t * self.compute_mask(scores, default_mask=dm)
 
     def remove(self, module: Any) -> None:
@@ -277,7 +270,7 @@ class CustomFromMask(BasePruningMethod):
     PRUNING_TYPE = "global"
 
     def __init__(self, mask: Any) -> None:
-        self.mask = _np(mask)
+        self.mask = to_numpy(mask, "mask")
 
     def compute_mask(self, t: np.ndarray, default_mask: np.ndarray) -> np.ndarray:
         if self.mask.shape != np.shape(default_mask):

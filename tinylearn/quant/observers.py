@@ -26,12 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
 from .affine import qparams_for_range, qrange
-
-
-def _as_array(x: Any) -> np.ndarray:
-    data = getattr(x, "data", x) if not isinstance(x, np.ndarray) else x
-    return np.asarray(data, dtype=np.float32)
 
 
 class ObserverBase:
@@ -45,7 +41,7 @@ class ObserverBase:
         return self.forward(x)
 
     def forward(self, x: Any) -> Any:
-        a = _as_array(x)
+        a = as_array(x, "x", dtypes=("f", "i", "u", "b")).astype(np.float32, copy=False)
         if a.size:
             self._observe(a)
         return x
