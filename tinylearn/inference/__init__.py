@@ -7,12 +7,14 @@ decoding, and a static-vs-continuous batching serving simulator.
 """
 
 from .config import GPTConfig
-from .model import DenseKVCache, TinyGPT, apply_rope, causal_mask, rope_tables, rotate_half
+from .model import DenseKVCache, TinyGPT, apply_rope, causal_mask, kv_append, kv_gather, rope_tables, rotate_half
 from .paged import (
     PagedKVCache,
+    blocks_needed,
     dense_attention,
     dequantize_int8,
     kv_bytes_per_token,
+    locate,
     paged_attention,
     quantize_int8,
 )
@@ -26,6 +28,8 @@ __all__ = [
     "GPTConfig",
     "TinyGPT",
     "DenseKVCache",
+    "kv_append",
+    "kv_gather",
     "torch_reference",
     "rope_tables",
     "rotate_half",
@@ -39,6 +43,8 @@ __all__ = [
     "sample_from",
     "PagedKVCache",
     "paged_attention",
+    "blocks_needed",
+    "locate",
     "dense_attention",
     "quantize_int8",
     "dequantize_int8",

@@ -75,11 +75,27 @@ class DenseKVCache:
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store k/v [B, Hkv, T, hd] at positions [length, length + T); return all cached K/V of ``layer``."""
-        t = k.shape[2]
-        self.k[layer][:, :, self.length : self.length + t] = k
-        self.v[layer][:, :, self.length : self.length + t] = v
-        end = self.length + t
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        end = kv_append(self.k[layer], self.v[layer], self.length, k, v)
+        return kv_gather(self.k[layer], self.v[layer], end)
+
+
+def kv_append(k_cache: np.ndarray, v_cache: np.ndarray, length: int, k: np.ndarray, v: np.ndarray) -> int:
+    """Write k/v [B, H, T, D] into the preallocated caches [B, H, max_len, D] at [length, length + T).
+
+    Returns the new length; ValueError (naming max_len) when the caches would overflow."""
+    t = k.shape[2]
+    if k.shape != v.shape or k.shape[:2] != k_cache.shape[:2] or k.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"k, v: expected [B, H, T, D] matching the cache {k_cache.shape}, got {k.shape}, {v.shape}")
+    if length + t > k_cache.shape[2]:
+        raise ValueError(f"length: {length} + {t} new tokens exceed the cache's max_len={k_cache.shape[2]}")
+    k_cache[:, :, length : length + t] = k
+    v_cache[:, :, length : length + t] = v
+    return length + t
+
+
+def kv_gather(k_cache: np.ndarray, v_cache: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``length`` cached positions (views, no copy): [B, H, length, D] each."""
+    return k_cache[:, :, :length], v_cache[:, :, :length]
 
 
 class Attention(Module):

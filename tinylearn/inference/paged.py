@@ -163,7 +163,7 @@ class PagedKVCache:
         bs = self.block_size
         start = s.lens[layer]
         end = start + k.shape[0]
-        need = math.ceil(end / bs)
+        need = blocks_needed(end, bs)
         first = start // bs
         shared = [i for i in range(first, min(need, len(s.table))) if self.refcount[s.table[i]] > 1]
         extra = max(0, need - len(s.table))
@@ -183,9 +183,7 @@ class PagedKVCache:
             self.cow_copies += 1
         for _ in range(extra):
             s.table.append(self._alloc())
-        pos = np.arange(start, end)
-        blk = np.asarray(s.table)[pos // bs]
-        slot = pos % bs
+        blk, slot = locate(s.table, bs, np.arange(start, end))
         for j, x in ((0, k), (1, v)):
             if self._scale is None:
                 self._data[blk, layer, j, slot] = x
@@ -205,9 +203,7 @@ class PagedKVCache:
         """(k, v) float32 [S, n_kv_heads, head_dim]: the layer's S cached tokens in order (dequantized)."""
         s = self._seq(seq_id)
         layer = self._layer(layer)
-        pos = np.arange(s.lens[layer])
-        blk = np.asarray(s.table, dtype=np.int64)[pos // self.block_size] if len(pos) else pos
-        slot = pos % self.block_size
+        blk, slot = locate(s.table, self.block_size, np.arange(s.lens[layer]))
         return self._read(blk, layer, 0, slot), self._read(blk, layer, 1, slot)
 
     def iter_blocks(self, seq_id: int, layer: int) -> Any:
@@ -252,6 +248,27 @@ class PagedKVCache:
             f"PagedKVCache(blocks {s['blocks_used']}/{self.num_blocks} used, block_size={self.block_size}, "
             f"dtype={self.dtype}, {len(self.seqs)} sequences)"
         )
+
+
+def blocks_needed(n_tokens: int, block_size: int) -> int:
+    """Blocks a sequence of n_tokens occupies: ceil(n_tokens / block_size) (the last one may be partly empty)."""
+    if n_tokens < 0 or block_size < 1:
+        raise ValueError(f"n_tokens, block_size: need n_tokens >= 0 and block_size >= 1, got {n_tokens}, {block_size}")
+    return -(-n_tokens // block_size)
+
+
+def locate(block_table: Any, block_size: int, pos: Any) -> tuple[Any, Any]:
+    """Logical token position(s) -> (physical block id, slot in the block) through the block table."""
+    table = np.asarray(block_table, dtype=np.int64)
+    p = np.asarray(pos, dtype=np.int64)
+    if p.size and (p.min() < 0 or p.max() >= len(table) * block_size):
+        raise ValueError(
+            f"pos: {int(p.max()) if p.size else p} outside the {len(table)} block(s) x {block_size} slots of the table"
+        )
+    blk, slot = table[p // block_size] if p.size else p, p % block_size
+    if p.ndim == 0:
+        return int(blk), int(slot)
+    return blk, slot
 
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
