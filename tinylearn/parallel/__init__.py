@@ -1,0 +1,55 @@
+"""Parallel training on real processes (built on ``tl.dist``): ZeRO 1/2/3, Megatron tensor parallelism,
+pipeline schedules (GPipe, 1F1B, interleaved) with a runtime, and a 3D-parallel planner.
+
+    import tinylearn as tl
+    opt = tl.parallel.ZeroOptimizer(model, torch.optim.Adam, stage=2, lr=1e-3)     # inside a launched rank
+    tl.parallel.zero_memory_per_rank(7_000_000_000, stage=3, world_size=64)          # bytes per rank
+    tl.parallel.pipeline_schedule("1f1b", 4, 8); tl.parallel.bubble_fraction("1f1b", 4, 8)
+    tl.parallel.plan_3d(64, 7_000_000_000, 32, 4096, 2048, 512, 80e9, link=dict(alpha_s=5e-6, beta_s_per_byte=1e-11))
+
+Same code under ``torchrun`` (NCCL or gloo) on many machines: ``tl.dist.launch`` then runs in place.
+"""
+
+from .pipeline import PipelineParallel
+from .planner import Plan, estimate_3d, plan_3d
+from .schedules import SCHEDULES, bubble_fraction, peak_in_flight, pipeline_schedule, simulate, validate_schedule
+from .tensor_parallel import (
+    ColumnParallelLinear,
+    DenseMLP,
+    DenseSelfAttention,
+    ParallelMLP,
+    ParallelSelfAttention,
+    RowParallelLinear,
+    allreduces_per_layer,
+    collective_counts,
+    copy_to_tp,
+    reduce_from_tp,
+    reset_counts,
+)
+from .zero import ZeroOptimizer, zero_memory_per_rank
+
+__all__ = [
+    "SCHEDULES",
+    "ColumnParallelLinear",
+    "DenseMLP",
+    "DenseSelfAttention",
+    "ParallelMLP",
+    "ParallelSelfAttention",
+    "PipelineParallel",
+    "Plan",
+    "RowParallelLinear",
+    "ZeroOptimizer",
+    "allreduces_per_layer",
+    "bubble_fraction",
+    "collective_counts",
+    "copy_to_tp",
+    "estimate_3d",
+    "peak_in_flight",
+    "pipeline_schedule",
+    "plan_3d",
+    "reduce_from_tp",
+    "reset_counts",
+    "simulate",
+    "validate_schedule",
+    "zero_memory_per_rank",
+]

@@ -1,0 +1,127 @@
+"""plan_3d: enumerate (dp, tp, pp) with dp·tp·pp = world_size, estimate memory and step time, keep what fits.
+
+Model (a transformer with Ψ = n_params parameters, L layers, hidden h, sequence s, microbatch size b, mixed
+precision, 1F1B, ZeRO-``zero_stage`` over the dp ranks):
+
+    memory/rank  = zero_memory_per_rank(Ψ/(tp·pp), zero_stage, dp)                        model states
+                 + 34·b·s·h/tp bytes per layer per microbatch (Korthikanti et al. 2022, fp16, no recompute,
+                   attention-score term dropped) × L/pp layers × min(pp, m) microbatches in flight (1F1B)
+    step time    = (m + pp - 1) · T_mb                                                      pipeline incl. bubble
+                   T_mb = 6·Ψ·b·s/(tp·pp) / flops_per_s                                     compute of one stage
+                        + 4·(L/pp) · ring(b·s·h·2 bytes, tp)                                 TP: 2 fwd + 2 bwd per layer
+                        + 2·(alpha + beta·b·s·h·2)   if pp > 1                               activation + grad p2p
+                 + ring(2Ψ/(tp·pp) bytes, dp)                                                DP gradient all-reduce
+    with ring(n, p) = tl.dist.cost_model.predict("ring", n, p, alpha, beta) and m = global_batch / (dp·b).
+
+Configurations are skipped when tp does not divide h, pp exceeds L, or dp·b does not divide global_batch.
+The result is sorted by estimated step time (fastest first); configurations over ``memory_per_rank_bytes`` are
+dropped (an empty list means nothing fits: raise ZeRO's stage, lower b, or add ranks).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..dist import cost_model
+from .zero import zero_memory_per_rank
+
+
+class Plan(NamedTuple):
+    dp: int
+    tp: int
+    pp: int
+    est_step_s: float
+    est_bytes: float
+
+
+def estimate_3d(
+    dp: int,
+    tp: int,
+    pp: int,
+    n_params: int,
+    n_layers: int,
+    hidden: int,
+    seq_len: int,
+    global_batch: int,
+    link: dict[str, float],
+    flops_per_s: float = 100e12,
+    microbatch_size: int = 1,
+    zero_stage: int = 1,
+) -> tuple[float, float]:
+    """(est_step_s, est_bytes) for one configuration (formulas in the module docstring)."""
+    a, beta = float(link["alpha_s"]), float(link["beta_s_per_byte"])
+    b = microbatch_size
+    m = global_batch // (dp * b)
+    psi_rank = n_params / (tp * pp)
+    states = zero_memory_per_rank(int(round(psi_rank)), zero_stage, dp)["total"]
+    act = 34 * b * seq_len * hidden / tp * (n_layers / pp) * min(pp, m)
+    act_bytes = b * seq_len * hidden * 2
+    t_mb = 6 * psi_rank * b * seq_len / flops_per_s
+    t_mb += 4 * (n_layers / pp) * cost_model.predict("ring", act_bytes, tp, a, beta)
+    if pp > 1:
+        t_mb += 2 * (a + beta * act_bytes)
+    t = (m + pp - 1) * t_mb + cost_model.predict("ring", 2 * psi_rank, dp, a, beta)
+    return t, states + act
+
+
+def plan_3d(
+    world_size: int,
+    n_params: int,
+    n_layers: int,
+    hidden: int,
+    seq_len: int,
+    global_batch: int,
+    memory_per_rank_bytes: float,
+    link: dict[str, float] | None = None,
+    *,
+    flops_per_s: float = 100e12,
+    microbatch_size: int = 1,
+    zero_stage: int = 1,
+) -> list[Plan]:
+    """Every (dp, tp, pp) that fits in memory, fastest estimated step first (see the module docstring)."""
+    ints = {
+        "world_size": world_size,
+        "n_params": n_params,
+        "n_layers": n_layers,
+        "hidden": hidden,
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+        "microbatch_size": microbatch_size,
+    }
+    for name, v in ints.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if not memory_per_rank_bytes > 0:
+        raise ValueError(f"memory_per_rank_bytes: expected > 0, got {memory_per_rank_bytes!r}")
+    link = link or {"alpha_s": 5e-6, "beta_s_per_byte": 1 / 100e9}
+    if not isinstance(link, dict) or not {"alpha_s", "beta_s_per_byte"} <= set(link):
+        raise ValueError(f"link: expected dict(alpha_s=..., beta_s_per_byte=...), got {link!r}")
+    if not flops_per_s > 0:
+        raise ValueError(f"flops_per_s: expected > 0, got {flops_per_s!r}")
+    out: list[Plan] = []
+    for tp in range(1, world_size + 1):
+        if world_size % tp or hidden % tp:
+            continue
+        for pp in range(1, world_size // tp + 1):
+            if (world_size // tp) % pp or pp > n_layers:
+                continue
+            dp = world_size // (tp * pp)
+            if global_batch % (dp * microbatch_size):
+                continue
+            t, mem = estimate_3d(
+                dp,
+                tp,
+                pp,
+                n_params,
+                n_layers,
+                hidden,
+                seq_len,
+                global_batch,
+                link,
+                flops_per_s,
+                microbatch_size,
+                zero_stage,
+            )
+            if mem <= memory_per_rank_bytes:
+                out.append(Plan(dp, tp, pp, t, mem))
+    return sorted(out, key=lambda x: (x.est_step_s, x.est_bytes))

@@ -1,0 +1,379 @@
+"""ZeRO (Rajbhandari et al., 2020): shard the optimizer state (stage 1), also the gradients (stage 2), also the
+parameters (stage 3) over the N ranks of a data-parallel group.
+
+Memory per rank for Ψ parameters, mixed-precision Adam (fp16/bf16 params and grads = 2 bytes each, optimizer
+state K = 12 bytes/param: fp32 master copy + momentum + variance), paper §5 / Figure 1:
+
+    baseline DDP   (2 + 2 + K) Ψ
+    stage 1        2Ψ + 2Ψ + KΨ/N          optimizer state sharded
+    stage 2        2Ψ + (2 + K)Ψ/N         + gradients sharded (reduce-scatter instead of all-reduce)
+    stage 3        (2 + 2 + K)Ψ/N          + parameters sharded (all-gather before use, free after)
+
+With fp32 parameters (dtype_bytes=4) there is no separate master copy: K = 8 for Adam (m, v), 4 for SGD momentum.
+
+Sharding: every parameter is flattened and padded to a multiple of N; rank r owns elements [r·s, (r+1)·s) with
+s = ceil(numel/N) (padding < N elements per tensor, which is why measured bytes may exceed the formula by at
+most N-1 elements per tensor; tests use sizes divisible by N, where measurement and formula agree exactly).
+
+Data flow of ``step()`` (gradients are averaged over the group here: DDP semantics, no DDP wrapper needed):
+
+* stage 1: one all-reduce (avg, ring) of the flat concatenated gradients — the same collective a plain DDP
+  built on ``tl.dist.all_reduce`` uses, so parameters are **bitwise** equal to that DDP; every rank updates its
+  shards; one all-gather per parameter re-assembles the parameters.
+* stage 2: each gradient is reduce-scattered (avg) in a post-accumulate-grad hook as soon as backward produces
+  it, and the full ``.grad`` is dropped: only the 1/N shard survives backward. Step + all-gather as stage 1.
+  The ring reduce-scatter sums in a different order than the all-reduce, so results equal DDP bitwise for N=2
+  (a+b = b+a) and within fp32 rounding for N>2.
+* stage 3: parameters live as shards; a module's parameters are all-gathered in a forward pre-hook (and again in
+  a backward pre-hook), and freed after its forward / after their gradient was reduce-scattered. Freeing resizes
+  the parameter's storage to 0 bytes (like FSDP), so the views autograd saved stay valid and see the re-gathered
+  values in backward. Pass the ``nn.Module`` as ``params`` to get the hooks; with a plain parameter list use
+  ``with opt.gather_parameters(): ...`` around forward and backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..dist import all_gather, all_reduce, reduce_scatter
+
+# stage 3 gathers parameters in a full backward pre-hook; on the first layer (input without grad) torch warns that
+# the hook fires for the outputs only — which is exactly when the gather is needed.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to")
+
+_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 state bytes per parameter (SGD: momentum buffer)
+
+
+def zero_memory_per_rank(
+    n_params: int, stage: int, world_size: int, dtype_bytes: int = 2, optimizer: str = "adam"
+) -> dict[str, float]:
+    """Bytes per rank for params / grads / optimizer_state / total under ZeRO ``stage`` (0 = plain DDP).
+
+    K (optimizer_state bytes per parameter) = fp32 state (Adam 8, SGD-momentum 4) + 4 for the fp32 master copy
+    when the parameters are stored in 16 bits (dtype_bytes < 4): mixed-precision Adam has K = 12.
+    """
+    if isinstance(n_params, bool) or not isinstance(n_params, int) or n_params < 0:
+        raise ValueError(f"n_params: expected an int >= 0, got {n_params!r}")
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage: expected 0, 1, 2 or 3, got {stage!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if dtype_bytes not in (1, 2, 4, 8):
+        raise ValueError(f"dtype_bytes: expected 1, 2, 4 or 8, got {dtype_bytes!r}")
+    if not isinstance(optimizer, str) or optimizer.lower() not in _STATE_BYTES:
+        raise ValueError(f"optimizer: expected one of {sorted(_STATE_BYTES)}, got {optimizer!r}")
+    k = _STATE_BYTES[optimizer.lower()] + (4 if dtype_bytes < 4 else 0)
+    psi, n = float(n_params), world_size
+    params = dtype_bytes * psi / (n if stage >= 3 else 1)
+    grads = dtype_bytes * psi / (n if stage >= 2 else 1)
+    state = k * psi / (n if stage >= 1 else 1)
+    return {"params": params, "grads": grads, "optimizer_state": state, "total": params + grads + state}
+
+
+def _group_info(group: Any) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "ZeroOptimizer: torch.distributed is not initialized; run inside tl.dist.launch(...) or torchrun"
+        )
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+class _Slot:
+    """Book-keeping of one parameter: its shape, shard range and the tensors this rank keeps for it."""
+
+    def __init__(self, p: torch.Tensor, n: int, r: int) -> None:
+        self.p = p
+        self.shape = p.shape
+        self.numel = p.numel()
+        self.s = math.ceil(self.numel / n) if self.numel else 0  # padded shard length
+        self.lo = min(r * self.s, self.numel)
+        self.hi = min((r + 1) * self.s, self.numel)
+        self.master: torch.Tensor = torch.empty(0)  # what the inner optimizer updates
+        self.p_shard: torch.Tensor | None = None  # stage 3: this rank's slice of the parameter (param dtype)
+        self.grad_shard: torch.Tensor | None = None  # stage 2/3: reduced gradient shard
+
+
+class ZeroOptimizer:
+    """Wrap ``optimizer_cls`` so that each rank of ``group`` keeps only its shard (see module docstring).
+
+    ``params``: an iterable of parameters, or an ``nn.Module`` (needed for stage 3's automatic gather hooks).
+    Every rank must construct it with identical parameters (same initial values, same order).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | torch.nn.Module,
+        optimizer_cls: type = torch.optim.Adam,
+        stage: int = 1,
+        group: Any = None,
+        **optimizer_kwargs: Any,
+    ) -> None:
+        if stage not in (1, 2, 3):
+            raise ValueError(f"stage: expected 1, 2 or 3, got {stage!r}")
+        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer_cls: expected a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
+        module = params if isinstance(params, torch.nn.Module) else None
+        plist = list(module.parameters() if module is not None else params)
+        if not plist:
+            raise ValueError("params: got an empty parameter list")
+        for i, p in enumerate(plist):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"params[{i}]: expected a torch.Tensor, got {type(p).__name__}")
+            if not p.dtype.is_floating_point:
+                raise TypeError(f"params[{i}]: expected a floating-point tensor, got {p.dtype}")
+        self.stage, self.group, self.module = stage, group, module
+        self.world_size, self.rank = _group_info(group)
+        self.params = plist
+        self.slots = [_Slot(p, self.world_size, self.rank) for p in plist]
+        self._handles: list[Any] = []
+        self._grads_reduced = False
+        for sl in self.slots:
+            full = sl.p.detach().reshape(-1)
+            mixed = sl.p.dtype in (torch.float16, torch.bfloat16)
+            if stage == 3:
+                sl.p_shard = self._padded(full, sl)[self.rank * sl.s : (self.rank + 1) * sl.s].clone()
+                sl.master = sl.p_shard.float() if mixed else sl.p_shard
+            elif mixed:
+                sl.master = self._padded(full, sl)[self.rank * sl.s : (self.rank + 1) * sl.s].float()
+            else:
+                sl.master = sl.p.data.view(-1)[sl.lo : sl.hi]  # a view: the update lands in the parameter
+        self.optimizer = optimizer_cls([sl.master for sl in self.slots], **optimizer_kwargs)
+        self.param_groups = self.optimizer.param_groups
+        if stage >= 2:
+            for sl in self.slots:
+                if sl.p.requires_grad:
+                    self._handles.append(sl.p.register_post_accumulate_grad_hook(self._make_grad_hook(sl)))
+        if stage == 3:
+            for sl in self.slots:
+                self._free(sl)
+            if module is not None:
+                self._install_module_hooks(module)
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def _padded(self, flat: torch.Tensor, sl: _Slot) -> torch.Tensor:
+        out = torch.zeros(sl.s * self.world_size, dtype=flat.dtype)
+        out[: flat.numel()] = flat.reshape(-1)
+        return out
+
+    def _gather_many(self, shards: list[torch.Tensor], slots: list[_Slot]) -> list[torch.Tensor]:
+        """All-gather the shards of several tensors in ONE collective (same dtype): rank r contributes the
+        concatenation of its padded shards; returns each tensor flat and unpadded."""
+        if not slots:
+            return []
+        dtype = shards[0].dtype
+        if any(t.dtype != dtype for t in shards):
+            return [self._gather_many([t], [sl])[0] for t, sl in zip(shards, slots, strict=True)]
+        total = sum(sl.s for sl in slots)
+        buf = torch.zeros(total, dtype=dtype)
+        off = 0
+        for t, sl in zip(shards, slots, strict=True):
+            buf[off : off + t.numel()] = t.reshape(-1)
+            off += sl.s
+        out = torch.empty(total * self.world_size, dtype=dtype).view(self.world_size, total)
+        all_gather(out.view(-1), buf, group=self.group, check=False)
+        res, off = [], 0
+        for sl in slots:
+            res.append(out[:, off : off + sl.s].reshape(-1)[: sl.numel])
+            off += sl.s
+        return res
+
+    def _free(self, sl: _Slot) -> None:
+        sl.p.data.untyped_storage().resize_(0)
+
+    def _materialise(self, slots: list[_Slot]) -> None:
+        """Re-allocate and fill the full parameters of ``slots`` (one all-gather for all of them)."""
+        todo = [sl for sl in slots if sl.p.data.untyped_storage().nbytes() != sl.numel * sl.p.element_size()]
+        if not todo:
+            return  # already gathered (the same on every rank: all ranks run the same hooks)
+        fulls = self._gather_many([sl.p_shard for sl in todo], todo)  # type: ignore[misc]
+        for sl, full in zip(todo, fulls, strict=True):
+            sl.p.data.untyped_storage().resize_(sl.numel * sl.p.element_size())
+            sl.p.data.copy_(full.view(sl.shape))
+
+    def _make_grad_hook(self, sl: _Slot) -> Any:
+        def hook(p: torch.Tensor) -> None:
+            g = p.grad
+            if g is None:
+                return
+            out = torch.empty(sl.s, dtype=g.dtype)
+            reduce_scatter(out, self._padded(g.detach(), sl), op="avg", group=self.group, check=False)
+            sl.grad_shard = out if sl.grad_shard is None else sl.grad_shard.add_(out)
+            p.grad = None  # the full gradient is dropped as soon as its shard is reduced
+            if self.stage == 3:
+                self._free(sl)
+
+        return hook
+
+    def _install_module_hooks(self, module: torch.nn.Module) -> None:
+        by_param = {id(sl.p): sl for sl in self.slots}
+        for m in module.modules():
+            own = [by_param[id(p)] for p in m.parameters(recurse=False) if id(p) in by_param]
+            if not own:
+                continue
+
+            def gather(*_: Any, own: list[_Slot] = own) -> None:
+                self._materialise(own)
+
+            def free(*_: Any, own: list[_Slot] = own) -> None:
+                for sl in own:
+                    self._free(sl)
+
+            self._handles.append(m.register_forward_pre_hook(gather))
+            self._handles.append(m.register_forward_hook(free))
+            self._handles.append(m.register_full_backward_pre_hook(gather))
+
+    # ------------------------------------------------------------------------------------------- public API
+    @contextlib.contextmanager
+    def gather_parameters(self) -> Iterator[list[torch.Tensor]]:
+        """Stage 3: materialise every full parameter inside the block (collective: all ranks must enter), free
+        them at exit unless backward still needs them. Stages 1/2 hold full parameters anyway: a no-op."""
+        if self.stage == 3:
+            self._materialise(self.slots)
+        try:
+            yield self.params
+        finally:
+            if self.stage == 3:
+                for sl in self.slots:
+                    if sl.p.grad is None:
+                        self._free(sl)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for sl in self.slots:
+            sl.grad_shard = None
+            sl.master.grad = None
+            if sl.p.grad is not None:
+                if set_to_none:
+                    sl.p.grad = None
+                else:
+                    sl.p.grad.zero_()
+
+    def _reduce_stage1(self) -> None:
+        grads = [sl.p.grad if sl.p.grad is not None else torch.zeros(sl.shape, dtype=sl.p.dtype) for sl in self.slots]
+        flat = torch.cat([g.detach().reshape(-1) for g in grads])
+        all_reduce(flat, op="avg", algorithm="ring", group=self.group, check=False)
+        off = 0
+        for sl, g in zip(self.slots, grads, strict=True):
+            g.copy_(flat[off : off + sl.numel].view(sl.shape))
+            if sl.p.grad is None:
+                sl.p.grad = g
+            off += sl.numel
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Average gradients over the group, update this rank's shards, re-assemble (stages 1/2) the parameters."""
+        if self.stage == 1:
+            self._reduce_stage1()
+        for sl in self.slots:
+            if self.stage == 1:
+                g = sl.p.grad.reshape(-1)
+                g = self._padded(g, sl)[self.rank * sl.s : self.rank * sl.s + sl.master.numel()]
+            else:
+                g = sl.grad_shard if sl.grad_shard is not None else torch.zeros(sl.s, dtype=sl.p.dtype)
+                g = g[: sl.master.numel()]
+            sl.master.grad = g.to(sl.master.dtype) if g.dtype != sl.master.dtype else g
+        self.optimizer.step()
+        if self.stage == 3:
+            for sl in self.slots:
+                if sl.p_shard is not sl.master:
+                    assert sl.p_shard is not None
+                    sl.p_shard.copy_(sl.master)
+            return
+        slots = [sl for sl in self.slots if sl.s]
+        shards = [sl.master if sl.master.dtype == sl.p.dtype else sl.master.to(sl.p.dtype) for sl in slots]
+        for sl, full in zip(slots, self._gather_many(shards, slots), strict=True):  # one all-gather
+            sl.p.data.copy_(full.view(sl.shape))
+
+    # ------------------------------------------------------------------------------------------- memory
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds right now: parameters (storage actually allocated), gradients (full .grad plus
+        reduced shards) and optimizer state (inner optimizer's state tensors plus a separate fp32 master copy).
+        Call after ``step()`` and before ``zero_grad()`` to see the steady state of every stage."""
+        params = grads = state = 0
+        for sl in self.slots:
+            params += sl.p.data.untyped_storage().nbytes() if self.stage == 3 else sl.numel * sl.p.element_size()
+            if sl.p_shard is not None:
+                params += sl.p_shard.numel() * sl.p_shard.element_size()
+            if sl.p.grad is not None:
+                grads += sl.p.grad.numel() * sl.p.grad.element_size()
+            if sl.grad_shard is not None:
+                grads += sl.grad_shard.numel() * sl.grad_shard.element_size()
+            if sl.master.dtype != sl.p.dtype:  # fp32 master copy of a 16-bit parameter: part of K
+                state += sl.master.numel() * sl.master.element_size()
+            for v in self.optimizer.state.get(sl.master, {}).values():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    state += v.numel() * v.element_size()
+        return {"params": params, "grads": grads, "optimizer_state": state, "total": params + grads + state}
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Consolidated state in the plain optimizer's format (collective: every rank gets the full dict), so
+        ``optimizer_cls(params).load_state_dict(sd)`` continues exactly where this one stopped."""
+        inner = self.optimizer.state_dict()
+        has = torch.tensor([1 if inner["state"].get(i) else 0 for i in range(len(self.slots))])
+        dist.all_reduce(has, op=dist.ReduceOp.MIN, group=self.group)  # state exists on every rank or is dropped
+        idx = [i for i in range(len(self.slots)) if int(has[i])]
+        state: dict[int, dict[str, Any]] = {i: {} for i in idx}
+        keys = sorted({k for i in idx for k in inner["state"][i]})
+        for k in keys:
+            sharded = [
+                i
+                for i in idx
+                if isinstance(inner["state"][i].get(k), torch.Tensor)
+                and inner["state"][i][k].dim() > 0
+                and inner["state"][i][k].numel() == self.slots[i].master.numel()
+            ]
+            fulls = self._gather_many([inner["state"][i][k] for i in sharded], [self.slots[i] for i in sharded])
+            for i, full in zip(sharded, fulls, strict=True):
+                state[i][k] = full.clone().view(self.slots[i].shape)
+            for i in idx:
+                if i not in sharded and k in inner["state"][i]:
+                    v = inner["state"][i][k]
+                    state[i][k] = v.clone() if isinstance(v, torch.Tensor) else v
+        return {"state": state, "param_groups": inner["param_groups"]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a consolidated state (from ``state_dict()`` of any world size, or from the plain optimizer)."""
+        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise TypeError("state_dict: expected a dict with 'state' and 'param_groups' (an optimizer state_dict)")
+        n_sd = sum(len(g["params"]) for g in state_dict["param_groups"])
+        if n_sd != len(self.slots):
+            raise ValueError(f"state_dict: holds {n_sd} parameters, this optimizer has {len(self.slots)}")
+        order = [i for g in state_dict["param_groups"] for i in g["params"]]
+        state: dict[int, dict[str, Any]] = {}
+        for j, key in enumerate(order):
+            st = state_dict["state"].get(key)
+            if st is None:
+                continue
+            sl = self.slots[j]
+            mine: dict[str, Any] = {}
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == sl.numel:
+                    flat = self._padded(v.detach().reshape(-1), sl)[self.rank * sl.s :]
+                    mine[k] = flat[: sl.master.numel()].clone()
+                else:
+                    mine[k] = v.clone() if isinstance(v, torch.Tensor) else v  # never share a step counter
+            state[j] = mine
+        groups = [dict(g) for g in state_dict["param_groups"]]
+        flat_ids = iter(range(len(self.slots)))
+        for g in groups:
+            g["params"] = [next(flat_ids) for _ in g["params"]]
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.param_groups = self.optimizer.param_groups
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"ZeroOptimizer(stage={self.stage}, world_size={self.world_size}, rank={self.rank}, "
+            f"optimizer={type(self.optimizer).__name__}, n_params={sum(sl.numel for sl in self.slots)})"
+        )
