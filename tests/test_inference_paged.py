@@ -226,3 +226,21 @@ def test_serving_bad_inputs() -> None:
         simulate_serving([dict(arrival=0, prompt_len=4, output_len=2)], "fifo", 50, COST)
     with pytest.raises(ValueError, match=r"requests\[0\]"):
         simulate_serving([dict(arrival=0, prompt_len=4)], "static", 50, COST)
+
+
+def test_tinygpt_decodes_through_the_paged_cache() -> None:
+    from tinylearn.inference import TinyGPT
+
+    model = TinyGPT(29, 32, 4, 2, 64, n_kv_heads=2)
+    ids = np.random.default_rng(3).integers(0, 29, (1, 21))
+    full = model(ids).numpy()
+    paged = PagedKVCache(2, 2, 8, num_blocks=8, block_size=4)
+    a = paged.new_sequence()
+    view = paged.model_cache(a)
+    parts = [model(ids[:, :9], view).numpy()]
+    b = paged.fork(a)  # the fork continues from the shared 9-token prefix
+    parts += [model(ids[:, i : i + 1], view).numpy() for i in range(9, 21)]
+    assert_close(np.concatenate(parts, axis=1), full, np.float32)
+    other = paged.model_cache(b)
+    assert_close(model(ids[:, 9:12], other).numpy(), full[:, 9:12], np.float32)
+    assert paged.cow_copies == 1 and paged.length(b, 1) == 12

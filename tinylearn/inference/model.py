@@ -202,15 +202,19 @@ class TinyGPT(Module):
         """An empty dense KV cache for ``forward(ids, cache=...)``."""
         return DenseKVCache(self.config, batch_size)
 
-    def forward(self, ids: Any, cache: DenseKVCache | None = None) -> Tensor:
-        """logits [B, T, V]. With ``cache``: ids are the next T tokens after ``cache.length`` cached ones."""
+    def forward(self, ids: Any, cache: Any = None) -> Tensor:
+        """logits [B, T, V]. With ``cache``: ids are the next T tokens after ``cache.length`` cached ones.
+
+        ``cache``: a DenseKVCache (``new_cache``) or ``PagedKVCache.model_cache(seq_id)`` (paged blocks)."""
         c = self.config
         ids = check_ids(ids, c.vocab_size)
         b, t = ids.shape
         start = 0
         if cache is not None:
-            if not isinstance(cache, DenseKVCache):
-                raise TypeError(f"cache: expected a DenseKVCache, got {type(cache).__name__}")
+            if not all(hasattr(cache, a) for a in ("write", "length", "batch_size")):
+                raise TypeError(
+                    f"cache: expected a DenseKVCache (or write/length/batch_size), got {type(cache).__name__}"
+                )
             if cache.batch_size != b:
                 raise ValueError(f"cache: batch size {cache.batch_size} does not match ids batch {b}")
             start = cache.length
@@ -222,7 +226,7 @@ class TinyGPT(Module):
         for i, blk in enumerate(self.blocks):
             x = blk(x, self._rope, start, cache, i)
         if cache is not None:
-            cache.length += t
+            cache.length = start + t
         return self.lm_head(self.ln_f(x))
 
     @no_grad()

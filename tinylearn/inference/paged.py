@@ -217,6 +217,11 @@ class PagedKVCache:
             slot = np.arange(n)
             yield self._read(b, layer, 0, slot), self._read(b, layer, 1, slot)
 
+    def model_cache(self, seq_id: int) -> PagedSequenceCache:
+        """An adapter so ``TinyGPT.forward(ids, cache=...)`` reads and writes this sequence's paged blocks."""
+        self._seq(seq_id)
+        return PagedSequenceCache(self, seq_id)
+
     def stats(self) -> dict[str, Any]:
         used = self.num_blocks - self.blocks_free
         tokens = sum(max(s.lens) for s in self.seqs.values())
@@ -248,6 +253,35 @@ class PagedKVCache:
             f"PagedKVCache(blocks {s['blocks_used']}/{self.num_blocks} used, block_size={self.block_size}, "
             f"dtype={self.dtype}, {len(self.seqs)} sequences)"
         )
+
+
+class PagedSequenceCache:
+    """One sequence of a PagedKVCache seen through the dense-cache interface TinyGPT uses (batch 1):
+    ``write(layer, k [1, Hkv, T, D], v)`` appends the tokens to the paged blocks and returns the gathered
+    [1, Hkv, S, D] K/V; ``length`` is the number of cached positions."""
+
+    batch_size = 1
+
+    def __init__(self, cache: PagedKVCache, seq_id: int) -> None:
+        self.cache, self.seq_id = cache, seq_id
+        self.max_seq_len = cache.num_blocks * cache.block_size
+
+    @property
+    def length(self) -> int:
+        return self.cache.length(self.seq_id, 0)
+
+    @length.setter
+    def length(self, value: int) -> None:
+        lens = self.cache._seq(self.seq_id).lens
+        if any(n != value for n in lens):
+            raise ValueError(f"length: paged sequence {self.seq_id} holds {lens} tokens per layer, not {value}")
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if k.shape[0] != 1:
+            raise ValueError(f"k: a paged sequence cache holds batch 1, got shape {k.shape}")
+        self.cache.append(self.seq_id, layer, k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2))
+        kg, vg = self.cache.gather(self.seq_id, layer)
+        return kg.transpose(1, 0, 2)[None], vg.transpose(1, 0, 2)[None]
 
 
 def blocks_needed(n_tokens: int, block_size: int) -> int:
