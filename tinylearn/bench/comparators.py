@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..testing.devices import clang_available
+from ..backends import clang_available
 from .table import Row, Table
 from .timing import measure
 

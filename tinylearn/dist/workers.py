@@ -48,7 +48,7 @@ def _cmp(label: str, got: torch.Tensor, ref: torch.Tensor, exact: bool, fails: l
             bad = int((got != ref).sum())
             fails.append(f"{label}: {bad} elements differ (exact comparison)")
         return
-    from ..testing import assert_close
+    from ..tolerance import assert_close
 
     try:
         assert_close(

@@ -4,6 +4,7 @@ Tolerance rule (DESIGN.md):  |actual - expected| <= atol + rtol * |expected|, el
 precision to float32.  Integers and bools are compared exactly.
 """
 
+from ..tolerance import TOLERANCES, assert_close, to_numpy, tolerance
 from .devices import (
     clang_available,
     cuda_available,
@@ -14,7 +15,6 @@ from .devices import (
     triton_available,
 )
 from .inputs import LAYOUTS, broadcast_shape_pairs, make_array, make_layouts
-from .tolerance import TOLERANCES, assert_close, to_numpy, tolerance
 
 __all__ = [
     "TOLERANCES",

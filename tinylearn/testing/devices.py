@@ -1,55 +1,22 @@
 """What this machine can run: CUDA device, nvcc, clang (tinygrad's CPU device), triton, numba, MPI.
 
-Every probe is cheap, cached and never raises: it answers False when the thing is missing or broken.
+The probes live in ``tinylearn.backends`` (library code asks there); this module re-exports them for tests and
+adds ``nvcc_compile_ptx``. Every probe is cheap, cached and never raises.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import shutil
 import subprocess
 from pathlib import Path
 
-
-@functools.cache
-def cuda_available() -> bool:
-    """True only when a CUDA device can run a kernel (cupy imports without a GPU, so ask the runtime)."""
-    if importlib.util.find_spec("cupy") is None:
-        return False
-    try:
-        import cupy
-
-        return bool(cupy.cuda.is_available()) and cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-@functools.cache
-def nvcc_available() -> bool:
-    """True when ``nvcc`` is on PATH (it compiles CUDA sources; that does not mean a GPU exists)."""
-    return shutil.which("nvcc") is not None
-
-
-@functools.cache
-def clang_available() -> bool:
-    """True when ``clang`` is on PATH: tinygrad's CPU device compiles its kernels with it."""
-    return shutil.which("clang") is not None
-
-
-@functools.cache
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-@functools.cache
-def numba_available() -> bool:
-    return importlib.util.find_spec("numba") is not None
-
-
-@functools.cache
-def mpi_available() -> bool:
-    return importlib.util.find_spec("mpi4py") is not None and shutil.which("mpirun") is not None
+from ..backends import (  # noqa: F401  (re-exported)
+    clang_available,
+    cuda_available,
+    mpi_available,
+    numba_available,
+    nvcc_available,
+    triton_available,
+)
 
 
 def nvcc_compile_ptx(source: str | Path, out_dir: str | Path, arch: str = "sm_80", timeout_s: float = 300) -> Path:

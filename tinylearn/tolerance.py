@@ -1,4 +1,5 @@
-"""Tolerance table and assert_close.
+"""The DESIGN.md tolerance table and assert_close (library layer: tinylearn.dist's self-checks use it, and
+tinylearn.testing re-exports it for the tests).
 
 Invariant checked: |a - e| <= atol + rtol * |e| elementwise, with (atol, rtol) from the dtype row below;
 low-precision inputs are upcast to float32 (float64 stays float64) before the difference is taken. NaNs must
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from ._inputs import to_numpy as _to_numpy
 
 # dtype name -> (atol, rtol)
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -57,19 +60,15 @@ def tolerance(dtype: Any, reduction_size: int | None = None) -> tuple[float, flo
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """numpy view/copy of a numpy array, torch tensor (any device, bf16 upcast to fp32), tinylearn or tinygrad
-    Tensor, or Python scalar/list."""
-    if isinstance(x, np.ndarray):
-        return x
-    mod = type(x).__module__
-    if mod.startswith("torch"):
+    """What an *expected/actual value* is compared as: like ``tinylearn._inputs.to_numpy`` (the input policy), but
+    lenient the way a test oracle must be: torch tensors on any device (copied to the host), bf16 upcast to fp32,
+    tinygrad Tensors (``.numpy()``)."""
+    if type(x).__module__.startswith("torch"):
         t = x.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":
-            t = t.float()
-        return t.numpy()
-    if hasattr(x, "numpy") and callable(x.numpy):
+        return (t.float() if str(t.dtype) == "torch.bfloat16" else t).numpy()
+    if not isinstance(x, np.ndarray) and type(x).__module__.startswith("tinygrad"):
         return np.asarray(x.numpy())
-    return np.asarray(x)
+    return _to_numpy(x, "value")
 
 
 def _src_dtype_name(x: Any) -> str | None:
