@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from .._resources import cuda_source
 from ..backends import cuda_available
 
 NATIVE_DTYPES = (np.float32,)
-CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 WARPS_PER_BLOCK = 4
 
 
@@ -32,11 +32,8 @@ def available() -> tuple[bool, str]:
 
 
 def source_path(name: str) -> Path:
-    path = CUDA_SRC / f"{name}.cu"
-    if not path.is_file():
-        known = sorted(p.stem for p in CUDA_SRC.glob("*.cu"))
-        raise ValueError(f"name: no CUDA source {path.name} in {CUDA_SRC}; known: {known}")
-    return path
+    """cuda_src/<name>.cu from the checkout, or the copy packaged in the wheel (tinylearn._resources)."""
+    return cuda_source(name)
 
 
 @functools.cache
