@@ -22,7 +22,7 @@ from .dtypes import bfloat16
 
 def bf16_bits(x: Any) -> np.ndarray:
     """uint16 bfloat16 bit patterns of ``x`` (cast to float32 first), round-to-nearest-even."""
-    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    f = np.array(x, dtype=np.float32, order="C", copy=True)
     bits = f.view(np.uint32).astype(np.uint64)
     bias = 0x7FFF + ((bits >> 16) & 1)
     out = ((bits + bias) >> 16).astype(np.uint16)
