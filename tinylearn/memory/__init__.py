@@ -12,7 +12,7 @@ from .base import STAT_KEYS, Allocator, align_up, external_fragmentation
 from .buddy import BuddyAllocator, buddy_of, next_pow2, split_block
 from .bump import BumpAllocator
 from .caching import CachingAllocator, CachingConfig, allocation_size, round_size
-from .estimate import estimate, measure_peak, transformer_memory
+from .estimate import estimate, measure_peak, model_state_bytes, transformer_memory
 from .freelist import BestFitAllocator, FirstFitAllocator
 from .planner import check_plan, lower_bound, plan, plan_greedy
 from .pooled import TraceRecorder, count_numpy_allocations, pooled
@@ -51,6 +51,7 @@ __all__ = [
     "lifetimes_from_ops",
     "lower_bound",
     "measure_peak",
+    "model_state_bytes",
     "next_pow2",
     "ops_from_lifetimes",
     "pair_ops",

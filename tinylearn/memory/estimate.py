@@ -209,3 +209,18 @@ def transformer_memory(
         "activations": act,
         "total": 16 * n_params + act,
     }
+
+
+def model_state_bytes(n_params: float, optimizer: str = "adam", mixed_precision: bool = True) -> float:
+    """Bytes of params + grads + optimizer states per ``n_params`` (no activations, no sharding).
+
+    fp32:            params 4 + grads 4 + states (Adam 8, SGD+momentum 4, SGD 0)
+    mixed precision: 16-bit params 2 + 16-bit grads 2 + fp32 master params 4 + fp32 states (Adam 8, ...)
+    Adam: 16 bytes/param either way (mixed precision saves activation memory and bandwidth, not model states)."""
+    states = {"adam": 8, "adamw": 8, "sgd_momentum": 4, "sgd": 0}
+    if optimizer not in states:
+        raise ValueError(f"optimizer: expected one of {sorted(states)}, got {optimizer!r}")
+    if n_params < 0:
+        raise ValueError(f"n_params: must be >= 0, got {n_params}")
+    per = (2 + 2 + 4 if mixed_precision else 4 + 4) + states[optimizer]
+    return per * n_params
