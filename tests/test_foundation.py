@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import tomllib
 
 import tinylearn
+import tinylearn.topics
 from tinylearn.bench import Comparison, Table, measure
 from tinylearn.bench.table import Row
 from tinylearn.testing import assert_close, broadcast_shape_pairs, make_array, make_layouts, tolerance
@@ -136,7 +138,7 @@ def test_plot_table_draws_bars(tmp_path):
 def test_cli_unknown_topic_lists_known_ones():
     p = subprocess.run([sys.executable, "-m", "tinylearn", "bench", "no_such_topic"], capture_output=True, text=True)
     assert p.returncode != 0
-    assert "no_such_topic" in p.stderr and "matmul" in p.stderr and "autodiff" in p.stderr
+    assert "no_such_topic" in p.stderr and "quant" in p.stderr and "conv" in p.stderr
 
 
 def test_cli_info_runs():
@@ -258,3 +260,62 @@ def test_exercise_stubs_are_unsolved(folder):
 def test_library_has_no_stubs():
     hits = [str(p) for p in (ROOT / "tinylearn").rglob("*.py") if "NotImplementedError" in p.read_text()]
     assert not hits, f"NotImplementedError in the library: {hits}"
+
+
+# ---------------------------------------------------------------- the topic table (tinylearn.topics)
+TOPIC_ROWS = tinylearn.topics.all_topics()
+
+
+@pytest.mark.parametrize("t", TOPIC_ROWS, ids=[t.name for t in TOPIC_ROWS])
+def test_topic_row_lists_files_that_exist(t):
+    """Every file a row names exists: notebook (+ source), exercise folder, test modules, bench module, packages,
+    C++/CUDA sources (globs must match)."""
+    assert (ROOT / "notebooks" / "src" / f"{t.notebook}.py").is_file(), f"{t.name}: no notebook source"
+    assert (ROOT / "notebooks" / f"{t.notebook}.ipynb").is_file(), f"{t.name}: no notebook"
+    if t.exercises is not None:
+        folder = ROOT / "exercises" / t.exercises
+        for f in ("stubs.py", "reference.py", f"test_{t.exercises}.py"):
+            assert (folder / f).is_file(), f"{t.name}: exercises/{t.exercises}/{f} missing"
+    assert t.tests, f"{t.name}: no test modules"
+    for m in t.tests:
+        assert (ROOT / "tests" / f"{m}.py").is_file(), f"{t.name}: tests/{m}.py missing"
+    assert t.bench is not None, f"{t.name}: no benchmark module"
+    assert callable(importlib.import_module(t.bench).run)
+    for pkg in t.packages:
+        assert (ROOT / "tinylearn" / pkg / "__init__.py").is_file(), f"{t.name}: package tinylearn/{pkg} missing"
+    for folder, globs in (("cpp_src", t.cpp), ("cuda_src", t.cuda)):
+        for g in globs:
+            assert list((ROOT / folder).glob(g)), f"{t.name}: {folder}/{g} matches no file"
+
+
+def test_topic_names_resolve_uniquely_and_every_topic_folder_has_a_row():
+    names = [n for t in TOPIC_ROWS for n in t.names()]
+    assert len(names) == len(set(names)), "a name is used by two topics"
+    for t in TOPIC_ROWS:
+        assert all(tinylearn.topics.get(n) is t for n in t.names())
+    assert tinylearn.topics.get("03_quantization.ipynb").name == "quant"
+    with pytest.raises(ValueError, match="known topics"):
+        tinylearn.topics.get("no_such_topic")
+    notebooks = {p.stem for p in (ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py")}
+    exercises = {p.name for p in (ROOT / "exercises").iterdir() if p.is_dir() and p.name[:2].isdigit()}
+    assert notebooks <= {t.notebook for t in TOPIC_ROWS}, "a notebook without a topic row"
+    assert exercises <= {t.exercises for t in TOPIC_ROWS}, "an exercise folder without a topic row"
+
+
+def test_bench_registry_comes_from_the_topic_table():
+    from tinylearn.bench import TOPICS, available_topics
+
+    assert list(TOPICS) == [t.name for t in TOPIC_ROWS if t.bench]
+    for t in TOPIC_ROWS:
+        for n in t.names():
+            assert n in TOPICS and TOPICS[n] == t.bench
+    assert "no_such_topic" not in TOPICS
+    assert set(available_topics()) <= set(TOPICS)
+    with pytest.raises(ValueError, match="known"):
+        tinylearn.bench.run_topic("no_such_topic")
+
+
+def test_readme_curriculum_map_is_generated_from_the_topic_table():
+    tool = ROOT / "tools" / "readme_map.py"
+    p = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr

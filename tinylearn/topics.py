@@ -23,6 +23,7 @@ class Topic:
     cpp: tuple[str, ...] = ()  # cpp_src/ files (globs allowed)
     cuda: tuple[str, ...] = ()  # cuda_src/ files (globs allowed)
     aliases: tuple[str, ...] = ()
+    questions: str = ""  # seed question numbers the notebook answers (the README map's column)
 
     @property
     def number(self) -> str:
@@ -43,6 +44,7 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.bench.matmul",
         ("machine.cpp",),
         aliases=("matmul",),
+        questions="—",
     ),
     Topic(
         "autograd",
@@ -54,6 +56,7 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.autograd.bench",
         ("optim*.cpp",),
         aliases=("autodiff",),
+        questions="4, 18, 24, 34, 93, 64/76 (autodiff parts)",
     ),
     Topic(
         "conv",
@@ -65,6 +68,7 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.conv.bench",
         ("conv_*.cpp",),
         aliases=("im2col",),
+        questions="2, 22, 32, 98, 144",
     ),
     Topic(
         "quant",
@@ -77,6 +81,7 @@ TOPICS: tuple[Topic, ...] = (
         ("quant_*.cpp",),
         ("quant_*.cu",),
         aliases=("quantization",),
+        questions="21, 44, 45, 65, 66, 74, 105, 130, 148, 156, 190, 196",
     ),
     Topic(
         "prune",
@@ -89,6 +94,7 @@ TOPICS: tuple[Topic, ...] = (
         ("sparse*.cpp",),
         ("sparse_*.cu",),
         aliases=("pruning", "sparse"),
+        questions="26, 46, 95, 97, 128, 152, 167, 173, 175, 184, 187",
     ),
     Topic(
         "kernels",
@@ -109,6 +115,7 @@ TOPICS: tuple[Topic, ...] = (
         ("kernels*.cpp",),
         ("kernels_*.cu", "vector_reduce.cu"),
         aliases=("fused_kernels",),
+        questions="17, 18, 31, 54, 55, 69, 72, 79, 101",
     ),
     Topic(
         "dist",
@@ -119,6 +126,7 @@ TOPICS: tuple[Topic, ...] = (
         ("test_dist", "test_dist_launchers", "test_dist_model"),
         "tinylearn.dist.bench",
         aliases=("allreduce",),
+        questions="20, 25, 30, 61, 85, 94, 96, 122, 141, 160",
     ),
     Topic(
         "memory",
@@ -128,9 +136,10 @@ TOPICS: tuple[Topic, ...] = (
         "07_memory_pools",
         ("test_memory", "test_memory_cuda", "test_memory_planner"),
         "tinylearn.memory.bench",
-        ("memory*.cpp", "memory*.h", "memory/*.h"),
+        ("memory*.cpp", "memory/*.h"),
         ("memory_*.cu",),
         aliases=("memory_pools",),
+        questions="14, 27, 37, 49, 59, 76, 88, 222",
     ),
 )
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import backends
 from .comparators import Comparison, tinygrad_jit
 from .table import Table
 
@@ -20,7 +21,7 @@ def run(
 ) -> list[Table]:
     import torch
 
-    from tinylearn._C import machine
+    machine = backends.load_C("machine")
 
     sizes = sizes or ([128, 256, 512, 1024, 2048] if full else [128, 256, 512, 1024])
     cmp = Comparison("matmul fp32 (C = A @ B)", baseline="torch", progress=progress, repeat=7)

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
+
 
 @dataclass
 class Peak:
@@ -105,20 +107,18 @@ def stream_bandwidth(n: int = 20_000_000, repeat: int = 5) -> float:
     a = np.zeros(n)
     b = np.ones(n)
     c = np.full(n, 2.0)
-    try:
-        from tinylearn._C import machine
-
+    if backends.C_available("machine"):
+        machine = backends.load_C("machine")
         t = _time_best(lambda: machine.triad(a, b, c, 3.0), repeat)
         return 24.0 * n / t / 1e9
-    except ImportError:
-        tmp = np.empty(n)
+    tmp = np.empty(n)
 
-        def triad() -> None:
-            np.multiply(c, 3.0, out=tmp)
-            np.add(b, tmp, out=a)
+    def triad() -> None:
+        np.multiply(c, 3.0, out=tmp)
+        np.add(b, tmp, out=a)
 
-        t = _time_best(triad, repeat)
-        return 40.0 * n / t / 1e9
+    t = _time_best(triad, repeat)
+    return 40.0 * n / t / 1e9
 
 
 def attainable_gflops(intensity: float | np.ndarray, peak: float, bandwidth_gbs: float) -> Any:
