@@ -1,34 +1,101 @@
 """Command line: ``tinylearn bench|check|info`` (also ``python -m tinylearn ...``).
 
-tinylearn bench [TOPIC ...] [--json PATH] [--plot DIR] [--full]   side-by-side benchmark tables
-tinylearn check TOPIC                                             run your exercises for one topic
-tinylearn info                                                    versions, devices, compilers
+tinylearn bench [TOPIC ...] [--json PATH] [--plot DIR] [--full] [--size N]   side-by-side benchmark tables
+tinylearn check TOPIC [--impl=reference] [--folder DIR]   run your exercises for one topic
+tinylearn exercises copy DIR                              the exercise folders, for a pip-installed tinylearn
+tinylearn info                                            versions, CPU numeric paths, devices, compilers
+
+TOPIC is any of a topic's names (tinylearn.topics.get): quant, 03_quantization, 03, autodiff, autograd, matmul ...
+TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 forces the C++ kernels' SIMD level (``tinylearn info`` shows it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+
+def _resolve_topics(names: list[str], cmd: str) -> list[str] | None:
+    """Short topic names for any of their names (``quant``, ``03_quantization``, ``autodiff``, ``matmul``)."""
+    from tinylearn import topics
+
+    out, unknown = [], []
+    for n in names:
+        try:
+            t = topics.get(n)
+        except ValueError:
+            unknown.append(n)
+            continue
+        if cmd == "bench" and t.bench is None:
+            unknown.append(n)
+        elif cmd == "check" and t.exercises is None:
+            unknown.append(n)
+        else:
+            out.append(t.name)
+    if unknown:
+        if cmd == "bench":
+            rows = [t for t in topics.all_topics() if t.bench]
+        else:
+            rows = [t for t in topics.all_topics() if t.exercises]
+        known = ", ".join(f"{'/'.join((t.name, *t.aliases))} ({t.notebook})" for t in rows)
+        print(f"tinylearn {cmd}: unknown topic(s) {', '.join(unknown)}; known topics: {known}", file=sys.stderr)
+        return None
+    return out
+
+
+def _check_output_paths(args: argparse.Namespace) -> str | None:
+    """Fail before minutes of benchmarking when --json/--plot cannot be written."""
+    if args.json:
+        parent = Path(args.json).resolve().parent
+        if not parent.is_dir():
+            return f"--json: folder {parent} does not exist (for {args.json})"
+        if not os.access(parent, os.W_OK):
+            return f"--json: folder {parent} is not writable (for {args.json})"
+    if args.plot:
+        out = Path(args.plot)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return f"--plot: cannot create {out}: {e.strerror} (in {out.parent})"
+        if not os.access(out, os.W_OK):
+            return f"--plot: folder {out} is not writable"
+    return None
+
+
+def _run_bench_topic(topic: str, full: bool, size: int | None, progress: Any) -> list[Any]:
+    import inspect
+
+    from tinylearn import topics
+    from tinylearn.bench import Table
+
+    mod = importlib.import_module(topics.get(topic).bench)
+    kw: dict[str, Any] = {"full": full, "progress": progress}
+    if size is not None:
+        if "sizes" not in inspect.signature(mod.run).parameters:
+            raise ValueError(f"--size: the {topic} benchmark has no size parameter")
+        kw["sizes"] = [size]
+    tables = mod.run(**kw)
+    return [tables] if isinstance(tables, Table) else list(tables)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from tinylearn.bench import TOPICS, available_topics, plot_table, run_topic
+    from tinylearn.bench import available_topics, plot_table
 
-    unknown = [t for t in args.topics if t not in TOPICS]
-    if unknown:
-        print(
-            f"tinylearn bench: unknown topic(s) {', '.join(unknown)}; known topics: {', '.join(TOPICS)}",
-            file=sys.stderr,
-        )
+    topics = _resolve_topics(args.topics, "bench")
+    if topics is None:
         return 2
-    topics = args.topics or available_topics()
+    bad = _check_output_paths(args)
+    if bad:
+        print(f"tinylearn bench: {bad}", file=sys.stderr)
+        return 2
+    topics = topics or available_topics()
     all_tables = []
     for topic in topics:
         bar = tqdm(desc=f"bench {topic}", unit=" rows", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
@@ -38,11 +105,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(msg[:40])
                 bar.update()
 
-            tables = run_topic(topic, full=args.full, progress=progress)
+            tables = _run_bench_topic(topic, args.full, args.size, progress)
         except ModuleNotFoundError as e:
             bar.close()
             print(f"[{topic}] not available: {e}", file=sys.stderr)
             continue
+        except ValueError as e:
+            bar.close()
+            print(f"tinylearn bench: {e}", file=sys.stderr)
+            return 2
         bar.close()
         for t in tables:
             print(t.to_text(), "\n", flush=True)
@@ -52,7 +123,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
                 matplotlib.use("Agg")
                 out = Path(args.plot)
-                out.mkdir(parents=True, exist_ok=True)
                 safe = "".join(ch if ch.isalnum() else "_" for ch in t.title)[:60]
                 ax = plot_table(t, path=str(out / f"{topic}_{safe}.png"))
                 import matplotlib.pyplot as plt
@@ -63,53 +133,52 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exercise_dir(topic: str) -> Path | None:
-    root = Path(__file__).resolve().parents[1] / "exercises"
-    if not root.is_dir():
-        return None
-    for d in sorted(root.iterdir()):
-        if d.is_dir() and (d.name == topic or d.name.split("_", 1)[-1] == topic or d.name.startswith(topic + "_")):
-            return d
-    return None
-
-
 def _cmd_check(args: argparse.Namespace) -> int:
-    d = _exercise_dir(args.topic)
-    if d is None:
-        root = Path(__file__).resolve().parents[1] / "exercises"
-        known = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name[:2].isdigit()) if root.is_dir() else []
+    from tinylearn.exercise_check import check
+
+    names = _resolve_topics([args.topic], "check")
+    if names is None:
+        return 2
+    try:
+        res = check(names[0], impl=args.impl, folder=args.folder)
+    except (ValueError, TimeoutError) as e:
+        print(f"tinylearn check: {e}", file=sys.stderr)
+        return 2
+    print(res)
+    if res.ok:
+        print("  all exercises solved." if args.impl == "stub" else "  tinylearn's reference answers pass.")
+    else:
+        print(f"  details: cd {res.folder.parent} && {Path(sys.executable).name} -m pytest {res.folder.name} -x")
+    return 0 if res.ok else 1
+
+
+def _cmd_exercises(args: argparse.Namespace) -> int:
+    """tinylearn exercises copy DIR: the exercise folders (+ their conftest.py) for a pip-installed tinylearn."""
+    import shutil
+
+    from tinylearn._resources import exercises_dir
+
+    src = exercises_dir()
+    dest = Path(args.dir)
+    items = [p for p in sorted(src.iterdir()) if p.name != "__pycache__" and not p.name.startswith(".")]
+    clash = [dest / p.name for p in items if (dest / p.name).exists()]
+    if clash and not args.force:
         print(
-            f"tinylearn check: no exercise folder for {args.topic!r}; known: {', '.join(known) or 'none'}",
+            f"tinylearn exercises copy: {clash[0]} exists (your work?); pick another DIR or pass --force to overwrite",
             file=sys.stderr,
         )
         return 2
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(d),
-        "-q",
-        "--no-header",
-        "-rN",
-        "-p",
-        "no:cacheprovider",
-        f"--impl={args.impl}",
-        "--tb=line",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=d.parents[1])
-    m = re.search(r"(\d+) passed", proc.stdout)
-    passed = int(m.group(1)) if m else 0
-    m = re.search(r"(\d+) failed", proc.stdout)
-    failed = int(m.group(1)) if m else 0
-    print(f"exercises {d.name} ({args.impl}): {passed} passed, {failed} failed")
-    if failed:
-        stub_left = proc.stdout.count("NotImplemented")  # the untouched stubs raise NotImplemented...Error
-        if stub_left:
-            print(f"  {stub_left} failure line(s) come from untouched stubs: those exercises are not written yet.")
-        print("  details: pytest", d, "-x")
-    elif passed:
-        print("  all exercises solved.")
-    return 0 if proc.returncode == 0 else 1
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc")
+    for p in items:
+        if p.is_dir():
+            shutil.copytree(p, dest / p.name, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy2(p, dest / p.name)
+    folders = [p.name for p in items if p.is_dir()]
+    print(f"copied {len(folders)} exercise folders from {src} to {dest}: {', '.join(folders)}")
+    print(f"next: cd {dest} && tinylearn check {folders[0] if folders else 'TOPIC'}   (edit NN_topic/stubs.py)")
+    return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -125,17 +194,44 @@ def _cmd_info(args: argparse.Namespace) -> int:
         except md.PackageNotFoundError:
             print(f"{pkg:<10} not installed")
     try:
-        from tinylearn import _C
+        from tinylearn import _C, cpu
 
-        feats = [f for f in ("avx2", "fma", "avx512f", "avx512vnni", "avxvnni") if _C.cpu_supports(f)]
         print(f"_C         built; OpenMP={_C.openmp} threads={_C.omp_max_threads()} submodules={list(_C.submodules)}")
-        print(f"cpu        {os.cpu_count()} cores; features: {' '.join(feats)}")
+        try:
+            forced = cpu.forced()
+            print(f"cpu        {os.cpu_count()} cores; detected: {' '.join(cpu.detected_features()) or '(none)'}")
+            how = f"forced by TINYLEARN_CPU_FEATURES={forced}" if forced else "as detected"
+            print(f"tinylearn  features used: {' '.join(cpu.cpu_features()) or '(none: scalar)'} ({how})")
+            for kernel, path in cpu.kernel_paths().items():
+                print(f"  kernel   {kernel}: {path} path")
+        except ValueError as e:
+            print(f"cpu        {e}")
     except ImportError as e:
         print(f"_C         not built ({e})")
+    try:
+        from tinylearn import cpu
+
+        aten = os.environ.get("ATEN_CPU_CAPABILITY", "unset")
+        print(f"torch CPU  capability {cpu.torch_capability()} (ATEN_CPU_CAPABILITY={aten})")
+        for b in cpu.blas_info():
+            print(
+                f"BLAS       {b['internal_api']} {b['version']}: core type {b['architecture']}, "
+                f"{b['num_threads']} threads ({Path(str(b['filepath'])).name})"
+            )
+        simd = cpu.numpy_simd()
+        print(f"numpy SIMD dispatch targets: {' '.join(simd['dispatch']) or 'baseline only'}")
+    except ImportError as e:
+        print(f"numeric paths unavailable ({e})")
     print(f"clang      {'yes' if clang_available() else 'no (tinygrad CPU device unavailable: apt-get install clang)'}")
     print(f"nvcc       {'yes' if nvcc_available() else 'no'}")
     print(f"CUDA GPU   {'yes' if cuda_available() else 'no'}")
     print(f"MPI        {'yes' if mpi_available() else 'no'}")
+    try:
+        from tinylearn._resources import cuda_dir, exercises_dir
+
+        print(f"resources  cuda sources {cuda_dir()}; exercises {exercises_dir()}")
+    except FileNotFoundError as e:
+        print(f"resources  {e}")
     return 0
 
 
@@ -149,12 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
     b.add_argument("--plot", metavar="DIR", help="also write one bar plot per table into DIR")
     b.add_argument("--full", action="store_true", help="full problem sizes (slow)")
+    b.add_argument("--size", type=int, metavar="N", help="one small problem size (topics whose run() takes sizes)")
     c = sub.add_parser("check", help="run the exercise tests for one topic")
-    c.add_argument("topic", help="e.g. 01_autodiff or autodiff")
+    c.add_argument("topic", help="any of the topic's names, e.g. 01_autodiff, autodiff, quant, 03_quantization")
     c.add_argument("--impl", default="stub", choices=("stub", "reference"))
-    sub.add_parser("info", help="versions, devices and compilers")
+    c.add_argument("--folder", help="the NN_topic exercise folder (default: ./NN_topic, ./exercises/NN_topic, ...)")
+    e = sub.add_parser("exercises", help="copy the exercise folders (for a pip-installed tinylearn)")
+    esub = e.add_subparsers(dest="action", required=True)
+    cp = esub.add_parser("copy", help="copy every NN_topic/ exercise folder and its conftest.py into DIR")
+    cp.add_argument("dir", metavar="DIR")
+    cp.add_argument("--force", action="store_true", help="overwrite existing files in DIR")
+    sub.add_parser("info", help="versions, CPU numeric paths, devices and compilers")
     args = ap.parse_args(argv)
-    return {"bench": _cmd_bench, "check": _cmd_check, "info": _cmd_info}[args.cmd](args)
+    cmds = {"bench": _cmd_bench, "check": _cmd_check, "exercises": _cmd_exercises, "info": _cmd_info}
+    return cmds[args.cmd](args)
 
 
 if __name__ == "__main__":
