@@ -50,10 +50,6 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from tinylearn.testing import cuda_available
+    from tinylearn.testing.pytest_hooks import skip_gpu_without_device
 
-    if not cuda_available():
-        skip = pytest.mark.skip(reason="no CUDA device (tinylearn.testing.cuda_available() is False)")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+    skip_gpu_without_device(items)
