@@ -36,6 +36,7 @@ _SUBPACKAGES = (
     "bench",
     "testing",
     "inference",
+    "parallel",
 )
 
 try:

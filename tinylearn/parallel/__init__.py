@@ -25,8 +25,10 @@ from .tensor_parallel import (
     copy_to_tp,
     reduce_from_tp,
     reset_counts,
+    simulate_column_parallel,
+    simulate_row_parallel,
 )
-from .zero import ZeroOptimizer, zero_memory_per_rank
+from .zero import ZeroOptimizer, consolidate_state, shard_bounds, shard_state, zero_memory_per_rank
 
 __all__ = [
     "SCHEDULES",
@@ -42,6 +44,7 @@ __all__ = [
     "allreduces_per_layer",
     "bubble_fraction",
     "collective_counts",
+    "consolidate_state",
     "copy_to_tp",
     "estimate_3d",
     "peak_in_flight",
@@ -49,7 +52,11 @@ __all__ = [
     "plan_3d",
     "reduce_from_tp",
     "reset_counts",
+    "shard_bounds",
+    "shard_state",
     "simulate",
+    "simulate_column_parallel",
+    "simulate_row_parallel",
     "validate_schedule",
     "zero_memory_per_rank",
 ]

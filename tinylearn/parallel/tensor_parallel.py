@@ -320,3 +320,32 @@ class ParallelSelfAttention(nn.Module):
         x = copy_to_tp(x, self.group)
         q, k, v = self.q.local_forward(x), self.k.local_forward(x), self.v.local_forward(x)
         return self.o(self._attend(self, q, k, v, self.local_heads))
+
+
+# ----------------------------------------------------------------------------------- single-process simulation
+def simulate_column_parallel(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, world_size: int
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Column split in one process: rank r's output slice X W_r^T + b_r for each r, and their concatenation
+    along the last dimension (what ``gather_output=True`` returns)."""
+    if weight.shape[0] % world_size:
+        raise ValueError(f"weight: {weight.shape[0]} output rows are not divisible by world_size={world_size}")
+    k = weight.shape[0] // world_size
+    parts = [
+        F.linear(x, weight[r * k : (r + 1) * k], None if bias is None else bias[r * k : (r + 1) * k])
+        for r in range(world_size)
+    ]
+    return parts, torch.cat(parts, dim=-1)
+
+
+def simulate_row_parallel(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, world_size: int
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Row split in one process: rank r's partial product X_r W_r^T (X_r = its slice of the input's last dim)
+    and their sum (the all-reduce) plus the bias, added once."""
+    if weight.shape[1] % world_size:
+        raise ValueError(f"weight: {weight.shape[1]} input columns are not divisible by world_size={world_size}")
+    k = weight.shape[1] // world_size
+    parts = [F.linear(x[..., r * k : (r + 1) * k], weight[:, r * k : (r + 1) * k]) for r in range(world_size)]
+    total = torch.stack(parts).sum(0)
+    return parts, total + bias if bias is not None else total

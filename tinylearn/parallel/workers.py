@@ -205,7 +205,7 @@ def pp_check(m: int = 4, batch: int = 8, width: int = 8, n_blocks: int = 4) -> d
         pipe = PipelineParallel(stage, schedule=sched, n_microbatches=m)
         loss = pipe.train_step(x if r == 0 else None, y if r == p - 1 else None, nn.functional.mse_loss)
         ref_grads = [q.grad for q in full[r * per : (r + 1) * per].parameters()]
-        out[f"{sched}_loss_diff"] = abs(float(loss) - float(loss_ref))
+        out[f"{sched}_loss_diff"] = abs(float(loss) - float(loss_ref.detach()))
         out[f"{sched}_grad_maxdiff"] = _maxdiff([q.grad for q in stage.parameters()], ref_grads)
         out[f"{sched}_events"] = pipe.events
         out[f"{sched}_peak_held"] = pipe.peak_held
@@ -314,7 +314,7 @@ def bench_tp(hidden: int = 256, ffn: int = 1024, tokens: int = 256, repeats: int
         tmod = parallelize_module(copy.deepcopy(dense), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
         xi = x.clone().requires_grad_()
         y_t, y_d = tmod(xi), dense(x)
-        res["torch_tp_maxdiff"] = float((y_t - y_d).abs().max())
+        res["torch_tp_maxdiff"] = float((y_t - y_d).detach().abs().max())
         res["torch.distributed.tensor.parallel"] = _median_time(fwd_bwd(tmod), repeats) * 1e3
     except Exception as e:  # noqa: BLE001 - reported in the table notes
         res["torch_tp_error"] = f"{type(e).__name__}: {e}"[:200]
@@ -323,3 +323,68 @@ def bench_tp(hidden: int = 256, ffn: int = 1024, tokens: int = 256, repeats: int
 
 def bench_job(repeats: int = 5) -> dict[str, Any]:
     return {"zero": bench_zero(repeats=repeats), "tp": bench_tp(repeats=repeats)}
+
+
+def three_d_timing(width: int = 256, depth: int = 4, tokens: int = 64, m: int = 4, repeats: int = 5) -> dict[str, Any]:
+    """Measured Adam step time (ms) of the same MLP stack (depth blocks of Linear(width, 4 width) -> GeLU ->
+    Linear(4 width, width)) on this world as pure DP (dp=p), pure TP (tp=p) and pure PP (pp=p, 1F1B, m
+    microbatches); plus the alpha/beta of a ping-pong and this rank's matmul FLOP/s for plan_3d."""
+    from ..dist import cost_model
+    from ..dist.workers import ping_pong
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(r))
+    y = torch.randn(tokens, width, generator=torch.Generator().manual_seed(100 + r))
+    torch.manual_seed(0)
+    blocks = [DenseMLP(width, 4 * width) for _ in range(depth)]
+    res: dict[str, Any] = {"n_params": sum(q.numel() for b in blocks for q in b.parameters())}
+    # data parallel: every rank the whole model, its own tokens, DDP gradient average
+    dp_model = nn.Sequential(*blocks)
+    dp_opt = torch.optim.Adam(dp_model.parameters(), lr=1e-3)
+    fn = _train_step_fn(dp_model, dp_opt, x, y, ddp_sync=True)
+    fn()
+    res["dp"] = _median_time(fn, repeats) * 1e3
+    # tensor parallel: every rank 1/p of every block, all ranks see the same p*tokens (the same global batch)
+    xs, ys = [torch.empty_like(x) for _ in range(p)], [torch.empty_like(y) for _ in range(p)]
+    dist.all_gather(xs, x)
+    dist.all_gather(ys, y)
+    xg, yg = torch.cat(xs), torch.cat(ys)
+    tp_model = nn.Sequential(*[ParallelMLP(b) for b in blocks])
+    tp_opt = torch.optim.Adam(tp_model.parameters(), lr=1e-3)
+    fn = _train_step_fn(tp_model, tp_opt, xg, yg)
+    fn()
+    res["tp"] = _median_time(fn, repeats) * 1e3
+    # pipeline parallel: rank r holds blocks [r*depth/p, (r+1)*depth/p), global batch through m microbatches
+    per = depth // p
+    stage = nn.Sequential(*blocks[r * per : (r + 1) * per])
+    pipe = PipelineParallel(stage, "1f1b", m)
+    pp_opt = torch.optim.Adam(stage.parameters(), lr=1e-3)
+
+    def pp_step() -> None:
+        pp_opt.zero_grad()
+        pipe.train_step(xg if r == 0 else None, yg if r == p - 1 else None, nn.functional.mse_loss)
+        pp_opt.step()
+
+    pp_step()
+    res["pp"] = _median_time(pp_step, repeats) * 1e3
+    res["pp_events"] = pipe.events
+    sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 20]
+    pp_times = ping_pong(sizes, repeats=10)
+    if pp_times is not None:
+        res["alpha_s"], res["beta_s_per_byte"] = cost_model.fit_alpha_beta(sizes, pp_times)
+    a = torch.randn(tokens * p, width)
+    b = torch.randn(width, 4 * width)
+    fl = 2 * a.shape[0] * width * 4 * width
+    t = _median_time(lambda: a @ b, repeats)
+    res["flops_per_s"] = fl / t
+    return res
+
+
+def notebook_job() -> dict[str, Any]:
+    """Everything notebook 10 measures, in one launch of 2 ranks."""
+    return {
+        "zero": zero_check(steps=2),
+        "tp": tp_check(),
+        "pp": pp_check(m=4, n_blocks=2),
+        "3d": three_d_timing(),
+    }

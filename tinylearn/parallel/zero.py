@@ -377,3 +377,43 @@ class ZeroOptimizer:
             f"ZeroOptimizer(stage={self.stage}, world_size={self.world_size}, rank={self.rank}, "
             f"optimizer={type(self.optimizer).__name__}, n_params={sum(sl.numel for sl in self.slots)})"
         )
+
+
+# ----------------------------------------------------------------------------------- single-process helpers
+def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s element range [lo, hi) of a flat tensor of ``numel`` elements: slices of s = ceil(numel/N)
+    elements (the tensor padded to N·s), so the last ranks may own fewer elements or none."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected 0 <= rank < {world_size}, got {rank!r}")
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel: expected an int >= 0, got {numel!r}")
+    s = math.ceil(numel / world_size)
+    return min(rank * s, numel), min((rank + 1) * s, numel)
+
+
+def shard_state(state: dict[str, torch.Tensor], world_size: int, rank: int) -> dict[str, torch.Tensor]:
+    """This rank's flat slice (``shard_bounds``) of every tensor in an optimizer's per-parameter state; 0-dim
+    tensors (Adam's step) and non-tensors are replicated."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            lo, hi = shard_bounds(v.numel(), world_size, rank)
+            out[k] = v.reshape(-1)[lo:hi].clone()
+        else:
+            out[k] = v.clone() if isinstance(v, torch.Tensor) else v
+    return out
+
+
+def consolidate_state(shards: list[dict[str, Any]], shape: torch.Size | tuple[int, ...]) -> dict[str, Any]:
+    """Inverse of ``shard_state`` over ranks 0..N-1: concatenate the slices and restore ``shape``."""
+    if not shards:
+        raise ValueError("shards: expected one state dict per rank, got none")
+    out: dict[str, Any] = {}
+    for k, v in shards[0].items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            out[k] = torch.cat([sh[k].reshape(-1) for sh in shards]).view(shape)
+        else:
+            out[k] = v
+    return out
