@@ -141,6 +141,17 @@ TOPICS: tuple[Topic, ...] = (
         aliases=("memory_pools",),
         questions="14, 27, 37, 49, 59, 76, 88, 222",
     ),
+    Topic(
+        "parallel",
+        "10_parallel_training",
+        "Parallel training: ZeRO, tensor and pipeline parallelism, 3D planning",
+        ("parallel",),
+        "10_parallel_training",
+        ("test_parallel", "test_parallel_dist"),
+        "tinylearn.parallel.bench",
+        aliases=("parallel_training", "zero", "pipeline"),
+        questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 240",
+    ),
 )
 
 
