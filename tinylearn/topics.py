@@ -152,6 +152,18 @@ TOPICS: tuple[Topic, ...] = (
         aliases=("parallel_training", "zero", "pipeline"),
         questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 240",
     ),
+    Topic(
+        "gemm",
+        "08_gemm",
+        "GEMM: naive to near-BLAS, roofline, CUDA basics",
+        ("gemm",),
+        "08_gemm",
+        ("test_gemm", "test_gemm_gpu", "test_gemm_occupancy"),
+        "tinylearn.gemm.bench",
+        ("gemm*.cpp",),
+        ("gemm_*.cu",),
+        aliases=("matmul_ladder",),
+    ),
 )
 
 
