@@ -55,10 +55,15 @@ def to_numpy(x: Any, name: str = "x") -> np.ndarray:
     return a
 
 
+def is_float_dtype(dt: np.dtype) -> bool:
+    """numpy floats plus the ml_dtypes extension floats (bfloat16, float8_*), whose numpy kind is 'V'."""
+    return dt.kind == "f" or (dt.kind == "V" and (dt.name == "bfloat16" or dt.name.startswith("float")))
+
+
 def _dtype_ok(dt: np.dtype, accepted: Iterable[Any]) -> bool:
     for want in accepted:
         if isinstance(want, str) and len(want) == 1 and want in _KIND_NAMES:
-            if dt.kind == want:
+            if dt.kind == want or (want == "f" and is_float_dtype(dt)):
                 return True
         elif dt == np.dtype(want):
             return True

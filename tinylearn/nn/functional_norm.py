@@ -10,7 +10,8 @@ batch_norm: statistics over all dims except 1 (channels). Training uses the batc
 running buffers in place: running = (1 - momentum) * running + momentum * batch, with the *unbiased* variance
 (m / (m - 1)) for running_var — exactly torch's rule. Eval uses the running statistics (a per-channel affine
 map, so dx = g * gamma / sqrt(running_var + eps)).
-layer_norm: statistics over the trailing ``normalized_shape`` dims of each sample.
+layer_norm: statistics over the trailing ``normalized_shape`` dims of each sample; its arithmetic is
+``tinylearn.kernels.reference.layer_norm`` / ``layer_norm_backward`` (the unfused numpy reference), not a copy.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
+from ..kernels import reference
 
 
 class BatchNormFn(Function):
@@ -100,36 +102,27 @@ class LayerNormFn(Function):
         for name, a in (("weight", weight), ("bias", bias)):
             if a is not None and a.shape != tuple(normalized_shape):
                 raise ValueError(f"layer_norm: {name} shape {a.shape} != normalized_shape {tuple(normalized_shape)}")
-        axes = tuple(range(x.ndim - k, x.ndim))
-        mean = x.mean(axis=axes, keepdims=True)
-        xc = x - mean
-        var = (xc * xc).mean(axis=axes, keepdims=True)
-        invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-        xhat = xc * invstd
-        out = xhat
-        if weight is not None:
-            out = out * weight
-        if bias is not None:
-            out = out + bias
-        ctx.save_for_backward(xhat, invstd, weight)
-        ctx.axes = axes
-        return out
+        # the math is the fused-kernels topic's numpy reference (one copy): rows = leading dims, cols = normalised
+        c = int(np.prod(normalized_shape))
+        w = np.ones(c, x.dtype) if weight is None else weight.reshape(c)
+        b = np.zeros(c, x.dtype) if bias is None else bias.reshape(c)
+        x2 = x.reshape(-1, c)
+        y, mean, rstd = reference.layer_norm(x2, w, b, eps)
+        ctx.save_for_backward(x2, w, mean, rstd)
+        ctx.shapes = (x.shape, tuple(normalized_shape), weight is not None, bias is not None)
+        return y.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, g):
-        xhat, invstd, weight = ctx.saved_tensors
-        axes = ctx.axes
+        x2, w, mean, rstd = ctx.saved_tensors
+        x_shape, norm, has_w, has_b = ctx.shapes
         nx, nw, nb = ctx.needs_input_grad[:3]
-        lead = tuple(range(g.ndim - len(axes)))
-        dxh = g * weight if weight is not None else g
-        gx = None
-        if nx:
-            gx = invstd * (
-                dxh - dxh.mean(axis=axes, keepdims=True) - xhat * (dxh * xhat).mean(axis=axes, keepdims=True)
-            )
-        gw = (g * xhat).sum(axis=lead) if nw else None
-        gb = g.sum(axis=lead) if nb else None
-        return gx, gw, gb
+        dx, dw, db = reference.layer_norm_backward(g.reshape(x2.shape), x2, w, mean, rstd)
+        return (
+            dx.reshape(x_shape) if nx else None,
+            dw.reshape(norm) if nw and has_w else None,
+            db.reshape(norm) if nb and has_b else None,
+        )
 
 
 def batch_norm(
