@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "registry.h"
+#include "common.h"
 
 namespace py = pybind11;
 
@@ -30,11 +30,7 @@ struct Win {
 
 std::string pair_str(ssize_t a, ssize_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 
-std::string shape_str(const py::array& a) {
-  std::string s = "(";
-  for (ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
+using tl::shape_str;
 
 Win make_win(std::pair<ssize_t, ssize_t> k, std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
              std::pair<ssize_t, ssize_t> d) {

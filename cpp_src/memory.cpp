@@ -1,4 +1,4 @@
-// memory.cpp — tinylearn._C.memory: Python bindings of the allocators in memory_core.h.
+// memory.cpp — tinylearn._C.memory: Python bindings of the allocators in memory/*.h.
 //
 // Classes (each mirrors tinylearn/memory/<name>.py; same offsets for the same trace):
 //   Bump(capacity, alignment)                FreeList(capacity, alignment, best_fit)
@@ -24,7 +24,13 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "memory_core.h"
+#include "memory/base.h"
+#include "memory/buddy.h"
+#include "memory/bump.h"
+#include "memory/caching.h"
+#include "memory/freelist.h"
+#include "memory/slab.h"
+#include "memory/trace.h"
 #include "registry.h"
 
 namespace py = pybind11;

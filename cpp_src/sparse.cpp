@@ -14,7 +14,7 @@
 //                   order so loads are contiguous; padding (column -1) still costs a load per slot
 //   bsr_spmm        Y = A B with dense R x C blocks: each block is a small dense GEMM into the output rows
 // Work: SpMV 2*nnz flops, SpMM 2*nnz*N flops, versus 2*M*K*N for the dense product.
-#include "registry.h"
+#include "common.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -34,19 +34,15 @@ using arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
 using i64arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 using i32arr = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-std::string shp(const py::array& a) {
-  std::string s = "(";
-  for (ssize_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
+using tl::shape_str;
 
 // Validate a CSR triple against (M, K): monotone indptr, in-range columns. O(nnz), done before any compute.
 void check_csr(const i64arr& indptr, const i32arr& indices, const py::array& data, int64_t M, int64_t K,
                const char* fn) {
   if (indptr.ndim() != 1 || indptr.shape(0) != M + 1)
-    tl::value_error(std::string(fn) + ": indptr must have shape (" + std::to_string(M + 1) + ",), got " + shp(indptr));
+    tl::value_error(std::string(fn) + ": indptr must have shape (" + std::to_string(M + 1) + ",), got " + shape_str(indptr));
   if (indices.ndim() != 1 || data.ndim() < 1 || indices.shape(0) != data.shape(0))
-    tl::value_error(std::string(fn) + ": indices " + shp(indices) + " and data " + shp(data) +
+    tl::value_error(std::string(fn) + ": indices " + shape_str(indices) + " and data " + shape_str(data) +
                     " must have the same length");
   const int64_t* p = indptr.data();
   const int64_t nnz = indices.shape(0);
@@ -64,7 +60,7 @@ void check_csr(const i64arr& indptr, const i32arr& indices, const py::array& dat
 
 template <class T>
 arr<T> csr_spmv(i64arr indptr, i32arr indices, arr<T> data, arr<T> x, int64_t M) {
-  if (x.ndim() != 1) tl::value_error("csr_spmv: x must be 1-D, got shape " + shp(x));
+  if (x.ndim() != 1) tl::value_error("csr_spmv: x must be 1-D, got shape " + shape_str(x));
   const int64_t K = x.shape(0);
   check_csr(indptr, indices, data, M, K, "csr_spmv");
   arr<T> y(M);
@@ -88,7 +84,7 @@ arr<T> csr_spmv(i64arr indptr, i32arr indices, arr<T> data, arr<T> x, int64_t M)
 // of B stream through it (vectorised axpy).
 template <class T>
 arr<T> csr_spmm(i64arr indptr, i32arr indices, arr<T> data, arr<T> B, int64_t M) {
-  if (B.ndim() != 2) tl::value_error("csr_spmm: B must be 2-D, got shape " + shp(B));
+  if (B.ndim() != 2) tl::value_error("csr_spmm: B must be 2-D, got shape " + shape_str(B));
   const int64_t K = B.shape(0), N = B.shape(1);
   check_csr(indptr, indices, data, M, K, "csr_spmm");
   arr<T> Y({M, N});
@@ -117,8 +113,8 @@ template <class T>
 arr<T> ell_spmv(i32arr indices, arr<T> data, arr<T> x) {
   if (indices.ndim() != 2 || data.ndim() != 2 || indices.shape(0) != data.shape(0) ||
       indices.shape(1) != data.shape(1))
-    tl::value_error("ell_spmv: indices " + shp(indices) + " and data " + shp(data) + " must be equal 2-D (W, M)");
-  if (x.ndim() != 1) tl::value_error("ell_spmv: x must be 1-D, got shape " + shp(x));
+    tl::value_error("ell_spmv: indices " + shape_str(indices) + " and data " + shape_str(data) + " must be equal 2-D (W, M)");
+  if (x.ndim() != 1) tl::value_error("ell_spmv: x must be 1-D, got shape " + shape_str(x));
   const int64_t W = indices.shape(0), M = indices.shape(1), K = x.shape(0);
   const int32_t* c = indices.data();
   for (int64_t k = 0; k < W * M; ++k)
@@ -154,8 +150,8 @@ arr<T> ell_spmv(i32arr indices, arr<T> data, arr<T> x) {
 
 template <class T>
 arr<T> bsr_spmm(i64arr indptr, i32arr indices, arr<T> data, arr<T> B, int64_t M) {
-  if (data.ndim() != 3) tl::value_error("bsr_spmm: data must be 3-D (nblocks, R, C), got shape " + shp(data));
-  if (B.ndim() != 2) tl::value_error("bsr_spmm: B must be 2-D, got shape " + shp(B));
+  if (data.ndim() != 3) tl::value_error("bsr_spmm: data must be 3-D (nblocks, R, C), got shape " + shape_str(data));
+  if (B.ndim() != 2) tl::value_error("bsr_spmm: B must be 2-D, got shape " + shape_str(B));
   const int64_t R = data.shape(1), C = data.shape(2), K = B.shape(0), N = B.shape(1);
   if (R <= 0 || C <= 0 || M % R != 0 || K % C != 0)
     tl::value_error("bsr_spmm: block " + std::to_string(R) + "x" + std::to_string(C) + " must divide the shape (" +

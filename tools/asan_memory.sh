@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AddressSanitizer (+UBSan) run of the C++ allocators of tinylearn.memory, outside Python.
 #
-# Builds cpp_src/memory_core.h (the pure C++ cores behind tinylearn._C.memory) into a standalone driver with
+# Builds cpp_src/memory/*.h (the pure C++ cores behind tinylearn._C.memory) into a standalone driver with
 # -fsanitize=address,undefined and runs it: random malloc/free traces on every allocator with every block filled
 # and verified through the arena pointer (an overlap or an out-of-arena offset is a heap-buffer-overflow or a
 # mismatch), all bad-input paths (double free, unknown offset, size 0 / > capacity, OOM) with "state unchanged"
@@ -18,7 +18,13 @@ cat > "$work/driver.cpp" <<'CPP'
 #include <random>
 #include <thread>
 
-#include "memory_core.h"
+#include "memory/base.h"
+#include "memory/buddy.h"
+#include "memory/bump.h"
+#include "memory/caching.h"
+#include "memory/freelist.h"
+#include "memory/slab.h"
+#include "memory/trace.h"
 
 using namespace tl::mem;
 

@@ -1,0 +1,303 @@
+// kernels_flash_attention.cpp — fused CPU flash attention behind tinylearn.kernels(backend="cpp"). OpenMP over
+// heads x query blocks, `#pragma omp simd` inner loops, one pass
+// over memory where the row fits in cache. Works on C-contiguous float32 or float64 arrays that the Python
+// dispatcher (tinylearn/kernels/cpu.py) has already reshaped to [rows, cols] (or [batch*heads, seq, dim] for
+// attention). Part of _C.kernels (several files register into it, see registry.h); shared math in kernels_math.h.
+//
+// Versions (llm.c dev/cuda style; each is checked against the numpy reference in tests/test_kernels_cpu.py):
+//   flash_attention_forward        tiled online softmax (Dao et al. 2022): per (head, query block) keep running
+//                                  max m, sum l and unnormalised O; O(block^2) scratch, never the N x N matrix;
+//                                  also returns lse = m + log(l) for the backward. S = Q K^T and acc += P V are
+//                                  register-blocked 4 x 32 micro-GEMMs (small_gemm) over the tile
+//   flash_attention_backward       recompute P = exp(S - lse) tile by tile: pass A over (head, key block) -> dK, dV;
+//                                  pass B over (head, query block) -> dQ (no atomics, S recomputed twice)
+#include "kernels_math.h"
+
+namespace py = pybind11;
+
+namespace {
+using namespace tl;
+using namespace tl::kern;
+
+// ---- flash attention -----------------------------------------------------------------------------------------
+struct AttnDims {
+  ssize_t BH, Nq, Nk, D, Dv;
+};
+
+template <typename T>
+AttnDims check_attn(const carr<T>& q, const carr<T>& k, const carr<T>& v, const char* fn) {
+  need_ndim(q, 3, fn, "q");
+  need_ndim(k, 3, fn, "k");
+  need_ndim(v, 3, fn, "v");
+  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(2) != q.shape(2) || v.shape(1) != k.shape(1))
+    tl::value_error(std::string(fn) + ": incompatible shapes q " + shape_str(q) + ", k " + shape_str(k) + ", v " +
+                    shape_str(v) + " (need q [BH,Nq,D], k [BH,Nk,D], v [BH,Nk,Dv])");
+  if (k.shape(1) < 1) tl::value_error(std::string(fn) + ": k must have at least one key, got shape " + shape_str(k));
+  return {q.shape(0), q.shape(1), k.shape(1), q.shape(2), v.shape(2)};
+}
+
+// Register-blocked micro-kernels: a 4-row x 32-column block of the output lives in local arrays the compiler keeps
+// in vector registers across the whole k loop (each loaded vector of the streamed operand feeds 4 FMAs).
+constexpr int kMR = 4, kNR = 32;
+
+// C[i][c] (+)= sum_k A[i][k] * B[k][c] for i < M, c < N, k < Kd; row strides lda, ldb, ldc. accumulate=false
+// overwrites C. Tails (M % 4, N % 32) take the plain loops.
+template <typename T>
+void small_gemm(const T* A, ssize_t lda, const T* B, ssize_t ldb, T* C, ssize_t ldc, ssize_t M, ssize_t N,
+                ssize_t Kd, bool accumulate) {
+  ssize_t i = 0;
+  for (; i + kMR <= M; i += kMR) {
+    ssize_t c0 = 0;
+    for (; c0 + kNR <= N; c0 += kNR) {
+      T acc[kMR][kNR];
+      for (int r = 0; r < kMR; ++r)
+        for (int w = 0; w < kNR; ++w) acc[r][w] = accumulate ? C[(i + r) * ldc + c0 + w] : T(0);
+      for (ssize_t k = 0; k < Kd; ++k) {
+        const T* b = B + k * ldb + c0;
+        const T a0 = A[i * lda + k], a1 = A[(i + 1) * lda + k], a2 = A[(i + 2) * lda + k], a3 = A[(i + 3) * lda + k];
+#pragma omp simd
+        for (int w = 0; w < kNR; ++w) {
+          acc[0][w] += a0 * b[w];
+          acc[1][w] += a1 * b[w];
+          acc[2][w] += a2 * b[w];
+          acc[3][w] += a3 * b[w];
+        }
+      }
+      for (int r = 0; r < kMR; ++r)
+        for (int w = 0; w < kNR; ++w) C[(i + r) * ldc + c0 + w] = acc[r][w];
+    }
+    for (ssize_t r = i; r < i + kMR; ++r)
+      for (ssize_t c = c0; c < N; ++c) {
+        T sum = accumulate ? C[r * ldc + c] : T(0);
+        for (ssize_t k = 0; k < Kd; ++k) sum += A[r * lda + k] * B[k * ldb + c];
+        C[r * ldc + c] = sum;
+      }
+  }
+  for (; i < M; ++i) {
+    T* ci = C + i * ldc;
+    if (!accumulate)
+      for (ssize_t c = 0; c < N; ++c) ci[c] = 0;
+    for (ssize_t k = 0; k < Kd; ++k) {
+      const T a = A[i * lda + k];
+      const T* b = B + k * ldb;
+#pragma omp simd
+      for (ssize_t c = 0; c < N; ++c) ci[c] += a * b[c];
+    }
+  }
+}
+
+// S[i][j] = scale * q_i . k_j for a Br x Bc tile; masked entries (causal: j > i) get -inf.
+// The K tile is first transposed into kt [D][Bc] so that S = Q_tile kt is a small GEMM with unit-stride rows.
+template <typename T>
+void score_tile(const T* q, const T* k, T* S, T* kt, ssize_t i0, ssize_t br, ssize_t j0, ssize_t bc, ssize_t D,
+                T scale, bool causal, ssize_t Bc) {
+  for (ssize_t j = 0; j < bc; ++j)
+    for (ssize_t d = 0; d < D; ++d) kt[d * Bc + j] = k[(j0 + j) * D + d];
+  small_gemm(q + i0 * D, D, kt, Bc, S, Bc, br, bc, D, false);
+  for (ssize_t i = 0; i < br; ++i) {
+    T* si = S + i * Bc;
+    const ssize_t lim = causal ? i0 + i - j0 : bc;  // keys j0 + j with j > lim are masked
+#pragma omp simd
+    for (ssize_t j = 0; j < bc; ++j) si[j] = j > lim ? neg_inf<T>() : si[j] * scale;
+  }
+}
+
+template <typename T>
+py::tuple flash_attention_forward(carr<T> q, carr<T> k, carr<T> v, bool causal, ssize_t block) {
+  const AttnDims a = check_attn(q, k, v, "flash_attention_forward");
+  if (block < 1) tl::value_error("flash_attention_forward: block_size must be >= 1, got " + std::to_string(block));
+  const ssize_t BH = a.BH, Nq = a.Nq, Nk = a.Nk, D = a.D, Dv = a.Dv;
+  carr<T> o({BH, Nq, Dv});
+  carr<T> lse({BH, Nq});
+  const T *pq = q.data(), *pk = k.data(), *pv = v.data();
+  T *po = o.mutable_data(), *pl = lse.mutable_data();
+  const T scale = T(1) / std::sqrt(T(D));
+  const ssize_t nqb = (Nq + block - 1) / block;
+  {
+    py::gil_scoped_release release;
+#pragma omp parallel
+    {
+      std::vector<T> S(block * block), m(block), l(block), acc(block * Dv), kt(block * D);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (ssize_t bh = 0; bh < BH; ++bh) {
+        for (ssize_t qb = 0; qb < nqb; ++qb) {
+          const T* qh = pq + bh * Nq * D;
+          const T* kh = pk + bh * Nk * D;
+          const T* vh = pv + bh * Nk * Dv;
+          const ssize_t i0 = qb * block, br = std::min(block, Nq - i0);
+          std::fill(m.begin(), m.end(), neg_inf<T>());
+          std::fill(l.begin(), l.end(), T(0));
+          std::fill(acc.begin(), acc.end(), T(0));
+          for (ssize_t j0 = 0; j0 < Nk; j0 += block) {
+            if (causal && j0 > i0 + br - 1) break;  // every later key is masked for this whole query block
+            const ssize_t bc = std::min(block, Nk - j0);
+            score_tile(qh, kh, S.data(), kt.data(), i0, br, j0, bc, D, scale, causal, block);
+            for (ssize_t i = 0; i < br; ++i) {
+              T* Si = S.data() + i * block;
+              T mx = m[i];
+#pragma omp simd reduction(max : mx)
+              for (ssize_t j = 0; j < bc; ++j) mx = Si[j] > mx ? Si[j] : mx;
+              if (mx == neg_inf<T>()) {  // the whole tile row is masked: P = 0, state unchanged
+                for (ssize_t j = 0; j < bc; ++j) Si[j] = 0;
+                continue;
+              }
+              const T alpha = m[i] == neg_inf<T>() ? T(0) : exp_approx(m[i] - mx);
+              T s = 0;
+#pragma omp simd reduction(+ : s)
+              for (ssize_t j = 0; j < bc; ++j) {
+                const T p = exp_approx(Si[j] - mx);  // exp(-inf) = 0 for masked keys
+                Si[j] = p;
+                s += p;
+              }
+              l[i] = l[i] * alpha + s;
+              m[i] = mx;
+              T* ai = acc.data() + i * Dv;
+#pragma omp simd
+              for (ssize_t d = 0; d < Dv; ++d) ai[d] *= alpha;
+            }
+            // acc += P V_tile: one register-blocked GEMM for the whole tile
+            small_gemm(S.data(), block, vh + j0 * Dv, Dv, acc.data(), Dv, br, Dv, bc, true);
+          }
+          for (ssize_t i = 0; i < br; ++i) {
+            T* oi = po + (bh * Nq + i0 + i) * Dv;
+            const T inv = l[i] > 0 ? T(1) / l[i] : nan_v<T>();  // l == 0 only for a fully masked row
+            for (ssize_t d = 0; d < Dv; ++d) oi[d] = acc[i * Dv + d] * inv;
+            pl[bh * Nq + i0 + i] = l[i] > 0 ? m[i] + std::log(l[i]) : neg_inf<T>();
+          }
+        }
+      }
+    }
+  }
+  return py::make_tuple(o, lse);
+}
+
+template <typename T>
+py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, carr<T> lse, carr<T> dout,
+                                   bool causal, ssize_t block) {
+  const AttnDims a = check_attn(q, k, v, "flash_attention_backward");
+  if (block < 1) tl::value_error("flash_attention_backward: block_size must be >= 1, got " + std::to_string(block));
+  const ssize_t BH = a.BH, Nq = a.Nq, Nk = a.Nk, D = a.D, Dv = a.Dv;
+  need_same(dout, o, "flash_attention_backward", "dout", "o");
+  if (o.ndim() != 3 || o.shape(0) != BH || o.shape(1) != Nq || o.shape(2) != Dv)
+    tl::value_error("flash_attention_backward: o shape " + shape_str(o) + " does not match q/v");
+  if (lse.ndim() != 2 || lse.shape(0) != BH || lse.shape(1) != Nq)
+    tl::value_error("flash_attention_backward: lse shape " + shape_str(lse) + " must be (BH, Nq)");
+  carr<T> dq({BH, Nq, D}), dk({BH, Nk, D}), dv({BH, Nk, Dv});
+  const T *pq = q.data(), *pk = k.data(), *pv = v.data(), *po = o.data(), *pl = lse.data(), *pg = dout.data();
+  T *pdq = dq.mutable_data(), *pdk = dk.mutable_data(), *pdv = dv.mutable_data();
+  const T scale = T(1) / std::sqrt(T(D));
+  const ssize_t nqb = (Nq + block - 1) / block, nkb = (Nk + block - 1) / block;
+  {
+    py::gil_scoped_release release;
+    std::vector<T> Dsum(BH * Nq);  // D_i = dO_i . O_i
+#pragma omp parallel for schedule(static)
+    for (ssize_t r = 0; r < BH * Nq; ++r) {
+      T s = 0;
+      for (ssize_t d = 0; d < Dv; ++d) s += pg[r * Dv + d] * po[r * Dv + d];
+      Dsum[r] = s;
+    }
+    // P_ij and dS_ij = P_ij (dO_i . V_j - D_i) for one (query block, key block) tile, into P and dS
+    auto tile = [&](ssize_t bh, ssize_t i0, ssize_t br, ssize_t j0, ssize_t bc, T* P, T* dS, T* kt) {
+      const T* qh = pq + bh * Nq * D;
+      const T* kh = pk + bh * Nk * D;
+      const T* vh = pv + bh * Nk * Dv;
+      score_tile(qh, kh, P, kt, i0, br, j0, bc, D, scale, causal, block);
+      for (ssize_t i = 0; i < br; ++i) {
+        const T li = pl[bh * Nq + i0 + i];
+        const T Di = Dsum[bh * Nq + i0 + i];
+        const T* gi = pg + (bh * Nq + i0 + i) * Dv;
+        for (ssize_t j = 0; j < bc; ++j) {
+          const T p = li == neg_inf<T>() ? T(0) : exp_approx(P[i * block + j] - li);
+          P[i * block + j] = p;
+          if (p == T(0)) {
+            dS[i * block + j] = 0;
+            continue;
+          }
+          const T* vj = vh + (j0 + j) * Dv;
+          T dp = 0;
+#pragma omp simd reduction(+ : dp)
+          for (ssize_t d = 0; d < Dv; ++d) dp += gi[d] * vj[d];
+          dS[i * block + j] = p * (dp - Di);
+        }
+      }
+    };
+    // pass A: dK_j = scale sum_i dS_ij q_i, dV_j = sum_i P_ij dO_i   (each key block owned by one thread)
+#pragma omp parallel
+    {
+      std::vector<T> P(block * block), dS(block * block), kt(block * D);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (ssize_t bh = 0; bh < BH; ++bh) {
+        for (ssize_t kb = 0; kb < nkb; ++kb) {
+          const ssize_t j0 = kb * block, bc = std::min(block, Nk - j0);
+          T* dkh = pdk + (bh * Nk + j0) * D;
+          T* dvh = pdv + (bh * Nk + j0) * Dv;
+          std::fill(dkh, dkh + bc * D, T(0));
+          std::fill(dvh, dvh + bc * Dv, T(0));
+          for (ssize_t i0 = causal ? (j0 / block) * block : 0; i0 < Nq; i0 += block) {
+            const ssize_t br = std::min(block, Nq - i0);
+            if (causal && j0 > i0 + br - 1) continue;
+            tile(bh, i0, br, j0, bc, P.data(), dS.data(), kt.data());
+            for (ssize_t i = 0; i < br; ++i) {
+              const T* qi = pq + (bh * Nq + i0 + i) * D;
+              const T* gi = pg + (bh * Nq + i0 + i) * Dv;
+              for (ssize_t j = 0; j < bc; ++j) {
+                const T p = P[i * block + j], ds = dS[i * block + j] * scale;
+                if (p == T(0)) continue;
+                T* dkj = dkh + j * D;
+                T* dvj = dvh + j * Dv;
+#pragma omp simd
+                for (ssize_t d = 0; d < D; ++d) dkj[d] += ds * qi[d];
+#pragma omp simd
+                for (ssize_t d = 0; d < Dv; ++d) dvj[d] += p * gi[d];
+              }
+            }
+          }
+        }
+      }
+    }
+    // pass B: dQ_i = scale sum_j dS_ij k_j   (each query block owned by one thread)
+#pragma omp parallel
+    {
+      std::vector<T> P(block * block), dS(block * block), kt(block * D);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (ssize_t bh = 0; bh < BH; ++bh) {
+        for (ssize_t qb = 0; qb < nqb; ++qb) {
+          const ssize_t i0 = qb * block, br = std::min(block, Nq - i0);
+          T* dqh = pdq + (bh * Nq + i0) * D;
+          std::fill(dqh, dqh + br * D, T(0));
+          for (ssize_t j0 = 0; j0 < Nk; j0 += block) {
+            if (causal && j0 > i0 + br - 1) break;
+            const ssize_t bc = std::min(block, Nk - j0);
+            tile(bh, i0, br, j0, bc, P.data(), dS.data(), kt.data());
+            for (ssize_t i = 0; i < br; ++i) {
+              T* dqi = dqh + i * D;
+              for (ssize_t j = 0; j < bc; ++j) {
+                const T ds = dS[i * block + j] * scale;
+                if (ds == T(0)) continue;
+                const T* kj = pk + (bh * Nk + j0 + j) * D;
+#pragma omp simd
+                for (ssize_t d = 0; d < D; ++d) dqi[d] += ds * kj[d];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return py::make_tuple(dq, dk, dv);
+}
+
+template <typename T>
+void def_flash_attention(py::module_& m) {
+  m.def("flash_attention_forward", &flash_attention_forward<T>, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("causal") = false, py::arg("block_size") = 64);
+  m.def("flash_attention_backward", &flash_attention_backward<T>, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("o"), py::arg("lse"), py::arg("dout"), py::arg("causal") = false, py::arg("block_size") = 64);
+}
+
+}  // namespace
+
+TL_REGISTER(kernels) {
+  def_flash_attention<float>(m);
+  def_flash_attention<double>(m);
+}

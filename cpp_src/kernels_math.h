@@ -1,0 +1,81 @@
+// kernels_math.h — what the fused CPU kernels (cpp_src/kernels_*.cpp, one file per op) share: the C-contiguous
+// array type, the parallel threshold, and branch-free float32 exp/erf/tanh that let `#pragma omp simd` loops
+// vectorise (libm calls do not without -ffast-math); float64 uses libm (it exists for gradcheck, not speed).
+// _C.kernels.exp_approx / erf_approx expose the float32 versions for the accuracy tests.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace tl {
+namespace kern {
+
+template <typename T>
+using carr = py::array_t<T, py::array::c_style>;
+
+// Below this many elements a row-wise kernel runs on one thread: waking the OpenMP team costs more than it saves.
+constexpr ssize_t kParallelMin = 1 << 15;
+
+// ---- vectorisable math -----------------------------------------------------------------------------------
+// exp(x) = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (Cody-Waite split), e^r by the cephes expf
+// polynomial (~1 ulp on [-ln2/2, ln2/2]); out of range -> 0 / inf, NaN -> NaN. Branch-free so loops vectorise.
+inline float exp_approx(float x) {
+  const float lo = -87.33654475f, hi = 88.37626266f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  // round to nearest by the 1.5 * 2^23 trick (std::floor becomes a libm call that blocks vectorisation)
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  float y = p * scale;
+  y = x < lo ? 0.0f : y;
+  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  return x != x ? x : y;
+}
+inline double exp_approx(double x) { return std::exp(x); }
+
+// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below fp32 resolution of 1 + erf).
+inline float erf_approx(float x) {
+  const float ax = std::fabs(x);
+  const float t = 1.0f / (1.0f + 0.3275911f * ax);
+  float p = 1.061405429f;
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const float y = 1.0f - p * t * exp_approx(-ax * ax);
+  return x < 0 ? -y : y;
+}
+inline double erf_approx(double x) { return std::erf(x); }
+
+// tanh(y) = 1 - 2 / (e^{2y} + 1): exact limits +-1, absolute error ~1e-7 near 0 (GELU multiplies by u/2).
+inline float tanh_approx(float y) { return 1.0f - 2.0f / (exp_approx(2.0f * y) + 1.0f); }
+inline double tanh_approx(double y) { return std::tanh(y); }
+
+template <typename T>
+inline T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+template <typename T>
+inline T nan_v() {
+  return std::numeric_limits<T>::quiet_NaN();
+}
+
+}  // namespace kern
+}  // namespace tl
