@@ -132,7 +132,7 @@ def test_nn_conv2d_training_matches_torch():
 
 
 def test_functional_conv_is_the_im2col_path():
-    assert tl.nn.functional_conv.Conv2dFn is CF.Conv2dFunction
+    assert F.conv2d is CF.conv2d and F.max_pool2d is CF.max_pool2d and F.avg_pool2d is CF.avg_pool2d
 
 
 def test_bad_input_through_autograd():

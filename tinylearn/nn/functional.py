@@ -2,7 +2,7 @@
 
 Activations and softmax are Tensor methods (VJPs in tinylearn/autograd/ops_*.py); linear, losses, norms,
 dropout and embedding are fused Functions here and in functional_loss.py / functional_norm.py.
-conv2d / max_pool2d / avg_pool2d come from functional_conv.py (the im2col implementation of tinylearn.conv).
+conv2d / max_pool2d / avg_pool2d are the im2col autograd Functions of tinylearn.conv (tinylearn/conv/functional.py).
 
     dropout (training)   y = x * m / (1 - p),  m ~ Bernoulli(1 - p)       dx = g * m / (1 - p)
     embedding            y = W[idx]                                       dW = scatter-add of g into rows idx
@@ -18,7 +18,7 @@ from ..autograd import factory as _factory
 from ..autograd.function import Function
 from ..autograd.linalg import Linear as _LinearFn
 from ..autograd.tensor import Tensor
-from .functional_conv import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
+from ..conv.functional import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
 from .functional_loss import cross_entropy, mse_loss
 from .functional_norm import batch_norm, layer_norm
 
