@@ -110,7 +110,8 @@ def autocast_hook(cls: type, args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     target = dt if cat == "lower" else float32
     new_args = tuple(_cast(a, target) for a in args)
-    if cat == "lower" and (cls.__name__ in EMULATED_OPS or dt == float16):
+    emulated = cat == "lower" and (cls.__name__ in EMULATED_OPS or dt == float16)
+    if emulated:
         # no low-precision kernel here (conv backends take fp32; numpy's fp16 matmul has no BLAS): compute in fp32
         # on the rounded inputs -- exact products, fp32 accumulation, like torch's CPU kernels -- then round once
         new_args = tuple(_cast(a, float32) for a in new_args)
@@ -119,8 +120,13 @@ def autocast_hook(cls: type, args: tuple, kwargs: dict) -> Any:
         out = cls.apply(*new_args, **kwargs)
     finally:
         _State.inside = False
-    if isinstance(out, Tensor):
-        return _cast(out, target)  # numpy accumulates low-precision GEMMs in fp32: round the result once
+    if isinstance(out, Tensor) and out.dtype != target and cat == "lower" and not emulated:
+        # numpy accumulates low-precision GEMMs in fp32: round the result once and store it in the low dtype
+        # (replacing the array, not adding a cast node, so the fp32 result is not kept alive by the graph);
+        # emulated ops get a cast node instead: their fp32 backward kernels need an fp32 output gradient
+        out.data = out.data.astype(target)
+    elif isinstance(out, Tensor) and out.dtype != target:
+        return _cast(out, target)
     return out
 
 

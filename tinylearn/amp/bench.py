@@ -1,0 +1,193 @@
+"""``tinylearn bench amp``: one training step in fp32 vs autocast bfloat16, tinylearn vs torch vs tinygrad.
+
+Rows per model (digits-shaped input [B, 1, 8, 8]; SGD step included for tinylearn and torch):
+
+    tinylearn fp32 / tinylearn autocast bf16   tl.autocast; peak MB = tl.memory.measure_peak of the whole step
+                                               (every numpy allocation through a pooled C++ caching allocator)
+    torch fp32 / torch autocast bf16           torch.autocast("cpu", dtype=torch.bfloat16); torch's CPU
+                                               allocator has no peak counter, so its memory column is the bytes
+                                               saved for backward (torch.autograd.graph.saved_tensors_hooks)
+    tinygrad float32 / half / bfloat16         forward + backward with the model cast to that dtype (tinygrad
+                                               has no autocast), DEV=CPU, TinyJit; n/a rows name the error where
+                                               a dtype does not run on its CPU backend
+
+``saved MB`` (tinylearn) is tl.memory.estimate's activation count for the same step. bf16 on this CPU is slower
+than fp32 for tinylearn (ml_dtypes has no BLAS kernel: products are accumulated in fp32 loops) and usually for
+torch too unless the CPU has AVX512-BF16/AMX: the win of bf16 on CPUs without those is memory, not time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..bench import Comparison, Table, tinygrad_jit
+
+
+def _tl_model(kind: str, width: int) -> Any:
+    from ..nn.models import DigitsCNN, DigitsMLP
+
+    return DigitsMLP((width, width)) if kind == "mlp" else DigitsCNN(width // 16, width // 8)
+
+
+def _tl_step(kind: str, width: int, batch: int, amp: str | None) -> Callable[[], Any]:
+    import tinylearn as tl
+
+    tl.manual_seed(0)
+    model = _tl_model(kind, width)
+    opt = tl.optim.SGD(model.parameters(), lr=0.01)
+    X = tl.randn(batch, 1, 8, 8)
+    y = tl.Tensor(np.arange(batch) % 10)
+
+    def step() -> Any:
+        opt.zero_grad()
+        with tl.autocast(amp) if amp else contextlib.nullcontext():
+            loss = tl.nn.functional.cross_entropy(model(X), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def _torch_model(kind: str, width: int) -> Any:
+    import torch
+
+    nn = torch.nn
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                             nn.Linear(width, 10))  # fmt: skip
+    c1, c2 = width // 16, width // 8
+    return nn.Sequential(
+        nn.Conv2d(1, c1, 3, padding=1), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 3, padding=1), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(c2 * 4, 10),
+    )  # fmt: skip
+
+
+def _torch_step(kind: str, width: int, batch: int, amp: bool) -> tuple[Callable[[], Any], Callable[[], int]]:
+    import torch
+
+    torch.manual_seed(0)
+    model = _torch_model(kind, width)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    X = torch.randn(batch, 1, 8, 8)
+    y = torch.arange(batch) % 10
+
+    def loss_fn() -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+            return torch.nn.functional.cross_entropy(model(X), y)
+
+    def step() -> Any:
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        return loss
+
+    def saved_bytes() -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: Any) -> Any:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_fn()
+        return sum(seen.values())
+
+    return step, saved_bytes
+
+
+def _tinygrad_build(kind: str, width: int, batch: int, dtype: str) -> Callable[[Any], Callable[[], Any]]:
+    def build(tg: Any) -> Callable[[], Any]:
+        dt = getattr(tg.dtypes, dtype)
+        rng = np.random.default_rng(0)
+        if kind == "mlp":
+            shapes = [(64, width), (width, width), (width, 10)]
+            ws = [tg.Tensor(rng.standard_normal(s).astype(np.float32) * 0.05).cast(dt).realize() for s in shapes]
+            for w in ws:
+                w.requires_grad = True
+            x = tg.Tensor(rng.standard_normal((batch, 64)).astype(np.float32)).cast(dt).realize()
+            y = tg.Tensor(np.arange(batch) % 10)
+
+            def f(x: Any) -> Any:
+                h = x
+                for i, w in enumerate(ws):
+                    h = h @ w
+                    if i < len(ws) - 1:
+                        h = h.relu()
+                loss = h.float().sparse_categorical_crossentropy(y)
+                loss.backward()
+                return loss.realize(), *[w.grad.realize() for w in ws]
+
+        else:
+            c1, c2 = width // 16, width // 8
+            w1 = tg.Tensor(rng.standard_normal((c1, 1, 3, 3)).astype(np.float32) * 0.1).cast(dt).realize()
+            w2 = tg.Tensor(rng.standard_normal((c2, c1, 3, 3)).astype(np.float32) * 0.1).cast(dt).realize()
+            wf = tg.Tensor(rng.standard_normal((c2 * 4, 10)).astype(np.float32) * 0.1).cast(dt).realize()
+            ws = [w1, w2, wf]
+            for w in ws:
+                w.requires_grad = True
+            x = tg.Tensor(rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)).cast(dt).realize()
+            y = tg.Tensor(np.arange(batch) % 10)
+
+            def f(x: Any) -> Any:
+                h = x.conv2d(w1, padding=1).relu().max_pool2d(2)
+                h = h.conv2d(w2, padding=1).relu().max_pool2d(2)
+                loss = (h.flatten(1) @ wf).float().sparse_categorical_crossentropy(y)
+                loss.backward()
+                return loss.realize(), *[w.grad.realize() for w in ws]
+
+        try:
+            f(x)  # compile once outside the JIT so a dtype the CPU backend cannot compile gets a short reason
+        except Exception as e:
+            first = str(e).splitlines()[0][:80] if str(e) else ""
+            if "clang" in str(e) or "bf16" in str(e).lower():
+                first = "clang cannot compile this dtype for the CPU target (__bf16 not supported)"
+            raise RuntimeError(f"tinygrad {dtype} on CPU: {first}") from None
+        jf = tinygrad_jit(f)
+        return lambda: jf(x)
+
+    return build
+
+
+def step_table(kind: str, width: int, batch: int, progress: Callable[[str], None] | None = None) -> Table:
+    from ..memory import estimate, measure_peak
+
+    cmp = Comparison(
+        f"amp: {kind} training step (width {width}, batch {batch}), fp32 vs bf16 autocast", baseline="torch fp32",
+        repeat=5, progress=progress,
+    )  # fmt: skip
+    name = f"{kind} w{width} b{batch}"
+    with cmp.case(name) as case:
+        for amp in (None, "bfloat16"):
+            label = "tinylearn autocast bf16" if amp else "tinylearn fp32"
+            step = _tl_step(kind, width, batch, amp)
+            peak = measure_peak(lambda a=amp: _tl_step(kind, width, batch, a)())
+            est = estimate(_tl_model(kind, width), (batch, 1, 8, 8), optimizer="sgd", amp=amp)
+            row = case.add(label, step, saved_mb=round(est["activations"] / 2**20, 3))
+            row.peak_mb = peak / 2**20
+        for amp in (False, True):
+            step, saved = _torch_step(kind, width, batch, amp)
+            case.add("torch autocast bf16" if amp else "torch fp32", step, saved_mb=round(saved() / 2**20, 3))
+        for dt in ("float32", "half", "bfloat16"):
+            case.add_tinygrad(f"tinygrad {dt}", _tinygrad_build(kind, width, batch, dt), note="TinyJit, no optimizer")
+    cmp.note("peak MB: tinylearn rows measured with tl.memory.measure_peak (model + step); saved MB: activations "
+             "kept for backward (tinylearn: tl.memory.estimate graph walk; torch: saved_tensors_hooks)")  # fmt: skip
+    return cmp.table
+
+
+def run(full: bool = False, progress: Callable[[str], None] | None = None) -> list[Table]:
+    cases = [("mlp", 512, 256), ("cnn", 256, 128)]
+    if full:
+        cases += [("mlp", 2048, 1024), ("cnn", 512, 512)]
+    return [step_table(k, w, b, progress) for k, w, b in cases]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for t in run():
+        print(t.to_text())
