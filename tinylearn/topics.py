@@ -164,6 +164,17 @@ TOPICS: tuple[Topic, ...] = (
         ("gemm_*.cu",),
         aliases=("matmul_ladder",),
     ),
+    Topic(
+        "inference",
+        "09_llm_inference",
+        "LLM inference: KV cache, paged attention, sampling, speculative decoding, batching",
+        ("inference",),
+        "09_llm_inference",
+        ("test_inference", "test_inference_paged"),
+        "tinylearn.inference.bench",
+        aliases=("llm_inference", "serving"),
+        questions="17, 107, 114, 133, 203",
+    ),
 )
 
 
