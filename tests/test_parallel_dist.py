@@ -52,7 +52,7 @@ def test_zero_state_dict_is_consolidated(ranks: list[dict]) -> None:
     for r in ranks:
         z = r["zero"]
         for stage in (1, 2, 3):
-            assert z[f"stage{stage}_state_steps_equal"] and z[f"stage{stage}_plain_loaded_step"] == 3.0
+            assert z[f"stage{stage}_state_steps_equal"] and z[f"stage{stage}_plain_loaded_step"] == z["steps"]
             limit = 0.0 if stage == 1 or z["world_size"] == 2 else FP32_TOL
             assert z[f"stage{stage}_state_maxdiff"] <= limit
 
@@ -88,9 +88,3 @@ def test_pipeline_equals_single_process(ranks: list[dict]) -> None:
             assert all(e >= s for _, _, s, e in ev)
         stage = ranks.index(r)
         assert p["gpipe_peak_held"] == 4 and p["1f1b_peak_held"] == min(n - stage, 4)
-    # measured order across ranks: F(mb) on stage s+1 ends after F(mb) started on stage s
-    for sched in ("gpipe", "1f1b"):
-        for s in range(len(ranks) - 1):
-            f_start = {mb: st for k, mb, st, _ in ranks[s]["pp"][f"{sched}_events"] if k == "F"}
-            f_end_next = {mb: en for k, mb, _, en in ranks[s + 1]["pp"][f"{sched}_events"] if k == "F"}
-            assert all(f_end_next[mb] >= f_start[mb] for mb in f_start)
