@@ -7,6 +7,7 @@
 //   layernorm_backward_warp      one warp per row: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w;
 //                                dw, db accumulated with atomicAdd into zero-initialised buffers
 #include <cuda_runtime.h>
+#include "common.cuh"
 
 extern "C" __global__ void layernorm_forward_v1_naive(const float* __restrict__ x, const float* __restrict__ w,
                                                       const float* __restrict__ b, float* __restrict__ y,
@@ -43,9 +44,9 @@ extern "C" __global__ void layernorm_forward_v2_welford(const float* __restrict_
     m2 += delta * (xr[c] - mu);
   }
   for (int o = 16; o > 0; o >>= 1) {
-    const float n2 = __shfl_xor_sync(0xffffffffu, n, o);
-    const float mu2 = __shfl_xor_sync(0xffffffffu, mu, o);
-    const float m22 = __shfl_xor_sync(0xffffffffu, m2, o);
+    const float n2 = __shfl_xor_sync(kFullMask, n, o);
+    const float mu2 = __shfl_xor_sync(kFullMask, mu, o);
+    const float m22 = __shfl_xor_sync(kFullMask, m2, o);
     const float tot = n + n2;
     if (tot > 0.f) {
       const float delta = mu2 - mu;
@@ -82,10 +83,8 @@ extern "C" __global__ void layernorm_backward_warp(const float* __restrict__ dy,
     atomicAdd(&dw[c], dy[off + c] * xh);
     atomicAdd(&db[c], dy[off + c]);
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    bb += __shfl_xor_sync(0xffffffffu, bb, o);
-  }
+  a = warp_allreduce_sum(a);
+  bb = warp_allreduce_sum(bb);
   a /= cols;
   bb /= cols;
   for (int c = lane; c < cols; c += 32) {

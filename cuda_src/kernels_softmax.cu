@@ -11,6 +11,7 @@
 // Fully masked rows (all -inf) give NaN, like torch.
 #include <cuda_runtime.h>
 #include <math_constants.h>
+#include "common.cuh"
 
 extern "C" __global__ void softmax_v1_naive(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -82,8 +83,8 @@ extern "C" __global__ void softmax_v3_warp_online(const float* __restrict__ x, f
     for (int c = lane; c < cols; c += 32) online_merge(m, d, xr[c], 1.f);
   }
   for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const float d2 = __shfl_xor_sync(0xffffffffu, d, o);
+    const float m2 = __shfl_xor_sync(kFullMask, m, o);
+    const float d2 = __shfl_xor_sync(kFullMask, d, o);
     online_merge(m, d, m2, d2);
   }
   const float inv = (m == -CUDART_INF_F) ? CUDART_NAN_F : 1.f / d;
@@ -108,6 +109,6 @@ extern "C" __global__ void softmax_backward_warp(const float* __restrict__ y, co
   const long long off = (long long)r * cols;
   float s = 0.f;
   for (int c = lane; c < cols; c += 32) s += y[off + c] * dy[off + c];
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  s = warp_allreduce_sum(s);
   for (int c = lane; c < cols; c += 32) dx[off + c] = y[off + c] * (dy[off + c] - s);
 }

@@ -1,6 +1,6 @@
 // sparse_csr_spmv.cu — CSR sparse matrix x dense vector, y = A x (fp32), two classic mappings of rows to threads.
 //
-// Format (as tinylearn/sparse/formats.py): indptr int64 [M+1], indices int32 [nnz], data float [nnz].
+// Format (as tinylearn/sparse/csr.py): indptr int64 [M+1], indices int32 [nnz], data float [nnz].
 //
 // Versions:
 //   csr_spmv_scalar  one thread per row. Simple; neighbouring threads read far-apart data (uncoalesced), and a
@@ -10,6 +10,7 @@
 // Launch: scalar  grid = ceil(M / block), block = 256;  vector  grid = ceil(M * 32 / block), block = 256.
 // Both are checked on a GPU by tests/test_sparse.py (marked gpu); here nvcc -ptx -arch=sm_80 compiles them.
 #include <cstdint>
+#include "common.cuh"
 
 extern "C" __global__ void csr_spmv_scalar(const int64_t* __restrict__ indptr, const int32_t* __restrict__ indices,
                                            const float* __restrict__ data, const float* __restrict__ x,
@@ -30,6 +31,6 @@ extern "C" __global__ void csr_spmv_vector(const int64_t* __restrict__ indptr, c
   if (row >= M) return;  // whole warps exit together: row is uniform across a warp
   float acc = 0.f;
   for (int64_t k = indptr[row] + lane; k < indptr[row + 1]; k += 32) acc += data[k] * __ldg(&x[indices[k]]);
-  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, offset);
+  acc = warp_reduce_sum(acc);  // lane 0 holds the row sum
   if (lane == 0) y[row] = acc;
 }

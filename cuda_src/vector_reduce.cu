@@ -10,11 +10,7 @@
 //                            pointer is 16-byte aligned, warp shuffles, one atomicAdd per block into out[0]
 // Checked against numpy in tests/test_kernels_cuda.py (@pytest.mark.gpu).
 #include <cuda_runtime.h>
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
+#include "common.cuh"
 
 extern "C" __global__ void block_reduce_shared(const float* __restrict__ x, float* __restrict__ out, int n) {
   extern __shared__ float buf[];
@@ -47,7 +43,7 @@ extern "C" __global__ void block_reduce_warp(const float* __restrict__ x, float*
   }
   if (tid < 32) {
     float w = blockDim.x >= 32 ? buf[tid] : (tid < blockDim.x ? buf[tid] : 0.f);
-    w = warp_sum(w);
+    w = warp_reduce_sum(w);
     if (tid == 0) out[blockIdx.x] = w;
   }
 }
@@ -68,13 +64,13 @@ extern "C" __global__ void grid_stride_reduce(const float* __restrict__ x, float
   } else {
     for (long long i = tid; i < n; i += stride) v += x[i];
   }
-  v = warp_sum(v);
+  v = warp_reduce_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) warp_partials[warp] = v;
   __syncthreads();
   if (warp == 0) {
     v = lane < (blockDim.x + 31) / 32 ? warp_partials[lane] : 0.f;
-    v = warp_sum(v);
+    v = warp_reduce_sum(v);
     if (lane == 0) atomicAdd(out, v);
   }
 }

@@ -47,7 +47,8 @@ def load(name: str) -> Any:
         )
     import cupy
 
-    return cupy.RawModule(code=path.read_text(), options=("-std=c++14",))
+    # -I: the kernels include cuda_src/common.cuh (shared warp reductions)
+    return cupy.RawModule(code=path.read_text(), options=("-std=c++14", f"-I{path.parent}"))
 
 
 def _dev(a: np.ndarray) -> Any:
