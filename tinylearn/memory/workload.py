@@ -29,17 +29,12 @@ def _setup(model: str, batch: int, seed: int) -> tuple[Any, Any, Any, np.ndarray
 
 
 def _steps(tl: Any, net: Any, opt: Any, X: np.ndarray, y: np.ndarray, steps: int, batch: int) -> list[float]:
-    import tinylearn.nn.functional as F
+    from tinylearn.nn.training import train_step
 
     losses = []
     for s in range(steps):
         lo = (s * batch) % (len(X) - batch)
-        xb, yb = tl.Tensor(X[lo : lo + batch]), tl.Tensor(y[lo : lo + batch])
-        loss = F.cross_entropy(net(xb), yb)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.data))
+        losses.append(train_step(net, opt, tl.Tensor(X[lo : lo + batch]), tl.Tensor(y[lo : lo + batch]))[1])
     return losses
 
 

@@ -1,6 +1,7 @@
 """A plain supervised training loop and accuracy evaluation (used by notebooks and other topics).
 
 fit: for each epoch, for each shuffled mini-batch: loss = cross_entropy(model(x), y); zero_grad; backward; step.
+``train_step`` / ``train_epoch`` are that loop body and epoch, shared with prune.finetune and memory.workload.
 
 Threads: the digits models multiply matrices of a few dozen rows/columns, where a multi-threaded BLAS or OpenMP
 kernel spends more time waking and synchronising threads than computing (5-15x slower on a busy 2-core box).
@@ -11,6 +12,7 @@ None leaves them alone).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -96,26 +98,46 @@ def _fit(
         it = bar
     model.train()
     for _ in it:
-        tot, correct, n = 0.0, 0, 0
-        for xb, yb in loader:
-            out = model(xb)
-            loss = cross_entropy(out, yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            b = len(yb.data)
-            tot += float(loss.data) * b
-            correct += int((out.data.argmax(axis=1) == yb.data).sum())
-            n += b
-        hist["loss"].append(tot / n)
-        hist["acc"].append(correct / n)
+        loss, acc = train_epoch(model, opt, loader)
+        hist["loss"].append(loss)
+        hist["acc"].append(acc)
         if X_val is not None:
             hist["val_acc"].append(evaluate(model, X_val, y_val))
             model.train()
         if bar is not None:
-            bar.set_postfix(loss=f"{tot / n:.4f}", acc=f"{correct / n:.3f}")
+            bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}")
     model.eval()
     return hist
+
+
+def train_step(
+    model: Module, opt: Any, xb: Tensor, yb: Tensor, loss_fn: Callable[..., Tensor] = cross_entropy
+) -> tuple[Tensor, float]:
+    """One optimisation step -- forward, loss, zero_grad, backward, step -- the loop body every topic shares.
+    Returns (model output, loss as a float)."""
+    out = model(xb)
+    loss = loss_fn(out, yb)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return out, float(loss.data)
+
+
+def train_epoch(
+    model: Module, opt: Any, loader: Any, before_step: Callable[[], None] | None = None
+) -> tuple[float, float]:
+    """One pass of ``train_step`` over ``loader``; returns (mean loss, top-1 accuracy) over the epoch's samples.
+    ``before_step`` runs before each step (e.g. prune.finetune raises the sparsity on its schedule there)."""
+    tot, correct, n = 0.0, 0, 0
+    for xb, yb in loader:
+        if before_step is not None:
+            before_step()
+        out, loss = train_step(model, opt, xb, yb)
+        b = len(yb.data)
+        tot += loss * b
+        correct += int((out.data.argmax(axis=1) == yb.data).sum())
+        n += b
+    return tot / n, correct / n
 
 
 def predict(model: Module, X: np.ndarray, batch_size: int = 512, threads: int | None = 1) -> np.ndarray:

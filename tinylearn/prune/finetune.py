@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..data.loader import DataLoader
-from ..nn.functional_loss import cross_entropy
 from ..nn.layers import Conv2d, Linear
-from ..nn.training import _make_optimizer, evaluate
+from ..nn.training import _make_optimizer, evaluate, train_epoch
 from .functional import global_unstructured
 from .schedules import amount_to_reach
 
@@ -57,22 +56,19 @@ def train_with_schedule(
     if X_val is not None:
         hist["val_acc"] = []
     step = 0
+
+    def prune_on_schedule() -> None:
+        nonlocal step
+        if schedule.should_update(step):
+            amount = amount_to_reach(global_sparsity(params), float(schedule(step)))
+            if amount > 0:
+                global_unstructured(params, amount=amount)
+        step += 1
+
     model.train()
     for _ in range(epochs):
-        tot, n = 0.0, 0
-        for xb, yb in loader:
-            if schedule.should_update(step):
-                amount = amount_to_reach(global_sparsity(params), float(schedule(step)))
-                if amount > 0:
-                    global_unstructured(params, amount=amount)
-            loss = cross_entropy(model(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            tot += float(loss.data) * len(yb.data)
-            n += len(yb.data)
-            step += 1
-        hist["loss"].append(tot / n)
+        loss, _ = train_epoch(model, opt, loader, before_step=prune_on_schedule)
+        hist["loss"].append(loss)
         hist["sparsity"].append(global_sparsity(params))
         if X_val is not None:
             hist["val_acc"].append(evaluate(model, X_val, y_val))
