@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (markdown table rows cannot wrap; code lines are kept to 120 by ruff format)
 # %% [markdown]
 # # 00 — Tour: the machine, the tools, and why BLAS matters
 #
@@ -12,8 +13,11 @@
 
 # %%
 # %matplotlib inline
-import numpy as np
+import subprocess
+import sys
+
 import matplotlib.pyplot as plt
+import numpy as np
 
 import tinylearn as tl
 from tinylearn import _C
@@ -29,9 +33,9 @@ print("tinylearn", tl.__version__, "| _C has the machine kernels:", hasattr(_C, 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-import subprocess, sys
-
-print(subprocess.run([sys.executable, "-m", "tinylearn", "info"], capture_output=True, text=True).stdout)
+info = subprocess.run([sys.executable, "-m", "tinylearn", "info"], capture_output=True, text=True).stdout
+print(info)
+assert "tinylearn" in info and "numpy" in info
 
 # %% [markdown]
 # ## The roofline: two numbers that bound every kernel
@@ -49,6 +53,7 @@ bw = roofline.stream_bandwidth(n=10_000_000, repeat=3)
 print(f"measured fp32 peak: {peak.gflops:7.1f} GFLOP/s  ({peak.source}; {peak.details})")
 print(f"theoretical peak  : {theory.gflops:7.1f} GFLOP/s  ({theory.source})")
 print(f"STREAM triad      : {bw:7.1f} GB/s  -> ridge point {peak.gflops / bw:.1f} FLOP/byte")
+assert 0 < peak.gflops <= 1.1 * theory.gflops and bw > 0  # the measurement stays below the paper peak
 
 # %% [markdown]
 # ## First side-by-side benchmark: matmul
@@ -72,6 +77,7 @@ print("C++ naive and i-k-j matmul match numpy (fp32 tolerance)")
 # NBVAL_IGNORE_OUTPUT
 (table,) = matmul.run(sizes=[64, 128, 256, 512])
 print(table.to_text())
+assert table.get("n=512", "numpy").median_ms > 0  # measured; timings vary with load, so no speed claim is asserted
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -347,6 +347,7 @@ for name, C, OC, H, k, s, p in LAYERS:
 table = cmp.table
 print(table)
 print("share of tinylearn forward in im2col:", {k: f"{100 * v:.0f}%" for k, v in share.items()})
+assert all(0 < v < 1 for v in share.values())  # shares of measured times (they vary with load)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -361,6 +362,7 @@ roofline.roofline_plot(axes[1], peak, bw, points)
 plt.tight_layout()
 plt.show()
 print(f"measured peak {peak:.0f} GFLOP/s (SGEMM), STREAM {bw:.1f} GB/s; ridge at {peak / bw:.1f} FLOP/byte")
+assert peak > 0 and bw > 0
 
 # %% [markdown]
 # **Reading the roofline.** Each 3×3 layer does ~2·K FLOPs per output element and touches each input element

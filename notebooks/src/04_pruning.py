@@ -118,8 +118,12 @@ plt.show()
 # term ½Hᵢᵢwᵢ² with the Hessian diagonal approximated by the empirical Fisher (mean of squared per-sample
 # gradients) — at a trained minimum g ≈ 0, so the first-order scores are noisy. (|w·g| is *not* GraSP, which scores
 # −w·(Hg).) Below: one-shot global pruning of the trained MLP at 80 % by each score, no fine-tuning.
+#
+# Accuracies after training depend on float summation order (BLAS kernels, SIMD width), so every training cell
+# below is run but not compared by nbval; its claims are asserts.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 tl.manual_seed(0)
 mlp = DigitsMLP([256, 256])
 hist_dense = fit(mlp, Xtr, ytr, epochs=EPOCHS, lr=3e-3, X_val=Xte, y_val=yte)
@@ -143,6 +147,8 @@ for method in ["magnitude", "gradient", "taylor", "snip", "fisher"]:
     results[method] = evaluate(m, Xte, yte)
 for k, v in results.items():
     print(f"{k:>9}: {v:.1%} at 80% sparsity (one-shot, no fine-tuning)")
+assert dense_acc >= 0.95
+assert results["magnitude"] > results["gradient"]  # at a trained minimum g ~ 0: |g| alone is a poor score
 
 # %% [markdown]
 # ## 4. The AGP schedule
@@ -173,11 +179,13 @@ plt.show()
 # %% [markdown]
 # ## 5. Sensitivity analysis: which layer tolerates how much?
 #
-# Prune one layer at a time (L1, no fine-tuning), measure accuracy, restore. The first layer (it sees raw pixels,
-# many of them always zero) and the big middle layer tolerate a lot; the 10-way classifier much less. A per-layer
-# ratio is the largest swept sparsity within 2 points of the dense accuracy.
+# Prune one layer at a time (L1, no fine-tuning), measure accuracy, restore. A per-layer ratio is the largest
+# swept sparsity within 2 points of the dense accuracy. Which layer tolerates most is an empirical, per-model
+# answer (and training-dependent, so the printed ratios are not compared); asserted: every layer of this
+# over-parameterised MLP tolerates at least 50 %, and no layer survives 98 % without a larger drop.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 m = fresh_mlp()
 lin_layers = [mod for mod in m.modules() if isinstance(mod, tl.nn.Linear)]
 named = {f"fc{i + 1} {tuple(lyr.weight.shape)}": (lyr, "weight") for i, lyr in enumerate(lin_layers)}
@@ -194,6 +202,7 @@ plt.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 print("chosen per-layer ratios:", ratios)
+assert all(r >= 0.5 for r in ratios.values()) and all(r < 0.98 for r in ratios.values())
 
 # %% [markdown]
 # ## 6. Fine-tuning: 90 % unstructured, AGP and 2:4
@@ -202,6 +211,7 @@ print("chosen per-layer ratios:", ratios)
 # dense model to 90 % during training; 2:4 on every layer + fine-tuning. Masks persist through all of it.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 FT = 10 if not FULL else 20
 curves, table = {}, {}
 
@@ -256,6 +266,7 @@ assert table["2:4 (50%), one-shot + FT"][2] >= dense_acc - 0.005
 # sparse "ticket". The control keeps the same final mask but re-initialises the weights randomly.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 tl.manual_seed(5)
 ticket = DigitsMLP(128)
 init_state = lottery.snapshot(ticket)
@@ -276,7 +287,9 @@ for (mod, _), (cmod, _) in zip(params, finetune.prunable_weights(control)):
 fit(control, Xtr, ytr, epochs=8, lr=3e-3)
 for r in hist:
     print(f"round {r['round']}: accuracy before pruning {r['metric']:.1%}, sparsity after {r['sparsity']:.1%}")
-print(f"ticket (rewound): {evaluate(ticket, Xte, yte):.1%} | same mask, random re-init: {evaluate(control, Xte, yte):.1%}")
+acc_ticket, acc_control = evaluate(ticket, Xte, yte), evaluate(control, Xte, yte)
+print(f"ticket (rewound): {acc_ticket:.1%} | same mask, random re-init: {acc_control:.1%}")
+assert abs(hist[-1]["sparsity"] - 0.9) < 0.01 and acc_ticket >= 0.85
 
 # %% [markdown]
 # ## 8. Structured surgery: a smaller dense model, exactly
@@ -288,6 +301,7 @@ print(f"ticket (rewound): {evaluate(ticket, Xte, yte):.1%} | same mask, random r
 # `shrink(model)` computes the same function as the masked model.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 tl.manual_seed(0)
 cnn = DigitsCNN(16, 32)
 fit(cnn, Xtr, ytr, epochs=8 if not FULL else 15, lr=3e-3)
@@ -296,16 +310,21 @@ surgery.mask_channels(cnn, 0.5)
 masked_acc = evaluate(cnn, Xte, yte)
 fit(cnn, Xtr, ytr, epochs=5 if not FULL else 8, lr=2e-3)
 small = surgery.shrink(cnn)
+small_acc = evaluate(small, Xte, yte)
+print(
+    f"DigitsCNN(16, 32): dense {cnn_dense_acc:.1%} | 50% channels masked {masked_acc:.1%} | fine-tuned + shrunk "
+    f"{small_acc:.1%} ({100 * (small_acc - cnn_dense_acc):+.1f} pt)"
+)
+assert masked_acc < cnn_dense_acc and small_acc >= cnn_dense_acc - 0.03  # masking hurts, fine-tuning recovers
+
+# %%
 xb = tl.Tensor(Xte[:128])
 with tl.no_grad():
     diff = np.abs(small(xb).data - cnn(xb).data).max()
 assert diff < 1e-4
 print(small)
-print(f"shrunk model == masked model (max |diff| < 1e-5): {diff < 1e-5}")
-small_acc = evaluate(small, Xte, yte)
+print(f"shrunk model == masked model (max |diff| < 1e-4): {diff < 1e-4}")
 print(f"params {surgery.count_parameters(DigitsCNN(16, 32))} -> {surgery.count_parameters(small)}")
-print(f"DigitsCNN(16, 32): dense {cnn_dense_acc:.1%} | 50% channels masked {masked_acc:.1%} | fine-tuned + shrunk "
-      f"{small_acc:.1%} ({100 * (small_acc - cnn_dense_acc):+.1f} pt)")
 
 # %% [markdown]
 # The speedup, measured on the same surgery applied to a wider DigitsCNN(32, 64) (random weights: time does not
@@ -333,8 +352,12 @@ def fwd(model):
 
 
 t_dense, t_masked, t_small = (measure(fwd(mm), repeat=5).median for mm in (dense_cnn, masked_cnn, small_cnn))
-print(f"forward, batch 512: dense {t_dense * 1e3:.1f} ms | masked {t_masked * 1e3:.1f} ms | shrunk "
-      f"{t_small * 1e3:.1f} ms  -> speedup {t_dense / t_small:.2f}x (masking alone: {t_dense / t_masked:.2f}x)")
+print(
+    f"forward, batch 512: dense {t_dense * 1e3:.1f} ms | masked {t_masked * 1e3:.1f} ms | shrunk "
+    f"{t_small * 1e3:.1f} ms  -> speedup {t_dense / t_small:.2f}x (masking alone: {t_dense / t_masked:.2f}x)"
+)
+# (timings vary with load: asserted is the work removed, not the time)
+assert surgery.count_parameters(small_cnn) < 0.3 * surgery.count_parameters(dense_cnn)
 
 # %% [markdown]
 # ## 9. Sparse formats
@@ -380,10 +403,10 @@ with threadpool_limits(1):
         S = tl.sparse.CSR.from_dense(A)
         tA, tS = torch.from_numpy(A), S.to_torch()
         assert np.allclose(S.matmul(B), A @ B, atol=1e-3)
-        times["tinylearn CSR (C++)"].append(measure(lambda: S.matmul(B)).median)
-        times["numpy dense"].append(measure(lambda: A @ B).median)
-        times["torch dense"].append(measure(lambda: tA @ tB).median)
-        times["torch.sparse CSR"].append(measure(lambda: tS @ tB).median)
+        times["tinylearn CSR (C++)"].append(measure(lambda S=S: S.matmul(B)).median)
+        times["numpy dense"].append(measure(lambda A=A: A @ B).median)
+        times["torch dense"].append(measure(lambda tA=tA: tA @ tB).median)
+        times["torch.sparse CSR"].append(measure(lambda tS=tS: tS @ tB).median)
 torch.set_num_threads(torch_threads)
 plt.figure(figsize=(6, 3.2))
 for label, ts in times.items():
@@ -396,15 +419,19 @@ plt.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 for i, s in enumerate(sps):
-    print(f"{s:.0%}: CSR is {times['numpy dense'][i] / times['tinylearn CSR (C++)'][i]:.1f}x numpy dense, "
-          f"{times['torch.sparse CSR'][i] / times['tinylearn CSR (C++)'][i]:.1f}x torch.sparse")
+    print(
+        f"{s:.0%}: CSR is {times['numpy dense'][i] / times['tinylearn CSR (C++)'][i]:.1f}x numpy dense, "
+        f"{times['torch.sparse CSR'][i] / times['tinylearn CSR (C++)'][i]:.1f}x torch.sparse"
+    )
+assert all(t > 0 for ts in times.values() for t in ts)  # every point measured (timings are not asserted)
 
 # %% [markdown]
 # ## 11. When sparsity does *not* give speed
 #
 # - **Masks alone**: `weight_orig * weight_mask` is a dense multiply by zeros (section 8: masked ≈ dense time).
-# - **Below the crossover**: unstructured 50–90 % in CSR is *slower* than dense BLAS on a CPU (section 10); the
-#   index gather and irregular access cost more than the skipped flops. On GPUs the crossover is even higher.
+# - **Below the crossover**: at moderate unstructured sparsity (50 %) CSR is *slower* than dense BLAS on a CPU;
+#   the index gather and irregular access cost more than the skipped flops. Where the crossover lies depends on the
+#   BLAS and the CPU (section 10 measures it on this machine). On GPUs the crossover is even higher.
 # - **Small layers**: a digits-sized GEMM is dominated by call overhead; nothing to win.
 # - **N:M** needs hardware that executes it (sparse tensor cores, A100+, with cuSPARSELt / `to_sparse_semi_structured`);
 #   on a CPU 2:4 is just 50 % unstructured.

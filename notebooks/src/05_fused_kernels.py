@@ -175,7 +175,8 @@ fd = (ref.gelu(u + 1e-6) - ref.gelu(u - 1e-6)) / 2e-6
 phi = np.exp(-0.5 * u * u) / np.sqrt(2 * np.pi)
 cdf = 0.5 * (1 + erf(u / np.sqrt(2)))
 seed_wrong = cdf + 2 * u * phi  # the pdf term doubled: the 1/2 of u/2 (1 + erf) dropped in the chain rule
-print(f"max |ours - finite difference|     = {np.abs(ref.gelu_grad(u) - fd).max():.1e}")
+# (the finite-difference residual itself is rounding noise of exp/erf, which differs by CPU: print the claim)
+print(f"max |ours - finite difference| < 1e-8: {np.abs(ref.gelu_grad(u) - fd).max() < 1e-8}")
 print(f"max |2x-slip form - finite diff.|  = {np.abs(seed_wrong - fd).max():.3f}")
 print(f"max |erf form - tanh form| (value)  = {np.abs(ref.gelu(u) - ref.gelu(u, 'tanh')).max():.1e}")
 assert np.abs(ref.gelu_grad(u) - fd).max() < 1e-8
@@ -356,6 +357,8 @@ for p in pts:
 roofline_plot(ax[1], peak, bw, points)
 plt.tight_layout()
 plt.show()
+# timings are this machine's (and vary with load): the cell asserts only that every point was measured
+assert len(pts) == 6 * len(shapes) and all(p["measured_ms"] > 0 and p["predicted_ms"] > 0 for p in pts)
 
 # %% [markdown]
 # Reading the plot: unfused numpy chains land near their (many-pass) byte prediction; the fused kernels move 4–6×
@@ -376,6 +379,7 @@ tables = [kbench.op_table(op, [(2048, 768)], compile=False, tinygrad=False) for 
 tables.append(kbench.attention_table([256, 512] + ([1024, 2048] if FULL else []), tinygrad=False))
 for t in tables:
     print(t.to_text())
+assert all(t.get("2048x768", "tinylearn cpu").median_ms > 0 for t in tables[:-1])  # measured (no timing claims)
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
 for t, a in zip(tables, axes, strict=True):
     plot_table(t, ax=a)

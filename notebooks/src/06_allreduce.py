@@ -41,7 +41,8 @@ print(tl.dist.ALGORITHMS)
 for params in (125e6, 1.3e9, 7e9):
     n = 4 * params
     t = cost_model.predict("ring", n, 64, alpha_s=5e-6, beta_s_per_byte=1 / 25e9)
-    print(f"{params / 1e9:5.2f}B params: {n / 1e9:6.1f} GB gradient, ring all-reduce on 64 ranks @25 GB/s = {t:6.3f} s")
+    print(f"{params / 1e9:5.2f}B parameters: {n / 1e9:6.1f} GB gradient -> {t:6.3f} s per ring all-reduce", end="")
+    print(" (64 ranks, 25 GB/s links)")
 
 # %% [markdown]
 # ## 2. Ring all-reduce, step by step
@@ -213,7 +214,12 @@ for overlap, res in runs.items():
     diff = max(abs(a - b) for r in res for a, b in zip(r["losses"], single["losses"]))
     print(f"overlap={overlap}: max |loss(2 ranks) - loss(1 process)| over {steps} steps < 1e-4: {diff < 1e-4}")
     assert diff < 1e-4
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the trained values depend on float summation order: BLAS kernels, SIMD width)
 print("final loss", round(single["losses"][-1], 3), "train accuracy", round(single["accuracy"], 3))
+assert single["losses"][-1] < single["losses"][0] and single["accuracy"] > 0.5
 
 # %% [markdown]
 # Time in communication with and without overlap (measured, machine-dependent). On this 2-core box the
@@ -246,10 +252,7 @@ for name in ("topk", "int8"):
 dense_bytes = runs[True][0]["bytes_sent"]
 print(f"dense ring: {dense_bytes / 1e6:.2f} MB sent per rank over {steps} steps")
 for name, r in comp.items():
-    print(
-        f"{name:5s}: {r['bytes_sent'] / 1e6:.2f} MB ({r['bytes_sent'] / dense_bytes:.1%} of dense), "
-        f"final loss {r['losses'][-1]:.2f} vs dense {single['losses'][-1]:.2f}"
-    )
+    print(f"{name:5s}: {r['bytes_sent'] / 1e6:.2f} MB ({r['bytes_sent'] / dense_bytes:.1%} of dense)")
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot(single["losses"], label="1 process (reference)", lw=3, alpha=0.5)
 ax.plot(runs[True][0]["losses"], "--", label="2 ranks, ring, buckets + overlap")
@@ -259,6 +262,14 @@ ax.set_xlabel("step")
 ax.set_ylabel("global-batch loss")
 ax.legend(fontsize=7)
 fig.tight_layout()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (losses after training: machine-dependent float rounding; the claim is the assert)
+for name, r in comp.items():
+    print(f"{name:5s}: final loss {r['losses'][-1]:.2f} vs dense {single['losses'][-1]:.2f}")
+    assert r["losses"][-1] < r["losses"][0]  # still trains with compressed gradients and error feedback
+assert abs(comp["int8"]["losses"][-1] - single["losses"][-1]) < 0.1  # int8 + error feedback ~ dense
 
 # %% [markdown]
 # ## Closing note
