@@ -244,3 +244,15 @@ def test_tinygpt_decodes_through_the_paged_cache() -> None:
     other = paged.model_cache(b)
     assert_close(model(ids[:, 9:12], other).numpy(), full[:, 9:12], np.float32)
     assert paged.cow_copies == 1 and paged.length(b, 1) == 12
+
+
+def test_append_accepts_strided_views() -> None:
+    cache = PagedKVCache(1, H, D, num_blocks=4, block_size=4)
+    sid = cache.new_sequence()
+    rng = np.random.default_rng(8)
+    k_hd = rng.standard_normal((H, 6, D)).astype(np.float32)  # [H, T, D]: a transposed view is [T, H, D]
+    v64 = rng.standard_normal((6, H, 2 * D))[:, :, ::2]  # float64, strided last dim
+    cache.append(sid, 0, k_hd.transpose(1, 0, 2), v64)
+    k, v = cache.gather(sid, 0)
+    np.testing.assert_array_equal(k, k_hd.transpose(1, 0, 2))
+    assert_close(v, v64.astype(np.float32), np.float32)

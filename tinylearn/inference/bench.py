@@ -127,6 +127,7 @@ def attention_table(full: bool = False, progress: Callable[[str], None] | None =
             c.add("numpy dense (gathered)", lambda q=q, k=k, v=v: dense_attention(q, k, v))
             c.add("tinylearn paged", lambda q=q, cache=cache, sid=sid: paged_attention(q, cache, sid, 0))
     cmp.note("paged: one numpy pass per 16-token block (Python loop); torch SDPA reads a contiguous [Hq, S, D]")
+    cmp.note(f"torch threads: {torch.get_num_threads()}")
     return cmp.table
 
 
@@ -135,4 +136,15 @@ def _describe(c: GPTConfig) -> str:
 
 
 def run(full: bool = False, progress: Callable[[str], None] | None = None) -> list[Table]:
-    return [decode_table(full, progress), attention_table(full, progress)]
+    return [decode_table(full, progress), _one_thread(attention_table, full, progress)]
+
+
+def _one_thread(fn: Callable[..., Table], *args: Any) -> Table:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
