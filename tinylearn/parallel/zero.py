@@ -20,8 +20,9 @@ Data flow of ``step()`` (gradients are averaged over the group here: DDP semanti
 * stage 1: one all-reduce (avg, ring) of the flat concatenated gradients — the same collective a plain DDP
   built on ``tl.dist.all_reduce`` uses, so parameters are **bitwise** equal to that DDP; every rank updates its
   shards; one all-gather per parameter re-assembles the parameters.
-* stage 2: each gradient is reduce-scattered (avg) in a post-accumulate-grad hook as soon as backward produces
-  it, and the full ``.grad`` is dropped: only the 1/N shard survives backward. Step + all-gather as stage 1.
+* stage 2: gradients are reduce-scattered (avg) from post-accumulate-grad hooks as soon as backward has produced
+  a whole bucket (``bucket_cap_bytes``, 25 MB like DDP, parameters in reverse order), and the full ``.grad`` is
+  dropped: only the 1/N shard survives backward. Step + all-gather as stage 1.
   The ring reduce-scatter sums in a different order than the all-reduce, so results equal DDP bitwise for N=2
   (a+b = b+a) and within fp32 rounding for N>2.
 * stage 3: parameters live as shards; a module's parameters are all-gathered in a forward pre-hook (and again in
@@ -104,6 +105,8 @@ class ZeroOptimizer:
     """Wrap ``optimizer_cls`` so that each rank of ``group`` keeps only its shard (see module docstring).
 
     ``params``: an iterable of parameters, or an ``nn.Module`` (needed for stage 3's automatic gather hooks).
+    ``bucket_cap_bytes`` (stages 2/3): gradient bytes per reduce-scatter; smaller buckets free memory sooner and
+    overlap better on real networks, larger ones send fewer messages.
     Every rank must construct it with identical parameters (same initial values, same order).
     """
 
@@ -113,6 +116,8 @@ class ZeroOptimizer:
         optimizer_cls: type = torch.optim.Adam,
         stage: int = 1,
         group: Any = None,
+        *,
+        bucket_cap_bytes: int = 25 << 20,
         **optimizer_kwargs: Any,
     ) -> None:
         if stage not in (1, 2, 3):
@@ -147,6 +152,7 @@ class ZeroOptimizer:
         self.optimizer = optimizer_cls([sl.master for sl in self.slots], **optimizer_kwargs)
         self.param_groups = self.optimizer.param_groups
         if stage >= 2:
+            self._make_buckets(bucket_cap_bytes)
             for sl in self.slots:
                 if sl.p.requires_grad:
                     self._handles.append(sl.p.register_post_accumulate_grad_hook(self._make_grad_hook(sl)))
@@ -197,19 +203,62 @@ class ZeroOptimizer:
             sl.p.data.untyped_storage().resize_(sl.numel * sl.p.element_size())
             sl.p.data.copy_(full.view(sl.shape))
 
-    def _make_grad_hook(self, sl: _Slot) -> Any:
-        def hook(p: torch.Tensor) -> None:
-            g = p.grad
-            if g is None:
-                return
-            out = torch.empty(sl.s, dtype=g.dtype)
-            reduce_scatter(out, self._padded(g.detach(), sl), op="avg", group=self.group, check=False)
-            sl.grad_shard = out if sl.grad_shard is None else sl.grad_shard.add_(out)
-            p.grad = None  # the full gradient is dropped as soon as its shard is reduced
+    def _make_buckets(self, cap_bytes: int) -> None:
+        """Group the trainable parameters, in reverse order (backward produces the last layers' gradients first),
+        into buckets of at most ``cap_bytes`` of gradient (a larger parameter gets its own bucket), like DDP."""
+        self._buckets: list[list[_Slot]] = []
+        cur: list[_Slot] = []
+        size = 0
+        for sl in reversed([sl for sl in self.slots if sl.p.requires_grad]):
+            nb = sl.numel * sl.p.element_size()
+            if cur and size + nb > cap_bytes:
+                self._buckets.append(cur)
+                cur, size = [], 0
+            cur.append(sl)
+            size += nb
+        if cur:
+            self._buckets.append(cur)
+        self._bucket_of = {id(sl): b for b, bucket in enumerate(self._buckets) for sl in bucket}
+        self._ready: list[set[int]] = [set() for _ in self._buckets]
+
+    def _reduce_bucket(self, b: int) -> None:
+        """One reduce-scatter (avg) for a whole bucket: rank-major layout, chunk r = every slot's padded slice r,
+        so rank r receives exactly its shards. Full gradients are dropped; stage 3 also frees the parameters."""
+        bucket = self._buckets[b]
+        dtype = next((sl.p.grad.dtype for sl in bucket if sl.p.grad is not None), bucket[0].p.dtype)
+        total = sum(sl.s for sl in bucket)
+        flat = torch.zeros(self.world_size, total, dtype=dtype)
+        off = 0
+        for sl in bucket:
+            if sl.p.grad is not None:
+                flat[:, off : off + sl.s] = self._padded(sl.p.grad.detach(), sl).view(self.world_size, sl.s)
+            off += sl.s
+        out = torch.empty(total, dtype=dtype)
+        reduce_scatter(out, flat.view(-1), op="avg", group=self.group, check=False)
+        off = 0
+        for sl in bucket:
+            piece = out[off : off + sl.s]
+            sl.grad_shard = piece.clone() if sl.grad_shard is None else sl.grad_shard.add_(piece)
+            sl.p.grad = None  # only the 1/N shard survives
             if self.stage == 3:
                 self._free(sl)
+            off += sl.s
+        self._ready[b].clear()
+
+    def _make_grad_hook(self, sl: _Slot) -> Any:
+        def hook(p: torch.Tensor) -> None:
+            b = self._bucket_of[id(sl)]
+            self._ready[b].add(id(sl))
+            if len(self._ready[b]) == len(self._buckets[b]):
+                self._reduce_bucket(b)
 
         return hook
+
+    def _flush_buckets(self) -> None:
+        """Reduce buckets that backward left incomplete (parameters without a gradient count as zeros)."""
+        for b, ready in enumerate(self._ready):
+            if ready:
+                self._reduce_bucket(b)
 
     def _install_module_hooks(self, module: torch.nn.Module) -> None:
         by_param = {id(sl.p): sl for sl in self.slots}
@@ -245,6 +294,8 @@ class ZeroOptimizer:
                         self._free(sl)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        for ready in getattr(self, "_ready", []):
+            ready.clear()
         for sl in self.slots:
             sl.grad_shard = None
             sl.master.grad = None
@@ -270,6 +321,8 @@ class ZeroOptimizer:
         """Average gradients over the group, update this rank's shards, re-assemble (stages 1/2) the parameters."""
         if self.stage == 1:
             self._reduce_stage1()
+        else:
+            self._flush_buckets()
         for sl in self.slots:
             if self.stage == 1:
                 g = sl.p.grad.reshape(-1)
