@@ -102,6 +102,24 @@ def _torch_step(kind: str, width: int, batch: int, amp: bool) -> tuple[Callable[
     return step, saved_bytes
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Any:
+    """Silence file descriptor 2 (compiler subprocesses write there) for the block."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _tinygrad_build(kind: str, width: int, batch: int, dtype: str) -> Callable[[Any], Callable[[], Any]]:
     def build(tg: Any) -> Callable[[], Any]:
         dt = getattr(tg.dtypes, dtype)
@@ -143,7 +161,8 @@ def _tinygrad_build(kind: str, width: int, batch: int, dtype: str) -> Callable[[
                 return loss.realize(), *[w.grad.realize() for w in ws]
 
         try:
-            f(x)  # compile once outside the JIT so a dtype the CPU backend cannot compile gets a short reason
+            with _quiet_stderr():  # clang prints every rejected line of the generated kernel
+                f(x)  # compile once outside the JIT so a dtype the CPU backend cannot compile gets a short reason
         except Exception as e:
             first = str(e).splitlines()[0][:80] if str(e) else ""
             if "clang" in str(e) or "bf16" in str(e).lower():

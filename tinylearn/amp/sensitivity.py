@@ -96,7 +96,7 @@ def allocate_bits(
     """Bits per layer minimising sum_l Tr(H_l)/n_l * ||Q_b(W_l) - W_l||^2 under an average-bit budget.
 
     Returns (bits, info) with info: omega (table [layer][candidate]), objective, avg_bits (achieved)."""
-    if len(traces) != len(weights) or not traces:
+    if len(traces) != len(weights) or len(traces) == 0:
         raise ValueError(f"traces/weights: expected equal non-zero lengths, got {len(traces)} and {len(weights)}")
     cands = sorted(int(b) for b in candidates)
     if avg_bits < cands[0]:
