@@ -30,12 +30,7 @@ def matmul_backward(a: np.ndarray, b: np.ndarray, grad: np.ndarray) -> tuple[np.
 
 
 def softmax_backward(y: np.ndarray, grad: np.ndarray, dim: int = -1) -> np.ndarray:
-    from tinylearn.autograd.ops_reduce import Softmax
-
-    ctx = Softmax()
-    ctx.save_for_backward(y)
-    ctx.d = dim % y.ndim
-    return Softmax.backward(ctx, grad)
+    return tl.kernels.softmax_backward(y, grad, dim, backend="numpy")
 
 
 def topo_sort(root: Any, parents: Callable[[Any], Iterable[Any]]) -> list[Any]:
@@ -58,12 +53,13 @@ def sgd_momentum_step(
     nesterov: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     p = tl.Tensor(np.array(w, copy=True), requires_grad=True)
-    p.grad = tl.Tensor(np.array(g, copy=True))
     opt = tl.optim.SGD([p], lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
-    if buf is not None:
-        opt.state[p] = {"momentum_buffer": np.array(buf, copy=True)}
+    if buf is not None:  # resume from a momentum buffer the way torch does: through the optimizer's state_dict
+        sd = opt.state_dict()
+        opt.load_state_dict({**sd, "state": {0: {"momentum_buffer": np.array(buf, copy=True)}}})
+    p.grad = tl.Tensor(np.array(g, copy=True))  # what backward() would have left there
     opt.step()
-    return p.data, opt.state[p]["momentum_buffer"]
+    return p.data, opt.state_dict()["state"][0]["momentum_buffer"]
 
 
 def linear_backward(

@@ -2,6 +2,8 @@
 
 Work on plain numpy arrays: you are writing the backward formulas (VJPs) an autodiff engine is made of.
 Check your answers against ``pytest exercises/01_autodiff --impl=reference`` (tinylearn's implementations).
+
+Each stub's NotImplementedError names the library function its reference answer (reference.py) calls.
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
     Hint: sum over the leading dims broadcasting added, then over dims where ``shape`` has size 1 (keepdims).
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/autograd/function.py:unbroadcast")
 
 
 def matmul_backward(a: np.ndarray, b: np.ndarray, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Z = A @ B with A [m, k], B [k, n] and grad = dL/dZ [m, n]. Return (dL/dA, dL/dB)."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/autograd/linalg.py:MatMul.backward")
 
 
 def softmax_backward(y: np.ndarray, grad: np.ndarray, dim: int = -1) -> np.ndarray:
     """y = softmax(x, dim) (given), grad = dL/dy. Return dL/dx without forming the Jacobian."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/reference.py:softmax_backward")
 
 
 def topo_sort(root: Any, parents: Callable[[Any], Iterable[Any]]) -> list[Any]:
@@ -35,7 +37,7 @@ def topo_sort(root: Any, parents: Callable[[Any], Iterable[Any]]) -> list[Any]:
 
     Nodes may be reached along several paths (list each once). Graphs can be 10_000 nodes deep: no recursion.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/autograd/engine.py:topo_sort")
 
 
 def numerical_grad(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -43,7 +45,7 @@ def numerical_grad(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float =
 
     Do not modify the caller's x.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/autograd/gradcheck.py:numerical_jacobian")
 
 
 def sgd_momentum_step(
@@ -59,7 +61,7 @@ def sgd_momentum_step(
 
     Return (new_w, new_buf). Do not modify the inputs in place.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/optim/sgd.py:_step_numpy")
 
 
 def linear_backward(
@@ -69,7 +71,7 @@ def linear_backward(
 
     Return (dL/dx, dL/dw, dL/db).
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/autograd/linalg.py:Linear.backward")
 
 
 def cross_entropy_backward(logits: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -77,4 +79,4 @@ def cross_entropy_backward(logits: np.ndarray, target: np.ndarray) -> np.ndarray
 
     Must stay finite for logits like 1e4.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/nn/functional_loss.py:CrossEntropyFn.backward")

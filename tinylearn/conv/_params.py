@@ -40,6 +40,12 @@ def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
+    """Validated output length along one axis: ValueError (naming the argument) when the kernel does not fit."""
+    window_params((1, 1, size, 1), (kernel, 1), (stride, 1), (padding, 0), (dilation, 1), "size")
+    return conv_out_size(size, kernel, stride, padding, dilation)
+
+
 def window_params(
     shape: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any, dilation: Any, what: str = "x"
 ) -> tuple[Pair, Pair, Pair, Pair, Pair]:

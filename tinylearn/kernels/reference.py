@@ -58,15 +58,23 @@ def softmax_online(x: np.ndarray, chunk: int = 1) -> np.ndarray:
     rows, cols = x.shape
     m = np.full((rows, 1), -np.inf, dtype=x.dtype)
     d = np.zeros((rows, 1), dtype=x.dtype)
-    with np.errstate(invalid="ignore"):
-        for c0 in range(0, cols, chunk):
-            blk = x[:, c0 : c0 + chunk]
-            m_new = np.maximum(m, blk.max(axis=1, keepdims=True))
-            safe = np.where(m_new == -np.inf, 0.0, m_new)  # rows that have seen only -inf so far
-            alpha = np.where(m == -np.inf, 0.0, np.exp(m - safe))
-            d = d * alpha + np.exp(blk - safe).sum(axis=1, keepdims=True)
-            m = m_new
+    for c0 in range(0, cols, chunk):
+        m, d = online_softmax_update(m, d, x[:, c0 : c0 + chunk])
+    with np.errstate(invalid="ignore"):  # a fully masked row (-inf - -inf) is NaN, as in torch
         return np.exp(x - m) / d
+
+
+def online_softmax_update(m: np.ndarray, d: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One step of the online normaliser: fold new values ``x`` into the running max ``m`` and the running sum
+    ``d`` of exp(seen - m). ``x`` has m's shape (one value per row) or a chunk of values along the last axis
+    (m: [..., 1]). m = -inf means nothing (finite) seen yet; -inf - -inf never happens (``safe`` below)."""
+    chunked = x.shape != m.shape
+    with np.errstate(invalid="ignore"):
+        m_new = np.maximum(m, x.max(axis=-1, keepdims=True) if chunked else x)
+        safe = np.where(m_new == -np.inf, 0.0, m_new)  # rows that have seen only -inf so far
+        alpha = np.where(m == -np.inf, 0.0, np.exp(m - safe))
+        e = np.exp(x - safe)
+    return m_new, d * alpha + (e.sum(axis=-1, keepdims=True) if chunked else e)
 
 
 def softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
