@@ -269,6 +269,7 @@ def test_non_contiguous_ids_and_batch_rows_are_independent() -> None:
     assert_close(out[1:2], row, np.float32)
 
 
+@pytest.mark.slow  # tinygrad compiles its kernels with clang on first use (~10-30 s)
 def test_tinygrad_decode_step_matches_torch() -> None:
     from tinylearn.bench.comparators import import_tinygrad, tinygrad_jit, tinygrad_status
     from tinylearn.inference.tinygrad_ref import build_decode_step
