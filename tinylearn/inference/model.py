@@ -107,7 +107,9 @@ class Attention(Module):
         self.v_proj = Linear(c.d_model, c.kv_heads * c.head_dim)
         self.o_proj = Linear(c.n_heads * c.head_dim, c.d_model)
 
-    def forward(self, x: Tensor, rope: tuple[np.ndarray, np.ndarray] | None, start: int, cache: Any, layer: int):
+    def forward(
+        self, x: Tensor, rope: tuple[np.ndarray, np.ndarray] | None, start: int, cache: Any, layer: int
+    ) -> Tensor:
         c = self.c
         b, t, _ = x.shape
         hd, h, hkv, g = c.head_dim, c.n_heads, c.kv_heads, c.group

@@ -48,8 +48,9 @@ def speculative_generate(
     """(tokens, stats): ``max_new_tokens`` tokens after the prompt, distributed as the target's samples.
 
     ``target``/``draft``: TinyGPT or any model with ``session(kv_cache)`` (see tinylearn.inference.session); same
-    vocabulary. stats: rounds, target_calls, draft_calls, proposed, accepted, acceptance_rate (accepted /
-    proposed), tokens_per_target_call (generate(target) needs 1 target call per token)."""
+    vocabulary. Sampling uses softmax(logits / temperature) for both p and q (top-k/top-p would have to filter
+    both the same way; not offered here). stats: rounds, target_calls, draft_calls, proposed, accepted,
+    acceptance_rate (accepted / proposed), tokens_per_target_call (generate(target) needs 1 target call per token)."""
     if not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"k: number of draft tokens must be an int >= 1, got {k!r}")
     if not isinstance(temperature, int | float) or not np.isfinite(temperature) or temperature < 0:
