@@ -228,7 +228,8 @@ link_here = {"alpha_s": t3["alpha_s"], "beta_s_per_byte": t3["beta_s_per_byte"]}
 # 128 tokens per step = 4 sequences of 32; 1 sequence per microbatch (PP ran m = 4 microbatches of 32 tokens)
 here = par.plan_3d(2, int(t3["n_params"]), 4, 256, 32, 4, 1e12, link_here, flops_per_s=t3["flops_per_s"] / 3)
 pred = {("dp" if pl.dp == 2 else "tp" if pl.tp == 2 else "pp"): pl.est_step_s * 1e3 for pl in here}
-print(f"link: alpha {t3['alpha_s'] * 1e6:.0f} us, beta {1 / t3['beta_s_per_byte'] / 1e9:.2f} GB/s")
+bw = 1 / t3["beta_s_per_byte"] / 1e9 if t3["beta_s_per_byte"] > 0 else float("inf")  # a noisy fit may give 0
+print(f"link: alpha {t3['alpha_s'] * 1e6:.0f} us, 1/beta {bw:.2f} GB/s")
 for k in ("dp", "tp", "pp"):
     print(f"{k}: measured {t3[k]:7.1f} ms, plan_3d estimate {pred[k]:7.1f} ms")
 meas_order = sorted(("dp", "tp", "pp"), key=lambda k: t3[k])

@@ -368,7 +368,7 @@ def three_d_timing(width: int = 256, depth: int = 4, tokens: int = 64, m: int = 
     pp_step()
     res["pp"] = _median_time(pp_step, repeats) * 1e3
     res["pp_events"] = pipe.events
-    sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 20]
+    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
     pp_times = ping_pong(sizes, repeats=10)
     if pp_times is not None:
         res["alpha_s"], res["beta_s_per_byte"] = cost_model.fit_alpha_beta(sizes, pp_times)
