@@ -305,6 +305,7 @@ def bias_gelu_backward(
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over all leading dims."""
     _check_approx(approximate)
     mod = _kernel("bias_gelu_backward", backend)
+    bias = _as_float(bias, "bias")
     x, b, ct = _gelu_prep(x, bias, mod)
     dy = _as_float(dy, "dy")
     if dy.shape != x.shape:
@@ -359,6 +360,7 @@ def flash_attention(
     ``causal`` masks key j > query i (top-left aligned, as torch's ``is_causal``). ``return_lse`` also returns
     the row log-sum-exp [..., Nq] that the backward needs.
     """
+    q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
     mod = _kernel("attention", backend)
     q3, k3, v3, lead, _ = _attn_prep(q, k, v, block_size, mod)
     o, lse = mod(q3, k3, v3, bool(causal), int(block_size))
@@ -380,6 +382,7 @@ def flash_attention_backward(
     backend: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) by recomputation: P = exp(S - lse) tile by tile, never stored whole (cpu backend)."""
+    q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
     mod = _kernel("attention_backward", backend)
     q3, k3, v3, lead, ct = _attn_prep(q, k, v, block_size, mod)
     o, dout, lse = _as_float(o, "o"), _as_float(dout, "dout"), _as_float(lse, "lse")

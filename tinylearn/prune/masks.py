@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
+
 
 def validate_amount_type(amount: Any) -> None:
     """Range/type check at construction time: float in [0, 1] or non-negative int."""
@@ -180,5 +182,5 @@ def n_m_mask(t: np.ndarray, n: int = 2, m: int = 4, dim: int = -1, scores: np.nd
 
 def sparsity_of(a: Any) -> float:
     """Fraction of exactly-zero entries."""
-    a = np.asarray(a)
+    a = as_array(a, "module_or_array", dtypes=("f", "i", "u", "b", "c"))
     return float(np.count_nonzero(a == 0) / a.size) if a.size else 0.0

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
+
 
 def pack_int4(q: Any) -> np.ndarray:
     """Pack int values in [-8, 7] (or uint4 in [0, 15]) along a flattened array: two per byte, low nibble first."""
@@ -70,10 +72,7 @@ def quantize_groupwise(
     w.shape[:-1] + (w.shape[-1] // group_size,)."""
     if not isinstance(bits, int | np.integer) or not 2 <= bits <= 8:
         raise ValueError(f"bits: must be an int in [2, 8], got {bits!r}")
-    wa = np.asarray(w)
-    if wa.dtype.kind != "f":
-        raise TypeError(f"w: expected a float array, got dtype {wa.dtype}")
-    wa = wa.astype(np.float32)
+    wa = as_array(w, "w", dtypes=("f",)).astype(np.float32)
     if not np.all(np.isfinite(wa)):
         raise ValueError("w: contains NaN or inf")
     g = _groups(wa, group_size)
