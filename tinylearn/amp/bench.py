@@ -122,56 +122,60 @@ def _quiet_stderr() -> Any:
 
 def _tinygrad_build(kind: str, width: int, batch: int, dtype: str) -> Callable[[Any], Callable[[], Any]]:
     def build(tg: Any) -> Callable[[], Any]:
-        dt = getattr(tg.dtypes, dtype)
-        rng = np.random.default_rng(0)
-        if kind == "mlp":
-            shapes = [(64, width), (width, width), (width, 10)]
-            ws = [tg.Tensor(rng.standard_normal(s).astype(np.float32) * 0.05).cast(dt).realize() for s in shapes]
-            for w in ws:
-                w.requires_grad = True
-            x = tg.Tensor(rng.standard_normal((batch, 64)).astype(np.float32)).cast(dt).realize()
-            y = tg.Tensor(np.arange(batch) % 10)
-
-            def f(x: Any) -> Any:
-                h = x
-                for i, w in enumerate(ws):
-                    h = h @ w
-                    if i < len(ws) - 1:
-                        h = h.relu()
-                loss = h.float().sparse_categorical_crossentropy(y)
-                loss.backward()
-                return loss.realize(), *[w.grad.realize() for w in ws]
-
-        else:
-            c1, c2 = width // 16, width // 8
-            w1 = tg.Tensor(rng.standard_normal((c1, 1, 3, 3)).astype(np.float32) * 0.1).cast(dt).realize()
-            w2 = tg.Tensor(rng.standard_normal((c2, c1, 3, 3)).astype(np.float32) * 0.1).cast(dt).realize()
-            wf = tg.Tensor(rng.standard_normal((c2 * 4, 10)).astype(np.float32) * 0.1).cast(dt).realize()
-            ws = [w1, w2, wf]
-            for w in ws:
-                w.requires_grad = True
-            x = tg.Tensor(rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)).cast(dt).realize()
-            y = tg.Tensor(np.arange(batch) % 10)
-
-            def f(x: Any) -> Any:
-                h = x.conv2d(w1, padding=1).relu().max_pool2d(2)
-                h = h.conv2d(w2, padding=1).relu().max_pool2d(2)
-                loss = (h.flatten(1) @ wf).float().sparse_categorical_crossentropy(y)
-                loss.backward()
-                return loss.realize(), *[w.grad.realize() for w in ws]
-
         try:
-            with _quiet_stderr():  # clang prints every rejected line of the generated kernel
-                f(x)  # compile once outside the JIT so a dtype the CPU backend cannot compile gets a short reason
+            with _quiet_stderr():  # clang prints every rejected line of a kernel it cannot compile
+                return _tinygrad_step(tg, kind, width, batch, dtype)
         except Exception as e:
-            first = str(e).splitlines()[0][:80] if str(e) else ""
+            first = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
             if "clang" in str(e) or "bf16" in str(e).lower():
-                first = "clang cannot compile this dtype for the CPU target (__bf16 not supported)"
+                first = "clang rejects __bf16 for this CPU target"
             raise RuntimeError(f"tinygrad {dtype} on CPU: {first}") from None
-        jf = tinygrad_jit(f)
-        return lambda: jf(x)
 
     return build
+
+
+def _tinygrad_step(tg: Any, kind: str, width: int, batch: int, dtype: str) -> Callable[[], Any]:
+    dt = getattr(tg.dtypes, dtype)
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        shapes = [(64, width), (width, width), (width, 10)]
+        ws = [tg.Tensor(rng.standard_normal(s).astype(np.float32) * 0.05).cast(dt).realize() for s in shapes]
+        for w in ws:
+            w.requires_grad = True
+        x = tg.Tensor(rng.standard_normal((batch, 64)).astype(np.float32)).cast(dt).realize()
+        y = tg.Tensor(np.arange(batch) % 10)
+
+        def f(x: Any) -> Any:
+            h = x
+            for i, w in enumerate(ws):
+                h = h @ w
+                if i < len(ws) - 1:
+                    h = h.relu()
+            loss = h.float().sparse_categorical_crossentropy(y)
+            loss.backward()
+            return loss.realize(), *[w.grad.realize() for w in ws]
+
+    else:
+        c1, c2 = width // 16, width // 8
+        w1 = tg.Tensor(rng.standard_normal((c1, 1, 3, 3)).astype(np.float32) * 0.1).cast(dt).realize()
+        w2 = tg.Tensor(rng.standard_normal((c2, c1, 3, 3)).astype(np.float32) * 0.1).cast(dt).realize()
+        wf = tg.Tensor(rng.standard_normal((c2 * 4, 10)).astype(np.float32) * 0.1).cast(dt).realize()
+        ws = [w1, w2, wf]
+        for w in ws:
+            w.requires_grad = True
+        x = tg.Tensor(rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)).cast(dt).realize()
+        y = tg.Tensor(np.arange(batch) % 10)
+
+        def f(x: Any) -> Any:
+            h = x.conv2d(w1, padding=1).relu().max_pool2d(2)
+            h = h.conv2d(w2, padding=1).relu().max_pool2d(2)
+            loss = (h.flatten(1) @ wf).float().sparse_categorical_crossentropy(y)
+            loss.backward()
+            return loss.realize(), *[w.grad.realize() for w in ws]
+
+    f(x)  # compile once outside the JIT: a dtype the CPU backend cannot compile fails here
+    jf = tinygrad_jit(f)
+    return lambda: jf(x)
 
 
 def step_table(kind: str, width: int, batch: int, progress: Callable[[str], None] | None = None) -> Table:
