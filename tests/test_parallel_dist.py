@@ -35,6 +35,8 @@ def test_zero_matches_ddp(ranks: list[dict]) -> None:
             else:
                 assert z[f"stage{stage}_maxdiff"] < FP32_TOL
         assert z["resume_bitwise"]  # plain Adam state -> ZeroOptimizer.load_state_dict -> same next step
+        assert z["stage3_list_maxdiff"] == (0.0 if n == 2 else pytest.approx(0.0, abs=FP32_TOL))
+        assert z["stage3_list_freed"]  # outside gather_parameters() a stage-3 rank holds no full parameter
 
 
 def test_zero_memory_matches_formula(ranks: list[dict]) -> None:
@@ -64,6 +66,14 @@ def test_tensor_parallel_equals_dense(ranks: list[dict]) -> None:
         for key in keys:
             assert t[key] < FP32_TOL * 5, (key, t[key])
         assert t["seeded_init_equal"]
+        msgs = t["bad_inputs"]
+        assert msgs["column_out_features"].startswith("ValueError: out_features")
+        assert msgs["row_in_features"].startswith("ValueError: in_features")
+        assert msgs["column_input_shape"].startswith("ValueError: input") and "(2, 5)" in msgs["column_input_shape"]
+        assert msgs["row_parallel_input_shape"].startswith("ValueError: input")
+        assert msgs["zero_int_param"].startswith("TypeError: params[0]")
+        assert msgs["zero_empty"].startswith("ValueError: params")
+        assert msgs["pipeline_batch"].startswith("ValueError: inputs") and "m=3" in msgs["pipeline_batch"]
 
 
 def test_tensor_parallel_allreduce_count(ranks: list[dict]) -> None:

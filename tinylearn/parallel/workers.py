@@ -116,6 +116,19 @@ def zero_check(steps: int = 3, dims: tuple[int, ...] = (8, 16, 16, 4), lr: float
             ddp_average(list(ref.parameters()))
         step_fn.step()
     out["resume_bitwise"] = all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters(), strict=True))
+    # stage 3 on a plain parameter list (no module hooks): gather around forward+backward by hand
+    model = tiny_mlp(0, dims)
+    opt = ZeroOptimizer(list(model.parameters()), torch.optim.Adam, stage=3, lr=lr)
+    for step in range(steps):
+        x, y = _rank_batch(step, rank, dims)
+        opt.zero_grad()
+        with opt.gather_parameters():
+            nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    with opt.gather_parameters():
+        got = [p.detach().clone() for p in model.parameters()]
+    out["stage3_list_maxdiff"] = _maxdiff(got, ref_params)
+    out["stage3_list_freed"] = all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
     # mixed precision (bf16 params/grads, fp32 master + Adam state): K = 12
     for stage in (1, 2, 3):
         model = tiny_mlp(0, dims, torch.bfloat16)
@@ -182,6 +195,31 @@ def tp_check(batch: int = 3, seq: int = 5, hidden: int = 8, heads: int = 4, ffn:
     torch.manual_seed(5)
     lin_seed = nn.Linear(hidden, ffn)
     out["seeded_init_equal"] = torch.equal(col_seed.weight, lin_seed.weight[r * k_ffn : (r + 1) * k_ffn])
+    out["bad_inputs"] = _bad_input_messages(t)
+    return out
+
+
+def _bad_input_messages(t: int) -> dict[str, str]:
+    """Each bad input must raise a built-in exception naming the argument (collected, asserted by the tests)."""
+    solo = [dist.new_group([i]) for i in range(t)][dist.get_rank()]  # a 1-stage pipeline: no peer left waiting
+    cases = {
+        "column_out_features": lambda: ColumnParallelLinear(8, 2 * t + 1),
+        "row_in_features": lambda: RowParallelLinear(2 * t + 1, 8),
+        "column_input_shape": lambda: ColumnParallelLinear(8, 2 * t)(torch.zeros(2, 5)),
+        "row_parallel_input_shape": lambda: RowParallelLinear(2 * t, 8, input_is_parallel=True)(torch.zeros(2, 5)),
+        "zero_int_param": lambda: ZeroOptimizer([torch.zeros(3, dtype=torch.int64)]),
+        "zero_empty": lambda: ZeroOptimizer([]),
+        "pipeline_batch": lambda: PipelineParallel(nn.Linear(2, 2), n_microbatches=3, group=solo).train_step(
+            torch.zeros(4, 2), torch.zeros(4, 2), nn.functional.mse_loss
+        ),
+    }
+    out = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            out[name] = "no error"
+        except (TypeError, ValueError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
     return out
 
 
