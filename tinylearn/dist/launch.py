@@ -345,11 +345,3 @@ def launch(
             f"timeout_s={timeout_s} (finished: {sorted(results)}); all ranks were stopped"
         )
     return [results[r] for r in range(world_size)]
-
-
-def init_from_env(backend: str = "gloo", timeout_s: float = 60) -> None:
-    """Initialise the default group from torchrun-style env vars (RANK, WORLD_SIZE, MASTER_ADDR/PORT) if needed."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
