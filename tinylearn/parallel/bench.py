@@ -37,8 +37,8 @@ def run(full: bool = False, progress: Callable[[str], None] | None = None, world
     t1.compute_ratios()
     t1.notes.append(
         "torch ZeroRedundancyOptimizer = ZeRO stage 1 (DDP all-reduce, sharded Adam state, broadcast of the "
-        "updated shards); tl ZeRO-2/3 reduce-scatter each gradient in a hook, ZeRO-3 also all-gathers every "
-        "layer's parameters in forward and again in backward (more messages: latency-bound at this size)"
+        "updated shards); tl ZeRO-2/3 reduce-scatter gradient buckets (25 MB) from backward hooks, ZeRO-3 also "
+        "all-gathers every layer's parameters in forward and again in backward (more messages: latency-bound here)"
     )
     t1.notes.append("tinygrad: n/a — no multi-process collectives / process groups; torch.compile: not applied")
     t2 = Table(f"Tensor parallel MLP forward+backward, p={world_size} processes (gloo)", baseline="torch")
@@ -58,8 +58,12 @@ def run(full: bool = False, progress: Callable[[str], None] | None = None, world
         "halves the matmul work but adds the all-reduces, so 'dense' is the honest single-rank reference"
     )
     t2.notes.append("tinygrad: n/a — no tensor-parallel process groups")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     for t in (t1, t2):
-        t.notes.append(f"{os.cpu_count()} cores shared by {world_size} ranks (1 thread each), loopback TCP")
+        t.notes.append(
+            f"{os.cpu_count()} cores shared by {world_size} ranks (1 thread each), loopback TCP; 1-min load average "
+            f"{load:.1f} when the table was printed (other processes distort the times when it exceeds the cores)"
+        )
     return [t1, t2]
 
 
