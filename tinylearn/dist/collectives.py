@@ -21,6 +21,10 @@ Every call first does a size handshake (one MAX all-reduce of [numel, dtype, alg
 ValueError on every rank. Integer-valued data give results identical to ``dist.all_reduce``; fp32 sums may
 differ in the last bits because the summation order differs (each algorithm still gives bitwise-identical
 results on all ranks). avg = sum / p (float dtypes only).
+
+Why one ~600-line module: the five algorithms and the four public collectives share the private group wrapper,
+size handshake, tagged p2p exchange and workspace helpers; split apart, those internals would become a cross-module
+API. The sections below (validation, ring, tree etc., public API) are the seams.
 """
 
 from __future__ import annotations
