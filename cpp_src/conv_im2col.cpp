@@ -37,8 +37,7 @@ Win make_win(std::pair<ssize_t, ssize_t> k, std::pair<ssize_t, ssize_t> s, std::
   if (k.first < 1 || k.second < 1) tl::value_error("kernel_size: must be positive, got " + pair_str(k.first, k.second));
   if (s.first < 1 || s.second < 1) tl::value_error("stride: must be positive, got " + pair_str(s.first, s.second));
   if (d.first < 1 || d.second < 1) tl::value_error("dilation: must be positive, got " + pair_str(d.first, d.second));
-  if (p.first < 0 || p.second < 0)
-    tl::value_error("padding: must be non-negative, got " + pair_str(p.first, p.second));
+  if (p.first < 0 || p.second < 0) tl::value_error("padding: must be non-negative, got " + pair_str(p.first, p.second));
   return {k.first, k.second, s.first, s.second, p.first, p.second, d.first, d.second};
 }
 
@@ -67,8 +66,8 @@ constexpr ssize_t kParallelMinElems = ssize_t(1) << 16;
 //   "NKL" (unfold layout [N, K, L]):  bstride = K*L, rstride = L
 //   "KNL" (one GEMM for the whole batch, [K, N*L]): bstride = L, rstride = N*L
 template <typename T>
-void im2col_impl(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH,
-                 ssize_t OW, ssize_t bstride, ssize_t rstride) {
+void im2col_impl(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH, ssize_t OW,
+                 ssize_t bstride, ssize_t rstride) {
   const ssize_t KK = w.kh * w.kw;
 #pragma omp parallel for schedule(dynamic, 1) if (N * C * KK * OH * OW >= kParallelMinElems)
   for (ssize_t nc = 0; nc < N * C; ++nc) {
@@ -104,8 +103,8 @@ void im2col_impl(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W
 }
 
 template <typename T>
-void col2im_impl(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH,
-                 ssize_t OW, ssize_t bstride, ssize_t rstride) {
+void col2im_impl(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH, ssize_t OW,
+                 ssize_t bstride, ssize_t rstride) {
   const ssize_t KK = w.kh * w.kw;
 #pragma omp parallel for schedule(dynamic, 1) if (N * C * KK * OH * OW >= kParallelMinElems)
   for (ssize_t nc = 0; nc < N * C; ++nc) {

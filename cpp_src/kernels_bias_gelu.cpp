@@ -128,11 +128,14 @@ void def_bias_gelu(py::module_& m) {
 TL_REGISTER(kernels) {
   def_bias_gelu<float>(m);
   def_bias_gelu<double>(m);
-  m.def("erf_approx", [](carr<float> x) {
-    carr<float> y(x.size());
-    const float* px = x.data();
-    float* py = y.mutable_data();
-    for (ssize_t i = 0; i < x.size(); ++i) py[i] = erf_approx(px[i]);
-    return y;
-  }, py::arg("x"), "the vectorisable float32 erf used by the kernels (for accuracy tests)");
+  m.def(
+      "erf_approx",
+      [](carr<float> x) {
+        carr<float> y(x.size());
+        const float* px = x.data();
+        float* py = y.mutable_data();
+        for (ssize_t i = 0; i < x.size(); ++i) py[i] = erf_approx(px[i]);
+        return y;
+      },
+      py::arg("x"), "the vectorisable float32 erf used by the kernels (for accuracy tests)");
 }

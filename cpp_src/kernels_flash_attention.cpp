@@ -43,8 +43,8 @@ constexpr int kMR = 4, kNR = 32;
 // C[i][c] (+)= sum_k A[i][k] * B[k][c] for i < M, c < N, k < Kd; row strides lda, ldb, ldc. accumulate=false
 // overwrites C. Tails (M % 4, N % 32) take the plain loops.
 template <typename T>
-void small_gemm(const T* A, ssize_t lda, const T* B, ssize_t ldb, T* C, ssize_t ldc, ssize_t M, ssize_t N,
-                ssize_t Kd, bool accumulate) {
+void small_gemm(const T* A, ssize_t lda, const T* B, ssize_t ldb, T* C, ssize_t ldc, ssize_t M, ssize_t N, ssize_t Kd,
+                bool accumulate) {
   ssize_t i = 0;
   for (; i + kMR <= M; i += kMR) {
     ssize_t c0 = 0;
@@ -89,8 +89,8 @@ void small_gemm(const T* A, ssize_t lda, const T* B, ssize_t ldb, T* C, ssize_t 
 // S[i][j] = scale * q_i . k_j for a Br x Bc tile; masked entries (causal: j > i) get -inf.
 // The K tile is first transposed into kt [D][Bc] so that S = Q_tile kt is a small GEMM with unit-stride rows.
 template <typename T>
-void score_tile(const T* q, const T* k, T* S, T* kt, ssize_t i0, ssize_t br, ssize_t j0, ssize_t bc, ssize_t D,
-                T scale, bool causal, ssize_t Bc) {
+void score_tile(const T* q, const T* k, T* S, T* kt, ssize_t i0, ssize_t br, ssize_t j0, ssize_t bc, ssize_t D, T scale,
+                bool causal, ssize_t Bc) {
   for (ssize_t j = 0; j < bc; ++j)
     for (ssize_t d = 0; d < D; ++d) kt[d * Bc + j] = k[(j0 + j) * D + d];
   small_gemm(q + i0 * D, D, kt, Bc, S, Bc, br, bc, D, false);
@@ -172,8 +172,8 @@ py::tuple flash_attention_forward(carr<T> q, carr<T> k, carr<T> v, bool causal, 
 }
 
 template <typename T>
-py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, carr<T> lse, carr<T> dout,
-                                   bool causal, ssize_t block) {
+py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, carr<T> lse, carr<T> dout, bool causal,
+                                   ssize_t block) {
   const AttnDims a = check_attn(q, k, v, "flash_attention_backward");
   if (block < 1) tl::value_error("flash_attention_backward: block_size must be >= 1, got " + std::to_string(block));
   const ssize_t BH = a.BH, Nq = a.Nq, Nk = a.Nk, D = a.D, Dv = a.Dv;

@@ -111,8 +111,8 @@ py::tuple layer_norm_backward(carr<T> dy, carr<T> x, carr<T> w, carr<T> mean, ca
   if (w.ndim() != 1 || w.shape(0) != C)
     tl::value_error("layer_norm_backward: weight shape " + shape_str(w) + " must be (" + std::to_string(C) + ",)");
   if (mean.ndim() != 1 || mean.shape(0) != R || rstd.ndim() != 1 || rstd.shape(0) != R)
-    tl::value_error("layer_norm_backward: mean/rstd shapes " + shape_str(mean) + "/" + shape_str(rstd) +
-                    " must be (" + std::to_string(R) + ",)");
+    tl::value_error("layer_norm_backward: mean/rstd shapes " + shape_str(mean) + "/" + shape_str(rstd) + " must be (" +
+                    std::to_string(R) + ",)");
   carr<T> dx({R, C});
   carr<T> dw(C), db(C);
   const T *pdy = dy.data(), *px = x.data(), *pw = w.data(), *pm = mean.data(), *pr = rstd.data();
@@ -166,8 +166,8 @@ template <typename T>
 void def_layernorm(py::module_& m) {
   m.def("layer_norm_forward", &layer_norm_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::arg("eps") = 1e-5, py::arg("version") = "two_pass");
-  m.def("layer_norm_backward", &layer_norm_backward<T>, py::arg("dy"), py::arg("x"), py::arg("weight"),
-        py::arg("mean"), py::arg("rstd"));
+  m.def("layer_norm_backward", &layer_norm_backward<T>, py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("mean"),
+        py::arg("rstd"));
 }
 
 }  // namespace

@@ -138,11 +138,14 @@ TL_REGISTER(kernels) {
   m.doc() = "fused CPU kernels (float32 / float64, C-contiguous): softmax, layer_norm, bias_gelu, flash_attention";
   def_softmax<float>(m);
   def_softmax<double>(m);
-  m.def("exp_approx", [](carr<float> x) {
-    carr<float> y(x.size());
-    const float* px = x.data();
-    float* py = y.mutable_data();
-    for (ssize_t i = 0; i < x.size(); ++i) py[i] = exp_approx(px[i]);
-    return y;
-  }, py::arg("x"), "the vectorisable float32 exp used by the kernels (for accuracy tests)");
+  m.def(
+      "exp_approx",
+      [](carr<float> x) {
+        carr<float> y(x.size());
+        const float* px = x.data();
+        float* py = y.mutable_data();
+        for (ssize_t i = 0; i < x.size(); ++i) py[i] = exp_approx(px[i]);
+        return y;
+      },
+      py::arg("x"), "the vectorisable float32 exp used by the kernels (for accuracy tests)");
 }

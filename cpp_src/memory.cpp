@@ -13,8 +13,9 @@
 //   allocations to a Caching allocator (falling back to malloc when it is out of memory); counting_numpy_handler()
 //   forwards to malloc/free and only counts (the unpooled baseline); set_numpy_handler(capsule|None) -> previous;
 //   handler_stats(capsule) -> dict(n_malloc, n_free, n_fallback, n_system); recording_numpy_handler() +
-//   handler_trace(capsule) -> int64 [m, 2] record the allocation trace of everything numpy allocates. The handler structs below mirror
-//   numpy's PyDataMem_Handler (version 1); PyDataMem_SetHandler is slot 304 of numpy's C-API table.
+//   handler_trace(capsule) -> int64 [m, 2] record the allocation trace of everything numpy allocates. The handler
+//   structs below mirror numpy's PyDataMem_Handler (version 1); PyDataMem_SetHandler is slot 304 of numpy's C-API
+//   table.
 // Errors: ValueError (std::invalid_argument) / MemoryError (tl::mem::OutOfMemory, registered below).
 #include <atomic>
 #include <chrono>
@@ -87,7 +88,8 @@ py::tuple replay_impl(A& a, const Ops& ops, bool release_gil, MallocFn mf, FreeF
     std::unique_ptr<py::gil_scoped_release> rel;
     if (release_gil) rel = std::make_unique<py::gil_scoped_release>();
     auto t0 = std::chrono::steady_clock::now();
-    tl::mem::run_ops(p, m, o, [&](i64 nb) { return mf(a, nb); }, [&](i64 off) { ff(a, off); });
+    tl::mem::run_ops(
+        p, m, o, [&](i64 nb) { return mf(a, nb); }, [&](i64 off) { ff(a, off); });
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return py::make_tuple(out, secs);
@@ -97,7 +99,8 @@ template <class A, class Cls>
 void bind_common(Cls& cls, bool caching) {
   cls.def_property_readonly("capacity", &A::capacity)
       .def_property_readonly("alignment", &A::alignment)
-      .def("stats", [caching](A& a) { return stats_dict(a.stats(), caching); }, "counters and metrics (dict)")
+      .def(
+          "stats", [caching](A& a) { return stats_dict(a.stats(), caching); }, "counters and metrics (dict)")
       .def("block_size", &A::block_size, py::arg("offset"))
       .def("live_blocks", &A::live_blocks, "[(offset, size, requested)] sorted by offset")
       .def("free_blocks", &A::free_blocks, "[(offset, size)] sorted by offset")
@@ -118,8 +121,8 @@ void bind_simple(Cls& cls) {
       .def(
           "replay",
           [](A& a, const Ops& ops) {
-            return replay_impl(a, ops, false, [](A& x, i64 nb) { return x.malloc(nb); },
-                               [](A& x, i64 off) { x.free(off); });
+            return replay_impl(
+                a, ops, false, [](A& x, i64 nb) { return x.malloc(nb); }, [](A& x, i64 off) { x.free(off); });
           },
           py::arg("ops"), "run a trace in C++: (offsets, seconds)");
 }
@@ -331,13 +334,13 @@ TL_REGISTER(memory) {
   caching
       .def(py::init([](i64 capacity, i64 round_to, i64 small_size, i64 small_buffer, i64 large_buffer,
                        i64 min_large_alloc, i64 round_large, i64 max_split_size) {
-             CachingConfig c{round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large,
-                             max_split_size};
+             CachingConfig c{round_to,        small_size,  small_buffer,  large_buffer,
+                             min_large_alloc, round_large, max_split_size};
              return new Caching(capacity, c);
            }),
            py::arg("capacity"), py::arg("round_to") = 512, py::arg("small_size") = 1 << 20,
-           py::arg("small_buffer") = 2 << 20, py::arg("large_buffer") = 20 << 20,
-           py::arg("min_large_alloc") = 10 << 20, py::arg("round_large") = 2 << 20, py::arg("max_split_size") = -1)
+           py::arg("small_buffer") = 2 << 20, py::arg("large_buffer") = 20 << 20, py::arg("min_large_alloc") = 10 << 20,
+           py::arg("round_large") = 2 << 20, py::arg("max_split_size") = -1)
       .def("malloc", &Caching::malloc, py::arg("nbytes"), py::arg("stream") = 0,
            py::call_guard<py::gil_scoped_release>(), "allocate nbytes on stream; thread-safe")
       .def("free", &Caching::free, py::arg("offset"), py::call_guard<py::gil_scoped_release>(), "thread-safe")
@@ -371,8 +374,9 @@ TL_REGISTER(memory) {
       .def(
           "replay",
           [](Caching& c, const Ops& ops) {
-            return replay_impl(c, ops, true, [](Caching& x, i64 nb) { return x.malloc(nb, 0); },
-                               [](Caching& x, i64 off) { x.free(off); });
+            return replay_impl(
+                c, ops, true, [](Caching& x, i64 nb) { return x.malloc(nb, 0); },
+                [](Caching& x, i64 off) { x.free(off); });
           },
           py::arg("ops"), "run a trace in C++ (stream 0, GIL released): (offsets, seconds)");
   bind_common<Caching>(caching, true);

@@ -1,10 +1,12 @@
-// optim.cpp — tinylearn._C.optim: fused optimizer updates for tinylearn.optim (one pass over memory instead of 4-8 numpy passes).
+// optim.cpp — tinylearn._C.optim: fused optimizer updates for tinylearn.optim (one pass over memory instead of 4-8
+// numpy passes).
 //
 // Versions (each checked against torch.optim and the numpy path in tests/test_optim.py):
 //   sgd_step   torch.optim.SGD: g += wd*w; b = mu*b + (1-dampening)*g (b = g on the first step);
 //              g = nesterov ? g + mu*b : b; w -= lr*g                                  float32 / float64
 //   adam_step  torch.optim.Adam / AdamW (decoupled=True: w *= 1 - lr*wd first): m = b1 m + (1-b1) g;
-//              v = b2 v + (1-b2) g^2; (amsgrad: vmax = max(vmax, v)); w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+//              v = b2 v + (1-b2) g^2; (amsgrad: vmax = max(vmax, v)); w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) +
+//              eps)
 // The optimizer update is memory-bound (~3-5 arrays streamed per element), so fusing the passes is the whole win;
 // OpenMP splits only large arrays (threads waking costs more than a 100k-element update).
 #include <cmath>
@@ -74,15 +76,27 @@ void sgd_step(Arr<T> w, Arr<T> g, Arr<T> buf, double lr, double momentum, double
 #define TL_SGD(WD, NES, FIRST) sgd_loop<T, WD, true, NES, FIRST>(pw, pg, pb, n, tlr, mu, damp, wd, sign)
   if (has_wd) {
     if (nesterov) {
-      if (first) TL_SGD(true, true, true); else TL_SGD(true, true, false);
+      if (first)
+        TL_SGD(true, true, true);
+      else
+        TL_SGD(true, true, false);
     } else {
-      if (first) TL_SGD(true, false, true); else TL_SGD(true, false, false);
+      if (first)
+        TL_SGD(true, false, true);
+      else
+        TL_SGD(true, false, false);
     }
   } else {
     if (nesterov) {
-      if (first) TL_SGD(false, true, true); else TL_SGD(false, true, false);
+      if (first)
+        TL_SGD(false, true, true);
+      else
+        TL_SGD(false, true, false);
     } else {
-      if (first) TL_SGD(false, false, true); else TL_SGD(false, false, false);
+      if (first)
+        TL_SGD(false, false, true);
+      else
+        TL_SGD(false, false, false);
     }
   }
 #undef TL_SGD
@@ -139,9 +153,9 @@ TL_REGISTER(optim) {
   m.def("sgd_step", &sgd_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
         py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
         py::arg("maximize"), py::arg("first"));
-  m.def("sgd_step", &sgd_step<double>, py::arg("w").noconvert(), py::arg("g").noconvert(),
-        py::arg("buf").noconvert(), py::arg("lr"), py::arg("momentum"), py::arg("dampening"),
-        py::arg("weight_decay"), py::arg("nesterov"), py::arg("maximize"), py::arg("first"));
+  m.def("sgd_step", &sgd_step<double>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
+        py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
+        py::arg("maximize"), py::arg("first"));
   m.def("adam_step", &adam_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(),
         py::arg("exp_avg").noconvert(), py::arg("exp_avg_sq").noconvert(), py::arg("max_exp_avg_sq").noconvert(),
         py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),

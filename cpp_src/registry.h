@@ -9,8 +9,8 @@
 // and each function name is defined by one file (float/double overloads of it in that same file); order does
 // not matter.
 #pragma once
-#include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <functional>
@@ -52,7 +52,7 @@ struct Register {
 [[noreturn]] inline void value_error(const std::string& msg) { throw std::invalid_argument(msg); }
 }  // namespace tl
 
-#define TL_REGISTER(NAME)                                               \
-  static void tl_register_##NAME(pybind11::module_& m);                 \
+#define TL_REGISTER(NAME)                                              \
+  static void tl_register_##NAME(pybind11::module_& m);                \
   static tl::Register tl_registrar_##NAME(#NAME, &tl_register_##NAME); \
   static void tl_register_##NAME(pybind11::module_& m)

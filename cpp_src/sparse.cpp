@@ -40,7 +40,8 @@ using tl::shape_str;
 void check_csr(const i64arr& indptr, const i32arr& indices, const py::array& data, int64_t M, int64_t K,
                const char* fn) {
   if (indptr.ndim() != 1 || indptr.shape(0) != M + 1)
-    tl::value_error(std::string(fn) + ": indptr must have shape (" + std::to_string(M + 1) + ",), got " + shape_str(indptr));
+    tl::value_error(std::string(fn) + ": indptr must have shape (" + std::to_string(M + 1) + ",), got " +
+                    shape_str(indptr));
   if (indices.ndim() != 1 || data.ndim() < 1 || indices.shape(0) != data.shape(0))
     tl::value_error(std::string(fn) + ": indices " + shape_str(indices) + " and data " + shape_str(data) +
                     " must have the same length");
@@ -111,9 +112,9 @@ arr<T> csr_spmm(i64arr indptr, i32arr indices, arr<T> data, arr<T> B, int64_t M)
 
 template <class T>
 arr<T> ell_spmv(i32arr indices, arr<T> data, arr<T> x) {
-  if (indices.ndim() != 2 || data.ndim() != 2 || indices.shape(0) != data.shape(0) ||
-      indices.shape(1) != data.shape(1))
-    tl::value_error("ell_spmv: indices " + shape_str(indices) + " and data " + shape_str(data) + " must be equal 2-D (W, M)");
+  if (indices.ndim() != 2 || data.ndim() != 2 || indices.shape(0) != data.shape(0) || indices.shape(1) != data.shape(1))
+    tl::value_error("ell_spmv: indices " + shape_str(indices) + " and data " + shape_str(data) +
+                    " must be equal 2-D (W, M)");
   if (x.ndim() != 1) tl::value_error("ell_spmv: x must be 1-D, got shape " + shape_str(x));
   const int64_t W = indices.shape(0), M = indices.shape(1), K = x.shape(0);
   const int32_t* c = indices.data();
@@ -191,19 +192,19 @@ arr<T> bsr_spmm(i64arr indptr, i32arr indices, arr<T> data, arr<T> B, int64_t M)
 TL_REGISTER(sparse) {
   m.doc() = "sparse x dense kernels (CSR SpMV/SpMM, ELL SpMV, BSR SpMM), fp32/fp64, OpenMP over rows";
   // float64 overloads first: pybind11 tries overloads in order and forcecast would otherwise downcast doubles.
-  m.def("csr_spmv", &csr_spmv<double>, py::arg("indptr"), py::arg("indices"), py::arg("data").noconvert(),
-        py::arg("x"), py::arg("nrows"));
+  m.def("csr_spmv", &csr_spmv<double>, py::arg("indptr"), py::arg("indices"), py::arg("data").noconvert(), py::arg("x"),
+        py::arg("nrows"));
   m.def("csr_spmv", &csr_spmv<float>, py::arg("indptr"), py::arg("indices"), py::arg("data"), py::arg("x"),
         py::arg("nrows"), "y = A @ x for CSR A (indptr int64, indices int32)");
-  m.def("csr_spmm", &csr_spmm<double>, py::arg("indptr"), py::arg("indices"), py::arg("data").noconvert(),
-        py::arg("B"), py::arg("nrows"));
+  m.def("csr_spmm", &csr_spmm<double>, py::arg("indptr"), py::arg("indices"), py::arg("data").noconvert(), py::arg("B"),
+        py::arg("nrows"));
   m.def("csr_spmm", &csr_spmm<float>, py::arg("indptr"), py::arg("indices"), py::arg("data"), py::arg("B"),
         py::arg("nrows"), "Y = A @ B for CSR A, dense row-major B (row-wise axpy, OpenMP over rows)");
   m.def("ell_spmv", &ell_spmv<double>, py::arg("indices"), py::arg("data").noconvert(), py::arg("x"));
   m.def("ell_spmv", &ell_spmv<float>, py::arg("indices"), py::arg("data"), py::arg("x"),
         "y = A @ x for column-major padded ELL (indices/data shape (W, M), padding column -1)");
-  m.def("bsr_spmm", &bsr_spmm<double>, py::arg("indptr"), py::arg("indices"), py::arg("data").noconvert(),
-        py::arg("B"), py::arg("nrows"));
+  m.def("bsr_spmm", &bsr_spmm<double>, py::arg("indptr"), py::arg("indices"), py::arg("data").noconvert(), py::arg("B"),
+        py::arg("nrows"));
   m.def("bsr_spmm", &bsr_spmm<float>, py::arg("indptr"), py::arg("indices"), py::arg("data"), py::arg("B"),
         py::arg("nrows"), "Y = A @ B for BSR A (data (nblocks, R, C))");
 }

@@ -24,8 +24,8 @@ __device__ __forceinline__ float dgelu_f(float u, int tanh_form) {
   return 0.5f * (1.f + erff(u * 0.70710678118654752f)) + u * 0.3989422804014327f * expf(-0.5f * u * u);
 }
 
-extern "C" __global__ void bias_gelu_v1(const float* __restrict__ x, const float* __restrict__ b,
-                                        float* __restrict__ y, long long n, int cols, int tanh_form) {
+extern "C" __global__ void bias_gelu_v1(const float* __restrict__ x, const float* __restrict__ b, float* __restrict__ y,
+                                        long long n, int cols, int tanh_form) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     y[i] = gelu_f(x[i] + b[i % cols], tanh_form);
 }

@@ -52,8 +52,8 @@ extern "C" __global__ void flash_attention_v2(const float* __restrict__ q, const
                                               float* __restrict__ lse, int nq, int nk, int d, int dv, int causal,
                                               float scale, int bc) {
   extern __shared__ float smem[];
-  float* ks = smem;               // [bc][MAXD]
-  float* vs = smem + bc * MAXD;   // [bc][MAXD]
+  float* ks = smem;              // [bc][MAXD]
+  float* vs = smem + bc * MAXD;  // [bc][MAXD]
   const int br = blockDim.x;
   const int i0 = blockIdx.x * br;
   const int i = i0 + threadIdx.x;

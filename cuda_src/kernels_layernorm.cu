@@ -66,8 +66,7 @@ extern "C" __global__ void layernorm_forward_v2_welford(const float* __restrict_
 extern "C" __global__ void layernorm_backward_warp(const float* __restrict__ dy, const float* __restrict__ x,
                                                    const float* __restrict__ w, const float* __restrict__ mean,
                                                    const float* __restrict__ rstd, float* __restrict__ dx,
-                                                   float* __restrict__ dw, float* __restrict__ db, int rows,
-                                                   int cols) {
+                                                   float* __restrict__ dw, float* __restrict__ db, int rows, int cols) {
   const int warps = blockDim.x / 32;
   const int r = blockIdx.x * warps + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;

@@ -25,8 +25,8 @@ extern "C" __global__ void int8_gemm_dp4a_naive(const int* __restrict__ A, const
 #define TILE 32
 extern "C" __global__ void int8_gemm_dp4a_tiled(const int* __restrict__ A, const int* __restrict__ Bt,
                                                 int* __restrict__ C, int M, int N, int K4) {
-  __shared__ int As[TILE][TILE + 1];  // [row in tile][k word], +1 avoids bank conflicts
-  __shared__ int Bs[TILE][TILE + 1];  // [col in tile][k word]
+  __shared__ int As[TILE][TILE + 1];             // [row in tile][k word], +1 avoids bank conflicts
+  __shared__ int Bs[TILE][TILE + 1];             // [col in tile][k word]
   const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
   const int row0 = blockIdx.y * TILE, col0 = blockIdx.x * TILE;
   int acc[4] = {0, 0, 0, 0};

@@ -62,7 +62,8 @@ class Core {
  public:
   Core(i64 capacity, i64 alignment) : capacity_(capacity), alignment_(alignment) {
     if (capacity <= 0) throw std::invalid_argument("capacity: must be positive, got " + S(capacity));
-    if (!is_pow2(alignment)) throw std::invalid_argument("alignment: must be a positive power of two, got " + S(alignment));
+    if (!is_pow2(alignment))
+      throw std::invalid_argument("alignment: must be a positive power of two, got " + S(alignment));
     mem_ = static_cast<uint8_t*>(std::aligned_alloc(4096, size_t(align_up(capacity, 4096))));
     if (!mem_) throw OutOfMemory("could not reserve an arena of " + S(capacity) + " bytes");
   }
@@ -89,13 +90,15 @@ class Core {
  protected:
   i64 check_size(i64 n) const {
     if (n <= 0) throw std::invalid_argument("nbytes: must be positive, got " + S(n));
-    if (n > capacity_) throw OutOfMemory("nbytes=" + S(n) + " exceeds the arena capacity of " + S(capacity_) + " bytes");
+    if (n > capacity_)
+      throw OutOfMemory("nbytes=" + S(n) + " exceeds the arena capacity of " + S(capacity_) + " bytes");
     return n;
   }
   Live lookup(i64 off) const {
     auto it = live_.find(off);
     if (it == live_.end())
-      throw std::invalid_argument("free(offset=" + S(off) + "): not a live allocation (double free or never allocated)");
+      throw std::invalid_argument("free(offset=" + S(off) +
+                                  "): not a live allocation (double free or never allocated)");
     return it->second;
   }
   void on_malloc(i64 off, i64 size, i64 n, i64 reserved_now) {

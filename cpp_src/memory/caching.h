@@ -16,8 +16,8 @@ namespace tl {
 namespace mem {
 
 struct CachingConfig {
-  i64 round_to = 512, small_size = 1 << 20, small_buffer = 2 << 20, large_buffer = 20 << 20,
-      min_large_alloc = 10 << 20, round_large = 2 << 20, max_split_size = -1;  // -1: unlimited
+  i64 round_to = 512, small_size = 1 << 20, small_buffer = 2 << 20, large_buffer = 20 << 20, min_large_alloc = 10 << 20,
+      round_large = 2 << 20, max_split_size = -1;  // -1: unlimited
 };
 
 struct CBlock {
@@ -43,7 +43,8 @@ struct SegmentInfo {
 class Caching {
  public:
   Caching(i64 capacity, const CachingConfig& cfg) : cfg_(cfg), device_(capacity, cfg.round_to, false) {
-    const std::pair<const char*, i64> checks[] = {{"small_size", cfg.small_size}, {"small_buffer", cfg.small_buffer},
+    const std::pair<const char*, i64> checks[] = {{"small_size", cfg.small_size},
+                                                  {"small_buffer", cfg.small_buffer},
                                                   {"large_buffer", cfg.large_buffer},
                                                   {"min_large_alloc", cfg.min_large_alloc},
                                                   {"round_large", cfg.round_large}};
@@ -106,7 +107,8 @@ class Caching {
     std::lock_guard<std::mutex> g(mu_);
     CBlock* b = live_find(off);
     if (b == nullptr)
-      throw std::invalid_argument("free(offset=" + S(off) + "): not a live allocation (double free or never allocated)");
+      throw std::invalid_argument("free(offset=" + S(off) +
+                                  "): not a live allocation (double free or never allocated)");
     live_tab_[size_t(off / cfg_.round_to)] = nullptr;
     n_live_ -= 1;
     b->allocated = false;
@@ -281,7 +283,7 @@ class Caching {
 
   CachingConfig cfg_;
   i64 max_split_;
-  FreeList device_;  // "cudaMalloc": first fit over the arena, segments aligned to round_to
+  FreeList device_;                             // "cudaMalloc": first fit over the arena, segments aligned to round_to
   std::pmr::unsynchronized_pool_resource res_;  // nodes of the containers below (guarded by mu_)
   Pool small_pool_{&res_}, large_pool_{&res_};
   std::vector<CBlock*> live_tab_;  // offset / round_to -> live block (nullptr if none)

@@ -88,7 +88,7 @@ class FreeList : public Core {
     largest = largest_hole();
   }
   bool best_fit_;
-  std::pmr::map<i64, i64> holes_{&pool_};                 // offset -> size
+  std::pmr::map<i64, i64> holes_{&pool_};               // offset -> size
   std::pmr::set<std::pair<i64, i64>> by_size_{&pool_};  // (size, offset)
 };
 

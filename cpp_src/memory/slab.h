@@ -57,8 +57,9 @@ class Slab : public Core {
       slab_next_[slab] = 0;
       partial_[c].insert(slab);
     } else {
-      throw OutOfMemory("SlabAllocator out of memory: nbytes=" + S(n) + " (class " + S(stride) + "): no free object in class " +
-                        S(stride) + " and no free slab (n_slabs=" + S(n_slabs_) + ", slab_size=" + S(slab_size_) + ")");
+      throw OutOfMemory("SlabAllocator out of memory: nbytes=" + S(n) + " (class " + S(stride) +
+                        "): no free object in class " + S(stride) + " and no free slab (n_slabs=" + S(n_slabs_) +
+                        ", slab_size=" + S(slab_size_) + ")");
     }
     i64 off;
     if (!slab_free_[slab].empty()) {

@@ -23,7 +23,8 @@ inline i64 count_mallocs(const i64* ops, i64 m) {
       freed.push_back(0);
     } else if (op == 1) {
       if (arg < 0 || arg >= n || freed[size_t(arg)])
-        throw std::invalid_argument("ops[" + S(r) + "]: free of malloc #" + S(arg) + " which is not live at that point");
+        throw std::invalid_argument("ops[" + S(r) + "]: free of malloc #" + S(arg) +
+                                    " which is not live at that point");
       freed[size_t(arg)] = 1;
     } else {
       throw std::invalid_argument("ops[" + S(r) + "]: op must be 0 (malloc) or 1 (free), got " + S(op));

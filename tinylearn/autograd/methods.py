@@ -79,10 +79,10 @@ class TensorMethods:
     def __ge__(self, o: Any) -> Tensor:
         return self._make(self.data >= _val(o), False, None, 0)
 
-    def __eq__(self, o: Any) -> Tensor:  # type: ignore[override]
+    def __eq__(self, o: Any) -> Tensor:
         return self._make(self.data == _val(o), False, None, 0)
 
-    def __ne__(self, o: Any) -> Tensor:  # type: ignore[override]
+    def __ne__(self, o: Any) -> Tensor:
         return self._make(self.data != _val(o), False, None, 0)
 
     # elementwise
