@@ -18,6 +18,7 @@ from .._inputs import as_array
 
 Pair = tuple[int, int]
 BACKENDS = ("numpy", "numba", "cpp")
+_INDEX_LIMIT = 2**62  # every size/offset a backend computes stays below this, so int64 arithmetic cannot overflow
 
 
 def pair(value: Any, name: str) -> Pair:
@@ -71,7 +72,20 @@ def window_params(
             f"kernel_size: dilated kernel {eff} (kernel_size={k}, dilation={d}) is larger than the padded input "
             f"{(H + 2 * p[0], W + 2 * p[1])} ({what} shape {tuple(shape)}, padding={p})"
         )
+    for name, v in (("padding", (H + 2 * p[0], W + 2 * p[1])), ("dilation", eff)):
+        if max(v) > _INDEX_LIMIT:
+            raise ValueError(f"{name}: padded/dilated size {v} exceeds 2**62 ({what} shape {tuple(shape)})")
     out = (conv_out_size(H, k[0], s[0], p[0], d[0]), conv_out_size(W, k[1], s[1], p[1], d[1]))
+    n_out = int(np.prod([int(v) for v in shape[:2]], dtype=object)) * k[0] * k[1] * out[0] * out[1]
+    if n_out * 8 > _INDEX_LIMIT:
+        raise ValueError(
+            f"padding/stride: the unfolded output [N, C*kh*kw, OH*OW] with (OH, OW)={out} has {n_out} elements, "
+            f"beyond what int64 byte offsets can index ({what} shape {tuple(shape)}, padding={p}, stride={s})"
+        )
+    # a stride beyond the padded size gives the same single output position: clamp it, and a single kernel tap
+    # never uses its dilation, so no backend multiplies by a huge value (stride=2**62 is valid, torch accepts it)
+    s = (min(s[0], H + 2 * p[0]), min(s[1], W + 2 * p[1]))
+    d = (d[0] if k[0] > 1 else 1, d[1] if k[1] > 1 else 1)
     return k, s, p, d, out
 
 
