@@ -175,6 +175,17 @@ TOPICS: tuple[Topic, ...] = (
         aliases=("llm_inference", "serving"),
         questions="17, 107, 114, 133, 203",
     ),
+    Topic(
+        "amp",
+        "11_mixed_precision_memory",
+        "Mixed precision and training memory: autocast, loss scaling, FP4/INT2/MX, checkpointing, memory estimate",
+        ("amp",),
+        "11_mixed_precision_memory",
+        ("test_amp", "test_amp_formats", "test_checkpoint", "test_memory_estimate"),
+        "tinylearn.amp.bench",
+        aliases=("mixed_precision", "autocast"),
+        questions="64, 74, 81, 119, 148, 253",
+    ),
 )
 
 
