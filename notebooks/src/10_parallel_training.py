@@ -148,7 +148,8 @@ for k in ("out_maxdiff", "xgrad_maxdiff", "wgrad_maxdiff"):
 # 1F1B (PipeDream-flush) runs p − s − 1 warm-up forwards on stage s, then alternates. Both have the bubble
 # (p − 1)/(m + p − 1): the ramp-up and ramp-down each cost p − 1 slots. What 1F1B buys is memory: stage s holds at
 # most p − s microbatches of activations instead of m. The interleaved schedule (v model chunks per rank)
-# shrinks the ramp slots by v: bubble (p − 1)/(v·m + p − 1), paid with v times more point-to-point messages.
+# shrinks the ramp slots by v: bubble (p − 1)/(v·m + p − 1), paid with more point-to-point messages: each
+# microbatch crosses v·p − 1 stage boundaries per direction instead of p − 1.
 # The simulator replays the dependencies (F(mb) after F(mb) on the previous stage, B(mb) after B(mb) on the next
 # one, chunk hand-over from the last stage to the first) and must reproduce the formula. Interleaving's price in
 # memory: stage 0 holds 5.5 microbatches' worth of activations instead of 4 (p = 4, v = 2, below).
@@ -167,6 +168,15 @@ for ax, (name, v) in zip(axes, [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 
 fig.tight_layout()
 assert [par.peak_in_flight(o) for o in par.pipeline_schedule("1f1b", p, m)] == [4, 3, 2, 1]
 assert par.peak_in_flight(par.pipeline_schedule("interleaved_1f1b", p, m, 2)[0]) / 2 == 5.5
+
+
+def boundary_crossings(sched: list) -> int:
+    # every forward except those of virtual stage 0 (stage 0, chunk 0) receives its input from another rank
+    return sum(1 for ops in sched for op in ops if op[0] == "F") - m
+
+
+assert boundary_crossings(par.pipeline_schedule("1f1b", p, m)) == m * (p - 1)
+assert boundary_crossings(par.pipeline_schedule("interleaved_1f1b", p, m, 2)) == m * (2 * p - 1)
 
 # %% [markdown]
 # Microbatch count: more microbatches shrink the bubble but each one is smaller (lower arithmetic intensity) and
