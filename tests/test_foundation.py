@@ -258,7 +258,8 @@ def test_exercise_stubs_are_unsolved(folder):
 
 
 def test_library_has_no_stubs():
-    hits = [str(p) for p in (ROOT / "tinylearn").rglob("*.py") if "NotImplementedError" in p.read_text()]
+    # a stub raises it; naming the exception (e.g. tinylearn check counting unsolved stubs) is fine
+    hits = [str(p) for p in (ROOT / "tinylearn").rglob("*.py") if "raise NotImplementedError" in p.read_text()]
     assert not hits, f"NotImplementedError in the library: {hits}"
 
 
