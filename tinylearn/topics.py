@@ -163,6 +163,7 @@ TOPICS: tuple[Topic, ...] = (
         ("gemm*.cpp",),
         ("gemm_*.cu",),
         aliases=("matmul_ladder",),
+        questions="3, 5, 7, 13, 23, 51, 55, 56, 63, 77, 226",
     ),
     Topic(
         "inference",
