@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_features.h"
 #include "registry.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -36,11 +37,10 @@ namespace py = pybind11;
 
 namespace {
 
-// TODO: switch to tl::cpu_has from cpu_features.h once that header lands (it did not exist when this was written).
+// Effective features: tl::cpu_has (cpu_features.h) honours TINYLEARN_CPU_FEATURES=scalar|avx2|avx512.
 bool cpu_has(const std::string& f) {
-  __builtin_cpu_init();
-  if (f == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (f == "avx512") return __builtin_cpu_supports("avx512f");
+  if (f == "avx2") return tl::cpu_has("avx2") && tl::cpu_has("fma");
+  if (f == "avx512") return tl::cpu_has("avx512f");
   return f == "scalar";
 }
 
@@ -61,7 +61,12 @@ std::string pick_isa(const std::string& requested) {
   }
   if (isa != "scalar" && isa != "avx2" && isa != "avx512")
     tl::value_error("gemm: " + source + "='" + isa + "' is not one of auto, scalar, avx2, avx512");
-  if (!cpu_has(isa)) tl::value_error("gemm: " + source + "='" + isa + "' but this CPU does not support " + isa);
+  if (source == "TINYLEARN_CPU_FEATURES") return best_isa();  // a level: the best path at or below it
+  if (!cpu_has(isa)) {
+    const std::string forced = tl::cpu_features_forced();
+    tl::value_error("gemm: " + source + "='" + isa + "' but this CPU does not support " + isa +
+                    (forced.empty() ? "" : " (TINYLEARN_CPU_FEATURES=" + forced + ")"));
+  }
   return isa;
 }
 

@@ -104,3 +104,21 @@ def test_unknown_feature_name_is_a_value_error():
         C.cpu_supports("sse9")
     with pytest.raises(ValueError, match="unknown feature"):
         C.cpu_detected("avx1024")
+
+
+@pytest.mark.skipif("gemm" not in C.submodules, reason="tinylearn._C built without the gemm topic")
+def test_gemm_micro_kernel_follows_the_level(monkeypatch: pytest.MonkeyPatch):
+    G = load_C("gemm")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((37, 29))
+    b = rng.standard_normal((29, 23))
+    want = {"scalar": "scalar", "avx2": "avx2" if {"avx2", "fma"} <= DETECTED else "scalar"}
+    want["avx512"] = "avx512" if "avx512f" in DETECTED else want["avx2"]
+    for level, isa in want.items():
+        monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+        assert G.isa() == isa and cpu.kernel_paths()["gemm.simd"] == isa
+        np.testing.assert_allclose(G.matmul(a, b, "simd"), a @ b, rtol=1e-12, atol=1e-12)
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "scalar")
+    assert G.isa_paths() == ["scalar"]
+    with pytest.raises(ValueError, match=r"does not support avx2 \(TINYLEARN_CPU_FEATURES=scalar\)"):
+        G.matmul(a, b, "simd", "avx2")

@@ -47,7 +47,11 @@ def cpu_features() -> list[str]:
 
 def kernel_paths() -> dict[str, str]:
     """Every C++ kernel that dispatches on CPU features -> the path it takes now (best available)."""
-    return {"quant.int8_gemm": load_C("quant").int8_gemm_paths()[0]}
+    C = load_C()
+    out = {"quant.int8_gemm": C.quant.int8_gemm_paths()[0]}
+    if "gemm" in C.submodules:
+        out["gemm.simd"] = C.gemm.isa()  # the fp32/fp64 GEMM micro-kernel (isa="auto")
+    return out
 
 
 def blas_info() -> list[dict[str, Any]]:
@@ -70,13 +74,18 @@ def torch_capability() -> str:
 
 
 def numpy_simd() -> dict[str, list[str]]:
-    """numpy's dispatch: features it found on the CPU and uses, and those it was told not to use."""
+    """numpy's dispatch: CPU features it uses, its enabled dispatch targets, and those it was told not to use."""
     try:
-        from numpy._core._multiarray_umath import __cpu_features__ as feats
+        from numpy._core import _multiarray_umath as mu
     except ImportError:  # numpy 1.x
-        from numpy.core._multiarray_umath import __cpu_features__ as feats
+        from numpy.core import _multiarray_umath as mu
+    feats = mu.__cpu_features__
     disabled = env_flag("NPY_DISABLE_CPU_FEATURES").upper().replace(",", " ").split()
-    return {"enabled": sorted(k for k, v in feats.items() if v), "disabled_by_env": sorted(disabled)}
+    return {
+        "enabled": sorted(k for k, v in feats.items() if v),
+        "dispatch": [t for t in mu.__cpu_dispatch__ if feats.get(t)],  # the SIMD targets numpy's kernels use now
+        "disabled_by_env": sorted(disabled),
+    }
 
 
 def numeric_paths() -> dict[str, Any]:
