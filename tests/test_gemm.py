@@ -88,6 +88,10 @@ def test_forced_isa_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "sse9")
     with pytest.raises(ValueError, match="TINYLEARN_CPU_FEATURES='sse9'"):
         g.matmul(a, b, "simd")
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "avx512")  # a level: the best path at or below it
+    assert g.isa() == g.isa_paths()[0]
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "scalar")
+    assert g.isa() == "scalar"
     monkeypatch.delenv("TINYLEARN_CPU_FEATURES")
     if "avx512" not in g.isa_paths():
         with pytest.raises(ValueError, match="does not support avx512"):
