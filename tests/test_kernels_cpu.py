@@ -1,4 +1,4 @@
-"""Kernel versions (llm.c style): every version in cpp_src/kernels.cpp and every algorithmic variant in the numpy
+"""Kernel versions (llm.c style): every version in cpp_src/kernels_*.cpp and every algorithmic variant in the numpy
 reference is validated against torch; plus the accuracy of the vectorisable exp/erf the float32 kernels use."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``cpu`` backend: fused C++ kernels from ``cpp_src/kernels.cpp`` (tinylearn._C.kernels), OpenMP over rows.
+"""The ``cpu`` backend: fused C++ kernels from ``cpp_src/kernels_*.cpp`` (tinylearn._C.kernels), OpenMP over rows.
 
 Why C++ and not numba for every op (measured on the 2-core dev box, 4096 x 768 fp32, one thread): the fused
 C++ three-pass softmax runs in ~1.9 ms vs ~4.3 ms for the online variant (the online recurrence needs two
