@@ -254,3 +254,14 @@ def test_bad_input_in_cpp() -> None:
         g.matmul(a, b.astype(np.float64), "simd")
     with pytest.raises(ValueError, match="version='fast'"):
         g.matmul(a, b, "fast")
+
+
+@needs_C
+def test_bench_table_has_every_rung() -> None:
+    from tinylearn.gemm import bench
+
+    (t,) = bench.run(sizes=[32])
+    impls = {r.impl for r in t.rows}
+    assert {f"cpp {v}" for v in tl.gemm.CPP_VERSIONS} | {"numpy", "numpy 1 thread", "torch", "tinygrad"} <= impls
+    row = next(r for r in t.rows if r.impl == "cpp simd")
+    assert row.gflops and row.gflops > 0 and row.ratio is not None and "% peak" in row.extra

@@ -26,10 +26,12 @@ def _kernel():  # type: ignore[no-untyped-def]
                 for ic in range(0, m, mc):
                     ie = min(ic + mc, m)
                     for i in range(ic, ie):
+                        crow = c[i]
                         for p in range(pc, pe):
                             aip = a[i, p]
+                            brow = b[p]
                             for j in range(jc, je):
-                                c[i, j] += aip * b[p, j]
+                                crow[j] += aip * brow[j]
 
     return blocked
 
