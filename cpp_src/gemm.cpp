@@ -518,11 +518,15 @@ py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr) {
   r5 = F(r5, x, y); r6 = F(r6, x, y); r7 = F(r7, x, y); r8 = F(r8, x, y); r9 = F(r9, x, y);          \
   r10 = F(r10, x, y); r11 = F(r11, x, y);
 #define TL_SUM12 (r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7 + r8 + r9 + r10 + r11)
+// Distinct start values: with equal ones the compiler proves the 12 chains identical and keeps only one (it did).
+#define TL_SEEDS(SET, T)                                                                                  \
+  T r0 = SET(seed), r1 = SET(seed + 0.01f), r2 = SET(seed + 0.02f), r3 = SET(seed + 0.03f);              \
+  T r4 = SET(seed + 0.04f), r5 = SET(seed + 0.05f), r6 = SET(seed + 0.06f), r7 = SET(seed + 0.07f);      \
+  T r8 = SET(seed + 0.08f), r9 = SET(seed + 0.09f), r10 = SET(seed + 0.10f), r11 = SET(seed + 0.11f);
 
 __attribute__((target("avx2,fma"))) double fma_loop_avx2(long iters, float seed) {
   const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-  __m256 r0 = _mm256_set1_ps(seed), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0, r8 = r0,
-         r9 = r0, r10 = r0, r11 = r0;
+  TL_SEEDS(_mm256_set1_ps, __m256)
   for (long it = 0; it < iters; ++it) {
     TL_FMA12(_mm256_fmadd_ps)
   }
@@ -533,8 +537,7 @@ __attribute__((target("avx2,fma"))) double fma_loop_avx2(long iters, float seed)
 
 __attribute__((target("avx512f"))) double fma_loop_avx512(long iters, float seed) {
   const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-  __m512 r0 = _mm512_set1_ps(seed), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0, r8 = r0,
-         r9 = r0, r10 = r0, r11 = r0;
+  TL_SEEDS(_mm512_set1_ps, __m512)
   for (long it = 0; it < iters; ++it) {
     TL_FMA12(_mm512_fmadd_ps)
   }
@@ -545,8 +548,7 @@ __attribute__((target("avx512f"))) double fma_loop_avx512(long iters, float seed
 
 __attribute__((optimize("no-tree-vectorize"))) double fma_loop_scalar(long iters, float seed) {
   const float x = 0.999999f, y = 1e-7f;
-  float r0 = seed, r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0, r8 = r0, r9 = r0, r10 = r0,
-        r11 = r0;
+  TL_SEEDS(float, float)
   for (long it = 0; it < iters; ++it) {
     TL_FMA12(__builtin_fmaf)
   }
