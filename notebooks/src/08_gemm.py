@@ -239,7 +239,8 @@ if ok_tg:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     lines = out.stdout.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith("void r_")), 0)
-    print("\n".join(lines[start : start + 30]) + "\n  ... (trimmed)")
+    body = [ln for ln in lines[start:] if "\x1b" not in ln and (not ln.strip().startswith("*(buf0+") or "+0)" in ln)]
+    print("\n".join(body[:32]) + "\n  ... (trimmed: 15 of the 16 accumulator lines per statement dropped)")
 else:
     print("tinygrad unavailable:", why)
 print({k_: round(v, 1) for k_, v in side.items()})
