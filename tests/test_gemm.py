@@ -265,3 +265,23 @@ def test_bench_table_has_every_rung() -> None:
     assert {f"cpp {v}" for v in tl.gemm.CPP_VERSIONS} | {"numpy", "numpy 1 thread", "torch", "tinygrad"} <= impls
     row = next(r for r in t.rows if r.impl == "cpp simd")
     assert row.gflops and row.gflops > 0 and row.ratio is not None and "% peak" in row.extra
+
+
+def test_public_api_signatures() -> None:
+    """The API as written in the issue / DESIGN.md (names, parameters, defaults)."""
+    import inspect
+
+    def params(f: object) -> dict:
+        return {k: v.default for k, v in inspect.signature(f).parameters.items()}
+
+    e = inspect._empty
+    assert params(tl.gemm.matmul) == {"a": e, "b": e, "backend": None, "version": None}
+    assert params(tl.gemm.versions) == {"backend": "cpp"}
+    assert params(tl.gemm.machine_peak) == {}
+    assert params(tl.gemm.roofline) == {"flops": e, "nbytes": e, "peak_gflops": None, "bandwidth_gbs": None}
+    assert params(tl.gemm.occupancy) == {
+        "threads_per_block": e,
+        "registers_per_thread": e,
+        "shared_bytes_per_block": e,
+        "arch": "sm_80",
+    }
