@@ -72,6 +72,11 @@ def __getattr__(name: str) -> Any:
         mod = importlib.import_module(f".{name}", __name__)
         globals()[name] = mod
         return mod
+    if _AUTOGRAD_ERROR is None and not name.startswith("__"):  # torch's free functions (tl.sin, tl.einsum, ...)
+        from .autograd import torch_api
+
+        if hasattr(torch_api, name):
+            return getattr(torch_api, name)
     if _AUTOGRAD_ERROR is not None and name in ("Tensor", "cat", "stack", "where", "no_grad"):
         raise AttributeError(f"tinylearn.{name} unavailable: {_AUTOGRAD_ERROR}")
     raise AttributeError(f"module 'tinylearn' has no attribute {name!r}")

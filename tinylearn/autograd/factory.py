@@ -89,9 +89,13 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return Stack.apply(*[t if isinstance(t, Tensor) else Tensor(t) for t in tensors], dim=dim)
 
 
-def where(condition: Any, a: Any, b: Any) -> Tensor:
-    """Elementwise ``a if condition else b`` (broadcasting); gradients flow to a and b, never to condition."""
+def where(condition: Any, a: Any = None, b: Any = None) -> Any:
+    """Elementwise ``a if condition else b`` (broadcasting); gradients flow to a and b, never to condition.
+
+    With the condition alone: its nonzero indices as a tuple (torch.where(cond))."""
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    if a is None and b is None:
+        return Tensor(cond).nonzero(as_tuple=True)
     if isinstance(a, np.ndarray):
         a = Tensor(a)
     if isinstance(b, np.ndarray):

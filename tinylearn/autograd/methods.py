@@ -17,12 +17,13 @@ from . import ops_elementwise as _ew
 from . import ops_reduce as _rd
 from . import ops_shape as _sh
 from . import tensor as _tensor  # circular (Tensor subclasses this mixin): read as _tensor.Tensor at call time
+from .methods_breadth import BreadthMethods
 
 if TYPE_CHECKING:
     from .tensor import Tensor
 
 
-class TensorMethods:
+class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth.py
     __slots__ = ()
 
     # -- operators (implemented in ops_*.py as Functions) ---------------------------------------------------

@@ -1,7 +1,7 @@
 """``tinylearn.nn``: Module system, Parameter, layers, functional ops (``tinylearn.nn.functional`` as F), init,
 plus the shared digits models (``models``) and training loop (``training``) the other topics reuse."""
 
-from . import functional, init, models, training
+from . import functional, init, models, training, utils  # noqa: F401  (utils: torch.nn.utils)
 from .layers import (
     GELU,
     AvgPool2d,
@@ -21,6 +21,7 @@ from .layers import (
     Sigmoid,
     Tanh,
 )
+from .layers_extra import ELU, GroupNorm, LeakyReLU, LogSoftmax, Mish, ModuleDict, SiLU, Softmax, Softplus  # noqa: F401
 from .module import Module, RemovableHandle
 from .parameter import Parameter
 

@@ -1,0 +1,98 @@
+"""einsum (numpy forward; the VJP of each operand is another einsum) and vector norms.
+
+einsum  y = einsum("ab,bc->ac", A, B)     dA = einsum("ac,bc->ab", G, B)   (output and operand swap roles)
+        letters that only operand i has are summed in the forward, so dA broadcasts G's einsum along them.
+vector_norm  y = (sum |x|^p)^(1/p)  built from differentiable ops (abs, pow, sum, max for p = inf).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .function import Function
+from .tensor import Tensor
+
+
+def _parse(eq: str, ops: tuple) -> tuple[list[str], str]:
+    eq = eq.replace(" ", "")
+    if "..." in eq:
+        raise ValueError(f"einsum: ellipsis is not supported, got {eq!r}")
+    lhs, _, rhs = eq.partition("->")
+    ins = lhs.split(",")
+    if len(ins) != len(ops):
+        raise ValueError(f"einsum: equation {eq!r} has {len(ins)} operands but {len(ops)} were given")
+    for s, o in zip(ins, ops):
+        if len(s) != np.ndim(o):
+            raise ValueError(f"einsum: subscripts {s!r} do not match operand shape {np.shape(o)}")
+    if "->" not in eq:
+        counts = {c: lhs.count(c) for c in set(lhs.replace(",", ""))}
+        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+    return ins, rhs
+
+
+class Einsum(Function):
+    @staticmethod
+    def forward(ctx, eq, *ops):
+        ins, out = _parse(eq, ops)
+        ctx.ins, ctx.out = ins, out
+        ctx.save_for_backward(*ops)
+        try:
+            return np.asarray(np.einsum(f"{','.join(ins)}->{out}", *ops))
+        except ValueError as e:
+            raise ValueError(f"einsum: {e} (equation {eq!r}, shapes {[np.shape(o) for o in ops]})") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        ops = ctx.saved_tensors
+        grads: list[Any] = [None]
+        for i, (s, x) in enumerate(zip(ctx.ins, ops)):
+            if not ctx.needs_input_grad[i + 1]:
+                grads.append(None)
+                continue
+            if len(set(s)) != len(s):
+                raise NotImplementedError(f"einsum backward: repeated subscripts in {s!r} are not supported")
+            others = [(t, o) for j, (t, o) in enumerate(zip(ctx.ins, ops)) if j != i]
+            have = set(ctx.out) | {c for t, _ in others for c in t}
+            keep = "".join(c for c in s if c in have)
+            r = np.einsum(f"{','.join([ctx.out] + [t for t, _ in others])}->{keep}", g, *[o for _, o in others])
+            shape = [x.shape[k] if c in have else 1 for k, c in enumerate(s)]
+            r = np.broadcast_to(r.reshape(shape), x.shape).astype(g.dtype, copy=False)
+            grads.append(r)
+        return tuple(grads)
+
+
+def einsum(equation: str, *operands: Any) -> Tensor:
+    """torch.einsum (no ellipsis); operands may also be passed as one list."""
+    if len(operands) == 1 and isinstance(operands[0], list | tuple):
+        operands = tuple(operands[0])
+    ops = [o if isinstance(o, Tensor) else Tensor(o) for o in operands]
+    return Einsum.apply(equation, *ops)
+
+
+def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A002
+    """torch.linalg.vector_norm: p-norm over ``dim`` (all elements by default); ord may be inf, -inf, 0."""
+    a = x.abs()
+    if ord == float("inf"):
+        return _amax(a, dim, keepdim, 1.0)
+    if ord == -float("inf"):
+        return _amax(a, dim, keepdim, -1.0)
+    if ord == 0:
+        return (a != 0).astype(x.dtype).sum(dim, keepdim)
+    if ord == 1:
+        return a.sum(dim, keepdim)
+    if ord == 2:
+        return (x * x).sum(dim, keepdim).sqrt()
+    return (a**ord).sum(dim, keepdim) ** (1.0 / ord)
+
+
+def _amax(a: Tensor, dim: Any, keepdim: bool, sign: float) -> Tensor:
+    from .ops_reduce import Max
+
+    if dim is None or isinstance(dim, int):
+        return Max.apply(a, dim=dim, keepdim=keepdim, sign=sign)
+    out = a
+    for d in sorted((d % a.ndim for d in dim), reverse=True):
+        out = Max.apply(out, dim=d, keepdim=keepdim, sign=sign)
+    return out

@@ -1,0 +1,93 @@
+"""Index-driven gather/scatter (torch's gather, scatter, scatter_add), forward and VJP side by side.
+
+With P(index, dim) = the full position tuple (index values along dim, the element's own coordinates elsewhere):
+
+gather(x, dim, idx)            y = x[P]                    dx = scatter-ADD of g at P (repeats accumulate)
+scatter(x, dim, idx, src)      y = x; y[P] = src           dx = g with the overwritten positions zeroed;  dsrc = g[P]
+scatter_add(x, dim, idx, src)  y = x; y[P] += src          dx = g;                                        dsrc = g[P]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .function import Function
+from .ops_reduce import norm_axes
+
+
+def positions(x_shape: tuple[int, ...], dim: int, index: np.ndarray, op: str) -> tuple:
+    """Position tuple P for torch's index rules (index may be smaller than x in every dim but dim)."""
+    index = np.asarray(index)
+    if index.dtype.kind not in "iu":
+        raise TypeError(f"{op}: index must be an integer tensor, got dtype {index.dtype}")
+    nd = max(len(x_shape), 1)
+    if index.ndim != len(x_shape) and not (index.ndim <= 1 and len(x_shape) <= 1):
+        raise ValueError(f"{op}: index has {index.ndim} dims but the input shape {x_shape} has {len(x_shape)}")
+    (d,) = norm_axes(dim, nd, "dim")
+    shp = x_shape or (1,)
+    ix = index.reshape(index.shape or (1,))
+    for a, (si, sx) in enumerate(zip(ix.shape, shp)):
+        if a != d and si > sx:
+            raise ValueError(f"{op}: index shape {index.shape} exceeds input shape {x_shape} in dim {a}")
+    if ix.size and (ix.min() < -shp[d] or ix.max() >= shp[d]):
+        raise IndexError(f"{op}: index {int(ix.max())} is out of bounds for dim {d} with size {shp[d]}")
+    grid = list(np.indices(ix.shape, sparse=True))
+    grid[d] = ix % shp[d]
+    return tuple(grid)
+
+
+class Gather(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index):
+        pos = positions(x.shape, dim, index, "gather")
+        ctx.pos, ctx.shape = pos, x.shape
+        xs = x.reshape(x.shape or (1,))
+        return xs[pos].reshape(np.shape(index))
+
+    @staticmethod
+    def backward(ctx, g):
+        gx = np.zeros(ctx.shape or (1,), g.dtype)
+        np.add.at(gx, ctx.pos, g.reshape(np.broadcast(*ctx.pos).shape))
+        return gx.reshape(ctx.shape), None, None
+
+
+def _src_at(src, pos, dtype):
+    """src values for positions P: a tensor src is read at its own leading coordinates, a scalar broadcasts."""
+    shape = np.broadcast(*pos).shape
+    if np.ndim(src) == 0:
+        return np.full(shape, src, dtype)
+    src = np.asarray(src)
+    if src.ndim != len(shape) or any(a > b for a, b in zip(shape, src.shape)):
+        raise ValueError(f"scatter: src shape {src.shape} is smaller than index shape {shape}")
+    return src[tuple(slice(0, s) for s in shape)]
+
+
+class Scatter(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index, src, add=False):
+        pos = positions(x.shape, dim, index, "scatter_add" if add else "scatter")
+        ctx.pos, ctx.add, ctx.src_shape = pos, add, np.shape(src)
+        out = x.copy().reshape(x.shape or (1,))
+        vals = _src_at(src, pos, x.dtype)
+        if add:
+            np.add.at(out, pos, vals)
+        else:
+            out[pos] = vals
+        return out.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        nx, _, _, ns = ctx.needs_input_grad
+        shp = g.shape
+        g1 = g.reshape(shp or (1,))
+        gx = gs = None
+        if nx:
+            gx = g1.copy()
+            if not ctx.add:
+                gx[ctx.pos] = 0
+            gx = gx.reshape(shp)
+        if ns and len(ctx.src_shape):
+            gs = np.zeros(ctx.src_shape, g.dtype)
+            sub = g1[ctx.pos]
+            gs[tuple(slice(0, s) for s in sub.shape)] = sub
+        return gx, None, None, gs

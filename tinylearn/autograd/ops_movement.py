@@ -1,0 +1,133 @@
+"""Data-movement ops (roll, tril/triu, pad, diagonal), forward and VJP side by side.
+
+roll(s)          y = x shifted cyclically         dx = roll(g, -s)
+tril/triu        y = x * mask                     dx = g * mask
+pad              y = x gathered through an index map per padded dim (constant: zeros around a copy)
+                 dx = scatter-ADD of g through the same map (reflect/replicate/circular reuse edge elements)
+diagonal         y = x[..., i, i + offset]        dx = zeros with g written on that diagonal
+
+Simpler movement ops (flip, narrow, chunk, split, index_select, repeat_interleave, movedim, tile, unflatten) are
+compositions of the existing differentiable slicing / permute / reshape / repeat ops (see methods_breadth.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .function import Function
+from .ops_reduce import norm_axes
+
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+class Roll(Function):
+    @staticmethod
+    def forward(ctx, x, shifts, dims):
+        ctx.shifts, ctx.dims = shifts, dims
+        return np.roll(x, shifts, axis=dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        neg = tuple(-s for s in ctx.shifts) if isinstance(ctx.shifts, tuple) else -ctx.shifts
+        return np.roll(g, neg, axis=ctx.dims)
+
+
+class Tri(Function):
+    @staticmethod
+    def forward(ctx, x, diagonal=0, upper=False):
+        if x.ndim < 2:
+            raise ValueError(f"{'triu' if upper else 'tril'}: input must have at least 2 dims, got shape {x.shape}")
+        n, m = x.shape[-2:]
+        mask = np.triu(np.ones((n, m), bool), diagonal) if upper else np.tril(np.ones((n, m), bool), diagonal)
+        ctx.mask = mask
+        return np.where(mask, x, x.dtype.type(0))
+
+    @staticmethod
+    def backward(ctx, g):
+        return np.where(ctx.mask, g, g.dtype.type(0))
+
+
+def pad_maps(shape: tuple[int, ...], pad: tuple[int, ...], mode: str) -> list[tuple[int, np.ndarray]]:
+    """(axis, source-index map) per padded axis, from torch's order (last dim first: left, right, ...)."""
+    if len(pad) % 2 or len(pad) // 2 > len(shape):
+        raise ValueError(f"pad: padding {pad} must have an even length <= 2 * ndim for input shape {shape}")
+    maps = []
+    for j in range(len(pad) // 2):
+        ax = len(shape) - 1 - j
+        lo, hi = int(pad[2 * j]), int(pad[2 * j + 1])
+        n = shape[ax]
+        if mode == "reflect" and (lo >= n or hi >= n):
+            raise ValueError(f"pad: reflect padding ({lo}, {hi}) must be < the input size {n} of dim {ax}")
+        if mode == "circular" and (lo > n or hi > n):
+            raise ValueError(f"pad: circular padding ({lo}, {hi}) must be <= the input size {n} of dim {ax}")
+        if mode != "constant" and (lo < 0 or hi < 0):
+            raise ValueError(f"pad: negative padding {pad} is only supported in constant mode")
+        src = np.arange(n)
+        if lo < 0:
+            src, lo = src[-lo:], 0
+        if hi < 0:
+            src, hi = src[: len(src) + hi], 0
+        if mode == "constant":
+            idx = np.concatenate([np.full(lo, -1), src, np.full(hi, -1)])
+        else:
+            idx = np.pad(src, (lo, hi), mode=PAD_MODES[mode])
+        maps.append((ax, idx))
+    return maps
+
+
+class Pad(Function):
+    @staticmethod
+    def forward(ctx, x, pad, mode="constant", value=0.0):
+        if mode not in PAD_MODES:
+            raise ValueError(f"mode: must be one of {list(PAD_MODES)}, got {mode!r}")
+        maps = pad_maps(x.shape, tuple(pad), mode)
+        ctx.maps, ctx.shape = maps, x.shape
+        y = x
+        for ax, idx in maps:
+            y = np.take(y, np.maximum(idx, 0), axis=ax)
+            if mode == "constant":
+                sl = [slice(None)] * y.ndim
+                sl[ax] = idx < 0
+                y[tuple(sl)] = value
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        for ax, idx in reversed(ctx.maps):
+            keep = idx >= 0
+            gm = np.moveaxis(np.compress(keep, g, axis=ax), ax, 0)
+            out = np.zeros((ctx.shape[ax],) + gm.shape[1:], g.dtype)
+            np.add.at(out, idx[keep], gm)
+            g = np.moveaxis(out, 0, ax)
+        return g
+
+
+class Diagonal(Function):
+    @staticmethod
+    def forward(ctx, x, offset=0, dim1=0, dim2=1):
+        d1, d2 = norm_axes((dim1, dim2), x.ndim)
+        if d1 == d2:
+            raise ValueError(f"diagonal: dim1 and dim2 must differ, got {dim1} and {dim2}")
+        ctx.shape, ctx.args = x.shape, (offset, d1, d2)
+        return np.diagonal(x, offset, d1, d2).copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        offset, d1, d2 = ctx.args
+        gx = np.zeros(ctx.shape, g.dtype)
+        i = np.arange(g.shape[-1])
+        np.moveaxis(gx, (d1, d2), (-2, -1))[..., i + max(-offset, 0), i + max(offset, 0)] = g
+        return gx
+
+
+class DiagEmbed(Function):
+    """1-D x -> square matrix with x on diagonal ``offset`` (torch.diag of a vector)."""
+
+    @staticmethod
+    def forward(ctx, x, offset=0):
+        ctx.offset = offset
+        return np.diag(x, offset)
+
+    @staticmethod
+    def backward(ctx, g):
+        return np.diagonal(g, ctx.offset).copy()
