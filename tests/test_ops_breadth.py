@@ -339,3 +339,30 @@ def test_bad_input(call, exc):
     x = tl.Tensor(make_array(A34, "float32", seed=0))
     with pytest.raises(exc):
         call(x)
+
+
+_P = np.exp(make_array(A34, "float64", seed=9)) / np.exp(make_array(A34, "float64", seed=9)).sum(1, keepdims=True)
+CE_ROWS = [
+    ("ce_weight", lambda m, x: _f(m).cross_entropy(x, m.tensor([1, 3, 0]), weight=m.tensor([1.0, 2, 3, 4], dtype=x.dtype)), [A34]),
+    ("ce_weight_ls_ignore", lambda m, x: _f(m).cross_entropy(x, m.tensor([1, -100, 0]), weight=m.tensor([1.0, 2, 3, 4], dtype=x.dtype), label_smoothing=0.2), [A34]),
+    ("ce_probs", lambda m, x: _f(m).cross_entropy(x, m.tensor(_P, dtype=x.dtype), label_smoothing=0.1), [A34]),
+    ("ce_probs_none", lambda m, x: _f(m).cross_entropy(x, m.tensor(_P, dtype=x.dtype), reduction="none"), [A34]),
+    ("ce_nd", lambda m, x: _f(m).cross_entropy(x, m.tensor([[1, 0], [2, 1]]), reduction="none"), [(2, 3, 2)]),
+    ("ce_nd_mean", lambda m, x: _f(m).cross_entropy(x, m.tensor([[1, 0], [2, -100]])), [(2, 3, 2)]),
+    ("ce_1d", lambda m, x: _f(m).cross_entropy(x, m.tensor(2)), [V4]),
+    ("prelu", lambda m, x, w: _f(m).prelu(x, w), [(2, 3, 4), (3,)]),
+    ("instance_norm", lambda m, x: _f(m).instance_norm(x), [(2, 3, 4)]),
+    ("meshgrid", lambda m, a, b: sum(g * (i + 1) for i, g in enumerate(m.meshgrid(a, b, indexing="xy"))), [(3,), V4]),
+    ("unfold", lambda m, x: x.unfold(1, 2, 1) * 1.0, [(3, 5)]),
+    ("unfold_step", lambda m, x: x.unfold(0, 2, 2), [(5, 3)]),
+    ("pow_zero_zero", lambda m, x: (x * 0) ** (x * 0), [A34]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", CE_ROWS, ids=_ids(CE_ROWS))
+def test_more_ops_vs_torch_and_gradcheck(row):
+    name, fn, shapes = row
+    test_forward_backward_vs_torch((name, fn, shapes, (-1, 1)), "float64")
+    arrays = _inputs(shapes, -1, 1, "float64", seed=11)
+    ts = [tl.Tensor(a, requires_grad=True) for a in arrays]
+    assert gradcheck(lambda *xs: _first(fn(tl, *xs)), ts)

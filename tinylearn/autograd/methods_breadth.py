@@ -347,6 +347,15 @@ class BreadthMethods:
         idx = np.repeat(np.arange(x.shape[d]), _d(repeats))
         return _sh.GetItem.apply(x, (slice(None),) * d + (idx,))
 
+    def unfold(self, dimension: int, size: int, step: int) -> Any:
+        """Sliding windows of ``size`` every ``step`` along ``dimension``; the window becomes a new last dim."""
+        d = _dim(dimension, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if size > n or size < 0 or step <= 0:
+            raise ValueError(f"unfold: size {size} / step {step} invalid for dim {dimension} of size {n}")
+        idx = np.arange(0, n - size + 1, step)[:, None] + np.arange(size)
+        return self._slice(d, idx).movedim(d + 1, -1)
+
     def movedim(self, source: Any, destination: Any) -> Any:
         src = [source] if isinstance(source, int | np.integer) else list(source)
         dst = [destination] if isinstance(destination, int | np.integer) else list(destination)

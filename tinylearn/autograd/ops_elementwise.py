@@ -115,7 +115,9 @@ class Pow(Function):
                 ga = np.zeros(np.shape(a), dtype=g.dtype)
             else:
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    ga = unbroadcast(g * b * np.power(a, b - 1), np.shape(a))
+                    # b * a^(b-1) is 0 where b == 0 (torch), not 0 * inf = NaN at a == 0
+                    ga = unbroadcast(g * np.where(np.asarray(b) == 0, 0, b * np.power(a, b - 1)), np.shape(a))
+                    ga = ga.astype(g.dtype, copy=False)
         if nb:
             # torch: g * z * ln(a), masked to 0 where a == 0 and b >= 0 (NaN for a < 0, as ln(a) is)
             with np.errstate(divide="ignore", invalid="ignore"):

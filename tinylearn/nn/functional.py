@@ -20,8 +20,9 @@ from ..autograd.linalg import Linear as _LinearFn
 from ..autograd.tensor import Tensor
 from ..conv.functional import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
 from .functional_act import *  # noqa: F403  (activations, one_hot)
-from .functional_extra import *  # noqa: F403  (more losses, sdpa, group_norm, pad)
-from .functional_loss import cross_entropy, mse_loss
+from .functional_extra import *  # noqa: F403  (more losses, sdpa, group_norm, pad, torch's cross_entropy)
+from .functional_extra import cross_entropy
+from .functional_loss import mse_loss
 from .functional_norm import batch_norm, layer_norm
 
 

@@ -204,3 +204,73 @@ def instance_norm(input: Tensor, weight: Tensor | None = None, bias: Tensor | No
 def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Tensor:  # noqa: A002
     """torch.nn.functional.pad: ``pad`` lists (left, right) pairs starting from the LAST dim."""
     return Pad.apply(input, tuple(int(p) for p in pad), mode=mode, value=0.0 if value is None else value)
+
+
+def cross_entropy(
+    input: Tensor,  # noqa: A002
+    target: Any,
+    weight: Any = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """torch's cross_entropy: class-index or probability targets, inputs [N, C] / [C] / [N, C, d1, ...], class
+    ``weight``, ``ignore_index``, ``label_smoothing``, ``reduction``. The plain case is the fused
+    functional_loss.CrossEntropyFn; weights and probability targets use log_softmax + a weighted sum.
+    (A string as the third positional argument is read as ``reduction``, as in tinylearn's older signature.)"""
+    from .functional_loss import cross_entropy as _fused
+
+    if isinstance(weight, str):
+        weight, reduction = None, weight
+    if reduction not in _RED:
+        raise ValueError(f"reduction: must be one of {_RED}, got {reduction!r}")
+    t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    probs = t.dtype.kind == "f"
+    if probs and t.shape != input.shape:
+        raise TypeError(
+            f"cross_entropy: target must hold integer class indices, or probabilities of the input's shape "
+            f"{input.shape}; got dtype {t.dtype} shape {t.shape}"
+        )
+    x = input
+    if x.ndim > 2:  # [N, C, d1, ...] -> [N * d1 * ..., C]
+        c = x.shape[1]
+        x = x.movedim(1, -1).reshape(-1, c)
+        t = np.moveaxis(t, 1, -1).reshape(-1, c) if probs else t.reshape(-1)
+    spatial = input.shape[:1] + input.shape[2:] if input.ndim > 2 else None
+    if not probs and weight is None:
+        out = _fused(x, t, reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    else:
+        squeeze = x.ndim == 1
+        if squeeze:
+            x, t = x.reshape(1, -1), t.reshape(1, -1) if probs else t.reshape(1)
+        n, c = x.shape
+        w = np.ones(c, x.dtype) if weight is None else np.asarray(weight.data if isinstance(weight, Tensor) else weight)
+        logp = x.log_softmax(1)
+        if probs:
+            if t.shape != x.shape:
+                raise ValueError(f"cross_entropy: probability target shape {t.shape} != input shape {x.shape}")
+            tt = t * (1 - label_smoothing) + label_smoothing / c
+            out = -(logp * Tensor((tt * w).astype(x.dtype))).sum(1)
+            denom = n
+        else:
+            valid = t != ignore_index
+            if ((t[valid] < 0) | (t[valid] >= c)).any():
+                raise ValueError(f"cross_entropy: target out of range [0, {c}) for input shape {input.shape}")
+            ts = np.where(valid, t, 0)
+            wt = (w[ts] * valid).astype(x.dtype)
+            out = -logp.gather(1, ts[:, None]).reshape(-1) * Tensor(wt * (1 - label_smoothing))
+            if label_smoothing:
+                smooth = -(logp * Tensor((w * label_smoothing / c).astype(x.dtype))).sum(1)
+                out = out + smooth * Tensor(valid.astype(x.dtype))
+            denom = wt.sum()
+        if reduction == "mean":
+            return out.sum() / denom
+        if reduction == "sum":
+            return out.sum()
+        if squeeze:
+            out = out.reshape(())
+    if reduction == "none" and spatial is not None:
+        out = out.reshape(spatial)
+    return out
