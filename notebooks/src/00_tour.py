@@ -89,6 +89,7 @@ for r in table.rows:
         n = int(r.case.split("=")[1])
         pts.append((f"{r.impl} n={n}", 2 * n**3 / (3 * 4 * n * n), r.gflops))  # FLOPs / (A, B, C once each)
 roofline.roofline_plot(axes[1], peak.gflops, bw, pts)
+assert pts and all(intensity > 0 for _, intensity, _ in pts)
 fig.tight_layout()
 plt.show()
 

@@ -371,7 +371,9 @@ assert {"tinylearn", "torch"} <= {r.impl for r in table.rows}
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(profile_mlp_step(steps=20, top=10))
+prof = profile_mlp_step(steps=20, top=10)
+print(prof)
+assert "function calls" in prof
 
 # %% [markdown]
 # ## Exercises (`exercises/01_autodiff/`)

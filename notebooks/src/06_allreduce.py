@@ -133,6 +133,7 @@ impls = ["gloo", "ring", "tree", "recursive_doubling"]
 bench = tl.dist.launch(workers.bench_job, 2, sizes, impls, 3, True, timeout_s=300)[0]
 alpha, beta = cost_model.fit_alpha_beta(bench["pp_sizes"], bench["pp_times"])
 gamma = bench["gamma"]
+assert alpha > 0 and beta > 0 and gamma > 0
 print(f"alpha = {alpha * 1e6:.1f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s, 1/gamma = {1 / gamma / 1e9:.1f} GB/s")
 print(f"{'size':>8s} {'impl':20s} {'measured ms':>12s} {'predicted ms':>13s} {'err':>6s} {'busbw GB/s':>10s}")
 for nb in sizes:
@@ -159,6 +160,7 @@ ax.set_ylabel("ms")
 ax.set_title("p=2: measured (dots) vs alpha-beta-gamma prediction (lines)")
 ax.legend(fontsize=7)
 fig.tight_layout()
+assert len(ax.lines) == 2 * len(impls) - 1
 
 # %% [markdown]
 # ## 5. Simulated scaling to 1024 ranks on a two-level network
@@ -234,6 +236,7 @@ for overlap, res in runs.items():
         f"overlap={overlap}: total {r['total_s']:.2f} s, in all-reduce {r['comm_s']:.2f} s, "
         f"sent {r['bytes_sent'] / 1e6:.1f} MB"
     )
+assert runs[True][0]["bytes_sent"] == runs[False][0]["bytes_sent"]  # overlap changes when bytes move, not how many
 
 # %% [markdown]
 # ## 7. Gradient compression with error feedback

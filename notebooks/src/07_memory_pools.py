@@ -309,6 +309,7 @@ for case in recorded:
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(tab.to_text())
+assert tab.rows and all(r.median_ms is None or r.median_ms > 0 for r in tab.rows)
 
 # %% [markdown]
 # ## 7. Static planning
