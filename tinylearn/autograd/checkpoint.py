@@ -5,9 +5,11 @@
                                          backpropagate dL/dy through it (parameter gradients accumulate as usual),
                                          hand dL/dx on
 
-Same values and gradients as without checkpointing, bit for bit (the recomputation repeats the same numpy calls;
+Same values and gradients as without checkpointing, bit for bit in fp32 (under autocast the gradient entering a
+segment is rounded to its bf16 boundary tensor); the recomputation repeats the same numpy calls;
 dropout draws the same mask because the global generator's state is saved and restored, torch's
-preserve_rng_state). Cost: one extra forward of every checkpointed segment.
+preserve_rng_state), and the recomputation runs under the forward's autocast state.
+Cost: one extra forward of every checkpointed segment.
 
 checkpoint_sequential(modules, segments, x): split n layers into ``segments`` chunks and checkpoint all but the
 last (as torch does). Activation memory ~ segments boundary tensors + one segment's internals in the backward,
@@ -16,11 +18,14 @@ n/k + k layers' worth: minimal at k = sqrt(n) -> O(sqrt(n)) instead of O(n) (Che
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .dtypes import is_floating
 from .function import Function
 from .grad_mode import enable_grad, is_grad_enabled, no_grad
 from .tensor import Tensor
@@ -43,11 +48,26 @@ def _rng() -> np.random.Generator:
     return get_rng()
 
 
+def _autocast_dtype() -> Any:
+    mod = sys.modules.get("tinylearn.amp.autocast_mode")  # autocast can only be on if tinylearn.amp is loaded
+    return None if mod is None else mod.get_autocast_dtype()
+
+
+def _autocast_ctx(dtype: Any) -> Any:
+    if dtype is None:
+        mod = sys.modules.get("tinylearn.amp.autocast_mode")
+        return contextlib.nullcontext() if mod is None else mod.autocast(enabled=False)
+    from ..amp import autocast
+
+    return autocast(dtype)
+
+
 class _Checkpoint(Function):
     @staticmethod
     def forward(ctx, _anchor, *args, fn, is_tensor, preserve_rng_state):
         ctx.fn, ctx.is_tensor = fn, is_tensor
         ctx.rng_state = _rng().bit_generator.state if preserve_rng_state else None
+        ctx.autocast_dtype = _autocast_dtype()  # the recomputation must run under the same autocast state
         with no_grad():
             out = fn(*[Tensor(a) if t else a for a, t in zip(args, is_tensor)])
         if not isinstance(out, Tensor):
@@ -60,7 +80,7 @@ class _Checkpoint(Function):
         args = ctx.saved_tensors
         needs = ctx.needs_input_grad[1:]
         inputs = [
-            Tensor(a, requires_grad=bool(n) and a.dtype.kind == "f") if t else a
+            Tensor(a, requires_grad=bool(n) and is_floating(a.dtype)) if t else a
             for a, t, n in zip(args, ctx.is_tensor, needs)
         ]
         gen = _rng()
@@ -68,16 +88,22 @@ class _Checkpoint(Function):
         if ctx.rng_state is not None:
             gen.bit_generator.state = ctx.rng_state
         try:
-            with enable_grad():
+            with enable_grad(), _autocast_ctx(ctx.autocast_dtype):
                 out = ctx.fn(*inputs)
         finally:
             gen.bit_generator.state = current
         _STATS["recomputed"] += 1
+        # capture input gradients in a hook, before the engine casts a leaf's gradient to the leaf's dtype
+        # (a bf16 segment input would otherwise hand back a bf16-rounded gradient)
+        captured: dict[int, np.ndarray] = {}
+        for i, x in enumerate(inputs):
+            if isinstance(x, Tensor) and x.requires_grad:
+                x.register_hook(lambda gr, i=i: captured.__setitem__(i, getattr(gr, "data", gr)))
         if out.requires_grad:
             out.backward(Tensor(g))
         grads = [
-            (x.grad.data if x.grad is not None else np.zeros_like(x.data)) if t and n else None
-            for x, t, n in zip(inputs, ctx.is_tensor, needs)
+            captured.get(i, np.zeros(x.shape, np.float32) if t else None) if t and n else None
+            for i, (x, t, n) in enumerate(zip(inputs, ctx.is_tensor, needs))
         ]
         return (None, *grads)
 
