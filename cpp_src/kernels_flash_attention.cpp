@@ -112,12 +112,19 @@ py::tuple flash_attention_forward(carr<T> q, carr<T> k, carr<T> v, bool causal, 
   const T *pq = q.data(), *pk = k.data(), *pv = v.data();
   T *po = o.mutable_data(), *pl = lse.mutable_data();
   const T scale = T(1) / std::sqrt(T(D));
+  block = std::min(block, std::max<ssize_t>(std::max(Nq, Nk), 1));  // a tile never exceeds the sequence
   const ssize_t nqb = (Nq + block - 1) / block;
+  // per-thread scratch allocated here, outside the parallel region: an exception (bad_alloc) must never escape
+  // an OpenMP region (that is std::terminate -> SIGABRT)
+  const int nth = tl::n_threads();
+  std::vector<std::vector<T>> S_(nth, std::vector<T>(block * block)), m_(nth, std::vector<T>(block)),
+      l_(nth, std::vector<T>(block)), acc_(nth, std::vector<T>(block * Dv)), kt_(nth, std::vector<T>(block * D));
   {
     py::gil_scoped_release release;
-#pragma omp parallel
+#pragma omp parallel num_threads(nth)
     {
-      std::vector<T> S(block * block), m(block), l(block), acc(block * Dv), kt(block * D);
+      const int tid = tl::thread_id();
+      std::vector<T>&S = S_[tid], &m = m_[tid], &l = l_[tid], &acc = acc_[tid], &kt = kt_[tid];
 #pragma omp for collapse(2) schedule(dynamic, 1)
       for (ssize_t bh = 0; bh < BH; ++bh) {
         for (ssize_t qb = 0; qb < nqb; ++qb) {
@@ -186,7 +193,12 @@ py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, c
   const T *pq = q.data(), *pk = k.data(), *pv = v.data(), *po = o.data(), *pl = lse.data(), *pg = dout.data();
   T *pdq = dq.mutable_data(), *pdk = dk.mutable_data(), *pdv = dv.mutable_data();
   const T scale = T(1) / std::sqrt(T(D));
+  block = std::min(block, std::max<ssize_t>(std::max(Nq, Nk), 1));  // a tile never exceeds the sequence
   const ssize_t nqb = (Nq + block - 1) / block, nkb = (Nk + block - 1) / block;
+  // per-thread scratch allocated outside the parallel regions: no exception may escape an OpenMP region
+  const int nth = tl::n_threads();
+  std::vector<std::vector<T>> P_(nth, std::vector<T>(block * block)), dS_(nth, std::vector<T>(block * block)),
+      kt_(nth, std::vector<T>(block * D));
   {
     py::gil_scoped_release release;
     std::vector<T> Dsum(BH * Nq);  // D_i = dO_i . O_i
@@ -222,9 +234,10 @@ py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, c
       }
     };
     // pass A: dK_j = scale sum_i dS_ij q_i, dV_j = sum_i P_ij dO_i   (each key block owned by one thread)
-#pragma omp parallel
+#pragma omp parallel num_threads(nth)
     {
-      std::vector<T> P(block * block), dS(block * block), kt(block * D);
+      const int tid = tl::thread_id();
+      std::vector<T>&P = P_[tid], &dS = dS_[tid], &kt = kt_[tid];
 #pragma omp for collapse(2) schedule(dynamic, 1)
       for (ssize_t bh = 0; bh < BH; ++bh) {
         for (ssize_t kb = 0; kb < nkb; ++kb) {
@@ -256,9 +269,10 @@ py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, c
       }
     }
     // pass B: dQ_i = scale sum_j dS_ij k_j   (each query block owned by one thread)
-#pragma omp parallel
+#pragma omp parallel num_threads(nth)
     {
-      std::vector<T> P(block * block), dS(block * block), kt(block * D);
+      const int tid = tl::thread_id();
+      std::vector<T>&P = P_[tid], &dS = dS_[tid], &kt = kt_[tid];
 #pragma omp for collapse(2) schedule(dynamic, 1)
       for (ssize_t bh = 0; bh < BH; ++bh) {
         for (ssize_t qb = 0; qb < nqb; ++qb) {

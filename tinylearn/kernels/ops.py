@@ -19,6 +19,7 @@ returned as float16); other dtypes are a TypeError. Outputs are numpy arrays wit
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 import numpy as np
@@ -341,9 +342,19 @@ def _attn_prep(
     ct = _compute_dtype(mod, q.dtype, "q")
 
     def flat(a: np.ndarray) -> np.ndarray:
-        return _prep(a, ct).reshape((-1,) + a.shape[-2:])
+        return _prep(a, ct).reshape((math.prod(lead),) + a.shape[-2:])  # not -1: ambiguous for empty arrays
 
     return flat(q), flat(k), flat(v), lead, ct
+
+
+def _block(block_size: int, q3: np.ndarray, k3: np.ndarray) -> int:
+    """block_size capped at the longest sequence (rounded up to a power of two >= 16, which triton needs): a bigger
+    tile computes the same thing with more scratch (block_size=10**6 used to abort inside the C++ kernel)."""
+    b, n = int(block_size), max(q3.shape[1], k3.shape[1], 1)
+    cap = max(16, 1 << (n - 1).bit_length())
+    if b <= cap:
+        return b
+    return cap if b & (b - 1) == 0 else n  # a non-power-of-two stays one (triton still rejects it)
 
 
 def flash_attention(
@@ -363,7 +374,10 @@ def flash_attention(
     q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
     mod = _kernel("attention", backend)
     q3, k3, v3, lead, _ = _attn_prep(q, k, v, block_size, mod)
-    o, lse = mod(q3, k3, v3, bool(causal), int(block_size))
+    if q3.shape[0] == 0 or q3.shape[1] == 0:  # zero queries (or an empty batch): empty result, like torch
+        o, lse = np.zeros(q3.shape[:2] + (v3.shape[2],), q3.dtype), np.zeros(q3.shape[:2], q3.dtype)
+    else:
+        o, lse = mod(q3, k3, v3, bool(causal), _block(block_size, q3, k3))
     o = o.reshape(lead + o.shape[-2:]).astype(q.dtype, copy=False)
     if return_lse:
         return o, np.asarray(lse).reshape(lead + (q3.shape[1],))
@@ -394,7 +408,10 @@ def flash_attention_backward(
     o3 = _prep(o, ct).reshape(q3.shape[:2] + (v3.shape[2],))
     g3 = _prep(dout, ct).reshape(o3.shape)
     l2 = _prep(lse, ct).reshape(q3.shape[:2])
-    dq, dk, dv = mod(q3, k3, v3, o3, l2, g3, bool(causal), int(block_size))
+    if q3.size == 0:  # zero queries: no gradient flows anywhere
+        dq, dk, dv = np.zeros_like(q3), np.zeros_like(k3), np.zeros_like(v3)
+    else:
+        dq, dk, dv = mod(q3, k3, v3, o3, l2, g3, bool(causal), _block(block_size, q3, k3))
     return (
         dq.reshape(q.shape).astype(q.dtype, copy=False),
         dk.reshape(k.shape).astype(k.dtype, copy=False),
