@@ -10,6 +10,7 @@
 # - *What are FP8 E4M3 and E5M2? What is the largest E4M3 value, and where are its NaNs?*
 # - *How do you back-propagate through round()? (the straight-through estimator) What does LSQ learn?*
 # - *How does an int8 GEMM stay exact, and what does requantization do?*
+# - *Why does fbgemm want 7-bit activations (`reduce_range`) on AVX2, and what does VNNI change?* (§7b)
 # - *Walk through PTQ: observers → calibration → convert. When is QAT needed?*
 # - *What are cross-layer equalization and bias correction?*
 #
@@ -319,6 +320,7 @@ with cmp.case("256x1024x1024", flops=2 * 256 * 1024 * 1024) as c:
     c.add("numpy fp32 sgemm", lambda: Af @ Bf)
     c.add("torch fp32 matmul", lambda: torch.from_numpy(Af) @ torch.from_numpy(Bf))
 print(cmp.table)
+assert all(r.median_ms > 0 for r in cmp.table.rows)  # every path measured (timings: no claims)
 plot_table(cmp.table, metric="gflops", log=False)
 plt.show()
 
@@ -327,16 +329,16 @@ plt.show()
 #
 # x86 int8 GEMMs multiply **unsigned** activations by **signed** weights: the instructions are u8 × s8, so
 # activation codes are offset into 0..255 (a u8 operand can never be −128; only the weight side is signed).
-# - **AVX2** `vpmaddubsw` multiplies 32 u8×s8 pairs and adds *adjacent* products into **int16 with signed
-#   saturation**; `vpmaddwd` by ones then widens pairs of int16 into int32. One pair can reach
+# - **AVX2** `vpmaddubsw` multiplies the 32 u8×s8 byte pairs of two ymm registers and adds *adjacent* products
+#   into 16 **int16 with signed saturation**; `vpmaddwd` by ones then widens pairs of int16 into int32. One pair can reach
 #   2·255·127 = 64770 or 2·255·(−128) = −65280 — far outside int16 [−32768, 32767], and saturation silently clips it.
 # - With **7-bit activations** (codes 0..127) the worst pair is 2·127·(−128) = −32512: it fits, the result is exact.
 #   That is what `reduce_range=True` does in torch's fbgemm qconfig: activation observers use [0, 127], costing one
 #   bit of activation resolution (twice the step) for exactness on every x86 CPU.
-# - **AVX-512 VNNI** `vpdpbusd` (and AVX-VNNI) multiplies 4 u8×s8 products and adds them straight into an **int32**
-#   accumulator — no int16 intermediate, so full 8-bit activations are exact there.
+# - **AVX-512 VNNI** `vpdpbusd` (and AVX-VNNI) adds the 4 u8×s8 products of each 32-bit lane straight into an
+#   **int32** accumulator — no int16 intermediate, so full 8-bit activations are exact there.
 # - tinylearn's AVX2 path sign-extends both operands to int16 and uses `vpmaddwd` (int16×int16 pairs → int32):
-#   half the throughput of `vpmaddubsw`, but exact for all int8 inputs, so no reduce_range is needed.
+#   more instructions per product than `vpmaddubsw`, but exact for all int8 inputs, so no reduce_range is needed.
 #
 # The saturation arithmetic, simulated in numpy exactly as the instruction defines it (deterministic on any CPU):
 
