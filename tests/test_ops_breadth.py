@@ -366,3 +366,32 @@ def test_more_ops_vs_torch_and_gradcheck(row):
     arrays = _inputs(shapes, -1, 1, "float64", seed=11)
     ts = [tl.Tensor(a, requires_grad=True) for a in arrays]
     assert gradcheck(lambda *xs: _first(fn(tl, *xs)), ts)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: a + tl.ones(4),
+        lambda a: a @ a,
+        lambda a: a.reshape(5),
+        lambda a: a.expand(4, 4),
+        lambda a: tl.stack([a, tl.ones(3)]),
+    ],
+)
+def test_shape_errors_raise_shape_error(call):
+    with pytest.raises(tl.ShapeError) as e:
+        call(tl.ones(2, 3))
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, ValueError) and "shape" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "prod", "logsumexp", "cumsum", "softmax"])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_zero_dim_reductions_accept_dim_0(name, dim):
+    x = tl.Tensor(np.float64(1.5), requires_grad=True)
+    tx = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    out, ref = _first(getattr(x, name)(dim)), _first(getattr(tx, name)(dim))
+    assert out.shape == tuple(ref.shape)
+    assert_close(out.data, ref.detach(), "float64")
+    out.backward()
+    ref.backward()
+    assert_close(x.grad.data, tx.grad, "float64")

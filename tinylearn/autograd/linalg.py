@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import ShapeError
 from .function import Function, unbroadcast
 
 
@@ -15,15 +16,15 @@ class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
         if a.ndim == 0 or b.ndim == 0:
-            raise ValueError(f"matmul: both operands need >= 1 dim, got shapes {a.shape} and {b.shape}")
+            raise ShapeError(f"matmul: both operands need >= 1 dim, got shapes {a.shape} and {b.shape}")
         ka = a.shape[-1]
         kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
         if ka != kb:
-            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned (inner dims {ka} != {kb})")
+            raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} are not aligned (inner dims {ka} != {kb})")
         try:
             out = a @ b
         except ValueError:
-            raise ValueError(f"matmul: batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
+            raise ShapeError(f"matmul: batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
         ctx.save_for_backward(a, b)
         return out
 

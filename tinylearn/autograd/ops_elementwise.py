@@ -20,11 +20,12 @@ import math
 
 import numpy as np
 
+from .errors import ShapeError
 from .function import Function, unbroadcast
 
 
 def _bshape(op: str, a, b) -> None:
-    raise ValueError(f"{op}: shapes {np.shape(a)} and {np.shape(b)} cannot be broadcast together")
+    raise ShapeError(f"{op}: shapes {np.shape(a)} and {np.shape(b)} cannot be broadcast together")
 
 
 class Add(Function):

@@ -41,7 +41,7 @@ def _expand_back(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...] | 
 class Sum(Function):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False):
-        ctx.axes = norm_axes(dim, x.ndim)
+        ctx.axes = norm_axes(dim, x.ndim) if x.ndim else None  # a 0-d tensor accepts dim 0 / -1, like torch
         ctx.shape, ctx.keepdim = x.shape, keepdim
         return np.sum(x, axis=ctx.axes, keepdims=keepdim)
 
@@ -53,7 +53,7 @@ class Sum(Function):
 class Mean(Function):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False):
-        ctx.axes = norm_axes(dim, x.ndim)
+        ctx.axes = norm_axes(dim, x.ndim) if x.ndim else None  # a 0-d tensor accepts dim 0 / -1, like torch
         ctx.shape, ctx.keepdim = x.shape, keepdim
         n = x.size if ctx.axes is None else int(np.prod([x.shape[a] for a in ctx.axes]))
         ctx.n = n
@@ -69,6 +69,9 @@ class Max(Function):
     def forward(ctx, x, dim=None, keepdim=False, sign=1.0):
         if x.size == 0:
             raise ValueError(f"max/min: reduction over an empty tensor of shape {x.shape}")
+        if x.ndim == 0:  # dim 0 / -1 of a 0-d tensor: the element itself, like torch
+            norm_axes(dim, 0)
+            dim = None
         ctx.shape, ctx.keepdim, ctx.dim = x.shape, keepdim, dim
         if dim is None:
             out = x.max() if sign > 0 else x.min()

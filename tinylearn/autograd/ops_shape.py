@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import is_floating
+from .errors import ShapeError
 from .function import Function, unbroadcast
 from .ops_reduce import norm_axes
 
@@ -24,7 +25,7 @@ class Reshape(Function):
         try:
             return x.reshape(shape)
         except ValueError:
-            raise ValueError(f"reshape: cannot reshape tensor of shape {x.shape} into shape {tuple(shape)}") from None
+            raise ShapeError(f"reshape: cannot reshape tensor of shape {x.shape} into shape {tuple(shape)}") from None
 
     @staticmethod
     def backward(ctx, g):
@@ -49,7 +50,7 @@ class Expand(Function):
         try:
             return np.broadcast_to(x, shape)
         except ValueError:
-            raise ValueError(f"expand: tensor of shape {x.shape} cannot be expanded to shape {tuple(shape)}") from None
+            raise ShapeError(f"expand: tensor of shape {x.shape} cannot be expanded to shape {tuple(shape)}") from None
 
     @staticmethod
     def backward(ctx, g):
@@ -129,7 +130,7 @@ class Stack(Function):
             raise ValueError("stack: expected a non-empty sequence of tensors")
         for i, x in enumerate(xs):
             if x.shape != xs[0].shape:
-                raise ValueError(f"stack: tensor {i} has shape {x.shape}, expected shape {xs[0].shape}")
+                raise ShapeError(f"stack: tensor {i} has shape {x.shape}, expected shape {xs[0].shape}")
         (d,) = norm_axes(dim, xs[0].ndim + 1)
         ctx.d = d
         return np.stack(xs, axis=d)

@@ -14,13 +14,10 @@ from typing import Any
 import numpy as np
 
 from . import factory as _f
+from .errors import ShapeError
 from .linalg_breadth import einsum, vector_norm
 from .methods_breadth import BreadthMethods
 from .tensor import Tensor
-
-
-class ShapeError(RuntimeError, ValueError):
-    """A shape mismatch: both RuntimeError (what torch code catches) and ValueError (tinylearn's convention)."""
 
 
 def _as_t(x: Any) -> Tensor:
