@@ -58,6 +58,8 @@ class CachingConfig:
         for name in ("small_size", "small_buffer", "large_buffer", "min_large_alloc", "round_large"):
             if check_int(name, getattr(self, name)) <= 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.max_split_size is not None and check_int("max_split_size", self.max_split_size) < 0:
+            raise ValueError(f"max_split_size: must be non-negative (or None), got {self.max_split_size}")
 
     def segment_size(self, size: int) -> int:
         """Segment size requested from the device ("cudaMalloc") for a rounded request of ``size`` bytes."""

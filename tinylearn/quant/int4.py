@@ -27,11 +27,12 @@ def pack_int4(q: Any) -> np.ndarray:
     qa = np.asarray(q)
     if qa.dtype.kind not in "iu":
         raise TypeError(f"q: expected an integer array, got dtype {qa.dtype}")
-    flat = qa.reshape(-1).astype(np.int16)
-    if flat.size and (flat.min() < -8 or flat.max() > 15):
+    flat = qa.reshape(-1)
+    if flat.size and (int(flat.min()) < -8 or int(flat.max()) > 15):  # range check before any narrowing cast
         raise ValueError(
             f"q: values must fit in 4 bits ([-8, 7] signed or [0, 15] unsigned), got range [{flat.min()}, {flat.max()}]"
         )
+    flat = flat.astype(np.int16)
     nib = (flat & 0xF).astype(np.uint8)
     if nib.size % 2:
         nib = np.concatenate([nib, np.zeros(1, np.uint8)])
