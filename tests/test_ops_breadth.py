@@ -395,3 +395,34 @@ def test_zero_dim_reductions_accept_dim_0(name, dim):
     out.backward()
     ref.backward()
     assert_close(x.grad.data, tx.grad, "float64")
+
+
+@pytest.mark.parametrize(
+    "idx",
+    [
+        lambda m: (1, slice(None), slice(3, 11, 2), m.tensor([0, 2, 1]), slice(0, 2)),
+        lambda m: (slice(None), 1, m.tensor([0, 2, 1])),
+        lambda m: (m.tensor([1, 0]), slice(None), 2),
+        lambda m: (0, m.tensor([[0, 1], [2, 2]]), slice(1, 3), 1),
+    ],
+)
+def test_mixed_int_and_array_indexing_uses_torch_dim_order(idx):
+    arr = make_array((2, 3, 12, 4, 3), "float64", seed=2)
+    x, tx = tl.Tensor(arr, requires_grad=True), torch.tensor(arr, requires_grad=True)
+    out, ref = x[idx(tl)], tx[idx(torch)]
+    assert out.shape == tuple(ref.shape)
+    assert_close(out.data, ref.detach(), "float64")
+    g = np.random.default_rng(0).standard_normal(ref.shape)
+    out.backward(g)
+    ref.backward(torch.from_numpy(g))
+    assert_close(x.grad.data, tx.grad, "float64")
+
+
+def test_sum_dtype_and_int_sum_like_torch():
+    b = tl.Tensor(np.array([[True, False], [True, True]]))
+    assert b.sum().dtype == np.int64 and b.sum().item() == 3
+    x = tl.Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    s = x.sum(1, dtype=tl.float64)
+    assert s.dtype == np.float64
+    s.sum().backward()
+    assert x.grad.dtype == np.float32 and (x.grad.data == 1).all()

@@ -17,7 +17,7 @@ from . import ops_elementwise as _ew
 from . import ops_reduce as _rd
 from . import ops_shape as _sh
 from . import tensor as _tensor  # circular (Tensor subclasses this mixin): read as _tensor.Tensor at call time
-from .methods_breadth import BreadthMethods
+from .methods_breadth import BreadthMethods, split_int_index
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -65,7 +65,11 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return _ew.Neg.apply(self)
 
     def __getitem__(self, idx: Any) -> Tensor:
-        return _sh.GetItem.apply(self, _unwrap_index(idx))
+        idx = _unwrap_index(idx)
+        two = split_int_index(idx)  # torch's dim order for mixed int / array indexing (methods_breadth.py)
+        if two is not None:
+            return _sh.GetItem.apply(_sh.GetItem.apply(self, two[0]), two[1])
+        return _sh.GetItem.apply(self, idx)
 
     # comparisons: plain (non-differentiable) bool tensors
     def __lt__(self, o: Any) -> Tensor:
@@ -138,8 +142,11 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return _rd.LogSoftmax.apply(self, dim=dim)
 
     # reductions
-    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        return _rd.Sum.apply(self, dim=dim, keepdim=keepdim)
+    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+        x = self if dtype is None else self.to(dtype)
+        if dtype is None and x.data.dtype.kind in "biu":  # torch sums bool/int tensors in int64
+            x = x.astype(np.int64) if x.data.dtype != np.int64 else x
+        return _rd.Sum.apply(x, dim=dim, keepdim=keepdim)
 
     def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         return _rd.Mean.apply(self, dim=dim, keepdim=keepdim)

@@ -49,6 +49,21 @@ def _unary(op: str) -> Any:
     return f
 
 
+def split_int_index(idx: Any) -> tuple | None:
+    """torch applies integer indices before advanced (array) ones, so ``x[1, :, 3:11:2, d]`` keeps d's dims in
+    place, while numpy treats the 1 as advanced too and moves the broadcast dims first. Returns (ints step,
+    rest step) when the two orders differ, else None."""
+    if not isinstance(idx, tuple) or any(i is None or i is Ellipsis for i in idx):
+        return None
+
+    def is_int(i: Any) -> bool:
+        return isinstance(i, int | np.integer) and not isinstance(i, bool)
+
+    if not any(is_int(i) for i in idx) or not any(isinstance(i, np.ndarray) and i.ndim > 0 for i in idx):
+        return None
+    return tuple(i if is_int(i) else slice(None) for i in idx), tuple(i for i in idx if not is_int(i))
+
+
 class BreadthMethods:
     __slots__ = ()
 
