@@ -76,8 +76,26 @@ def int8_gemm(
 
 
 def requantize(acc: np.ndarray, multiplier: Any, zero_point: int, quant_min: int, quant_max: int) -> np.ndarray:
-    """int32 accumulator -> integer codes: clamp(round(acc * multiplier) + zero_point) (multiplier per column ok)."""
+    """int32 accumulator -> integer codes: clamp(round(acc * multiplier) + zero_point) (multiplier per column ok).
+
+    Output dtype int8 when quant_min < 0 else uint8; [quant_min, quant_max] must fit it, zero_point must lie in it,
+    multiplier must be finite and > 0 (ValueError naming the argument otherwise).
+    """
+    for name, v in (("zero_point", zero_point), ("quant_min", quant_min), ("quant_max", quant_max)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    if quant_min > quant_max:
+        raise ValueError(f"quant_min: {quant_min} > quant_max {quant_max}")
+    lo, hi = (-128, 127) if quant_min < 0 else (0, 255)
+    if quant_min < lo or quant_max > hi:
+        raise ValueError(
+            f"quant_min/quant_max: range [{quant_min}, {quant_max}] does not fit the output dtype [{lo}, {hi}]"
+        )
+    if not quant_min <= zero_point <= quant_max:
+        raise ValueError(f"zero_point: {zero_point} outside [quant_min, quant_max] = [{quant_min}, {quant_max}]")
     m = np.asarray(multiplier, np.float64)
+    if m.size == 0 or not np.all(np.isfinite(m)) or not np.all(m > 0):
+        raise ValueError(f"multiplier: must be finite and > 0, got {multiplier!r}")
     r = np.rint(acc.astype(np.float64) * m) + zero_point
     return np.clip(r, quant_min, quant_max).astype(np.int8 if quant_min < 0 else np.uint8)
 
