@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, register_step
+from .optimizer import Optimizer, check_betas, register_step
 
 
 class Adam(Optimizer):
@@ -34,8 +34,7 @@ class Adam(Optimizer):
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"{type(self).__name__}: lr {lr}, eps {eps}, weight_decay {weight_decay} must be >= 0")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas: each beta must be in [0, 1), got {betas}")
+        check_betas(betas)
         super().__init__(
             params,
             dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize),

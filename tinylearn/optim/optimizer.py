@@ -10,6 +10,7 @@ The backend is resolved once, when the optimizer is built.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -67,8 +68,18 @@ class Optimizer:
             if not p.requires_grad:
                 raise ValueError(f"params: element {i} (shape {p.shape}) does not require grad")
         g = {**self.defaults, **group, "params": ps}
-        if g.get("lr", 0.0) < 0:
-            raise ValueError(f"lr: learning rate must be >= 0, got {g['lr']}")
+        for name in ("lr", "momentum", "dampening", "weight_decay", "eps"):
+            if name in g:
+                v = g[name]
+                if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+                    raise TypeError(f"{name}: expected a real number, got {type(v).__name__} {v!r}")
+                if not math.isfinite(v) or v < 0:
+                    raise ValueError(f"{name}: must be finite and >= 0, got {v}")
+        if "betas" in g:
+            check_betas(g["betas"])
+        seen = {id(p) for old in self.param_groups for p in old["params"]}
+        if len({id(p) for p in ps}) != len(ps) or any(id(p) in seen for p in ps):
+            raise ValueError("some parameters appear in more than one parameter group")  # torch's wording
         self.param_groups.append(g)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -133,6 +144,18 @@ class Optimizer:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         flat = [p for g in self.param_groups for p in g["params"]]
+        for sg, g in zip(sd.get("param_groups", []), self.param_groups):
+            idx = list(sg.get("params", []))
+            if len(idx) != len(g["params"]) or any(
+                isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < len(flat) for i in idx
+            ):
+                raise ValueError(
+                    f"state_dict: param_groups params {idx} do not index this optimizer's {len(flat)} parameters "
+                    f"(group of {len(g['params'])})"
+                )
+        for i in sd.get("state", {}):
+            if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < len(flat):
+                raise ValueError(f"state_dict: state index {i!r} is not a param index in [0, {len(flat)})")
         if len(sd["param_groups"]) != len(self.param_groups):
             raise ValueError(
                 f"state_dict: {len(sd['param_groups'])} param groups, optimizer has {len(self.param_groups)}"
@@ -143,3 +166,14 @@ class Optimizer:
             flat[int(i)]: {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
             for i, s in sd["state"].items()
         }
+
+
+def check_betas(betas: Any) -> tuple[float, float]:
+    """Adam's (beta1, beta2): a pair of finite numbers in [0, 1); ValueError naming betas otherwise."""
+    try:
+        b = tuple(float(x) for x in betas)
+    except (TypeError, ValueError):
+        raise ValueError(f"betas: expected a pair of floats, got {betas!r}") from None
+    if len(b) != 2 or not all(0.0 <= x < 1.0 for x in b):
+        raise ValueError(f"betas: expected a pair (beta1, beta2) each in [0, 1), got {betas!r}")
+    return b  # type: ignore[return-value]
