@@ -40,6 +40,11 @@ class Tensor(TensorMethods):
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None) -> None:
         arr = as_array(data.data if isinstance(data, Tensor) else data, dtype)
+        if arr.dtype.kind in "OUSMm":  # None, strings, objects, dates: not numeric data
+            raise TypeError(
+                f"data: expected numeric data (array, number, nested list), got {type(data).__name__} "
+                f"with numpy dtype {arr.dtype}"
+            )
         if _storage.hook is not None:
             arr = _storage.hook(arr)
         self.data = arr

@@ -71,6 +71,8 @@ class Conv2d(Module):
                 f"Conv2d: in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}"
             )
         kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (kh, kw)):
+            raise ValueError(f"kernel_size: must be a positive int or pair of positive ints, got {kernel_size!r}")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.weight = Parameter(np.empty((out_channels, in_channels // groups, kh, kw), dtype=dtype))
