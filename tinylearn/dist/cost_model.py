@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,10 +35,17 @@ def _check(algorithm: str, nbytes: float, world_size: int, alpha_s: float, beta_
         raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes: expected >= 0, got {nbytes}")
-    if alpha_s < 0 or beta_s_per_byte < 0:
-        raise ValueError(f"alpha_s/beta_s_per_byte: expected >= 0, got {alpha_s}, {beta_s_per_byte}")
+    for name, v in (("nbytes", nbytes), ("alpha_s", alpha_s), ("beta_s_per_byte", beta_s_per_byte)):
+        check_nonneg(name, v)
+
+
+def check_nonneg(name: str, v: Any) -> float:
+    """A finite real number >= 0 (TypeError for non-numbers, ValueError for NaN/inf/negative, naming ``name``)."""
+    if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+        raise TypeError(f"{name}: expected a real number, got {type(v).__name__} {v!r}")
+    if not np.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {v}")
+    return float(v)
 
 
 def predict(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .collectives import bounds, default_node_size, hierarchical_layout
-from .cost_model import ALGORITHMS
+from .cost_model import ALGORITHMS, check_nonneg
 
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # src, dst, bytes, reduce (0/1)
 
@@ -177,8 +177,9 @@ def simulate(
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes: expected >= 0, got {nbytes}")
+    for name, v in (("nbytes", nbytes), ("alpha_s", alpha_s), ("beta_s_per_byte", beta_s_per_byte)):
+        check_nonneg(name, v)
+    check_nonneg("gamma_s_per_byte", gamma_s_per_byte)
     if isinstance(topology, dict):
         topology = two_level_from_dict(topology)
     if topology is not None and not isinstance(topology, TwoLevel):
