@@ -33,6 +33,33 @@ def compiled_dtype_ok(A: Any, x: np.ndarray, dtype: np.dtype) -> bool:
     return dtype in _COMPILED_DTYPES
 
 
+def index_array(a: Any, name: str, dtype: Any = np.int32) -> np.ndarray:
+    """Integer index array checked BEFORE the cast to ``dtype`` (2**32+1 must not wrap to 1), copied and read-only:
+    after validation nobody can corrupt it under a kernel that trusts it (``a.indices[0] = -5`` raises)."""
+    arr = np.array(a)  # a copy: freezing must not touch the caller's array
+    if arr.size == 0:
+        arr = arr.astype(dtype)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array, got dtype {arr.dtype}")
+    info = np.iinfo(dtype)
+    if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+        raise ValueError(f"{name}: values [{arr.min()}, {arr.max()}] do not fit {np.dtype(dtype).name}")
+    out = np.ascontiguousarray(arr, dtype=dtype)
+    out.setflags(write=False)
+    return out
+
+
+def check_shape(shape: Any) -> tuple[int, int]:
+    """A pair of non-negative Python/numpy ints (TypeError for (1, 4.7), which used to truncate to (1, 4))."""
+    if not isinstance(shape, tuple | list) or len(shape) != 2:
+        raise TypeError(f"shape: expected a pair of ints, got {shape!r}")
+    if not all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in shape):
+        raise TypeError(f"shape: expected a pair of ints, got {shape!r}")
+    if min(shape) < 0:
+        raise ValueError(f"shape: negative dimension in {tuple(shape)}")
+    return int(shape[0]), int(shape[1])
+
+
 def C_sparse() -> Any:
     """tinylearn._C.sparse (RuntimeError with the build command when it is missing)."""
     return backends.load_C("sparse")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import C_sparse, SparseMatrix, as_2d, register_matmul
+from .base import C_sparse, SparseMatrix, as_2d, check_shape, index_array, register_matmul
 from .csr import CSR
 
 
@@ -21,10 +21,10 @@ class BSR(SparseMatrix):
     op = "sparse.bsr_matmul"
 
     def __init__(self, indptr: Any, indices: Any, data: Any, shape: tuple[int, int], check: bool = True) -> None:
-        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-        self.indices = np.ascontiguousarray(indices, dtype=np.int32)
+        self.indptr = index_array(indptr, "indptr", np.int64)
+        self.indices = index_array(indices, "indices")
         self.data = np.ascontiguousarray(data)
-        self.shape = (int(shape[0]), int(shape[1]))
+        self.shape = check_shape(shape)
         if self.data.ndim != 3:
             raise ValueError(f"data: expected shape (nblocks, R, C), got {self.data.shape}")
         self.block_size = (int(self.data.shape[1]), int(self.data.shape[2]))

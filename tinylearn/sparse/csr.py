@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import C_sparse, SparseMatrix, as_2d, register_matmul
+from .base import C_sparse, SparseMatrix, as_2d, check_shape, index_array, register_matmul
 
 
 class CSR(SparseMatrix):
@@ -23,10 +23,10 @@ class CSR(SparseMatrix):
     op = "sparse.csr_matmul"
 
     def __init__(self, indptr: Any, indices: Any, data: Any, shape: tuple[int, int], check: bool = True) -> None:
-        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-        self.indices = np.ascontiguousarray(indices, dtype=np.int32)
+        self.indptr = index_array(indptr, "indptr", np.int64)
+        self.indices = index_array(indices, "indices")
         self.data = np.ascontiguousarray(data)
-        self.shape = (int(shape[0]), int(shape[1]))
+        self.shape = check_shape(shape)
         if check:
             self.validate()
 

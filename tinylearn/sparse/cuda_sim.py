@@ -32,5 +32,7 @@ def csr_spmv(a_csr: Any, x: np.ndarray, threads_per_block: int = 32) -> np.ndarr
         raise ValueError(f"x: expected shape ({K},), got {x.shape}")
     y = np.zeros(M, dtype=np.float32)
     blocks = max(1, (M + threads_per_block - 1) // threads_per_block)
-    csr_spmv_scalar_kernel[blocks, threads_per_block](a_csr.indptr, a_csr.indices, a_csr.data.astype(np.float32), x, y)
+    # copies: numba's implicit transfer copies every argument back, and the index arrays are read-only
+    ip, ix = a_csr.indptr.copy(), a_csr.indices.copy()
+    csr_spmv_scalar_kernel[blocks, threads_per_block](ip, ix, a_csr.data.astype(np.float32), x, y)
     return y

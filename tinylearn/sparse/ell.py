@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import C_sparse, SparseMatrix, as_2d, register_matmul
+from .base import C_sparse, SparseMatrix, as_2d, check_shape, index_array, register_matmul
 from .csr import CSR
 
 
@@ -22,9 +22,9 @@ class ELL(SparseMatrix):
     op = "sparse.ell_matmul"
 
     def __init__(self, indices: Any, data: Any, shape: tuple[int, int], check: bool = True) -> None:
-        self.indices = np.ascontiguousarray(indices, dtype=np.int32)
+        self.indices = index_array(indices, "indices")
         self.data = np.ascontiguousarray(data)
-        self.shape = (int(shape[0]), int(shape[1]))
+        self.shape = check_shape(shape)
         if check:
             self.validate()
 
