@@ -355,6 +355,9 @@ CE_ROWS = [
     ("meshgrid", lambda m, a, b: sum(g * (i + 1) for i, g in enumerate(m.meshgrid(a, b, indexing="xy"))), [(3,), V4]),
     ("unfold", lambda m, x: x.unfold(1, 2, 1) * 1.0, [(3, 5)]),
     ("unfold_step", lambda m, x: x.unfold(0, 2, 2), [(5, 3)]),
+    ("einsum_trace", lambda m, x: m.einsum("ii->", x), [(3, 3)]),
+    ("einsum_diag", lambda m, x, v: m.einsum("iij,j->ji", x, v), [(3, 3, 2), (2,)]),
+    ("einsum_dot", lambda m, a, b: m.einsum("ij,ij->", a, b), [A34, A34]),
     ("pow_zero_zero", lambda m, x: (x * 0) ** (x * 0), [A34]),
 ]  # fmt: skip
 
@@ -426,3 +429,28 @@ def test_sum_dtype_and_int_sum_like_torch():
     assert s.dtype == np.float64
     s.sum().backward()
     assert x.grad.dtype == np.float32 and (x.grad.data == 1).all()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda m, i, f: i * 1.5,
+        lambda m, i, f: i**0.5,
+        lambda m, i, f: m.maximum(i, f),
+        lambda m, i, f: i / i,
+        lambda m, i, f: 2 / i,
+        lambda m, i, f: i.exp(),
+        lambda m, i, f: i.sqrt(),
+        lambda m, i, f: i * f,
+        lambda m, i, f: f * 2.5,
+        lambda m, i, f: i + 1,
+        lambda m, i, f: m.full((2, 2), 4),
+        lambda m, i, f: m.tensor(2).exp(),
+    ],
+)
+def test_dtype_promotion_like_torch(fn):
+    ia, fa = np.array([1, 2, 3]), np.array([0.5, 2.0, 3.0], np.float32)
+    out = fn(tl, tl.Tensor(ia), tl.Tensor(fa))
+    ref = fn(torch, torch.tensor(ia), torch.tensor(fa))
+    assert out.dtype == ref.numpy().dtype
+    np.testing.assert_allclose(out.data, ref.numpy(), rtol=1e-6)

@@ -51,15 +51,19 @@ class Einsum(Function):
             if not ctx.needs_input_grad[i + 1]:
                 grads.append(None)
                 continue
-            if len(set(s)) != len(s):
-                raise NotImplementedError(f"einsum backward: repeated subscripts in {s!r} are not supported")
             others = [(t, o) for j, (t, o) in enumerate(zip(ctx.ins, ops)) if j != i]
             have = set(ctx.out) | {c for t, _ in others for c in t}
-            keep = "".join(c for c in s if c in have)
+            uniq = "".join(dict.fromkeys(s))  # a repeated letter ("ii") is a diagonal of x
+            keep = "".join(c for c in uniq if c in have)
             r = np.einsum(f"{','.join([ctx.out] + [t for t, _ in others])}->{keep}", g, *[o for _, o in others])
-            shape = [x.shape[k] if c in have else 1 for k, c in enumerate(s)]
-            r = np.broadcast_to(r.reshape(shape), x.shape).astype(g.dtype, copy=False)
-            grads.append(r)
+            sizes = [x.shape[s.index(c)] for c in uniq]
+            r = np.broadcast_to(r.reshape([n if c in have else 1 for c, n in zip(uniq, sizes)]), sizes)
+            if len(uniq) == len(s):
+                gx = r.astype(g.dtype)
+            else:  # write onto the diagonal: einsum("ii->i", gx) is a writeable view of gx
+                gx = np.zeros(x.shape, g.dtype)
+                np.einsum(f"{s}->{uniq}", gx)[...] = r
+            grads.append(gx)
         return tuple(grads)
 
 

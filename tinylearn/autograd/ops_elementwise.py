@@ -28,9 +28,34 @@ def _bshape(op: str, a, b) -> None:
     raise ShapeError(f"{op}: shapes {np.shape(a)} and {np.shape(b)} cannot be broadcast together")
 
 
+def _promote(a, b, true_div: bool = False):
+    """torch's type promotion where numpy's differs: an integer/bool tensor meeting a python float or a float
+    tensor becomes that float dtype (float32 for python floats), not float64; true division of integers gives
+    float32. Floats of different widths keep numpy's rule."""
+
+    def fix(x, other):
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in "biu":
+            return x
+        if isinstance(other, np.ndarray) and other.dtype.kind == "f":
+            return x.astype(other.dtype)
+        if isinstance(other, float) or (
+            true_div and (isinstance(other, int) or (isinstance(other, np.ndarray) and other.dtype.kind in "biu"))
+        ):
+            return x.astype(np.float32)
+        return x
+
+    return fix(a, b), fix(b, a)
+
+
+def _float_in(a):
+    """Float-producing unary ops promote integer/bool inputs to float32, like torch."""
+    return a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype.kind in "biu" else a
+
+
 class Add(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b)
         ctx.sa, ctx.sb = np.shape(a), np.shape(b)
         try:
             return a + b
@@ -46,6 +71,7 @@ class Add(Function):
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b)
         ctx.sa, ctx.sb = np.shape(a), np.shape(b)
         try:
             return a - b
@@ -61,6 +87,7 @@ class Sub(Function):
 class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b)
         ctx.save_for_backward(a, b)
         try:
             return a * b
@@ -77,6 +104,7 @@ class Mul(Function):
 class Div(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b, true_div=True)
         ctx.save_for_backward(a, b)
         try:
             return a / b
@@ -95,6 +123,7 @@ class Div(Function):
 class Pow(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b)
         try:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out = np.power(a, b)
@@ -141,6 +170,7 @@ class Neg(Function):
 class Exp(Function):
     @staticmethod
     def forward(ctx, a):
+        a = _float_in(a)
         out = np.exp(a)
         ctx.save_for_backward(out)
         return out
@@ -153,6 +183,7 @@ class Exp(Function):
 class Log(Function):
     @staticmethod
     def forward(ctx, a):
+        a = _float_in(a)
         ctx.save_for_backward(a)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.log(a)
@@ -166,6 +197,7 @@ class Log(Function):
 class Sqrt(Function):
     @staticmethod
     def forward(ctx, a):
+        a = _float_in(a)
         with np.errstate(invalid="ignore"):
             out = np.sqrt(a)
         ctx.save_for_backward(out)
@@ -180,6 +212,7 @@ class Sqrt(Function):
 class Tanh(Function):
     @staticmethod
     def forward(ctx, a):
+        a = _float_in(a)
         out = np.tanh(a)
         ctx.save_for_backward(out)
         return out
@@ -193,6 +226,7 @@ class Tanh(Function):
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx, a):
+        a = _float_in(a)
         # stable: exp of a non-positive number only
         e = np.exp(-np.abs(a))
         out = np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
@@ -285,6 +319,7 @@ class Clip(Function):
 class Maximum(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b)
         ctx.save_for_backward(a, b)
         try:
             return np.maximum(a, b)
@@ -304,6 +339,7 @@ class Maximum(Function):
 class Minimum(Function):
     @staticmethod
     def forward(ctx, a, b):
+        a, b = _promote(a, b)
         ctx.save_for_backward(a, b)
         try:
             return np.minimum(a, b)
