@@ -183,9 +183,22 @@ class Allocator:
             self.arena = make_arena(self.capacity)
         else:
             self.arena = np.asarray(core.arena())  # the C++ core owns the block; the array keeps it alive
-        # hot path: bind the core's methods directly (no extra Python frame per call)
-        self.malloc = core.malloc  # type: ignore[method-assign]
-        self.free = core.free  # type: ignore[method-assign]
+        # hot path: bind the core's methods directly (no extra Python frame per call); the C++ core gets a thin
+        # type check first (pybind11 would accept True as 1 and answer float/None/str with an unclear message)
+        if backend == "python":
+            self.malloc = core.malloc  # type: ignore[method-assign]
+            self.free = core.free  # type: ignore[method-assign]
+        else:
+            c_malloc, c_free = core.malloc, core.free
+
+            def malloc(nbytes: int, *args: Any, **kw: Any) -> int:
+                return c_malloc(nbytes if type(nbytes) is int else check_int("nbytes", nbytes), *args, **kw)
+
+            def free(offset: int, *args: Any, **kw: Any) -> None:
+                c_free(offset if type(offset) is int else check_int("offset", offset), *args, **kw)
+
+            self.malloc = malloc  # type: ignore[method-assign]
+            self.free = free  # type: ignore[method-assign]
 
     def malloc(self, nbytes: int) -> int:  # replaced per instance in __init__
         """Allocate ``nbytes`` bytes; returns the block's offset in the arena."""
@@ -224,7 +237,7 @@ class Allocator:
 
         if self.backend == "cpp":
             return np.asarray(self._core.replay(check_ops(ops))[0])
-        return replay_python(self, ops)
+        return replay_python(self, check_ops(ops))
 
     def view(self, offset: int, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A numpy array of ``shape``/``dtype`` over the arena at ``offset``, which must lie in a live block.
