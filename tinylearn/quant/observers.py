@@ -31,7 +31,12 @@ from .affine import qparams_for_range, qrange
 
 
 class ObserverBase:
-    """obs(x) records statistics and returns x unchanged; calculate_qparams() -> (scale, zero_point)."""
+    """obs(x) records statistics and returns x unchanged; calculate_qparams() -> (scale, zero_point).
+
+    NaN handling (documented choice, like torch's nan-aware reductions ``nanmin``/``nanmax``): per-tensor observers
+    ignore NaN elements only, the finite values of the batch still count; a batch that is all NaN raises ValueError
+    (nothing to record). Per-channel observers raise ValueError on any NaN (a channel could be left without data).
+    """
 
     def __init__(self, dtype: str = "int8", symmetric: bool = False) -> None:
         self.quant_min, self.quant_max = qrange(dtype)
@@ -42,6 +47,13 @@ class ObserverBase:
 
     def forward(self, x: Any) -> Any:
         a = as_array(x, "x", dtypes=("f", "i", "u", "b")).astype(np.float32, copy=False)
+        nan = np.isnan(a)
+        if nan.any():
+            if nan.all():
+                raise ValueError(f"x: every element of the batch (shape {a.shape}) is NaN: nothing to observe")
+            if isinstance(self, PerChannelMinMaxObserver):
+                raise ValueError(f"x: {int(nan.sum())} NaN element(s) in a per-channel observer's batch")
+            a = a[~nan]  # ignore the NaN elements only
         if a.size:
             self._observe(a)
         return x
