@@ -75,7 +75,8 @@ class Max(Function):
         ctx.shape, ctx.keepdim, ctx.dim = x.shape, keepdim, dim
         if dim is None:
             out = x.max() if sign > 0 else x.min()
-            ctx.save_for_backward(x == out)
+            # a NaN maximum (NaN propagates) takes the gradient at the NaN element(s), like torch ([0, 1, 0])
+            ctx.save_for_backward(np.isnan(x) if np.isnan(out) else x == out)
             return np.asarray(out).reshape((1,) * x.ndim) if keepdim else np.asarray(out)
         (d,) = norm_axes(dim, x.ndim)
         ctx.dim = d
