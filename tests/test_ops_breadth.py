@@ -358,6 +358,7 @@ CE_ROWS = [
     ("einsum_trace", lambda m, x: m.einsum("ii->", x), [(3, 3)]),
     ("einsum_diag", lambda m, x, v: m.einsum("iij,j->ji", x, v), [(3, 3, 2), (2,)]),
     ("einsum_dot", lambda m, a, b: m.einsum("ij,ij->", a, b), [A34, A34]),
+    *[(f"scatter_reduce_{r}_{inc}", (lambda r, inc: lambda m, x, s: x.scatter_reduce(0, m.tensor([[0, 1, 0, 0], [0, 2, 0, 1]]), s, r, include_self=inc))(r, inc), [A34, (2, 4)]) for r in ("sum", "mean", "amax", "amin", "prod") for inc in (True, False)],
     ("pow_zero_zero", lambda m, x: (x * 0) ** (x * 0), [A34]),
 ]  # fmt: skip
 

@@ -414,6 +414,9 @@ class BreadthMethods:
     def scatter_add(self, dim: int, index: Any, src: Any) -> Any:
         return _ix.Scatter.apply(self, dim, _d(index), _t(src), add=True)
 
+    def scatter_reduce(self, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Any:
+        return _ix.ScatterReduce.apply(self, dim, _d(index), _t(src), reduce=reduce, include_self=include_self)
+
     def index_select(self, dim: int, index: Any) -> Any:
         idx = np.asarray(_d(index))
         if idx.dtype.kind not in "iu" or idx.ndim > 1:

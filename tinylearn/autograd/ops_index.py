@@ -91,3 +91,62 @@ class Scatter(Function):
             sub = g1[ctx.pos]
             gs[tuple(slice(0, s) for s in sub.shape)] = sub
         return gx, None, None, gs
+
+
+_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf}
+_UFUNC = {"sum": np.add, "mean": np.add, "prod": np.multiply, "amax": np.maximum, "amin": np.minimum}
+
+
+class ScatterReduce(Function):
+    """torch.scatter_reduce: y = x with src reduced into positions P (sum, prod, mean, amax, amin).
+
+    VJPs: sum  dx = g (0 where replaced: include_self=False), dsrc = g[P];  mean  the same divided by the count;
+    amax/amin  g split evenly among the tied maxima (x and every src landing there), as torch;
+    prod  dx = g y / x, dsrc = g[P] y[P] / src (inputs with zeros give non-finite gradients here).
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim, index, src, reduce="sum", include_self=True):
+        if reduce not in _UFUNC:
+            raise ValueError(f"reduce: must be one of {list(_UFUNC)}, got {reduce!r}")
+        pos = positions(x.shape, dim, index, "scatter_reduce")
+        vals = _src_at(src, pos, x.dtype)
+        shp = x.shape or (1,)
+        out = x.reshape(shp).astype(x.dtype, copy=True)
+        touched = np.zeros(shp, bool)
+        touched[pos] = True
+        if not include_self:
+            out[touched] = _IDENTITY[reduce]
+        _UFUNC[reduce].at(out, pos, vals)
+        count = np.full(shp, 1.0 if include_self else 0.0)
+        np.add.at(count, pos, 1.0)
+        count = np.maximum(count, 1.0)
+        if reduce == "mean":
+            out = np.where(touched, out / count, out).astype(x.dtype)
+        ctx.save_for_backward(x.reshape(shp), vals, out, count, touched)
+        ctx.pos, ctx.reduce, ctx.incl, ctx.src_shape, ctx.shape = pos, reduce, include_self, np.shape(src), x.shape
+        return out.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, vals, out, count, touched = ctx.saved_tensors
+        g = g.reshape(out.shape)
+        pos, red = ctx.pos, ctx.reduce
+        self_in = np.where(touched, ctx.incl, True)  # does x take part at each position
+        with np.errstate(all="ignore"):
+            if red in ("sum", "mean"):
+                scale = 1.0 / count if red == "mean" else np.ones_like(count)
+                gx, gs = g * scale * self_in, (g * scale)[pos]
+            elif red == "prod":
+                gx, gs = g * out / x * self_in, g[pos] * out[pos] / vals
+            else:
+                n = (self_in & (x == out)).astype(g.dtype)
+                np.add.at(n, pos, (vals == out[pos]).astype(g.dtype))
+                gx = g * (self_in & (x == out)) / n
+                gs = g[pos] * (vals == out[pos]) / n[pos]
+        gx = gx.astype(g.dtype).reshape(ctx.shape)
+        gsrc = None
+        if ctx.needs_input_grad[3] and len(ctx.src_shape):
+            gsrc = np.zeros(ctx.src_shape, g.dtype)
+            gsrc[tuple(slice(0, s) for s in gs.shape)] = gs
+        return gx, None, None, gsrc
