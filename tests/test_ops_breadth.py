@@ -455,3 +455,10 @@ def test_dtype_promotion_like_torch(fn):
     ref = fn(torch, torch.tensor(ia), torch.tensor(fa))
     assert out.dtype == ref.numpy().dtype
     np.testing.assert_allclose(out.data, ref.numpy(), rtol=1e-6)
+
+
+def test_view_dtype_reinterprets_bits_like_torch():
+    a = np.array([1.0, -2.5, 3.0], np.float32)
+    out, ref = tl.Tensor(a).view(tl.int32), torch.tensor(a).view(torch.int32)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out.data, ref.numpy())

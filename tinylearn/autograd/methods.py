@@ -180,6 +180,8 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return _sh.Reshape.apply(self, _shape_arg(shape))
 
     def view(self, *shape: Any) -> Tensor:
+        if len(shape) == 1 and not isinstance(shape[0], int | np.integer | tuple | list):  # view(dtype): bits
+            return self._make(self.data.view(np.dtype(shape[0])), False, None, 0)
         return _sh.Reshape.apply(self, _shape_arg(shape))
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
