@@ -124,11 +124,13 @@ def _handshake(g: _Group, what: str, values: list[int]) -> None:
     """All ranks must agree on ``values`` (sizes, dtype, algorithm): one MAX all-reduce of [v, -v, ...]."""
     meta = torch.tensor([x for v in values for x in (v, -v)], dtype=torch.int64)
     dist.all_reduce(meta, op=dist.ReduceOp.MAX, group=g.group)
+    names = what.split(", ")
     for i, v in enumerate(values):
         hi, lo = int(meta[2 * i]), -int(meta[2 * i + 1])
         if hi != lo:
+            field = names[i] if len(names) == len(values) else f"field {i}"
             raise ValueError(
-                f"{what}: mismatch across ranks in field {i}: this rank (group rank {g.me}) has {v}, "
+                f"{field}: mismatch across ranks: this rank (group rank {g.me}) has {v}, "
                 f"ranks hold values from {lo} to {hi} (fields: {what})"
             )
 
@@ -448,8 +450,15 @@ def all_reduce(
     if check:
         _handshake(
             g,
-            "tensor numel, dtype, algorithm, op",
-            [tensor.numel(), _DTYPES.index(tensor.dtype), ALGORITHMS.index(algorithm), OPS.index(op)],
+            "tensor numel, dtype, algorithm, op, chunk_bytes, node_size",
+            [
+                tensor.numel(),
+                _DTYPES.index(tensor.dtype),
+                ALGORITHMS.index(algorithm),
+                OPS.index(op),
+                int(chunk_bytes),  # shapes the ring's pieces: a mismatch used to abort inside gloo
+                int(node_size) if node_size is not None else default_node_size(g.size),  # a mismatch deadlocked
+            ],
         )
     if g.size == 1 or tensor.numel() == 0:
         return tensor
