@@ -124,6 +124,13 @@ def run_backward(root: Tensor, g: np.ndarray, retain_graph: bool) -> None:
                     continue
                 # outputs that received no gradient contribute zeros (torch materializes them too)
                 gouts = [gz if gz is not None else np.zeros(sh, dt) for gz, (sh, dt) in zip(gouts, node.out_meta)]
+            for t, ver in getattr(node, "saved_versions", ()):
+                if t._version != ver:
+                    raise RuntimeError(
+                        "one of the variables needed for gradient computation has been modified by an inplace "
+                        f"operation: [{type(node).__name__} input of shape {t.shape}] is at version {t._version}; "
+                        f"expected version {ver} instead"
+                    )
             gins = type(node).backward(node, *gouts)
             if type(gins) is not tuple:
                 gins = (gins,)

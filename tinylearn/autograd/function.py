@@ -145,6 +145,7 @@ class Function:
             ctx.out_meta = [(o.shape, o.dtype) for o in out]
             if track:
                 ctx.inputs = args
+                _record_versions(ctx, args)
                 res = tuple(
                     Tensor._make(o, i not in ctx.non_diff, ctx if i not in ctx.non_diff else None, i)
                     for i, o in enumerate(out)
@@ -155,8 +156,21 @@ class Function:
         ctx.n_out = 1
         if track:
             ctx.inputs = args
+            _record_versions(ctx, args)
             return Tensor._make(out, True, ctx, 0)
         return Tensor._make(out, False, None, 0)
+
+
+def _record_versions(ctx: Function, args: tuple) -> None:
+    """Version counters like torch: remember the version of every input whose array was saved for backward; the
+    engine raises if an in-place op bumped it before backward (the saved value would be stale)."""
+    saved = getattr(ctx, "saved_tensors", None)
+    if not saved:
+        return
+    ids = {id(s) for s in saved if isinstance(s, np.ndarray)}
+    vs = [(a, a._version) for a in args if isinstance(a, Tensor) and id(a.data) in ids]
+    if vs:
+        ctx.saved_versions = vs
 
 
 def _check_finite(op: str, out: Any, where: str) -> None:

@@ -28,6 +28,8 @@ class Tensor(TensorMethods):
     gradcheck uses). Only floating tensors can require grad (TypeError otherwise, as in torch).
     """
 
+    _version = 0  # bumped by every in-place op; backward checks it for tensors saved for backward (like torch)
+
     __slots__ = ("data", "grad", "_rg", "_ctx", "_idx", "_hooks", "__weakref__", "__dict__")
     __array_priority__ = 1000
     __array_ufunc__ = None  # ndarray <op> Tensor defers to Tensor's reflected operator; np.exp(Tensor) is a TypeError
@@ -254,8 +256,8 @@ class Tensor(TensorMethods):
         _engine.run_backward(self, g, retain_graph)
 
     # in-place arithmetic: updates .data (no graph), e.g. ``with tl.no_grad(): p -= lr * p.grad``.
-    # Like torch it is refused on a tensor that requires grad while grad mode is on. (No version counters: do not
-    # modify in place a tensor whose value an unfinished graph still needs.)
+    # Like torch it is refused on a tensor that requires grad while grad mode is on. Every in-place op bumps
+    # ``_version``; backward raises if a tensor saved for backward changed since (torch's version counters).
     def _inplace(self, other: Any, ufunc: np.ufunc, name: str) -> Tensor:
         if self._rg and _GradMode.enabled:
             raise RuntimeError(
@@ -266,6 +268,7 @@ class Tensor(TensorMethods):
             self.data = self.data.copy()
         try:
             ufunc(self.data, o, out=self.data, casting="same_kind")
+            self._version += 1
         except ValueError:
             raise ValueError(
                 f"{name}: operand of shape {np.shape(o)} cannot update a tensor of shape {self.shape}"
@@ -293,6 +296,7 @@ class Tensor(TensorMethods):
         if not self.data.flags.writeable:
             self.data = self.data.copy()
         self.data[...] = value
+        self._version += 1
         return self
 
     def copy_(self, src: Any) -> Tensor:
@@ -303,6 +307,7 @@ class Tensor(TensorMethods):
             self.data = self.data.copy()
         try:
             np.copyto(self.data, np.broadcast_to(arr, self.shape), casting="same_kind")
+            self._version += 1
         except ValueError:
             raise ValueError(f"copy_: source of shape {arr.shape} cannot be copied into shape {self.shape}") from None
         return self
@@ -311,6 +316,7 @@ class Tensor(TensorMethods):
         if self._rg and _GradMode.enabled:
             raise RuntimeError("__setitem__: in-place assignment into a tensor that requires grad is not supported")
         self.data[_unwrap_index(idx)] = value.data if isinstance(value, Tensor) else value
+        self._version += 1
 
 
 from . import engine as _engine  # noqa: E402  (circular: the engine builds Tensors)
