@@ -7,7 +7,7 @@ EXTRAS ?= notebooks,kernels,dist,dev
 NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
 STAMP := $(VENV)/.tinylearn-installed
 
-.PHONY: setup system-deps lab bench test test-tests test-exercises test-notebooks test-portable wheel-smoke exercises \
+.PHONY: setup system-deps lab bench test test-tests test-exercises test-notebooks test-portable test-lab wheel-smoke exercises \
 	notebooks build lint clean
 
 setup: system-deps $(STAMP)
@@ -48,6 +48,11 @@ test-notebooks: $(STAMP)
 # NPY_DISABLE_CPU_FEATURES, TINYLEARN_CPU_FEATURES); prints and verifies the paths of each run (tools/portable.py)
 test-portable: $(STAMP)
 	$(PY) tools/portable.py
+
+# a real JupyterLab in headless Chromium: Run All on every notebook, no error cells, plots and widgets rendered,
+# one screenshot per notebook under build/lab-test/ (tools/lab_test.py; skips with the install command if no browser)
+test-lab: $(STAMP)
+	$(PY) tools/lab_test.py $(LAB_ARGS)
 
 # pip wheel . -> fresh venv outside the repo -> import, one op per topic, cuda sources, bench, check in a copy
 wheel-smoke: $(STAMP)

@@ -45,7 +45,7 @@ class CheckResult:
 
     def summary(self) -> str:
         line = f"exercises {self.folder.name} ({self.impl}): {self.passed} passed, {self.failed} failed"
-        stubs = sum(1 for _, o, m in self.rows if o != "passed" and "NotImplementedError" in m)
+        stubs = sum(1 for _, o, m in self.rows if o != "passed" and "NotImplemented" in m)
         if stubs:
             line += f" ({stubs} from untouched stubs: not written yet)"
         return line

@@ -3,6 +3,7 @@
 #   g++            builds tinylearn._C            python3-venv   `python3 -m venv` on Debian/Ubuntu
 #   clang          tinygrad's CPU device (the tinygrad columns of every benchmark)
 #   openmpi-bin, libopenmpi-dev   mpirun for the MPI cross-check of the all-reduce topic (+ headers for mpi4py)
+#   chromium       the headless browser `make test-lab` drives through JupyterLab (Playwright, no browser download)
 # How: as root through apt-get; otherwise through passwordless `sudo -n`; otherwise it prints the exact command
 # and exits 0 — everything that does not need the missing tool still works (tests skip, benchmarks say n/a).
 # Usage: tools/system_deps.sh [--check]   (--check: only report what is missing, install nothing)
@@ -13,11 +14,12 @@ command -v g++ >/dev/null || need+=(g++)
 command -v clang >/dev/null || need+=(clang)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev)
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium)
 if command -v "$py" >/dev/null && ! "$py" -c "import ensurepip, venv" 2>/dev/null; then need+=(python3-venv); fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 install="apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${need[*]}"
-why="clang: tinygrad benchmark columns; Open MPI: MPI cross-check; g++/python3-venv: the build"
+why="clang: tinygrad benchmark columns; Open MPI: MPI cross-check; chromium: make test-lab; g++/python3-venv: the build"
 if [ "${1:-}" = "--check" ]; then
   echo "system deps: missing ${need[*]} ($why); install with: sudo $install"
   exit 0

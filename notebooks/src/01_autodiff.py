@@ -364,9 +364,9 @@ assert {"tinylearn", "torch"} <= {r.impl for r in table.rows}
 
 # %% [markdown]
 # Where does the tinylearn step spend its time? cProfile over 20 steps: the GEMMs inside `Linear.forward` /
-# `Linear.backward` dominate; graph bookkeeping (`apply`, `_run_backward`, `_make`) is a few percent. The
+# `Linear.backward` dominate; graph bookkeeping (`apply`, `run_backward`, `_make`) is a few percent. The
 # optimizer update is memory-bound: numpy needs 3-8 passes over every parameter, so `tl.optim` uses a fused
-# one-pass C++ kernel (`tinylearn._C.autograd.sgd_step` / `adam_step`, 2-5x faster than the numpy passes) when
+# one-pass C++ kernel (`tinylearn._C.optim.sgd_step` / `adam_step`, one read and one write per element) when
 # the extension is built — `backend="numpy"` keeps the readable version.
 
 # %%

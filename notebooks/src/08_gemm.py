@@ -102,7 +102,8 @@ with threadpool_limits(1):
     ladder["numpy (1 thread)"] = gflops(lambda: a @ b, n)
 for k_, g in ladder.items():
     print(f"{k_:18s} {g:8.2f} GFLOP/s")
-assert ladder["simd"] > 3 * ladder["naive"]  # conservative: ~50-100x on an idle AVX2 core
+if G.isa() != "scalar":  # with TINYLEARN_CPU_FEATURES=scalar the simd version runs the scalar micro-kernel
+    assert ladder["simd"] > 3 * ladder["naive"]  # conservative: ~50-100x on an idle AVX2 core
 assert ladder["packed"] > ladder["naive"]
 
 # %% [markdown]
@@ -161,6 +162,7 @@ plt.show()
 # vectors + 1 broadcast = 15 of 16 ymm registers.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 print("micro-kernel paths on this CPU:", G.isa_paths(), "| default:", G.isa())
 print("tile and cache blocks:", G.kernel_shape("simd", "auto", "float32"))
 assert "scalar" in G.isa_paths()
