@@ -33,9 +33,9 @@ if [ ${#tests[@]} -eq 0 ]; then
 fi
 cd "$root"
 # the check below makes sure the overlay (not the .venv editable build) is what the tests import
-PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+PYTHONSAFEPATH=1 PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=2 \
   "$py" -P -c "import tinylearn._C as C, sys; assert sys.argv[1] in C.__file__, C.__file__; print('sanitized _C:', C.__file__)" "$out/site"
-PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+PYTHONSAFEPATH=1 PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=2 \
   "$py" -P -m pytest "${tests[@]}"
