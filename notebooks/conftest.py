@@ -14,8 +14,8 @@ except ImportError:  # nbval not installed: nothing to configure
 if IPyNbCell is not None and not getattr(IPyNbCell, "_tinylearn_stderr_patch", False):
     _orig_compare = IPyNbCell.compare_outputs
 
-    def _compare_without_stderr(self, test, ref, skip_compare=None):  # type: ignore[no-untyped-def]
-        def keep(o):  # type: ignore[no-untyped-def]
+    def _compare_without_stderr(self, test, ref, skip_compare=None):
+        def keep(o):
             return not (o.get("output_type") == "stream" and o.get("name") == "stderr")
 
         return _orig_compare(self, [o for o in test if keep(o)], [o for o in ref if keep(o)], skip_compare)

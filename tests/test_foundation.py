@@ -93,7 +93,7 @@ def test_measure_reports_median_of_repeats():
     with pytest.raises(ValueError, match="repeat"):
         measure(lambda: None, repeat=0)
     with pytest.raises(TypeError, match="fn"):
-        measure(42)  # type: ignore[arg-type]
+        measure(42)
 
 
 def test_comparison_ratios_and_unavailable_rows():

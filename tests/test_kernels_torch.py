@@ -50,7 +50,7 @@ def test_drop_in_block_matches_torch() -> None:
     w, b, fc_b = _r(32), _r(32), _r(32)
     wq = torch.randn(32, 32, dtype=torch.float64, requires_grad=True)
 
-    def block(ln, attn, gelu):  # type: ignore[no-untyped-def]
+    def block(ln, attn, gelu):
         h = ln(x, w, b)
         q = (h @ wq).view(2, 16, 4, 8).transpose(1, 2)
         a = attn(q, q, q).transpose(1, 2).reshape(2, 16, 32)

@@ -33,7 +33,7 @@ def test_bad_names_are_clear_errors():
     with pytest.raises(ValueError, match=r"no CUDA source nope\.cu .*known: \[.*kernels_softmax"):
         _resources.cuda_source("nope")
     with pytest.raises(TypeError, match="name: must be a str"):
-        _resources.cuda_source(3)  # type: ignore[arg-type]
+        _resources.cuda_source(3)
 
 
 def test_packaged_copy_is_used_without_a_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

@@ -16,7 +16,7 @@ def online_softmax(x: np.ndarray) -> np.ndarray:
     return _ref.softmax_online(x, chunk=1)
 
 
-def layer_norm_backward(dy, x, w, mean, rstd):  # type: ignore[no-untyped-def]
+def layer_norm_backward(dy, x, w, mean, rstd):
     return tl.kernels.layer_norm_backward(dy, x, w, mean, rstd, backend="numpy")
 
 
@@ -34,5 +34,5 @@ def block_reduce_sum(x: np.ndarray) -> float:
     return numba_sim.block_reduce_sum(x)
 
 
-def flash_tile_update(m, l_sum, acc, s_tile, v_tile):  # type: ignore[no-untyped-def]
+def flash_tile_update(m, l_sum, acc, s_tile, v_tile):
     return _ref.flash_tile_update(m, l_sum, acc, s_tile, v_tile)

@@ -34,7 +34,7 @@ def run(
             c.add("numpy", lambda a=a, b=b: a @ b)
             c.add("torch", lambda ta=ta, tb=tb: ta @ tb)
 
-            def build(tg, a=a, b=b):  # type: ignore[no-untyped-def]
+            def build(tg, a=a, b=b):
                 ga, gb = tg.Tensor(a).realize(), tg.Tensor(b).realize()
                 f = tinygrad_jit(lambda x, y: x @ y)
                 return lambda: f(ga, gb)

@@ -265,7 +265,7 @@ def _ring(
         for j, (work, a, b, buf) in enumerate(recvs.pop(t)):
             work.wait()
             if buf is not None:
-                reduce(flat[a:b], buf)  # type: ignore[misc]
+                reduce(flat[a:b], buf)
             if t + 1 < nsteps:
                 send(t + 1, j, a, b)
     for w in all_sends:

@@ -102,11 +102,11 @@ class DataParallel:
         self._ready[bi] += 1
         while self._next < len(self.buckets) and self._ready[self._next] == len(self.buckets[self._next]):
             flat = self._flatten(self._next)
-            self._futures.append(self._pool.submit(self._reduce, self._next, flat))  # type: ignore[union-attr]
+            self._futures.append(self._pool.submit(self._reduce, self._next, flat))
             self._next += 1
 
     def _flatten(self, bi: int) -> torch.Tensor:
-        return torch.cat([self.params[i].grad.reshape(-1) for i in self.buckets[bi]])  # type: ignore[union-attr]
+        return torch.cat([self.params[i].grad.reshape(-1) for i in self.buckets[bi]])
 
     def _reduce(self, bi: int, flat: torch.Tensor) -> tuple[int, torch.Tensor]:
         t0 = time.perf_counter()
@@ -118,7 +118,7 @@ class DataParallel:
                 self.bytes_sent += compressed_all_reduce(
                     flat,
                     self.compressor,
-                    self.residuals[bi],  # type: ignore
+                    self.residuals[bi],
                     op=self.op,
                     group=self.group,
                 )
@@ -129,8 +129,8 @@ class DataParallel:
         off = 0
         for i in self.buckets[bi]:
             g = self.params[i].grad
-            g.copy_(flat[off : off + g.numel()].view_as(g))  # type: ignore[union-attr]
-            off += g.numel()  # type: ignore[union-attr]
+            g.copy_(flat[off : off + g.numel()].view_as(g))
+            off += g.numel()
 
     # ----------------------------------------------------------------------------------------------- public
     def sync(self) -> None:

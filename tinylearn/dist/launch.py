@@ -143,8 +143,8 @@ class RankFailure:
                 exc = RuntimeError(text)
         else:
             exc = RuntimeError(text)
-        exc.rank = self.rank  # type: ignore[attr-defined]
-        exc.remote_traceback = self.tb  # type: ignore[attr-defined]
+        exc.rank = self.rank
+        exc.remote_traceback = self.tb
         return exc
 
 

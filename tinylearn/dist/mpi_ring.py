@@ -13,7 +13,7 @@ import numpy as np
 from .collectives import bounds, ring_schedule
 
 
-def ring_allreduce_mpi(comm, x: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
+def ring_allreduce_mpi(comm, x: np.ndarray) -> np.ndarray:
     """In-place sum all-reduce of the 1-D contiguous array ``x`` over ``comm`` with the ring schedule."""
     p, r = comm.Get_size(), comm.Get_rank()
     if p == 1 or x.size == 0:

@@ -88,7 +88,7 @@ def _merge(parallel: list[list[Step]]) -> list[Step]:
     out = []
     for t in range(max((len(s) for s in parallel), default=0)):
         parts = [s[t] for s in parallel if t < len(s)]
-        out.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(4)))  # type: ignore[arg-type]
+        out.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(4)))
     return out
 
 

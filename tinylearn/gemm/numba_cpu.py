@@ -12,11 +12,11 @@ import numpy as np
 
 
 @functools.cache
-def _kernel():  # type: ignore[no-untyped-def]
+def _kernel():
     import numba
 
     @numba.njit(cache=False, fastmath=False)
-    def blocked(a, b, c, mc, kc, nc):  # type: ignore[no-untyped-def]
+    def blocked(a, b, c, mc, kc, nc):
         m, k = a.shape
         n = b.shape[1]
         for jc in range(0, n, nc):

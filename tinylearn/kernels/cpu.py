@@ -22,7 +22,7 @@ SOFTMAX_VERSION = "three_pass"
 LAYER_NORM_VERSION = "two_pass"
 
 
-def _k():  # type: ignore[no-untyped-def]
+def _k():
     return backends.load_C("kernels")
 
 
@@ -45,13 +45,13 @@ def softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
 def layer_norm(
     x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, version: str | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return tuple(_k().layer_norm_forward(x, w, b, float(eps), version or LAYER_NORM_VERSION))  # type: ignore[return-value]
+    return tuple(_k().layer_norm_forward(x, w, b, float(eps), version or LAYER_NORM_VERSION))
 
 
 def layer_norm_backward(
     dy: np.ndarray, x: np.ndarray, w: np.ndarray, mean: np.ndarray, rstd: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return tuple(_k().layer_norm_backward(dy, x, w, mean, rstd))  # type: ignore[return-value]
+    return tuple(_k().layer_norm_backward(dy, x, w, mean, rstd))
 
 
 def bias_gelu(x: np.ndarray, b: np.ndarray, approximate: str = "none") -> np.ndarray:
@@ -61,13 +61,13 @@ def bias_gelu(x: np.ndarray, b: np.ndarray, approximate: str = "none") -> np.nda
 def bias_gelu_backward(
     dy: np.ndarray, x: np.ndarray, b: np.ndarray, approximate: str = "none"
 ) -> tuple[np.ndarray, np.ndarray]:
-    return tuple(_k().bias_gelu_backward(dy, x, b, approximate == "tanh"))  # type: ignore[return-value]
+    return tuple(_k().bias_gelu_backward(dy, x, b, approximate == "tanh"))
 
 
 def attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, block_size: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:
-    return tuple(_k().flash_attention_forward(q, k, v, bool(causal), int(block_size)))  # type: ignore[return-value]
+    return tuple(_k().flash_attention_forward(q, k, v, bool(causal), int(block_size)))
 
 
 def attention_backward(
@@ -80,4 +80,4 @@ def attention_backward(
     causal: bool,
     block_size: int = 64,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return tuple(_k().flash_attention_backward(q, k, v, o, lse, do, bool(causal), int(block_size)))  # type: ignore[return-value]
+    return tuple(_k().flash_attention_backward(q, k, v, o, lse, do, bool(causal), int(block_size)))

@@ -186,8 +186,8 @@ class Allocator:
         # hot path: bind the core's methods directly (no extra Python frame per call); the C++ core gets a thin
         # type check first (pybind11 would accept True as 1 and answer float/None/str with an unclear message)
         if backend == "python":
-            self.malloc = core.malloc  # type: ignore[method-assign]
-            self.free = core.free  # type: ignore[method-assign]
+            self.malloc = core.malloc
+            self.free = core.free
         else:
             c_malloc, c_free = core.malloc, core.free
 
@@ -197,8 +197,8 @@ class Allocator:
             def free(offset: int, *args: Any, **kw: Any) -> None:
                 c_free(offset if type(offset) is int else check_int("offset", offset), *args, **kw)
 
-            self.malloc = malloc  # type: ignore[method-assign]
-            self.free = free  # type: ignore[method-assign]
+            self.malloc = malloc
+            self.free = free
 
     def malloc(self, nbytes: int) -> int:  # replaced per instance in __init__
         """Allocate ``nbytes`` bytes; returns the block's offset in the arena."""
@@ -217,11 +217,11 @@ class Allocator:
 
     def live_blocks(self) -> list[tuple[int, int, int]]:
         """[(offset, block_size, requested)] of live blocks, sorted by offset."""
-        return [tuple(map(int, b)) for b in self._core.live_blocks()]  # type: ignore[misc]
+        return [tuple(map(int, b)) for b in self._core.live_blocks()]
 
     def free_blocks(self) -> list[tuple[int, int]]:
         """[(offset, size)] of free blocks this allocator can hand out, sorted by offset."""
-        return sorted(tuple(map(int, b)) for b in self._core.free_blocks())  # type: ignore[misc]
+        return sorted(tuple(map(int, b)) for b in self._core.free_blocks())
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Blocks in address order: dict(offset, size, requested, state='allocated'|'free')."""

@@ -87,10 +87,10 @@ def plan_greedy(lifetimes: Sequence[Sequence[int]], strategy: str = "size", alig
         busy = []
         for j in placed:
             if _conflicts(lts[i], lts[j]):
-                busy.append((offsets[j], offsets[j] + align_up(lts[j][0], alignment)))  # type: ignore[operator]
+                busy.append((offsets[j], offsets[j] + align_up(lts[j][0], alignment)))
         offsets[i] = _place(size, busy, best_fit=strategy == "size")
         placed.append(i)
-    return [int(o) for o in offsets]  # type: ignore[arg-type]
+    return [int(o) for o in offsets]
 
 
 def plan(lifetimes: Sequence[Sequence[int]], strategy: str = "best", alignment: int = 1) -> tuple[list[int], int]:

@@ -204,7 +204,7 @@ class TraceRecorder:
             rows = [tuple(r) for r in load_cpp().handler_trace(self._handler).tolist()]
             n = sum(1 for op, _ in rows if op == 0)
             freed = {arg for op, arg in rows if op == 1}
-            self._ops = rows + [(1, i) for i in range(n) if i not in freed]  # type: ignore[misc]
+            self._ops = rows + [(1, i) for i in range(n) if i not in freed]
         else:
             _set_hook(self._prev)
             self._ops += [(1, i) for i in sorted(self._live)]

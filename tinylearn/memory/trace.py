@@ -76,7 +76,7 @@ def lifetimes_from_ops(ops: np.ndarray) -> list[tuple[int, int, int]]:
             out.append([arg, t, len(ops) - 1])
         else:
             out[arg][2] = t - 1 if t - 1 >= out[arg][1] else out[arg][1]
-    return [tuple(x) for x in out]  # type: ignore[misc]
+    return [tuple(x) for x in out]
 
 
 def random_ops(

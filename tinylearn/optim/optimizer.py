@@ -176,4 +176,4 @@ def check_betas(betas: Any) -> tuple[float, float]:
         raise ValueError(f"betas: expected a pair of floats, got {betas!r}") from None
     if len(b) != 2 or not all(0.0 <= x < 1.0 for x in b):
         raise ValueError(f"betas: expected a pair (beta1, beta2) each in [0, 1), got {betas!r}")
-    return b  # type: ignore[return-value]
+    return b

@@ -198,7 +198,7 @@ class ZeroOptimizer:
         todo = [sl for sl in slots if sl.p.data.untyped_storage().nbytes() != sl.numel * sl.p.element_size()]
         if not todo:
             return  # already gathered (the same on every rank: all ranks run the same hooks)
-        fulls = self._gather_many([sl.p_shard for sl in todo], todo)  # type: ignore[misc]
+        fulls = self._gather_many([sl.p_shard for sl in todo], todo)
         for sl, full in zip(todo, fulls, strict=True):
             sl.p.data.untyped_storage().resize_(sl.numel * sl.p.element_size())
             sl.p.data.copy_(full.view(sl.shape))

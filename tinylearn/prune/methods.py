@@ -175,7 +175,7 @@ class PruningContainer(BasePruningMethod):
         if kind == "unstructured":
             slc: Any = mask == 1
         elif kind == "structured":
-            dim = M.check_dim(t, method.dim)  # type: ignore[attr-defined]
+            dim = M.check_dim(t, method.dim)
             keep = mask.sum(axis=tuple(d for d in range(t.ndim) if d != dim)) != 0
             idx: list[Any] = [slice(None)] * t.ndim
             idx[dim] = keep
