@@ -77,6 +77,8 @@ def _write_settings(settings: Path) -> None:
     """User settings for the temporary JupyterLab: autosave off, no news/update checks."""
     files = {
         "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
+        # render every cell (JupyterLab 4 virtualises off-screen cells by default): plots are then in the DOM
+        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
             "fetchNews": "false",
             "checkForUpdates": False,
@@ -191,11 +193,12 @@ def run_notebook(browser, server: LabServer, name: str, out_dir: Path, timeout_s
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     problems: list[str] = []
     try:
-        page.goto(server.url(f"lab/tree/{name}"), wait_until="domcontentloaded", timeout=60_000)
+        # &reset: a fresh workspace, so the previous notebook (its kernel shut down) is not restored beside this one
+        page.goto(server.url(f"lab/tree/{name}") + "&reset", wait_until="domcontentloaded", timeout=60_000)
         page.wait_for_function(
-            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-            " && window.jupyterapp.shell.currentWidget.content"
-            " && window.jupyterapp.shell.currentWidget.content.model",
+            "(name) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            " return !!(w && w.context && w.context.path.endsWith(name) && w.content && w.content.model); }",
+            arg=name,
             timeout=120_000,
         )
         page.evaluate(_RUN_ALL_JS)
@@ -207,12 +210,13 @@ def run_notebook(browser, server: LabServer, name: str, out_dir: Path, timeout_s
             time.sleep(1)
         cells = page.evaluate(_COLLECT_JS)
         problems += check_cells(cells)
-        imgs = page.locator(".jp-RenderedImage img")
-        if imgs.count() == 0:
+        n_img = page.evaluate(
+            "() => { const i = document.querySelectorAll('.jp-RenderedImage img');"
+            " if (i.length) i[0].scrollIntoView({block: 'center'}); return i.length; }"
+        )
+        if n_img == 0:
             problems.append("no plot image rendered in the page")
-        else:
-            imgs.first.scroll_into_view_if_needed()
-            time.sleep(0.5)
+        time.sleep(0.5)
         page.screenshot(path=str(out_dir / f"{Path(name).stem}.png"))
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
     except Exception as e:  # a driver error is a failure of this notebook, reported with its type
