@@ -21,7 +21,9 @@ from .layers import (
     Sigmoid,
     Tanh,
 )
+from .layers_attention import *  # noqa: F403  (MultiheadAttention, TransformerEncoderLayer)
 from .layers_extra import ELU, GroupNorm, LeakyReLU, LogSoftmax, Mish, ModuleDict, SiLU, Softmax, Softplus  # noqa: F401
+from .layers_spatial import *  # noqa: F403  (Conv1d/3d, ConvTranspose*, 1d/3d/adaptive pools, Upsample)
 from .module import Module, RemovableHandle
 from .parameter import Parameter
 
@@ -51,3 +53,8 @@ __all__ = [
     "Dropout",
     "Embedding",
 ]
+
+from . import layers_attention as _layers_attention  # noqa: E402
+from . import layers_spatial as _layers_spatial
+
+__all__ += [*_layers_spatial.__all__, *_layers_attention.__all__]

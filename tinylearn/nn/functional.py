@@ -24,6 +24,7 @@ from .functional_extra import *  # noqa: F403  (more losses, sdpa, group_norm, p
 from .functional_extra import cross_entropy
 from .functional_loss import mse_loss
 from .functional_norm import batch_norm, layer_norm
+from .functional_spatial import *  # noqa: F403  (conv1d/3d, conv_transpose, 1d/3d/adaptive pools, interpolate)
 
 
 def relu(x: Tensor) -> Tensor:
