@@ -5,10 +5,11 @@
                                          backpropagate dL/dy through it (parameter gradients accumulate as usual),
                                          hand dL/dx on
 
-Same values and gradients as without checkpointing, bit for bit in fp32 (under autocast the gradient entering a
-segment is rounded to its bf16 boundary tensor); the recomputation repeats the same numpy calls;
-dropout draws the same mask because the global generator's state is saved and restored, torch's
-preserve_rng_state), and the recomputation runs under the forward's autocast state.
+Same values and gradients as without checkpointing, bit for bit, in fp32 and under autocast: the recomputation
+repeats the same numpy calls; dropout draws the same mask because the global generator's state is saved and
+restored (torch's preserve_rng_state); the recomputation runs under the autocast state of the forward, not of
+the backward (torch saves and restores it too); and the gradient entering a segment is handed to its
+recomputed graph unrounded (a bf16 segment output does not round an fp32 gradient, as in the plain graph).
 Cost: one extra forward of every checkpointed segment.
 
 checkpoint_sequential(modules, segments, x): split n layers into ``segments`` chunks and checkpoint all but the
@@ -100,7 +101,11 @@ class _Checkpoint(Function):
             if isinstance(x, Tensor) and x.requires_grad:
                 x.register_hook(lambda gr, i=i: captured.__setitem__(i, getattr(gr, "data", gr)))
         if out.requires_grad:
-            out.backward(Tensor(g))
+            # hand the incoming gradient on as it is (Tensor.backward would cast it to out's dtype: a bf16 segment
+            # output would round an fp32 gradient that the un-checkpointed graph passes through unrounded)
+            from .engine import run_backward
+
+            run_backward(out, np.asarray(g), False)
         grads = [
             captured.get(i, np.zeros(x.shape, np.float32) if t else None) if t and n else None
             for i, (x, t, n) in enumerate(zip(inputs, ctx.is_tensor, needs))
