@@ -5,8 +5,13 @@
 //   matmul_naive   C = A @ B, textbook i-j-k triple loop over fp32, no blocking, no SIMD intent, one thread:
 //                  the "why BLAS matters" baseline in notebooks/00_tour
 //   matmul_ikj     the same loops reordered i-k-j so the inner loop streams rows (auto-vectorisable), one thread
+//   add_chain      n dependent integer adds (1 cycle each on every x86-64 core since the P6), timed: the *measured*
+//                  clock (turbo included) for the roofline's theoretical peak — /proc/cpuinfo only has the nominal one
 // Each is checked against numpy in tests/test_foundation.py.
 #include "registry.h"
+
+#include <chrono>
+#include <cstdint>
 
 namespace py = pybind11;
 
@@ -72,10 +77,48 @@ static py::array_t<float> matmul_ikj(py::array_t<float, py::array::c_style | py:
   return C;
 }
 
+// A chain of n dependent adds x += one: each add needs the previous result, so the chain takes n cycles whatever
+// the issue width. The adds are inline asm (the compiler cannot fold the chain into x += n) and reg+reg (some cores,
+// e.g. Golden Cove, fold *immediate* adds at rename and would run faster than one per cycle). Eight adds per loop
+// trip hide the loop's own counter/branch (which run in parallel on other ports). Returns seconds.
+static double add_chain(int64_t n) {
+  if (n < 8) tl::value_error("add_chain: n must be >= 8, got " + std::to_string(n));
+  volatile uint64_t seed = 1;  // opaque to the compiler: the increment is not a known constant
+  uint64_t one = seed, x = 0;
+  const int64_t trips = n / 8;
+  py::gil_scoped_release release;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < trips; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile(
+        "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+        "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0"
+        : "+r"(x)
+        : "r"(one));
+#elif defined(__aarch64__)
+    asm volatile(
+        "add %0, %0, %1\n\tadd %0, %0, %1\n\tadd %0, %0, %1\n\tadd %0, %0, %1\n\t"
+        "add %0, %0, %1\n\tadd %0, %0, %1\n\tadd %0, %0, %1\n\tadd %0, %0, %1"
+        : "+r"(x)
+        : "r"(one));
+#else
+    for (int k = 0; k < 8; ++k) {
+      x += one;
+      asm volatile("" : "+r"(x));  // compiler barrier per add: no folding, no reassociation
+    }
+#endif
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  seed = x;  // keep the result observable
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
 TL_REGISTER(machine) {
-  m.doc() = "machine-measurement kernels: STREAM triad, naive matmuls";
+  m.doc() = "machine-measurement kernels: STREAM triad, naive matmuls, add-chain clock";
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("s"),
         "a[:] = b + s*c (float64, OpenMP); moves 24 bytes per element");
   m.def("matmul_naive", &matmul_naive, py::arg("A"), py::arg("B"), "C = A @ B, i-j-k loops, fp32, one thread");
   m.def("matmul_ikj", &matmul_ikj, py::arg("A"), py::arg("B"), "C = A @ B, i-k-j loops (vectorisable), one thread");
+  m.def("add_chain", &add_chain, py::arg("n"),
+        "time (seconds) of n dependent integer adds, 1 cycle each: n / seconds is the core clock in Hz");
 }

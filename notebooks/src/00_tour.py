@@ -44,16 +44,27 @@ assert "tinylearn" in info and "numpy" in info
 # $\min(P_{peak},\; I \cdot BW)$. We measure $P_{peak}$ as the best SGEMM throughput (numpy and torch) and $BW$ with
 # STREAM's triad `a = b + s*c` (24 bytes per element, arrays far larger than cache). The theoretical peak from the
 # CPU flags (cores × GHz × 2 FMA units × SIMD lanes × 2) is an upper bound the measurement should stay below.
+#
+# Which GHz? `/proc/cpuinfo` reports the *nominal* clock, but cloud CPUs turbo well above it, so a bound built from
+# it can sit below a real SGEMM measurement. We therefore also **measure** the clock: `_C.machine.add_chain(n)` times
+# a chain of $n$ dependent integer adds (each needs the previous result, 1 cycle each), so $n/t$ is the clock in Hz;
+# the best of 25 runs of about 1 ms is the least-disturbed one. The bound uses max(nominal, measured): turbo raises
+# it, and a pre-empted (slow) measurement never lowers it below nominal.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 peak = roofline.peak_gflops(n=1024, repeat=3)
 theory = roofline.theoretical_peak_gflops()
 bw = roofline.stream_bandwidth(n=10_000_000, repeat=3)
+nominal, clock = theory.details["nominal_ghz"], theory.details["measured_ghz"]
+print(f"clock             : nominal {nominal:.2f} GHz (/proc/cpuinfo), measured {clock:.2f} GHz (add chain)")
 print(f"measured fp32 peak: {peak.gflops:7.1f} GFLOP/s  ({peak.source}; {peak.details})")
-print(f"theoretical peak  : {theory.gflops:7.1f} GFLOP/s  ({theory.source})")
+print(f"theoretical bound : {theory.gflops:7.1f} GFLOP/s  ({theory.source})")
 print(f"STREAM triad      : {bw:7.1f} GB/s  -> ridge point {peak.gflops / bw:.1f} FLOP/byte")
-assert 0 < peak.gflops <= 1.1 * theory.gflops and bw > 0  # the measurement stays below the paper peak
+print(f"SGEMM reaches {peak.gflops / theory.gflops:.0%} of the bound")
+assert 0.5 < clock < 7.0  # a real clock: a folded add chain would read as thousands of GHz
+assert theory.details["ghz"] == max(g for g in (nominal, clock) if g == g)  # the bound uses the higher clock
+assert 0 < peak.gflops <= 1.05 * theory.gflops and bw > 0  # the measurement stays below the bound
 
 # %% [markdown]
 # ## First side-by-side benchmark: matmul

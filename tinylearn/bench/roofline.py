@@ -3,8 +3,11 @@
 - ``peak_gflops()``: measured fp32 SGEMM throughput (numpy BLAS and torch, 2*n^3 flops per n x n matmul; the
   better of the two is the practical peak).
 - ``theoretical_peak_gflops()``: cores x GHz x FMA-units x SIMD-lanes x 2 from /proc/cpuinfo flags — an upper
-  bound the measured figure should stay below (turbo and the real number of FMA ports are guesses; the
-  function says what it assumed).
+  bound the measured figure should stay below. GHz is max(nominal clock from /proc/cpuinfo, measured clock):
+  cloud CPUs turbo well above the nominal clock, so the nominal figure alone is not an upper bound. The number of
+  FMA ports is a guess (2); the function says what it assumed.
+- ``measured_ghz()``: the core clock measured by timing a chain of dependent integer adds (one cycle each) in
+  C++ (``_C.machine.add_chain``); best of ~25 runs of ~1 ms, so it is the turbo clock of an unloaded core.
 - ``stream_bandwidth()``: STREAM triad a = b + s*c on float64 in C++/OpenMP (24 bytes per element counted), with
   arrays far larger than the last-level cache.
 - ``roofline_plot(ax, peak_gflops, bandwidth_gbs, points)``: the two roofs and measured kernels as points
@@ -85,18 +88,53 @@ def cpu_ghz() -> float | None:
     return float(mhz[0]) / 1000 if mhz else None
 
 
+def measured_ghz(runs: int = 25, n: int = 3_000_000) -> float | None:
+    """Core clock in GHz from ``runs`` timings of ``n`` dependent adds (1 cycle each): n / best seconds / 1e9.
+
+    The best (shortest) run is the one least disturbed by pre-emption, so it is the clock the core actually ran
+    at, turbo included. None when the C++ extension is not built.
+    """
+    if runs < 1:
+        raise ValueError(f"runs: must be >= 1, got {runs}")
+    if n < 1000:
+        raise ValueError(f"n: chain length must be >= 1000, got {n}")
+    if not backends.C_available("machine"):
+        return None
+    chain = backends.load_C("machine").add_chain
+    n -= n % 8  # the kernel runs the chain in blocks of 8 adds
+    chain(n)  # warm-up: lets the core leave its idle clock
+    best = min(chain(n) for _ in range(runs))
+    return n / best / 1e9
+
+
 def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) -> Peak:
-    """cores x GHz x 2 FMA units x lanes x 2 FLOP/FMA; lanes = 16 with AVX-512F, 8 with AVX2+FMA, 4 otherwise."""
+    """cores x GHz x 2 FMA units x lanes x 2 FLOP/FMA; lanes = 16 with AVX-512F, 8 with AVX2+FMA, 4 otherwise.
+
+    Without an explicit ``ghz``, the clock is max(nominal /proc/cpuinfo clock, ``measured_ghz()``): turbo raises
+    the bound above the nominal figure, and a slow (pre-empted) measurement never lowers it below nominal.
+    """
     flags = cpu_flags()
     cores = cores or len(os.sched_getaffinity(0))
-    ghz = ghz or cpu_ghz() or 2.0
+    nominal = cpu_ghz()
+    measured = measured_ghz()
+    if ghz is None:
+        ghz = max((g for g in (nominal, measured) if g), default=2.0)
+    elif ghz <= 0:
+        raise ValueError(f"ghz: must be > 0, got {ghz}")
     lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
     fma_units = 2
     g = cores * ghz * fma_units * lanes * 2
     return Peak(
         g,
         f"{cores} cores x {ghz:.2f} GHz x {fma_units} FMA x {lanes} lanes x 2",
-        {"cores": cores, "ghz": ghz, "lanes": lanes, "fma_units": fma_units},
+        {
+            "cores": cores,
+            "ghz": ghz,
+            "nominal_ghz": nominal or float("nan"),
+            "measured_ghz": measured or float("nan"),
+            "lanes": lanes,
+            "fma_units": fma_units,
+        },
     )
 
 
