@@ -151,11 +151,20 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
     def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         return _rd.Mean.apply(self, dim=dim, keepdim=keepdim)
 
-    def max(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
-        return _rd.Max.apply(self, dim=dim, keepdim=keepdim, sign=1.0)
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """``x.max()``: 0-d tensor; ``x.max(dim, keepdim)``: (values, indices); ``x.max(other)``: elementwise."""
+        return _max_min(self, dim, keepdim, 1.0)
 
-    def min(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
-        return _rd.Max.apply(self, dim=dim, keepdim=keepdim, sign=-1.0)
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """``x.min()``: 0-d tensor; ``x.min(dim, keepdim)``: (values, indices); ``x.min(other)``: elementwise."""
+        return _max_min(self, dim, keepdim, -1.0)
+
+    def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        """torch.median: the lower median ((n-1)//2-th smallest). No dim: 0-d tensor of the flattened input; with
+        dim: (values, indices). NaN propagates."""
+        if dim is None:
+            return _rd.MaxDim.apply(self.reshape(-1), dim=0, median=True)[0]
+        return _rd.ValuesIndicesResult(*_rd.MaxDim.apply(self, dim=_dim_arg(dim), keepdim=keepdim, median=True))
 
     def var(
         self, dim: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1, unbiased: Any = None
@@ -274,6 +283,20 @@ def _shape_arg(shape: tuple) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = tuple(shape[0])
     return tuple(int(s) for s in shape)
+
+
+def _dim_arg(dim: Any) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int | np.integer):
+        raise TypeError(f"dim: expected an int, got {type(dim).__name__} {dim!r}")
+    return int(dim)
+
+
+def _max_min(x: Any, dim: Any, keepdim: bool, sign: float) -> Any:
+    if isinstance(dim, TensorMethods | np.ndarray):  # torch.max(input, other): elementwise
+        return x.maximum(dim) if sign > 0 else x.minimum(dim)
+    if dim is None:
+        return _rd.Max.apply(x, dim=None, keepdim=keepdim, sign=sign)
+    return _rd.ValuesIndicesResult(*_rd.MaxDim.apply(x, dim=_dim_arg(dim), keepdim=keepdim, sign=sign))
 
 
 def _norm_dim(d: int, nd: int, name: str) -> int:

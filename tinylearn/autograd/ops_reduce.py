@@ -4,14 +4,18 @@ sum      z = sum_i x_i                 dx = g broadcast back over the reduced di
 mean     z = sum_i x_i / n             dx = g / n
 var      z = sum_i (x_i - m)^2 / (n - c)   (correction c = 1 by default, like torch)   dx = g * 2 (x - m) / (n - c)
 max      full reduction: the gradient is split evenly among tied maxima (torch's x.max());
-         max(dim): the gradient goes to the first maximal index along dim (torch's x.max(dim).values)
+         max(dim): (values, indices), the gradient goes to the first maximal index along dim (torch's CPU choice;
+         NaN propagates and wins, at its first position) -- ``MaxDim`` below
+median   median(dim): the lower median (element (n-1)//2 of a stable sort), the gradient goes to its index
 softmax      y = e^x / sum e^x         dx = y * (g - sum(g * y))
 log_softmax  y = x - logsumexp(x)      dx = g - softmax(x) * sum(g)
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +32,19 @@ def norm_axes(dim: int | Sequence[int] | None, nd: int, name: str = "dim") -> tu
             raise ValueError(f"{name}: dimension {d} out of range for a tensor with {nd} dims")
         out.append(int(d) % max(nd, 1))
     return tuple(out)
+
+
+class ValuesIndicesResult(namedtuple("ValuesIndicesResult", ["values", "indices"])):
+    """torch.return_types.max/min/median: a namedtuple ``(values, indices)`` -- ``v, i = x.max(1)``, ``x.max(1)[0]``,
+    ``x.max(1).values`` all work as in torch. Other attribute reads (``.sum()``, ``.shape``, ``.backward``) fall
+    through to ``values``, so older tinylearn code that used ``x.max(dim)`` as the values tensor keeps working."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.values, name)
 
 
 def _expand_back(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...] | None, keepdim: bool) -> np.ndarray:
@@ -93,6 +110,54 @@ class Max(Function):
         gx = np.zeros(ctx.shape, dtype=g.dtype)
         gk = g if ctx.keepdim else np.expand_dims(g, ctx.dim)
         np.put_along_axis(gx, m, gk, axis=ctx.dim)
+        return gx
+
+
+class MaxDim(Function):
+    """``x.max(dim)`` / ``x.min(dim)`` (sign -1) as two outputs (values, indices); indices are not differentiable.
+
+    VJP: dx = scatter of g into the selected index along dim (zero elsewhere): values = x gathered at indices,
+    and the gather's transpose is a scatter.
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim=0, keepdim=False, sign=1.0, median=False):
+        what = "median" if median else ("max" if sign > 0 else "min")
+        if x.ndim == 0:  # dim 0 / -1 of a 0-d tensor: the element itself and index 0, like torch
+            norm_axes(dim, 0)
+            ctx.d = None
+            ctx.mark_non_differentiable(1)
+            return x.copy(), np.zeros((), np.int64)
+        (d,) = norm_axes(dim, x.ndim)
+        if x.shape[d] == 0:
+            raise ValueError(f"dim: {what} over dim {dim} of size 0 (input shape {x.shape})")
+        if median:  # lower median of a stable sort; NaN sorts last in numpy, torch propagates it: handle NaN first
+            order = np.argsort(x, axis=d, kind="stable")
+            k = (x.shape[d] - 1) // 2
+            idx = np.take(order, [k], axis=d).astype(np.int64)
+            if x.dtype.kind == "f":
+                nan = np.isnan(x)
+                has = nan.any(axis=d, keepdims=True)
+                idx = np.where(has, np.argmax(nan, axis=d, keepdims=True), idx)
+        else:
+            idx = (np.argmax(x, axis=d, keepdims=True) if sign > 0 else np.argmin(x, axis=d, keepdims=True)).astype(
+                np.int64
+            )
+        vals = np.take_along_axis(x, idx, axis=d)
+        ctx.shape, ctx.d, ctx.keepdim = x.shape, d, keepdim
+        ctx.save_for_backward(idx)
+        ctx.mark_non_differentiable(1)
+        if not keepdim:
+            vals, idx = np.squeeze(vals, axis=d), np.squeeze(idx, axis=d)
+        return vals, idx
+
+    @staticmethod
+    def backward(ctx, g, _gi=None):
+        if ctx.d is None:
+            return g
+        (idx,) = ctx.saved_tensors
+        gx = np.zeros(ctx.shape, dtype=g.dtype)
+        np.put_along_axis(gx, idx, g if ctx.keepdim else np.expand_dims(g, ctx.d), axis=ctx.d)
         return gx
 
 
