@@ -112,3 +112,50 @@ def as_float_array(x: Any, name: str) -> np.ndarray:
     if a.dtype.kind != "f":
         raise TypeError(f"{name}: expected a real floating array, got dtype {a.dtype}")
     return a
+
+
+def ntuple(value: Any, n: int, name: str) -> tuple[int, ...]:
+    """``int`` or length-``n`` sequence of ints -> n-tuple; TypeError naming ``name`` otherwise (``pair`` for n-d)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected int or {n}-tuple of ints, got bool {value!r}")
+    if isinstance(value, int | np.integer):
+        return (int(value),) * n
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == n
+        and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in value)
+    ):
+        return tuple(int(v) for v in value)
+    raise TypeError(f"{name}: expected int or {n}-tuple of ints, got {value!r}")
+
+
+def window_params_nd(
+    spatial: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any, dilation: Any, what: str = "input"
+) -> tuple[tuple[int, ...], ...]:
+    """n-d version of ``window_params`` on the spatial sizes only: validated (k, s, p, d, out) n-tuples."""
+    n = len(spatial)
+    k = ntuple(kernel_size, n, "kernel_size")
+    s = ntuple(stride, n, "stride")
+    p = ntuple(padding, n, "padding")
+    d = ntuple(dilation, n, "dilation")
+    if min(k) < 1:
+        raise ValueError(f"kernel_size: must be positive, got {k}")
+    if min(s) < 1:
+        raise ValueError(f"stride: must be positive, got {s}")
+    if min(d) < 1:
+        raise ValueError(f"dilation: must be positive, got {d}")
+    if min(p) < 0:
+        raise ValueError(f"padding: must be non-negative, got {p}")
+    eff = tuple(d[i] * (k[i] - 1) + 1 for i in range(n))
+    padded = tuple(spatial[i] + 2 * p[i] for i in range(n))
+    if any(eff[i] > padded[i] for i in range(n)):
+        raise ValueError(
+            f"kernel_size: dilated kernel {eff} (kernel_size={k}, dilation={d}) is larger than the padded input "
+            f"{padded} ({what} spatial size {tuple(spatial)}, padding={p})"
+        )
+    if max(padded + eff) > _INDEX_LIMIT:
+        raise ValueError(f"padding/dilation: padded/dilated size exceeds 2**62 ({what} spatial size {spatial})")
+    out = tuple(conv_out_size(spatial[i], k[i], s[i], p[i], d[i]) for i in range(n))
+    s = tuple(min(s[i], padded[i]) for i in range(n))
+    d = tuple(d[i] if k[i] > 1 else 1 for i in range(n))
+    return k, s, p, d, out

@@ -119,13 +119,40 @@ def conv2d(
     return Conv2dFunction.apply(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
-def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
-    """Differentiable max pooling; the gradient flows to the first maximum of each window (like torch)."""
+def max_pool2d(
+    x: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """Differentiable max pooling (torch.nn.functional.max_pool2d signature); the gradient flows to the first
+    maximum of each window (like torch). ceil_mode / return_indices / unbatched input go through the n-d kernels
+    of ``functional_nd`` (indices are flat h*W + w positions, as torch returns them)."""
+    if ceil_mode or return_indices or not isinstance(x, Tensor) or x.ndim != 4:
+        from .functional_nd import max_pool2d_nd
+
+        return max_pool2d_nd(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
     return MaxPool2dFunction.apply(x, kernel_size, stride=stride, padding=padding, dilation=dilation)
 
 
 def avg_pool2d(
-    x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, count_include_pad: bool = True
+    x: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    count_include_pad: bool = True,
+    *,
+    ceil_mode: bool = False,
+    divisor_override: int | None = None,
 ) -> Tensor:
-    """Differentiable average pooling (floor mode)."""
+    """Differentiable average pooling. NOTE: the 5th positional argument is count_include_pad here (torch's is
+    ceil_mode); pass ceil_mode / count_include_pad / divisor_override by keyword for torch-identical calls.
+    ceil_mode, divisor_override and unbatched input go through the n-d kernels of ``functional_nd``."""
+    if ceil_mode or divisor_override is not None or not isinstance(x, Tensor) or x.ndim != 4:
+        from .functional_nd import avg_pool2d_nd
+
+        return avg_pool2d_nd(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     return AvgPool2dFunction.apply(x, kernel_size, stride=stride, padding=padding, count_include_pad=count_include_pad)

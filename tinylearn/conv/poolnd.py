@@ -1,0 +1,276 @@
+"""1-d/2-d/3-d pooling, unpooling, adaptive pooling and interpolation on numpy arrays [N, C, *spatial].
+
+Windows are a strided view [N, C, *out, *k] of the padded input (no copy until reduced). Output length per axis
+(torch's pooling_output_shape):
+
+    out = floor_or_ceil((L + 2p - d(k-1) - 1) / s) + 1,   in ceil_mode minus 1 if the last window starts at >= L + p
+
+ceil_mode pads the right end with ``extra = (out-1)*s + d(k-1) + 1 - (L + 2p)`` more cells (-inf / 0).
+
+    max:   y = max over window, idx = flat index into the input plane of the first maximum (NaN wins)
+           dx = scatter-add of dy to idx                                  (also adaptive max, and max_unpool's adjoint)
+    avg:   y = window sum / divisor; divisor = divisor_override, or the window clipped to [-p, L + p) per axis
+           (count_include_pad), or clipped to the input [0, L) (count_include_pad=False). dx spreads dy / divisor.
+    adaptive windows: start = floor(o*L/O), end = ceil((o+1)*L/O); the average is separable (one [O, L] matrix per
+           axis), the maximum loops over output cells.
+    interpolate: separable per axis; nearest src = min(floor(dst*scale), L-1) with scale = L/O (or 1/scale_factor),
+           linear src = scale*(dst + 0.5) - 0.5 clamped at 0 (align_corners: src = dst*(L-1)/(O-1)),
+           y = (1-t)*x[i0] + t*x[i1]; the backward adds the same weights back (np.add.at).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ._params import ntuple
+
+
+def pool_geometry(
+    spatial: tuple[int, ...],
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool,
+    what: str = "input",
+) -> tuple[tuple[int, ...], ...]:
+    """(k, s, p, d, out, extra) n-tuples for a pool over ``spatial``; ValueError naming the argument."""
+    n = len(spatial)
+    k = ntuple(kernel_size, n, "kernel_size")
+    no_stride = stride is None or (isinstance(stride, tuple | list) and len(stride) == 0)
+    s = k if no_stride else ntuple(stride, n, "stride")
+    p = ntuple(padding, n, "padding")
+    d = ntuple(dilation, n, "dilation")
+    if min(k) < 1:
+        raise ValueError(f"kernel_size: must be positive, got {k}")
+    if min(s) < 1:
+        raise ValueError(f"stride: must be positive, got {s}")
+    if min(d) < 1:
+        raise ValueError(f"dilation: must be positive, got {d}")
+    if min(p) < 0 or any(p[i] > k[i] // 2 for i in range(n)):
+        raise ValueError(f"padding: must be non-negative and at most half of kernel_size {k}, got {p}")
+    out, extra = [], []
+    for i in range(n):
+        num = spatial[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1
+        o = (num + (s[i] - 1 if ceil_mode else 0)) // s[i] + 1
+        if ceil_mode and (o - 1) * s[i] >= spatial[i] + p[i]:
+            o -= 1
+        if num < 0 or o < 1:
+            raise ValueError(
+                f"kernel_size: output size would be {o} along spatial dim {i}: the (dilated) kernel {k} "
+                f"(dilation={d}) does not fit the padded {what} of spatial size {tuple(spatial)} (padding={p})"
+            )
+        out.append(o)
+        extra.append(max(0, (o - 1) * s[i] + d[i] * (k[i] - 1) + 1 - (spatial[i] + 2 * p[i])))
+    return k, s, p, d, tuple(out), tuple(extra)
+
+
+def _pad(x: np.ndarray, p, extra, value: float) -> np.ndarray:
+    if not any(p) and not any(extra):
+        return x
+    widths = ((0, 0), (0, 0)) + tuple((p[i], p[i] + extra[i]) for i in range(len(p)))
+    return np.pad(x, widths, constant_values=value)
+
+
+def windows(xp: np.ndarray, k, s, d, out) -> np.ndarray:
+    """Read-only view [N, C, *out, *k] of padded ``xp``."""
+    st = xp.strides
+    n = len(k)
+    shape = xp.shape[:2] + tuple(out) + tuple(k)
+    strides = st[:2] + tuple(st[2 + i] * s[i] for i in range(n)) + tuple(st[2 + i] * d[i] for i in range(n))
+    return as_strided(xp, shape=shape, strides=strides, writeable=False)
+
+
+def _flat_index(local: np.ndarray, spatial, k, s, p, d, out) -> np.ndarray:
+    """Window-local argmax (0..prod(k)-1) -> flat index into the input's spatial plane (torch's indices)."""
+    n = len(k)
+    kc = np.unravel_index(local, k)
+    flat = np.zeros(local.shape, dtype=np.int64)
+    for i in range(n):
+        o = np.arange(out[i], dtype=np.int64).reshape((1, 1) + tuple(-1 if j == i else 1 for j in range(n)))
+        coord = o * s[i] - p[i] + kc[i].astype(np.int64) * d[i]
+        flat = flat * spatial[i] + coord
+    return flat
+
+
+def max_pool_nd(x: np.ndarray, k, s, p, d, out, extra) -> tuple[np.ndarray, np.ndarray]:
+    """(y, indices) of max pooling over the last len(k) axes of a [N, C, *spatial] array."""
+    n = len(k)
+    win = windows(_pad(x, p, extra, -np.inf), k, s, d, out)
+    win = win.reshape(win.shape[: 2 + n] + (-1,))
+    local = np.argmax(win, axis=-1)
+    y = np.take_along_axis(win, local[..., None], axis=-1)[..., 0]
+    return y, _flat_index(local, x.shape[2:], k, s, p, d, out)
+
+
+def scatter_add_flat(g: np.ndarray, idx: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """dx [N, C, *spatial] with dx.flat_plane[n, c, idx] += g (the adjoint of a gather by flat plane index)."""
+    NC = shape[0] * shape[1]
+    P = int(np.prod(shape[2:], dtype=np.int64))
+    lin = (np.arange(NC, dtype=np.int64)[:, None] * P + idx.reshape(NC, -1)).ravel()
+    dx = np.bincount(lin, weights=g.reshape(-1).astype(np.float64), minlength=NC * P)
+    return dx.astype(g.dtype).reshape(shape)
+
+
+def gather_flat(g: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """out[n, c, *] = g.flat_plane[n, c, idx[n, c, *]] (g [N, C, *spatial])."""
+    N, C = g.shape[:2]
+    return np.take_along_axis(g.reshape(N, C, -1), idx.reshape(N, C, -1), axis=2).reshape(idx.shape)
+
+
+def _avg_divisor(spatial, k, s, p, out, count_include_pad: bool, divisor_override, dtype) -> np.ndarray | float:
+    if divisor_override is not None:
+        return float(divisor_override)
+    n = len(k)
+    div = np.ones((1,) * n, dtype=np.float64)
+    for i in range(n):
+        start = np.arange(out[i]) * s[i] - p[i]
+        end = np.minimum(start + k[i], spatial[i] + p[i])
+        cnt = end - start if count_include_pad else np.minimum(end, spatial[i]) - np.maximum(start, 0)
+        div = div * cnt.reshape(tuple(-1 if j == i else 1 for j in range(n)))
+    return div.astype(dtype)
+
+
+def avg_pool_nd(x, k, s, p, out, extra, count_include_pad, divisor_override) -> np.ndarray:
+    n = len(k)
+    win = windows(_pad(x, p, extra, 0.0), k, s, (1,) * n, out)
+    tot = win.sum(axis=tuple(range(2 + n, 2 + 2 * n)))
+    div = _avg_divisor(x.shape[2:], k, s, p, out, count_include_pad, divisor_override, x.dtype)
+    return (tot / div).astype(x.dtype, copy=False)
+
+
+def avg_pool_nd_backward(g, x_shape, k, s, p, out, extra, count_include_pad, divisor_override) -> np.ndarray:
+    n = len(k)
+    sp = x_shape[2:]
+    gd = (g / _avg_divisor(sp, k, s, p, out, count_include_pad, divisor_override, g.dtype)).astype(g.dtype)
+    xp = np.zeros(tuple(x_shape[:2]) + tuple(sp[i] + 2 * p[i] + extra[i] for i in range(n)), dtype=g.dtype)
+    for off in itertools.product(*(range(ki) for ki in k)):  # one strided plane per kernel tap
+        sl = tuple(slice(off[i], off[i] + s[i] * (out[i] - 1) + 1, s[i]) for i in range(n))
+        xp[(Ellipsis,) + sl] += gd
+    return xp[(Ellipsis,) + tuple(slice(p[i], p[i] + sp[i]) for i in range(n))]
+
+
+def adaptive_bounds(L: int, O: int) -> tuple[np.ndarray, np.ndarray]:
+    o = np.arange(O, dtype=np.int64)
+    return (o * L) // O, ((o + 1) * L + O - 1) // O
+
+
+def adaptive_avg_matrix(L: int, O: int, dtype) -> np.ndarray:
+    """[O, L] averaging matrix of adaptive pooling along one axis."""
+    start, end = adaptive_bounds(L, O)
+    j = np.arange(L)
+    m = (j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])
+    return (m / (end - start)[:, None]).astype(dtype)
+
+
+def apply_along(x: np.ndarray, mats: list[np.ndarray], transpose: bool = False) -> np.ndarray:
+    """Contract the last len(mats) axes of x with mats ([O, L] each; transposed: [L, O] direction)."""
+    n = len(mats)
+    for i, m in enumerate(mats):
+        ax = x.ndim - n + i
+        xm = np.moveaxis(x, ax, -1)
+        x = np.moveaxis(xm @ (m if transpose else m.T), -1, ax)
+    return np.ascontiguousarray(x)
+
+
+def adaptive_max_nd(x: np.ndarray, out: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    n = len(out)
+    sp = x.shape[2:]
+    bounds = [adaptive_bounds(sp[i], out[i]) for i in range(n)]
+    N, C = x.shape[:2]
+    y = np.empty((N, C) + tuple(out), dtype=x.dtype)
+    idx = np.empty((N, C) + tuple(out), dtype=np.int64)
+    for o in itertools.product(*(range(v) for v in out)):
+        lo = [int(bounds[i][0][o[i]]) for i in range(n)]
+        hi = [int(bounds[i][1][o[i]]) for i in range(n)]
+        w = x[(Ellipsis,) + tuple(slice(lo[i], hi[i]) for i in range(n))].reshape(N, C, -1)
+        a = np.argmax(w, axis=-1)
+        y[(Ellipsis,) + o] = np.take_along_axis(w, a[..., None], axis=-1)[..., 0]
+        loc = np.unravel_index(a, tuple(hi[i] - lo[i] for i in range(n)))
+        flat = np.zeros(a.shape, dtype=np.int64)
+        for i in range(n):
+            flat = flat * sp[i] + lo[i] + loc[i]
+        idx[(Ellipsis,) + o] = flat
+    return y, idx
+
+
+# ---------------------------------------------------------------- interpolation
+def interp_axis(L: int, O: int, mode: str, align_corners: bool, scale: float | None, dtype) -> tuple:
+    """Per-axis source taps: nearest -> (i0,), linear -> (i0, i1, w0, w1)."""
+    dst = np.arange(O)
+    if mode in ("nearest", "nearest-exact"):
+        # torch computes the source index in float32
+        sc = np.float32(1.0 / scale) if scale is not None and scale > 0 else np.float32(L) / np.float32(O)
+        off = np.float32(0.5) if mode == "nearest-exact" else np.float32(0.0)
+        i0 = np.floor((dst.astype(np.float32) + off) * sc).astype(np.int64)
+        if mode == "nearest" and O == L:
+            i0 = dst.astype(np.int64)
+        return (np.minimum(i0, L - 1),)
+    ct = np.float64 if dtype == np.float64 else np.float32
+    if align_corners:
+        sc = ct((L - 1) / (O - 1)) if O > 1 else ct(0.0)
+        src = sc * dst.astype(ct)
+    else:
+        sc = ct(1.0 / scale) if scale is not None and scale > 0 else ct(L) / ct(O)
+        src = np.maximum(sc * (dst.astype(ct) + ct(0.5)) - ct(0.5), ct(0.0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), L - 1)
+    i1 = np.minimum(i0 + 1, L - 1)
+    w1 = (src - i0.astype(ct)).astype(dtype)
+    w0 = (np.ones((), dtype=dtype) - w1).astype(dtype)
+    return i0, i1, w0, w1
+
+
+def interp_forward(x: np.ndarray, taps: list[tuple]) -> np.ndarray:
+    n = len(taps)
+    for i in reversed(range(n)):  # last axis first (torch's order of the bilinear products)
+        ax = x.ndim - n + i
+        xm = np.moveaxis(x, ax, -1)
+        t = taps[i]
+        ym = xm[..., t[0]] if len(t) == 1 else t[2] * xm[..., t[0]] + t[3] * xm[..., t[1]]
+        x = np.moveaxis(ym, -1, ax)
+    return np.ascontiguousarray(x)
+
+
+def interp_backward(g: np.ndarray, in_spatial: tuple[int, ...], taps: list[tuple]) -> np.ndarray:
+    n = len(taps)
+    for i in range(n):
+        ax = g.ndim - n + i
+        gm = np.moveaxis(g, ax, -1)
+        acc = np.zeros(gm.shape[:-1] + (in_spatial[i],), dtype=g.dtype)
+        t = taps[i]
+        if len(t) == 1:
+            np.add.at(acc, (Ellipsis, t[0]), gm)
+        else:
+            np.add.at(acc, (Ellipsis, t[0]), t[2] * gm)
+            np.add.at(acc, (Ellipsis, t[1]), t[3] * gm)
+        g = np.moveaxis(acc, -1, ax)
+    return np.ascontiguousarray(g)
+
+
+def interp_output_size(spatial, size, scale_factor) -> tuple[tuple[int, ...], list[float | None]]:
+    """Output size and per-axis scale (None when size= is given) following torch.nn.functional.interpolate."""
+    n = len(spatial)
+    if (size is None) == (scale_factor is None):
+        raise ValueError("size/scale_factor: exactly one of size or scale_factor must be given")
+    if size is not None:
+        out = ntuple(size, n, "size")
+        if min(out) < 1:
+            raise ValueError(f"size: must be positive, got {out}")
+        return out, [None] * n
+    if isinstance(scale_factor, tuple | list):
+        if len(scale_factor) != n:
+            raise ValueError(f"scale_factor: expected {n} values for a {n}-d input, got {scale_factor!r}")
+        sf = [float(v) for v in scale_factor]
+    else:
+        sf = [float(scale_factor)] * n
+    if min(sf) <= 0 or not all(math.isfinite(v) for v in sf):
+        raise ValueError(f"scale_factor: must be positive and finite, got {scale_factor!r}")
+    out = tuple(int(math.floor(spatial[i] * sf[i])) for i in range(n))
+    if min(out) < 1:
+        raise ValueError(f"scale_factor: {scale_factor!r} gives an empty output {out} for spatial size {spatial}")
+    return out, list(sf)
