@@ -114,7 +114,10 @@ def calculate_qparams(min_val: Any, max_val: Any, dtype: str = "int8", symmetric
 
 
 def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int | None, ndim: int, shape: tuple):
-    s = np.asarray(scale, dtype=np.float64)
+    s = np.asarray(scale)
+    if s.dtype.kind not in "fiu":
+        raise TypeError(f"scale: must be a positive number or an array of them, got {scale!r} (dtype {s.dtype})")
+    s = s.astype(np.float64)
     z = np.asarray(zero_point)
     if z.dtype.kind == "f":
         if not np.all(np.isfinite(z)) or np.any(z != np.round(z)):
