@@ -197,7 +197,9 @@ class MultiheadAttention(Module):
         if mask is not None:
             scores = scores + mask
         attn = scores.softmax(-1)
-        ctx = (F.dropout(attn, p) if p > 0 else attn) @ vh
+        if p > 0:  # torch returns the dropped-out probabilities as attn_weights too
+            attn = F.dropout(attn, p)
+        ctx = attn @ vh
         out = self.out_proj(ctx.transpose(1, 2).reshape(n, lq, e))
         if nd == 2:
             out = out.reshape(lq, e)
