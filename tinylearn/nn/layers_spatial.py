@@ -1,5 +1,505 @@
-"""Spatial modules beyond Conv2d/MaxPool2d/AvgPool2d (torch.nn names). Re-exported by ``tinylearn.nn``."""
+"""Spatial modules beyond Conv2d/MaxPool2d/AvgPool2d (torch.nn names). Re-exported by ``tinylearn.nn``.
+
+Parameter shapes and default init are torch's:
+
+    Conv{1,3}d           weight [out, in/groups, *k]        fan_in = in/groups * prod(k)
+    ConvTranspose{1,2,3}d weight [in, out/groups, *k]        fan_in = out/groups * prod(k)  (torch's
+                         _calculate_fan_in_and_fan_out reads dim 1 of the weight, whatever it means)
+    weight ~ kaiming_uniform_(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)),  bias ~ U(-1/sqrt(fan_in), ...)
+
+padding_mode 'reflect' / 'replicate' / 'circular' pads with F.pad first (then the conv runs with padding 0).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import math
+from typing import Any
+
+import numpy as np
+
+from ..autograd.tensor import Tensor
+from ..conv import functional_nd as S
+from ..conv._params import ntuple
+from . import functional_extra as E
+from . import init
+from .module import Module
+from .parameter import Parameter
+
+_PAD_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+class _ConvNd(Module):
+    _nd = 1
+    _transposed = False
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        output_padding: Any = 0,
+        device: Any = None,
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__()
+        nd = self._nd
+        name = type(self).__name__
+        for arg, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+                raise ValueError(f"{arg}: {name} needs a positive int, got {v!r}")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"groups: {name} in_channels {in_channels} and out_channels {out_channels} must divide by groups "
+                f"{groups}"
+            )
+        k = ntuple(kernel_size, nd, "kernel_size")
+        if min(k) < 1:
+            raise ValueError(f"kernel_size: must be positive, got {k}")
+        if padding_mode not in _PAD_MODES:
+            raise ValueError(f"padding_mode: expected one of {_PAD_MODES}, got {padding_mode!r}")
+        if self._transposed and padding_mode != "zeros":
+            raise ValueError(f"padding_mode: {name} only supports 'zeros', got {padding_mode!r}")
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"padding: expected an int, a tuple, 'same' or 'valid', got {padding!r}")
+            if padding == "same" and ntuple(stride, nd, "stride") != (1,) * nd:
+                raise ValueError(f"padding: padding='same' is not supported for strided convolutions (stride={stride})")
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+        self.stride = ntuple(stride, nd, "stride")
+        self.padding = padding if isinstance(padding, str) else ntuple(padding, nd, "padding")
+        self.dilation = ntuple(dilation, nd, "dilation")
+        self.output_padding = ntuple(output_padding, nd, "output_padding")
+        self.groups, self.padding_mode = groups, padding_mode
+        shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
+        self.weight = Parameter(np.empty(shape + k, dtype=dtype))
+        if bias:
+            self.bias = Parameter(np.empty(out_channels, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = int(np.prod(self.weight.shape[1:]))
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+            init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * self._nd:
+            s += f", padding={self.padding}"
+        if self.dilation != (1,) * self._nd:
+            s += f", dilation={self.dilation}"
+        if self._transposed and self.output_padding != (0,) * self._nd:
+            s += f", output_padding={self.output_padding}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
+        return s
+
+
+class _Conv(_ConvNd):
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        fn = S.conv1d if self._nd == 1 else (S.conv3d if self._nd == 3 else None)
+        if fn is None:  # 2-d is tl.nn.Conv2d (layers.py); kept generic here
+            from ..conv.functional import conv2d as fn
+        padding = self.padding
+        if self.padding_mode != "zeros":
+            if isinstance(padding, str):
+                if padding == "same":
+                    tot = [self.dilation[i] * (self.kernel_size[i] - 1) for i in range(self._nd)]
+                    lr = [(t // 2, t - t // 2) for t in tot]
+                else:
+                    lr = [(0, 0)] * self._nd
+            else:
+                lr = [(p, p) for p in padding]
+            pads = [v for pair in reversed(lr) for v in pair]
+            input = E.pad(input, pads, mode=self.padding_mode)  # noqa: A001
+            padding = 0
+        return fn(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+
+
+class Conv1d(_Conv):
+    """torch.nn.Conv1d: input [N, C_in, L] (or [C_in, L]), weight [out, in/groups, k]."""
+
+    _nd = 1
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            0,
+            device,
+            dtype,
+        )
+
+
+class Conv3d(_Conv):
+    """torch.nn.Conv3d: input [N, C_in, D, H, W], weight [out, in/groups, kd, kh, kw]."""
+
+    _nd = 3
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            0,
+            device,
+            dtype,
+        )
+
+
+class _ConvTranspose(_ConvNd):
+    _transposed = True
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation: Any = 1,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = np.float32,
+    ) -> None:
+        if isinstance(padding, str):
+            raise ValueError(f"padding: {type(self).__name__} does not accept string padding, got {padding!r}")
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            output_padding,
+            device,
+            dtype,
+        )
+
+    def _output_padding(self, input: Tensor, output_size: Any) -> tuple[int, ...]:  # noqa: A002
+        """torch's rule: output_size (last nd entries) picks output_padding = size - the smallest output size."""
+        nd = self._nd
+        if output_size is None:
+            return self.output_padding
+        osz = [int(v) for v in output_size]
+        if len(osz) > nd:
+            osz = osz[-nd:]
+        if len(osz) != nd:
+            raise ValueError(f"output_size: expected {nd} (or {nd + 2}) values, got {output_size!r}")
+        sp = tuple(input.shape[-nd:])
+        op = []
+        for i in range(nd):
+            lo = (sp[i] - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (self.kernel_size[i] - 1) + 1
+            hi = lo + self.stride[i] - 1
+            if not lo <= osz[i] <= hi:
+                raise ValueError(
+                    f"output_size: {tuple(osz)} is not reachable: dim {i} must lie in [{lo}, {hi}] for input "
+                    f"spatial size {sp}"
+                )
+            op.append(osz[i] - lo)
+        return tuple(op)
+
+    def forward(self, input: Tensor, output_size: Any = None) -> Tensor:  # noqa: A002
+        fn = {1: S.conv_transpose1d, 2: S.conv_transpose2d, 3: S.conv_transpose3d}[self._nd]
+        op = self._output_padding(input, output_size)
+        return fn(input, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation)
+
+
+class ConvTranspose1d(_ConvTranspose):
+    """torch.nn.ConvTranspose1d: weight [in, out/groups, k]."""
+
+    _nd = 1
+
+
+class ConvTranspose2d(_ConvTranspose):
+    """torch.nn.ConvTranspose2d: weight [in, out/groups, kh, kw]."""
+
+    _nd = 2
+
+
+class ConvTranspose3d(_ConvTranspose):
+    """torch.nn.ConvTranspose3d: weight [in, out/groups, kd, kh, kw]."""
+
+    _nd = 3
+
+
+# ------------------------------------------------------------------------------------------- pooling
+class _MaxPoolNd(Module):
+    _fn: Any = None
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
+        self.return_indices, self.ceil_mode = return_indices, ceil_mode
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return type(self)._fn(
+            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, self.return_indices
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
+        )
+
+
+class MaxPool1d(_MaxPoolNd):
+    _fn = staticmethod(S.max_pool1d)
+
+
+class MaxPool3d(_MaxPoolNd):
+    _fn = staticmethod(S.max_pool3d)
+
+
+class AvgPool1d(Module):
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return S.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool3d(Module):
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return S.avg_pool3d(
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.ceil_mode,
+            self.count_include_pad,
+            self.divisor_override,
+        )
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class _AdaptiveAvgPoolNd(Module):
+    _fn: Any = None
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return type(self)._fn(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
+    _fn = staticmethod(S.adaptive_avg_pool1d)
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
+    _fn = staticmethod(S.adaptive_avg_pool2d)
+
+
+class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
+    _fn = staticmethod(S.adaptive_avg_pool3d)
+
+
+class _AdaptiveMaxPoolNd(Module):
+    _fn: Any = None
+
+    def __init__(self, output_size: Any, return_indices: bool = False) -> None:
+        super().__init__()
+        self.output_size, self.return_indices = output_size, return_indices
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return type(self)._fn(input, self.output_size, self.return_indices)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
+    _fn = staticmethod(S.adaptive_max_pool1d)
+
+
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
+    _fn = staticmethod(S.adaptive_max_pool2d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
+    _fn = staticmethod(S.adaptive_max_pool3d)
+
+
+class _MaxUnpoolNd(Module):
+    _fn: Any = None
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, input: Tensor, indices: Any, output_size: Any = None) -> Tensor:  # noqa: A002
+        return type(self)._fn(input, indices, self.kernel_size, self.stride, self.padding, output_size)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    _fn = staticmethod(S.max_unpool1d)
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    _fn = staticmethod(S.max_unpool2d)
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    _fn = staticmethod(S.max_unpool3d)
+
+
+class Upsample(Module):
+    """torch.nn.Upsample: F.interpolate with fixed size / scale_factor / mode / align_corners."""
+
+    def __init__(
+        self,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: bool | None = None,
+        recompute_scale_factor: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return S.interpolate(
+            input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+        )
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}"
+
+
+class UpsamplingNearest2d(Upsample):
+    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
+        super().__init__(size, scale_factor, mode="nearest")
+
+
+class UpsamplingBilinear2d(Upsample):
+    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
+        super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
+
+
+__all__: list[str] = [
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
+    "AvgPool1d",
+    "AvgPool3d",
+    "Conv1d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "MaxPool1d",
+    "MaxPool3d",
+    "MaxUnpool1d",
+    "MaxUnpool2d",
+    "MaxUnpool3d",
+    "Upsample",
+    "UpsamplingBilinear2d",
+    "UpsamplingNearest2d",
+]
