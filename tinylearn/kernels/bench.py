@@ -5,9 +5,16 @@ Rows per op case (float32, [rows, cols]): ``numpy unfused`` (tinylearn.kernels b
 cpu`` (fused C++/OpenMP), ``torch`` (eager), ``torch.compile`` (Inductor's fused C++ kernel), ``tinygrad``
 (TinyJit, DEV=CPU). The ``roofline ms`` column is the traffic model's prediction (tinylearn.kernels.traffic) from
 this machine's measured STREAM bandwidth and SGEMM peak: unfused bytes for the numpy row, fused bytes for the
-others. Attention rows ([1, H, N, 64]) add ``peak MB`` (tracemalloc: numpy-visible allocations only — torch's
-allocator is invisible to it, so torch rows show ``-``) and the model's extra memory (``scratch MB``: the N x N
-score + probability matrices for naive attention, O(N) + per-thread tiles for flash).
+others. Attention rows ([1, H, N, 64]) add ``peak MB`` and the model's extra memory (``scratch MB``: the N x N
+score + probability matrices for naive attention, O(N) + per-thread tiles for flash). ``peak MB`` is the growth of
+the peak resident set (VmHWM, reset through /proc/self/clear_refs) over one call, measured in a worker subprocess
+with glibc's mmap threshold pinned at 64 KiB so that every large buffer is mapped and unmapped: it sees numpy's and
+torch's allocators alike (tracemalloc sees only Python/numpy allocations, so torch read ~0 MB with it). tinygrad's
+TinyJit keeps its buffers allocated between calls, so its row reports the bytes it holds (``held MB``) instead.
+
+``threads=n`` runs a table with BLAS / OpenMP / torch limited to ``n`` threads (``limited_threads``), and its
+roofline from STREAM and SGEMM peak measured with the same ``n`` threads: on a loaded 2-core box, one thread per
+library gives the steadiest numbers.
 
 Default sizes finish in about 1-2 minutes on 2 cores (after torch.compile's cache is warm; the very first
 compile in a fresh environment can take a minute more); ``full=True`` adds larger shapes and N up to 4096.
@@ -15,8 +22,13 @@ compile in a fresh environment can take a minute more); ``full=True`` adds large
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,12 +37,41 @@ from ..bench import Comparison, Table, tinygrad_jit
 from . import ops, traffic
 
 
+@contextlib.contextmanager
+def limited_threads(n: int | None) -> Iterator[None]:
+    """Limit BLAS and OpenMP (threadpoolctl: numpy's BLAS, tinylearn._C's OpenMP) and torch to ``n`` threads inside
+    the block; ``None`` leaves everything as it is."""
+    if n is None:
+        yield
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads: expected an int >= 1 or None, got {n!r}")
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        with threadpool_limits(n):
+            yield
+    finally:
+        torch.set_num_threads(old)
+
+
 @functools.cache
-def machine_roofs() -> tuple[float, float]:
-    """(peak GFLOP/s, STREAM GB/s) of this machine, measured once per process."""
+def machine_roofs(threads: int | None = None) -> tuple[float, float]:
+    """(peak GFLOP/s, STREAM GB/s) of this machine with ``threads`` threads (None: all), measured once per process."""
     from ..bench.roofline import peak_gflops, stream_bandwidth
 
-    return peak_gflops(n=1024, repeat=3).gflops, stream_bandwidth(n=10_000_000, repeat=3)
+    with limited_threads(threads):
+        return peak_gflops(n=1024, repeat=3).gflops, stream_bandwidth(n=10_000_000, repeat=3)
+
+
+def ridge_point(peak_gflops: float, bandwidth_gbs: float) -> float:
+    """FLOP/byte where the two roofs meet: kernels below it are memory-bound, above it compute-bound."""
+    if peak_gflops <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"peak_gflops/bandwidth_gbs: must be > 0, got {peak_gflops}, {bandwidth_gbs}")
+    return peak_gflops / bandwidth_gbs
 
 
 OPS = ("softmax", "layer_norm", "bias_gelu")
@@ -97,48 +138,62 @@ def op_table(
     progress: Callable[[str], None] | None = None,
     compile: bool = True,
     tinygrad: bool = True,
+    threads: int | None = None,
 ) -> Table:
-    """One Comparison table for ``op``; ``compile``/``tinygrad`` False skip those (slow to build) columns."""
+    """One Comparison table for ``op``; ``compile``/``tinygrad`` False skip those (slow to build) columns;
+    ``threads``: limit every library to that many threads (and measure the roofs with as many)."""
     import torch
 
-    peak, bw = machine_roofs()
+    if op not in OPS:
+        raise ValueError(f"op: unknown op {op!r}; known: {list(OPS)}")
+    peak, bw = machine_roofs() if threads is None else machine_roofs(threads)
     cmp = Comparison(f"{op} fp32 (rows x cols)", baseline="torch", progress=progress)
-    for rows, cols in shapes:
-        arrays = _inputs(op, rows, cols)
-        tm = model(op, rows, cols)
-        pred = traffic.predict(tm, peak, bw)
-        targs = [torch.from_numpy(a) for a in arrays]
-        with cmp.case(f"{rows}x{cols}", nbytes=tm.bytes_fused) as c:
-            r = c.add("numpy unfused", tinylearn_fn(op, "numpy", arrays))
-            r.extra["roofline ms"] = _sig(pred["unfused_s"] * 1e3)
-            r = c.add("tinylearn cpu", tinylearn_fn(op, "cpu", arrays))
-            r.extra["roofline ms"] = _sig(pred["fused_s"] * 1e3)
-            f = torch_fn(op)
-            r = c.add("torch", lambda f=f, targs=targs: f(*targs))
-            r.extra["roofline ms"] = _sig(pred["fused_s"] * 1e3)
-            if compile:
-                r = c.add_torch_compile("torch.compile", f, *targs)
+    with limited_threads(threads):
+        for rows, cols in shapes:
+            arrays = _inputs(op, rows, cols)
+            tm = model(op, rows, cols)
+            pred = traffic.predict(tm, peak, bw)
+            targs = [torch.from_numpy(a) for a in arrays]
+            with cmp.case(f"{rows}x{cols}", nbytes=tm.bytes_fused) as c:
+                r = c.add("numpy unfused", tinylearn_fn(op, "numpy", arrays))
+                r.extra["roofline ms"] = _sig(pred["unfused_s"] * 1e3)
+                r = c.add("tinylearn cpu", tinylearn_fn(op, "cpu", arrays))
                 r.extra["roofline ms"] = _sig(pred["fused_s"] * 1e3)
-            if tinygrad:
-                note = "TinyJit; tanh-form GELU (tinygrad has no erf GELU)" if op == "bias_gelu" else "TinyJit"
-                c.add_tinygrad("tinygrad", _tinygrad_build(op, arrays), note=note)
+                f = torch_fn(op)
+                r = c.add("torch", lambda f=f, targs=targs: f(*targs))
+                r.extra["roofline ms"] = _sig(pred["fused_s"] * 1e3)
+                if compile:
+                    r = c.add_torch_compile("torch.compile", f, *targs)
+                    r.extra["roofline ms"] = _sig(pred["fused_s"] * 1e3)
+                if tinygrad:
+                    note = "TinyJit; tanh-form GELU (tinygrad has no erf GELU)" if op == "bias_gelu" else "TinyJit"
+                    r = c.add_tinygrad("tinygrad", _tinygrad_build(op, arrays), note=note)
+                    if r.median_ms is not None:
+                        r.extra["roofline ms"] = _sig(pred["fused_s"] * 1e3)
     cmp.note(
-        f"roofline ms: traffic model with measured {bw:.1f} GB/s STREAM and {peak:.0f} GFLOP/s SGEMM peak; "
+        f"roofline ms: traffic model with measured {bw:.1f} GB/s STREAM and {peak:.0f} GFLOP/s SGEMM peak"
+        f"{'' if threads is None else f' ({threads} thread(s), like every row)'}; "
         "GB/s column = fused bytes (1 read + 1 write) / time"
     )
     return cmp.table
 
 
-def _attention_case(cmp: Comparison, n: int, heads: int, d: int, causal: bool, tinygrad: bool) -> None:
+ATTENTION_IMPLS = ("numpy naive", "tinylearn flash", "torch naive", "torch sdpa")
+
+
+def _attention_inputs(n: int, heads: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((1, heads, n, d), dtype=np.float32) for _ in range(3))
+    return q, k, v
+
+
+def _attention_fns(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> dict[str, Callable[[], Any]]:
+    """The four non-tinygrad implementations of ATTENTION_IMPLS, as no-argument callables."""
     import torch
     import torch.nn.functional as F
 
-    rng = np.random.default_rng(n)
-    q, k, v = (rng.standard_normal((1, heads, n, d), dtype=np.float32) for _ in range(3))
+    n, d = q.shape[-2], q.shape[-1]
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-    tm = traffic.attention_traffic(heads, n, d, causal=causal)
-    naive_mb = 2 * heads * n * n * 4 / 2**20
-    flash_mb = (heads * n * 4 + 2 * 64 * 64 * 4 * 2) / 2**20
     mask = torch.ones(n, n, dtype=torch.bool).triu(1)
 
     def torch_naive() -> Any:
@@ -147,22 +202,107 @@ def _attention_case(cmp: Comparison, n: int, heads: int, d: int, causal: bool, t
             s = s.masked_fill(mask, float("-inf"))
         return torch.softmax(s, -1) @ tv
 
+    return {
+        "numpy naive": lambda: ops.flash_attention(q, k, v, causal, backend="numpy"),
+        "tinylearn flash": lambda: ops.flash_attention(q, k, v, causal, backend="cpu"),
+        "torch naive": torch_naive,
+        "torch sdpa": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal),
+    }
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line")
+
+
+def peak_rss_growth_mb(fn: Callable[[], Any], tries: int = 3) -> float:
+    """MB by which one ``fn()`` call raises the peak resident set above the resident set before it (min of
+    ``tries``). Resets the peak with ``5 > /proc/self/clear_refs`` (Linux >= 4.0); raises RuntimeError elsewhere.
+    Freed memory that the allocator keeps resident is reused without growth: run it in a process with a small,
+    fixed mmap threshold (``attention_peak_rss`` does)."""
+    import gc
+
+    best = float("inf")
+    for _ in range(tries):
+        gc.collect()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError as e:
+            raise RuntimeError(f"cannot reset the peak RSS (/proc/self/clear_refs: {e})") from e
+        base = _status_kb("VmRSS")
+        out = fn()
+        best = min(best, (_status_kb("VmHWM") - base) / 1024)
+        del out
+    return max(best, 0.0)
+
+
+def _attention_rss_worker(ns: list[int], heads: int, d: int, causal: bool, threads: int | None) -> None:
+    """Subprocess body of attention_peak_rss: prints {"impl|N": MB} as JSON."""
+    out: dict[str, float] = {}
+    with limited_threads(threads):
+        for n in ns:
+            fns = _attention_fns(*_attention_inputs(n, heads, d), causal)
+            for name, fn in fns.items():
+                fn()  # warm-up: lazy initialisation (thread pools, kernel caches) is not the op's working set
+                out[f"{name}|{n}"] = peak_rss_growth_mb(fn)
+    print(json.dumps(out))
+
+
+def attention_peak_rss(
+    ns: list[int], heads: int = 8, d: int = 64, causal: bool = False, threads: int | None = None, timeout: float = 300
+) -> dict[tuple[str, int], float]:
+    """Peak RSS growth (MB) of one call of each ATTENTION_IMPLS row at each N, measured in a fresh subprocess with
+    glibc's mmap threshold fixed at 64 KiB (large buffers are unmapped on free, never silently reused).
+    Raises RuntimeError with the worker's error when it cannot run (no /proc/self/clear_refs, ...)."""
+    code = (
+        "from tinylearn.kernels.bench import _attention_rss_worker as w; "
+        f"w({list(map(int, ns))!r}, {int(heads)}, {int(d)}, {bool(causal)}, {threads!r})"
+    )
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        raise RuntimeError(f"attention_peak_rss: worker failed (rc {r.returncode}): {tail}")
+    raw = json.loads(r.stdout.strip().splitlines()[-1])
+    return {(k.split("|")[0], int(k.split("|")[1])): float(v) for k, v in raw.items()}
+
+
+def _attention_case(
+    cmp: Comparison, n: int, heads: int, d: int, causal: bool, tinygrad: bool, rss: dict[tuple[str, int], float] | None
+) -> None:
+    q, k, v = _attention_inputs(n, heads, d)
+    tm = traffic.attention_traffic(heads, n, d, causal=causal)
+    naive_mb = 2 * heads * n * n * 4 / 2**20
+    flash_mb = (heads * n * 4 + 2 * 64 * 64 * 4 * 2) / 2**20
+    scratch: dict[str, Any] = {"numpy naive": round(naive_mb, 2), "tinylearn flash": round(flash_mb, 3)}
+    scratch |= {"torch naive": round(naive_mb, 2), "torch sdpa": "flash/math kernel"}
+
     def tg_build(tg: Any) -> Callable[[], Any]:
+        from tinygrad.helpers import GlobalCounters
+
         a, b, cc = (tg.Tensor(x).realize() for x in (q, k, v))
+        before = GlobalCounters.mem_used
         fn = tinygrad_jit(lambda x, y, z: x.scaled_dot_product_attention(y, z, is_causal=causal))
+        for _ in range(3):  # TinyJit captures on the 2nd call: its buffers are allocated after the 3rd
+            fn(a, b, cc)
+        held["MB"] = (GlobalCounters.mem_used - before) / 2**20
         return lambda: fn(a, b, cc)
 
+    held: dict[str, float] = {}
     with cmp.case(f"N={n}", flops=tm.flops) as c:
-        r = c.add("numpy naive", lambda: ops.flash_attention(q, k, v, causal, backend="numpy"))
-        r.extra["scratch MB"] = round(naive_mb, 2)
-        r = c.add("tinylearn flash", lambda: ops.flash_attention(q, k, v, causal, backend="cpu"))
-        r.extra["scratch MB"] = round(flash_mb, 3)
-        r = c.add("torch naive", torch_naive)
-        r.extra["scratch MB"] = round(naive_mb, 2)
-        r = c.add("torch sdpa", lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal))
-        r.extra["scratch MB"] = "flash/math kernel"
+        for name, fn in _attention_fns(q, k, v, causal).items():
+            r = c.add(name, fn)
+            r.extra["scratch MB"] = scratch[name]
+            if rss is not None and r.median_ms is not None:
+                r.peak_mb = rss.get((name, n))
         if tinygrad:
-            c.add_tinygrad("tinygrad", tg_build)
+            r = c.add_tinygrad("tinygrad", tg_build)
+            if "MB" in held:
+                r.extra["held MB"] = round(held["MB"], 2)
 
 
 def attention_table(
@@ -172,45 +312,59 @@ def attention_table(
     causal: bool = False,
     progress: Callable[[str], None] | None = None,
     tinygrad: bool = True,
+    threads: int | None = None,
+    memory: bool = True,
 ) -> Table:
-    """Naive vs flash vs torch attention at each sequence length in ``ns`` ([1, heads, N, d], float32)."""
+    """Naive vs flash vs torch attention at each sequence length in ``ns`` ([1, heads, N, d], float32).
+
+    ``memory``: add the peak-RSS column (attention_peak_rss, one worker subprocess); when the worker cannot run
+    the column is left out and a table note says why."""
     cmp = Comparison(
         f"attention fp32 [1, {heads}, N, {d}]{' causal' if causal else ''}",
         baseline="torch sdpa",
-        memory=True,
         repeat=5,
         progress=progress,
     )
-    for n in ns:
-        _attention_case(cmp, n, heads, d, causal, tinygrad)
-    cmp.note(
-        "peak MB: tracemalloc of one call (numpy-visible allocations; '-' = invisible to tracemalloc). "
-        "GFLOP/s counts 4 N^2 D + 6 N^2 (halved when causal)."
-    )
+    rss = None
+    if memory:
+        try:
+            rss = attention_peak_rss(ns, heads, d, causal, threads)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            cmp.note(f"peak MB not measured: {e}")
+    with limited_threads(threads):
+        for n in ns:
+            _attention_case(cmp, n, heads, d, causal, tinygrad, rss)
+    if rss is not None:
+        cmp.note(
+            "peak MB: growth of the peak RSS over one call (worker subprocess, mmap threshold 64 KiB; sees numpy's "
+            "and torch's allocators). held MB: buffers TinyJit keeps allocated between calls (GlobalCounters)."
+        )
+    cmp.note("GFLOP/s counts 4 N^2 D + 6 N^2 (halved when causal).")
     return cmp.table
 
 
-def traffic_points(shapes: list[tuple[int, int]], repeat: int = 5) -> list[dict[str, Any]]:
+def traffic_points(shapes: list[tuple[int, int]], repeat: int = 5, threads: int | None = None) -> list[dict[str, Any]]:
     """Predicted vs measured ms for numpy-unfused and cpu-fused versions of each op (the notebook's plot data)."""
     from ..bench import measure
 
-    peak, bw = machine_roofs()
+    peak, bw = machine_roofs() if threads is None else machine_roofs(threads)
     out = []
-    for op in OPS:
-        for rows, cols in shapes:
-            arrays = _inputs(op, rows, cols)
-            pred = traffic.predict(model(op, rows, cols), peak, bw)
-            for backend, key in (("numpy", "unfused_s"), ("cpu", "fused_s")):
-                t = measure(tinylearn_fn(op, backend, arrays), warmup=2, repeat=repeat)
-                out.append(
-                    {
-                        "op": op,
-                        "shape": f"{rows}x{cols}",
-                        "backend": backend,
-                        "predicted_ms": pred[key] * 1e3,
-                        "measured_ms": t.median * 1e3,
-                    }
-                )
+    with limited_threads(threads):
+        for op in OPS:
+            for rows, cols in shapes:
+                arrays = _inputs(op, rows, cols)
+                pred = traffic.predict(model(op, rows, cols), peak, bw)
+                for backend, key in (("numpy", "unfused_s"), ("cpu", "fused_s")):
+                    t = measure(tinylearn_fn(op, backend, arrays), warmup=2, repeat=repeat)
+                    out.append(
+                        {
+                            "op": op,
+                            "shape": f"{rows}x{cols}",
+                            "backend": backend,
+                            "predicted_ms": pred[key] * 1e3,
+                            "measured_ms": t.median * 1e3,
+                        }
+                    )
     return out
 
 
