@@ -4,6 +4,8 @@ Cases (``run()``; ``TINYLEARN_FULL=1`` / ``full=True`` adds torch.compile and mo
   * MLP 784-512-512-10, batch 128, SGD(momentum=0.9), softmax cross-entropy  — GEMM-bound: ~0.3 GFLOP per step
   * small CNN (conv3x3(1->8)-ReLU-maxpool2-conv3x3(8->16)-ReLU-maxpool2-linear) on [32, 1, 28, 28]
   * op overhead: a 7-op graph on 16x16 tensors — pure framework overhead (Python dispatch vs C++ dispatch)
+  * ops (second table): the torch-breadth ops on the notebooks' hot path — pad, scaled_dot_product_attention,
+    einsum, group_norm — forward + backward (loss = sum(out * g)), same inputs in all three frameworks
 
 All implementations get identical initial weights and the same batch. ``profile_mlp_step()`` returns cProfile's
 view of where a tinylearn step spends its time.
@@ -215,7 +217,116 @@ def _overhead_cases(cmp: Comparison) -> None:
         case.add("torch", th_fn)
 
 
-CASES = ("mlp", "cnn", "overhead")
+# (name, shapes of the differentiable inputs, tinylearn fn(m, *xs), torch fn, tinygrad fn); m = the tl / torch module
+_OPS_SHAPES = {
+    "pad": [(8, 16, 32, 32)],
+    "sdpa": [(4, 4, 64, 32)] * 3,
+    "einsum": [(4, 4, 64, 32), (4, 4, 64, 32)],
+    "group_norm": [(8, 32, 16, 16), (32,), (32,)],
+}
+OPS_CASE_NAMES = {
+    "pad": "pad reflect (1,1,1,1) [8,16,32,32]",
+    "sdpa": "sdpa causal [4,4,64,32]",
+    "einsum": "einsum bhqd,bhkd->bhqk [4,4,64,32]",
+    "group_norm": "group_norm 8 groups [8,32,16,16]",
+}
+
+
+def _ops_tl_torch(name: str, m: Any, xs: list[Any]) -> Any:
+    F = m.nn.functional
+    if name == "pad":
+        return F.pad(xs[0], (1, 1, 1, 1), mode="reflect")
+    if name == "sdpa":
+        return F.scaled_dot_product_attention(xs[0], xs[1], xs[2], is_causal=True)
+    if name == "einsum":
+        return m.einsum("bhqd,bhkd->bhqk", xs[0], xs[1])
+    return F.group_norm(xs[0], 8, xs[1], xs[2], eps=1e-5)
+
+
+def _ops_tinygrad(name: str, xs: list[Any]) -> Any:
+    if name == "pad":
+        return xs[0].pad(((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect")
+    if name == "sdpa":
+        return xs[0].scaled_dot_product_attention(xs[1], xs[2], is_causal=True)
+    if name == "einsum":
+        from tinygrad import Tensor
+
+        return Tensor.einsum("bhqd,bhkd->bhqk", xs[0], xs[1])
+    x, w, b = xs
+    n, c = x.shape[:2]
+    y = x.reshape(n, 8, -1).layernorm(axis=-1, eps=1e-5).reshape(x.shape)
+    return y * w.reshape(1, c, 1, 1) + b.reshape(1, c, 1, 1)
+
+
+def _ops_inputs(name: str) -> tuple[list[np.ndarray], np.ndarray]:
+    import torch
+
+    rng = np.random.default_rng(0)
+    arrs = [rng.standard_normal(s).astype(np.float32) for s in _OPS_SHAPES[name]]
+    out = _ops_tl_torch(name, torch, [torch.from_numpy(a) for a in arrs])
+    return arrs, rng.standard_normal(tuple(out.shape)).astype(np.float32)
+
+
+def ops_case_fns(name: str) -> dict[str, Callable[[], Any]]:
+    """No-argument fwd+bwd callables for one ops case: {"tinylearn": ..., "torch": ...} (tinygrad: ``_ops_tg``)."""
+    import torch
+
+    import tinylearn as tl
+
+    arrs, g = _ops_inputs(name)
+    txs = [tl.Tensor(a, requires_grad=True) for a in arrs]
+    ths = [torch.tensor(a, requires_grad=True) for a in arrs]
+    tg_g = tl.Tensor(g)
+    th_g = torch.from_numpy(g)
+
+    def tl_fn() -> Any:
+        for x in txs:
+            x.grad = None
+        (_ops_tl_torch(name, tl, txs) * tg_g).sum().backward()
+        return txs[0].grad
+
+    def th_fn() -> Any:
+        for x in ths:
+            x.grad = None
+        (_ops_tl_torch(name, torch, ths) * th_g).sum().backward()
+        return ths[0].grad
+
+    return {"tinylearn": tl_fn, "torch": th_fn}
+
+
+def _ops_tg(name: str) -> Callable[[Any], Callable[[], Any]]:
+    def build(tg: Any) -> Callable[[], Any]:
+        from tinygrad import Tensor
+
+        arrs, g = _ops_inputs(name)
+        xs = [Tensor(a).realize() for a in arrs]
+        gt = Tensor(g).realize()
+
+        def fwd_bwd(*ins: Any) -> Any:
+            loss = (_ops_tinygrad(name, list(ins)) * gt).sum()
+            return tuple(loss.gradient(*ins))
+
+        jitted = tinygrad_jit(fwd_bwd)
+        return lambda: jitted(*xs)
+
+    return build
+
+
+def _ops_cases(progress: Callable[[str], None] | None, repeat: int) -> Table:
+    cmp = Comparison(
+        "autodiff: breadth ops on the notebooks' hot path, fwd + bwd, fp32 CPU", repeat=repeat, progress=progress
+    )
+    cmp.note("loss = sum(op(x) * g); tinygrad: Tensor.gradient under TinyJit (DEV=CPU)")
+    for name, label in OPS_CASE_NAMES.items():
+        fns = ops_case_fns(name)
+        with cmp.case(label) as case:
+            case.add("tinylearn", fns["tinylearn"])
+            case.add("torch", fns["torch"])
+            case.add_tinygrad("tinygrad", _ops_tg(name))
+    return cmp.table
+
+
+CASES = ("mlp", "cnn", "overhead", "ops")
 
 
 def run(
@@ -224,7 +335,10 @@ def run(
     threads: int = 1,
     cases: tuple[str, ...] = CASES,
 ) -> list[Table]:
-    """Time ``cases`` (subset of CASES) with ``threads`` threads for torch and numpy's BLAS (restored afterwards)."""
+    """Time ``cases`` (subset of CASES) with ``threads`` threads for torch and numpy's BLAS (restored afterwards).
+
+    Returns the training-step table (mlp / cnn / overhead) and, when "ops" is among ``cases``, the breadth-ops table.
+    """
     bad = [c for c in cases if c not in CASES]
     if bad:
         raise ValueError(f"cases: unknown case(s) {bad}; known: {list(CASES)}")
@@ -261,7 +375,10 @@ def _run(full: bool, progress: Callable[[str], None] | None, cases: tuple[str, .
         _overhead_cases(cmp)
     if not full:
         cmp.note("torch.compile rows: run with full=True / TINYLEARN_FULL=1 (compilation takes ~1 min here)")
-    return [cmp.table]
+    tables = [cmp.table]
+    if "ops" in cases:
+        tables.append(_ops_cases(progress, repeat))
+    return tables
 
 
 def _mlp_case(cmp: Comparison, full: bool) -> None:
