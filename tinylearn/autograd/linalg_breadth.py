@@ -39,7 +39,7 @@ class Einsum(Function):
         ctx.ins, ctx.out = ins, out
         ctx.save_for_backward(*ops)
         try:
-            return np.asarray(np.einsum(f"{','.join(ins)}->{out}", *ops))
+            return np.asarray(np.einsum(f"{','.join(ins)}->{out}", *ops, optimize=len(ops) > 1))
         except ValueError as e:
             raise ValueError(f"einsum: {e} (equation {eq!r}, shapes {[np.shape(o) for o in ops]})") from None
 
@@ -55,7 +55,8 @@ class Einsum(Function):
             have = set(ctx.out) | {c for t, _ in others for c in t}
             uniq = "".join(dict.fromkeys(s))  # a repeated letter ("ii") is a diagonal of x
             keep = "".join(c for c in uniq if c in have)
-            r = np.einsum(f"{','.join([ctx.out] + [t for t, _ in others])}->{keep}", g, *[o for _, o in others])
+            spec = f"{','.join([ctx.out] + [t for t, _ in others])}->{keep}"
+            r = np.einsum(spec, g, *[o for _, o in others], optimize=bool(others))  # optimize: BLAS contractions
             sizes = [x.shape[s.index(c)] for c in uniq]
             r = np.broadcast_to(r.reshape([n if c in have else 1 for c, n in zip(uniq, sizes)]), sizes)
             if len(uniq) == len(s):
