@@ -2,16 +2,28 @@
 
 One training step holds, at its peak:
 
-    params            sum numel * bytes(dtype)
+    params            sum numel * bytes(dtype) (fp32 master weights under autocast)
     grads             same size as the params (fp32 master gradients under autocast)
     optimizer_state   Adam: exp_avg + exp_avg_sq = 2 x params; SGD: 0 (1 x params with momentum)
     activations       what the autograd graph keeps for backward: layer outputs + saved inputs/masks/im2col
-                      buffers; counted from one forward on a zeros batch by walking the graph (no training)
-    workspace         transient buffers: the largest backward temporary (about the largest saved activation);
-                      the optimizer updates in place (fused step), so it adds none
+                      buffers, and under autocast the bf16 copies of the weights the GEMMs consumed; counted from
+                      one forward on a zeros batch by walking the graph (no training). For a transformer this is
+                      dominated by the attention scores/probabilities, B*H*T*T per layer, several times (scores,
+                      scaled+masked scores, softmax output), plus the LayerNorm/GELU inputs and the embeddings
+    workspace         what the backward holds beyond activations + grads, found by walking the graph in the
+                      engine's order (``_backward_peak``): output gradients waiting for their node, the input
+                      gradients a node is producing (fp32 even for bf16 tensors: numpy returns bf16 GEMMs in fp32),
+                      the fp32 copy a cast's backward makes of a weight gradient, a dcol-sized temporary next to
+                      an im2col buffer, both addends of a gradient sum. The optimizer updates in place (fused
+                      step), so the step adds none
 
-    peak = max(end of backward: params + activations + grads + workspace_bwd,
-               optimizer step:  params + grads + optimizer_state + retained outputs + workspace_step)
+    peak = max(backward:       params + activations + grads + workspace,
+               optimizer step: params + grads + optimizer_state + activations still held by the live loss)
+
+Why bf16 + SGD was underestimated (by 8-17% on the digits MLPs) by a "largest activation" workspace: with SGD
+the peak is in the backward, at the cast node of the largest weight, where the weight's fp32 gradient from
+the GEMM (the cast's incoming gradient) and the fp32 copy ``astype`` makes of it are alive together -- two
+parameter-sized fp32 arrays, not one activation. Adam hides it: its step (2 x params of state) is the larger peak.
 
 With ``checkpoint_segments=k`` (Sequential models) only the k segment inputs are kept, and one segment's
 activations are rebuilt at a time in the backward: activations = boundaries + max segment.
@@ -74,6 +86,91 @@ def _graph_bytes(root: Any, exclude: set[int]) -> tuple[int, int, int]:
     return total + int(root.data.nbytes), tensors + int(root.data.nbytes), largest
 
 
+def _grad_bytes(node: Any, t: Any) -> int:
+    """Bytes of the gradient ``node`` hands to its input ``t``: fp32 for a bf16/fp16 tensor (numpy computes the
+    low-precision GEMMs of the backward in fp32 and fp32 gradients promote elementwise ops), except through an
+    autocast cast, whose backward casts the gradient to the source dtype (itself)."""
+    if type(node).__name__ == "AutocastCast" or t.data.dtype.name not in ("float16", "bfloat16"):
+        return int(t.data.nbytes)
+    return int(t.data.size) * 4
+
+
+def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
+    """Walk the graph in the engine's order and track what is alive during ``root.backward()``.
+
+    Returns (peak bytes above the parameters, parameter-gradient bytes at the end). Alive at each node:
+    every array the graph holds (the engine's node list keeps every input tensor until the backward returns;
+    arrays saved only for backward -- masks, im2col buffers -- are freed once their last node ran), the output
+    gradients waiting for their node, the leaf gradients summed so far, and the input gradients the node is
+    producing (one new array per input that requires grad, in that input's dtype: a cast's backward casts back to
+    the source dtype, so fp32 master weights get fp32 gradients next to the bf16 one being cast). A second
+    gradient for the same tensor is summed into a new array (both addends alive for a moment)."""
+    from ..autograd import Tensor
+    from ..autograd.engine import _topo_order
+
+    order = _topo_order(root._ctx)
+    tensor_bases: set[int] = set()
+    act_bytes: dict[int, int] = {}
+    node_saved: dict[int, list[int]] = {}
+    for node in order:
+        for t in node.inputs:
+            if isinstance(t, Tensor):
+                b = _base(t.data)
+                if id(b) not in exclude:
+                    tensor_bases.add(id(b))
+                    act_bytes[id(b)] = int(b.nbytes)
+    rb = _base(root.data)
+    tensor_bases.add(id(rb))
+    act_bytes[id(rb)] = int(rb.nbytes)
+    for node in order:
+        ids = []
+        for a in node.saved_tensors or ():
+            if isinstance(a, np.ndarray):
+                b = _base(a)
+                if id(b) in exclude or id(b) in tensor_bases or id(b) in ids:
+                    continue
+                act_bytes[id(b)] = int(b.nbytes)
+                ids.append(id(b))
+        node_saved[id(node)] = ids
+    live = sum(act_bytes.values())
+    pending: dict[tuple[int, int], int] = {(id(root._ctx), root._idx): int(root.data.nbytes)}
+    leaves: dict[int, int] = {}
+    n_pending, n_leaves, peak = int(root.data.nbytes), 0, 0
+    for node in reversed(order):
+        mine = [k for k in pending if k[0] == id(node)]
+        if not mine:
+            continue
+        now = live + n_pending + n_leaves
+        made = sum(_grad_bytes(node, t) for t in node.inputs if isinstance(t, Tensor) and t._rg)
+        # a buffer saved only for backward (im2col columns, masks) gets a same-sized gradient temporary (dcol)
+        temp = max((act_bytes[b] for b in node_saved[id(node)]), default=0)
+        peak = max(peak, now + made + temp)
+        peak = max(peak, now + made)
+        g_out = 0
+        for k in mine:
+            g = pending.pop(k)
+            n_pending -= g
+            g_out += g
+        summed = biggest = 0
+        for t in node.inputs:
+            if not (isinstance(t, Tensor) and t._rg):
+                continue
+            n = _grad_bytes(node, t)
+            key = id(t) if t._ctx is None else (id(t._ctx), t._idx)
+            slot, total = (leaves, "leaf") if t._ctx is None else (pending, "pending")
+            if key in slot:
+                summed, biggest = summed + n, max(biggest, n)  # the addend lives next to the old and the new sum
+            else:
+                slot[key] = n
+                if total == "leaf":
+                    n_leaves += n
+                else:
+                    n_pending += n
+        # the node's output gradients are released only when the engine moves on
+        peak = max(peak, live + n_pending + n_leaves + g_out + summed + biggest)
+    return peak, n_leaves
+
+
 def _layers(model: Any) -> list[Any]:
     kids = list(model.children())
     if len(kids) == 1 and hasattr(kids[0], "children") and list(kids[0].children()):
@@ -89,6 +186,7 @@ def estimate(
     amp: str | None = None,
     checkpoint_segments: int | None = None,
     loss: Callable[[Any], Any] | None = None,
+    input_dtype: str = "float32",
 ) -> dict[str, int]:
     """Bytes of one training step of ``model`` on a batch of ``input_shape`` (batch dim included).
 
@@ -111,8 +209,19 @@ def estimate(
     scale = _ITEMSIZE[dtype] / 4
     n_param_bytes = int(sum(p.data.size for p in params) * _ITEMSIZE[dtype])
     exclude = {id(_base(p.data)) for p in params}
-    x = autograd.zeros(*input_shape)
-    loss_fn = loss or (lambda out: F.cross_entropy(out, autograd.Tensor(np.zeros(out.shape[0], np.int64))))
+    if input_dtype in ("int64", "int32"):
+        x = np.zeros(tuple(input_shape), input_dtype)  # token ids (an Embedding-first model such as TinyGPT)
+    elif input_dtype == "float32":
+        x = autograd.zeros(*input_shape)
+    else:
+        raise ValueError(f"input_dtype: expected 'float32', 'int64' or 'int32', got {input_dtype!r}")
+
+    def default_loss(out: Any) -> Any:  # cross entropy against class 0; [B, T, V] logits are flattened to [B*T, V]
+        if out.ndim > 2:
+            out = out.reshape(-1, out.shape[-1])
+        return F.cross_entropy(out, autograd.Tensor(np.zeros(out.shape[0], np.int64)))
+
+    loss_fn = loss or default_loss
 
     def forward(run: Callable[[Any], Any]) -> Any:
         if amp is not None:
@@ -148,11 +257,15 @@ def estimate(
     else:
         root = forward(model)
         activations, retained, largest = _graph_bytes(root, exclude)
-        retained = max(retained, activations - largest)  # the live loss keeps the graph's tensors until the step
+        bwd_peak, _ = _backward_peak(root, exclude)
+        retained = activations  # the live loss keeps the graph (and what its nodes hold) until the step
     activations, retained, largest = int(activations * scale), int(retained * scale), int(largest * scale)
     grads = n_param_bytes
     opt_state = _OPT_STATES[opt] * n_param_bytes
-    ws_bwd = largest
+    # backward workspace: what the walk of the backward holds beyond the activations and the parameter gradients
+    # (output gradients in flight, the gradients a node is producing, casts back to fp32); with checkpointing the
+    # largest array of the rebuilt segment stands in for it
+    ws_bwd = largest if checkpoint_segments else max(0, int(bwd_peak * scale) - activations - grads)
     ws_step = 0  # tinylearn's Adam/SGD update in place (fused C++ step): no parameter-sized temporaries
     peak_bwd = n_param_bytes + activations + grads + ws_bwd
     peak_step = n_param_bytes + grads + opt_state + retained + ws_step
