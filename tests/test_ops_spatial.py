@@ -506,3 +506,33 @@ def _t(*shape):
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "name, xs, args, kw",
+    [
+        ("conv3d", (0, 4, 5, 6, 7), [(6, 2, 2, 3, 2)], dict(groups=2)),
+        ("conv_transpose1d", (0, 4, 5), [(4, 3, 2)], dict(stride=2)),
+        ("conv_transpose2d", (0, 4, 5, 3), [(4, 3, 2, 2)], dict()),
+        ("max_pool3d", (0, 2, 4, 4, 4), [], dict(kernel_size=2, return_indices=True)),
+        ("avg_pool1d", (0, 2, 5), [], dict(kernel_size=2, ceil_mode=True)),
+        ("adaptive_max_pool2d", (0, 2, 5, 4), [], dict(output_size=3)),
+        ("interpolate", (0, 2, 5, 4), [], dict(size=(7, 3), mode="bilinear")),
+    ],
+)
+def test_empty_batch(backend, name, xs, args, kw):
+    rng = np.random.default_rng(16)
+    arrays = [np.zeros(xs)] + [rng.standard_normal(s) for s in args]
+    _compare(lambda *a: getattr(F, name)(*a, **kw), lambda *a: getattr(TF, name)(*a, **kw), arrays, "float32")
+
+
+def test_huge_stride_and_single_tap_dilation():
+    """A stride beyond the padded input gives one window; a dilation on a 1-tap axis is unused (torch accepts both)."""
+    rng = np.random.default_rng(17)
+    x, w = _rand(rng, (2, 4, 9, 5, 3), (3, 4, 1, 2, 1))
+    _compare(
+        lambda x, w: F.conv3d(x, w, stride=2**40, dilation=(2**30, 3, 2**30)),
+        lambda x, w: TF.conv3d(x, w, stride=2**40, dilation=(2**30, 3, 2**30)),
+        [x, w],
+        "float64",
+    )

@@ -35,6 +35,9 @@ def im2col_3d(x: np.ndarray, k, s, p, d, out, backend: str | None) -> np.ndarray
     """Column matrix [C*kd*kh*kw, N*OD*OH*OW] of a 5-D x (validated geometry), via the 2-D im2col per depth tap."""
     N, C, D, H, W = x.shape
     OD = out[0]
+    M = N * OD * out[1] * out[2]  # explicit sizes everywhere: reshape(-1) is ambiguous for an empty batch
+    if M == 0:  # empty batch: nothing to unfold (the compiled KNL kernels reject a zero batch)
+        return np.zeros((C * k[0] * k[1] * k[2], 0), dtype=x.dtype)
     xp = x if p[0] == 0 else np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (0, 0), (0, 0)))
     parts = []
     for a in range(k[0]):
@@ -42,19 +45,22 @@ def im2col_3d(x: np.ndarray, k, s, p, d, out, backend: str | None) -> np.ndarray
         xs = xp[:, :, lo : lo + s[0] * (OD - 1) + 1 : s[0]]  # [N, C, OD, H, W]
         xs = np.ascontiguousarray(xs.transpose(0, 2, 1, 3, 4)).reshape(N * OD, C, H, W)
         c2 = im2col_raw(xs, k[1:], s[1:], p[1:], d[1:], out[1:], backend, layout="KNL")
-        parts.append(c2.reshape(C, 1, k[1] * k[2], -1))
+        parts.append(c2.reshape(C, 1, k[1] * k[2], M))
     cols = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-    return cols.reshape(C * k[0] * k[1] * k[2], -1)
+    return cols.reshape(C * k[0] * k[1] * k[2], M)
 
 
 def col2im_3d(cols: np.ndarray, N: int, C: int, size, k, s, p, d, out, backend: str | None) -> np.ndarray:
     """Adjoint of im2col_3d: fold [C*kd*kh*kw, N*OD*OH*OW] back into [N, C, D, H, W], summing overlaps."""
     D, H, W = size
     OD = out[0]
-    c4 = cols.reshape(C, k[0], k[1] * k[2], -1)
+    M = N * OD * out[1] * out[2]
+    if M == 0:
+        return np.zeros((N, C, D, H, W), dtype=cols.dtype)
+    c4 = cols.reshape(C, k[0], k[1] * k[2], M)
     xp = np.zeros((N, C, D + 2 * p[0], H, W), dtype=cols.dtype)
     for a in range(k[0]):
-        ca = np.ascontiguousarray(c4[:, a]).reshape(C * k[1] * k[2], -1)
+        ca = np.ascontiguousarray(c4[:, a]).reshape(C * k[1] * k[2], M)
         part = col2im_raw(ca, N * OD, C, H, W, k[1:], s[1:], p[1:], d[1:], out[1:], backend, layout="KNL")
         lo = a * d[0]
         xp[:, :, lo : lo + s[0] * (OD - 1) + 1 : s[0]] += part.reshape(N, OD, C, H, W).transpose(0, 2, 1, 3, 4)
@@ -160,7 +166,8 @@ def conv_nd_forward(x, w, b, g, k, s, p, d, out, backend):
     N, OC = x.shape[0], w.shape[0]
     k3, s3, p3, d3, o3 = pad3(k, 1), pad3(s, 1), pad3(p, 0), pad3(d, 1), pad3(out, 1)
     cols = im2col_3d(to5d(x, nd), k3, s3, p3, d3, o3, backend)
-    y2 = np.matmul(w.reshape(g, OC // g, -1), cols.reshape(g, -1, cols.shape[1])).reshape(OC, N, *out)
+    wg = w.reshape(g, OC // g, int(np.prod(w.shape[1:])))
+    y2 = np.matmul(wg, cols.reshape(g, cols.shape[0] // g, cols.shape[1])).reshape(OC, N, *out)
     y = np.ascontiguousarray(np.moveaxis(y2, 0, 1))
     if b is not None:
         y += b.reshape((1, OC) + (1,) * nd)
@@ -172,14 +179,16 @@ def conv_nd_backward(gy, x, w, cols, g, k, s, p, d, out, backend, needs):
     N, C = x.shape[:2]
     OC = w.shape[0]
     k3, s3, p3, d3, o3 = pad3(k, 1), pad3(s, 1), pad3(p, 0), pad3(d, 1), pad3(out, 1)
-    dyT = np.ascontiguousarray(np.moveaxis(gy, 1, 0)).reshape(g, OC // g, -1)
+    dyT = np.ascontiguousarray(np.moveaxis(gy, 1, 0)).reshape(g, OC // g, int(np.prod((gy.shape[0],) + gy.shape[2:])))
     dx = dw = db = None
     if needs[1]:
         if cols is None:
             cols = im2col_3d(to5d(x, nd), k3, s3, p3, d3, o3, backend)
-        dw = np.matmul(dyT, cols.reshape(g, -1, cols.shape[1]).transpose(0, 2, 1)).reshape(w.shape)
+        dw = np.matmul(dyT, cols.reshape(g, cols.shape[0] // g, cols.shape[1]).transpose(0, 2, 1)).reshape(w.shape)
     if needs[0]:
-        dcols = np.matmul(w.reshape(g, OC // g, -1).transpose(0, 2, 1), dyT).reshape(-1, dyT.shape[2])
+        dcols = np.matmul(w.reshape(g, OC // g, int(np.prod(w.shape[1:]))).transpose(0, 2, 1), dyT).reshape(
+            g * int(np.prod(w.shape[1:])), dyT.shape[2]
+        )
         dx = col2im_3d(dcols, N, C, pad3(x.shape[2:], 1), k3, s3, p3, d3, o3, backend).reshape(x.shape)
     if needs[2]:
         db = gy.sum(axis=(0,) + tuple(range(2, gy.ndim)))
@@ -191,8 +200,9 @@ def conv_transpose_nd_forward(x, w, b, g, k, s, p, d, size, cols_out, backend):
     nd = x.ndim - 2
     N, C = x.shape[:2]
     OC = w.shape[1] * g
-    xT = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(g, C // g, -1)
-    dcols = np.matmul(w.reshape(g, C // g, -1).transpose(0, 2, 1), xT).reshape(-1, xT.shape[2])
+    xT = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(g, C // g, int(np.prod((x.shape[0],) + x.shape[2:])))
+    wg = w.reshape(g, C // g, int(np.prod(w.shape[1:])))
+    dcols = np.matmul(wg.transpose(0, 2, 1), xT).reshape(g * int(np.prod(w.shape[1:])), xT.shape[2])
     k3, s3, p3, d3, o3 = pad3(k, 1), pad3(s, 1), pad3(p, 0), pad3(d, 1), pad3(cols_out, 1)
     y = col2im_3d(dcols, N, OC, pad3(size, 1), k3, s3, p3, d3, o3, backend).reshape((N, OC) + tuple(size))
     y = np.ascontiguousarray(y)
@@ -206,13 +216,13 @@ def conv_transpose_nd_backward(gy, x, w, g, k, s, p, d, cols_out, backend, needs
     N, C = x.shape[:2]
     k3, s3, p3, d3, o3 = pad3(k, 1), pad3(s, 1), pad3(p, 0), pad3(d, 1), pad3(cols_out, 1)
     cols = im2col_3d(to5d(gy, nd), k3, s3, p3, d3, o3, backend)  # [C_out*K, N*L]
-    colsg = cols.reshape(g, -1, cols.shape[1])
+    colsg = cols.reshape(g, cols.shape[0] // g, cols.shape[1])
     dx = dw = db = None
     if needs[0]:
-        dxT = np.matmul(w.reshape(g, C // g, -1), colsg).reshape((C, N) + x.shape[2:])
+        dxT = np.matmul(w.reshape(g, C // g, int(np.prod(w.shape[1:]))), colsg).reshape((C, N) + x.shape[2:])
         dx = np.ascontiguousarray(np.moveaxis(dxT, 0, 1))
     if needs[1]:
-        xT = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(g, C // g, -1)
+        xT = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(g, C // g, int(np.prod((x.shape[0],) + x.shape[2:])))
         dw = np.matmul(xT, colsg.transpose(0, 2, 1)).reshape(w.shape)
     if needs[2]:
         db = gy.sum(axis=(0,) + tuple(range(2, gy.ndim)))

@@ -387,14 +387,14 @@ class MaxUnpoolFunction(Function):
     def forward(ctx, x, idx, out):
         N, C = x.shape[:2]
         total = int(np.prod(out))
-        flat_idx = idx.reshape(N, C, -1)
+        flat_idx = idx.reshape(N, C, int(np.prod(idx.shape[2:])))
         if flat_idx.size and (flat_idx.min() < 0 or flat_idx.max() >= total):
             raise ValueError(
                 f"indices: values must lie in [0, {total}) for output spatial size {tuple(out)}, got range "
                 f"[{int(flat_idx.min())}, {int(flat_idx.max())}]"
             )
         y = np.zeros((N, C, total), dtype=x.dtype)
-        np.put_along_axis(y, flat_idx, x.reshape(N, C, -1), axis=2)
+        np.put_along_axis(y, flat_idx, x.reshape(N, C, int(np.prod(x.shape[2:]))), axis=2)
         ctx.save_for_backward(idx)
         return y.reshape((N, C) + tuple(out))
 

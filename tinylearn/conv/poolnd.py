@@ -102,7 +102,7 @@ def max_pool_nd(x: np.ndarray, k, s, p, d, out, extra) -> tuple[np.ndarray, np.n
     """(y, indices) of max pooling over the last len(k) axes of a [N, C, *spatial] array."""
     n = len(k)
     win = windows(_pad(x, p, extra, -np.inf), k, s, d, out)
-    win = win.reshape(win.shape[: 2 + n] + (-1,))
+    win = win.reshape(win.shape[: 2 + n] + (int(np.prod(k)),))
     local = np.argmax(win, axis=-1)
     y = np.take_along_axis(win, local[..., None], axis=-1)[..., 0]
     return y, _flat_index(local, x.shape[2:], k, s, p, d, out)
@@ -112,7 +112,7 @@ def scatter_add_flat(g: np.ndarray, idx: np.ndarray, shape: tuple[int, ...]) -> 
     """dx [N, C, *spatial] with dx.flat_plane[n, c, idx] += g (the adjoint of a gather by flat plane index)."""
     NC = shape[0] * shape[1]
     P = int(np.prod(shape[2:], dtype=np.int64))
-    lin = (np.arange(NC, dtype=np.int64)[:, None] * P + idx.reshape(NC, -1)).ravel()
+    lin = (np.arange(NC, dtype=np.int64)[:, None] * P + idx.reshape(NC, int(np.prod(idx.shape[2:])))).ravel()
     dx = np.bincount(lin, weights=g.reshape(-1).astype(np.float64), minlength=NC * P)
     return dx.astype(g.dtype).reshape(shape)
 
@@ -120,7 +120,8 @@ def scatter_add_flat(g: np.ndarray, idx: np.ndarray, shape: tuple[int, ...]) -> 
 def gather_flat(g: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """out[n, c, *] = g.flat_plane[n, c, idx[n, c, *]] (g [N, C, *spatial])."""
     N, C = g.shape[:2]
-    return np.take_along_axis(g.reshape(N, C, -1), idx.reshape(N, C, -1), axis=2).reshape(idx.shape)
+    gf, idf = g.reshape(N, C, int(np.prod(g.shape[2:]))), idx.reshape(N, C, int(np.prod(idx.shape[2:])))
+    return np.take_along_axis(gf, idf, axis=2).reshape(idx.shape)
 
 
 def _avg_divisor(spatial, k, s, p, out, count_include_pad: bool, divisor_override, dtype) -> np.ndarray | float:
@@ -188,7 +189,9 @@ def adaptive_max_nd(x: np.ndarray, out: tuple[int, ...]) -> tuple[np.ndarray, np
     for o in itertools.product(*(range(v) for v in out)):
         lo = [int(bounds[i][0][o[i]]) for i in range(n)]
         hi = [int(bounds[i][1][o[i]]) for i in range(n)]
-        w = x[(Ellipsis,) + tuple(slice(lo[i], hi[i]) for i in range(n))].reshape(N, C, -1)
+        w = x[(Ellipsis,) + tuple(slice(lo[i], hi[i]) for i in range(n))].reshape(
+            N, C, int(np.prod([hi[i] - lo[i] for i in range(n)]))
+        )
         a = np.argmax(w, axis=-1)
         y[(Ellipsis,) + o] = np.take_along_axis(w, a[..., None], axis=-1)[..., 0]
         loc = np.unravel_index(a, tuple(hi[i] - lo[i] for i in range(n)))
