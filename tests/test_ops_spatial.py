@@ -328,6 +328,9 @@ INTERP = [
     ((1, 2, 3, 4, 5), dict(size=(5, 3, 7), mode="trilinear")),
     ((1, 2, 3, 4, 5), dict(scale_factor=2, mode="nearest")),
     ((2, 3, 8, 9), dict(size=(3, 4), mode="area")),
+    ((2, 3, 5, 6), dict(size=(7, 13), mode="bicubic")),
+    ((2, 3, 5, 6), dict(scale_factor=0.6, mode="bicubic", align_corners=True)),
+    ((2, 3, 8, 9), dict(size=(3, 4), mode="bicubic")),
 ]
 
 
@@ -346,6 +349,7 @@ def test_interpolate_gradcheck_fp64():
     assert gradcheck(lambda x: F.interpolate(x, size=(5, 3), mode="bilinear", align_corners=False), [x])
     assert gradcheck(lambda x: F.interpolate(x, scale_factor=1.5, mode="bilinear", align_corners=True), [x])
     assert gradcheck(lambda x: F.interpolate(x, size=(5, 7), mode="nearest"), [x])
+    assert gradcheck(lambda x: F.interpolate(x, size=(2, 5), mode="bicubic"), [x])
     x = rng.standard_normal((1, 1, 2, 3, 2))
     assert gradcheck(lambda x: F.interpolate(x, size=(3, 2, 4), mode="trilinear"), [x])
 
@@ -492,7 +496,9 @@ def _t(*shape):
         (lambda: F.interpolate(_t(1, 2, 4, 4)), ValueError, "size"),
         (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, align_corners=True), ValueError, "align_corners"),
         (lambda: F.interpolate(_t(1, 2, 4), size=3, mode="bilinear"), ValueError, "mode"),
-        (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, mode="bicubic"), NotImplementedError, "mode"),
+        (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, mode="cubic"), ValueError, "mode"),
+        (lambda: F.interpolate(_t(1, 2, 4), size=3, mode="bicubic"), ValueError, "mode"),
+        (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, antialias=True), NotImplementedError, "antialias"),
         (lambda: F.interpolate(_t(2, 4), size=3), ValueError, "input"),
         (lambda: F.interpolate(_t(1, 2, 4, 4), scale_factor=-1.0), ValueError, "scale_factor"),
         (lambda: F.interpolate(_t(1, 2, 4, 4), scale_factor=(2, 2, 2)), ValueError, "scale_factor"),

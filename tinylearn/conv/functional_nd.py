@@ -569,7 +569,7 @@ def interpolate(
     recompute_scale_factor: bool | None = None,
     antialias: bool = False,
 ) -> Tensor:
-    """torch.nn.functional.interpolate for modes nearest, nearest-exact, linear/bilinear/trilinear and area
+    """torch.nn.functional.interpolate for modes nearest, nearest-exact, linear/bilinear/trilinear, bicubic, area
     (3-D/4-D/5-D input = 1/2/3 spatial dims)."""
     x = _tensor(input, "input")
     if x.ndim not in (3, 4, 5):
@@ -578,6 +578,9 @@ def interpolate(
     if mode in _LINEAR_DIMS:
         if _LINEAR_DIMS[mode] != x.ndim:
             raise ValueError(f"mode: {mode!r} needs a {_LINEAR_DIMS[mode]}-D input, got shape {tuple(x.shape)}")
+    elif mode == "bicubic":
+        if x.ndim != 4:
+            raise ValueError(f"mode: 'bicubic' needs a 4-D input, got shape {tuple(x.shape)}")
     elif mode in ("nearest", "nearest-exact", "area"):
         if align_corners is not None:
             raise ValueError(
@@ -585,8 +588,8 @@ def interpolate(
                 f"got mode={mode!r}"
             )
     else:
-        raise NotImplementedError(
-            f"mode: {mode!r} is not implemented (nearest, nearest-exact, linear, bilinear, trilinear, area)"
+        raise ValueError(
+            f"mode: unknown mode {mode!r}; expected nearest, nearest-exact, linear, bilinear, bicubic, trilinear, area"
         )
     if antialias:
         raise NotImplementedError("antialias: antialiased interpolation is not implemented")
@@ -599,7 +602,7 @@ def interpolate(
         x,
         out=out,
         scales=tuple(scales),
-        mode="linear" if mode in _LINEAR_DIMS else mode,
+        mode="linear" if mode in _LINEAR_DIMS else ("cubic" if mode == "bicubic" else mode),
         align_corners=bool(align_corners),
     )
 

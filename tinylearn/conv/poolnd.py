@@ -15,7 +15,8 @@ ceil_mode pads the right end with ``extra = (out-1)*s + d(k-1) + 1 - (L + 2p)`` 
            axis), the maximum loops over output cells.
     interpolate: separable per axis; nearest src = min(floor(dst*scale), L-1) with scale = L/O (or 1/scale_factor),
            linear src = scale*(dst + 0.5) - 0.5 clamped at 0 (align_corners: src = dst*(L-1)/(O-1)),
-           y = (1-t)*x[i0] + t*x[i1]; the backward adds the same weights back (np.add.at).
+           y = (1-t)*x[i0] + t*x[i1]; cubic: Keys' kernel (A=-0.75) on taps floor(src)-1..+2 clamped to the edge,
+           src unclamped; the backward adds the same weights back (np.add.at).
 """
 
 from __future__ import annotations
@@ -203,8 +204,28 @@ def adaptive_max_nd(x: np.ndarray, out: tuple[int, ...]) -> tuple[np.ndarray, np
 
 
 # ---------------------------------------------------------------- interpolation
-def interp_axis(L: int, O: int, mode: str, align_corners: bool, scale: float | None, dtype) -> tuple:
-    """Per-axis source taps: nearest -> (i0,), linear -> (i0, i1, w0, w1)."""
+def _source_scale(L: int, O: int, align_corners: bool, scale: float | None, ct) -> Any:
+    if align_corners:
+        return ct((L - 1) / (O - 1)) if O > 1 else ct(0.0)
+    return ct(1.0 / scale) if scale is not None and scale > 0 else ct(L) / ct(O)
+
+
+def _cubic_weights(t: np.ndarray, ct) -> list[np.ndarray]:
+    """Keys' cubic convolution (A = -0.75, torch's) for taps at -1, 0, 1, 2 around floor(src), fraction t."""
+    A = ct(-0.75)
+
+    def near(x):  # |x| <= 1
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+
+    one = ct(1.0)
+    return [far(t + one), near(t), near(one - t), far(one - t + one)]
+
+
+def interp_axis(L: int, O: int, mode: str, align_corners: bool, scale: float | None, dtype) -> list[tuple]:
+    """Per-axis source taps [(index [O], weight [O] or None), ...]: 1 for nearest, 2 linear, 4 cubic."""
     dst = np.arange(O)
     if mode in ("nearest", "nearest-exact"):
         # torch computes the source index in float32
@@ -213,44 +234,44 @@ def interp_axis(L: int, O: int, mode: str, align_corners: bool, scale: float | N
         i0 = np.floor((dst.astype(np.float32) + off) * sc).astype(np.int64)
         if mode == "nearest" and O == L:
             i0 = dst.astype(np.int64)
-        return (np.minimum(i0, L - 1),)
+        return [(np.minimum(i0, L - 1), None)]
     ct = np.float64 if dtype == np.float64 else np.float32
-    if align_corners:
-        sc = ct((L - 1) / (O - 1)) if O > 1 else ct(0.0)
-        src = sc * dst.astype(ct)
-    else:
-        sc = ct(1.0 / scale) if scale is not None and scale > 0 else ct(L) / ct(O)
-        src = np.maximum(sc * (dst.astype(ct) + ct(0.5)) - ct(0.5), ct(0.0))
+    sc = _source_scale(L, O, align_corners, scale, ct)
+    src = sc * dst.astype(ct) if align_corners else sc * (dst.astype(ct) + ct(0.5)) - ct(0.5)
+    if mode == "cubic":
+        i0 = np.floor(src).astype(np.int64)
+        t = src - i0.astype(ct)
+        ws = _cubic_weights(t, ct)
+        return [(np.clip(i0 - 1 + j, 0, L - 1), ws[j].astype(dtype)) for j in range(4)]
+    src = np.maximum(src, ct(0.0))
     i0 = np.minimum(np.floor(src).astype(np.int64), L - 1)
     i1 = np.minimum(i0 + 1, L - 1)
     w1 = (src - i0.astype(ct)).astype(dtype)
     w0 = (np.ones((), dtype=dtype) - w1).astype(dtype)
-    return i0, i1, w0, w1
+    return [(i0, w0), (i1, w1)]
 
 
-def interp_forward(x: np.ndarray, taps: list[tuple]) -> np.ndarray:
+def interp_forward(x: np.ndarray, taps: list[list[tuple]]) -> np.ndarray:
     n = len(taps)
-    for i in reversed(range(n)):  # last axis first (torch's order of the bilinear products)
+    for i in reversed(range(n)):  # last axis first (torch's order of the bilinear / bicubic products)
         ax = x.ndim - n + i
         xm = np.moveaxis(x, ax, -1)
-        t = taps[i]
-        ym = xm[..., t[0]] if len(t) == 1 else t[2] * xm[..., t[0]] + t[3] * xm[..., t[1]]
+        ym = None
+        for idx, w in taps[i]:
+            term = xm[..., idx] if w is None else w * xm[..., idx]
+            ym = term if ym is None else ym + term
         x = np.moveaxis(ym, -1, ax)
     return np.ascontiguousarray(x)
 
 
-def interp_backward(g: np.ndarray, in_spatial: tuple[int, ...], taps: list[tuple]) -> np.ndarray:
+def interp_backward(g: np.ndarray, in_spatial: tuple[int, ...], taps: list[list[tuple]]) -> np.ndarray:
     n = len(taps)
     for i in range(n):
         ax = g.ndim - n + i
         gm = np.moveaxis(g, ax, -1)
         acc = np.zeros(gm.shape[:-1] + (in_spatial[i],), dtype=g.dtype)
-        t = taps[i]
-        if len(t) == 1:
-            np.add.at(acc, (Ellipsis, t[0]), gm)
-        else:
-            np.add.at(acc, (Ellipsis, t[0]), t[2] * gm)
-            np.add.at(acc, (Ellipsis, t[1]), t[3] * gm)
+        for idx, w in taps[i]:
+            np.add.at(acc, (Ellipsis, idx), gm if w is None else w * gm)
         g = np.moveaxis(acc, -1, ax)
     return np.ascontiguousarray(g)
 
