@@ -7,6 +7,11 @@ F(2x2, 3x3), Conv+BN folding and the tiled-im2col memory lesson. numpy arrays in
     tl.conv.winograd_conv2d(x, w, bias=None, padding=0)
     tl.conv.fold_batchnorm(conv_w, conv_b, bn_mean, bn_var, bn_gamma, bn_beta, eps) -> (w', b')
 
+n-d breadth (torch signatures, autograd, on tl.Tensors; re-exported by tinylearn.nn.functional):
+    functional_nd: conv1d conv3d conv_transpose1d/2d/3d, max/avg_pool1d/3d (ceil_mode, return_indices,
+    count_include_pad, divisor_override), max_unpool1d/2d/3d, adaptive_avg/max_pool1d/2d/3d, interpolate
+    numpy kernels: convnd.py (3-D im2col/col2im built from the 2-D kernels), poolnd.py (windows, adaptive, resampling)
+
 Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is imported only when asked for. Backends
 dispatch through ``tinylearn.backends`` (ops ``conv.im2col``, ``conv.col2im``); ``backend=None`` = fastest here.
 """

@@ -5,6 +5,9 @@
     MaxPool2d  forward keeps the window argmax; backward scatters dY to it through col2im
     AvgPool2d  backward spreads dY / divisor over the window through col2im
 
+max_pool2d(ceil_mode=/return_indices=), avg_pool2d(ceil_mode=/divisor_override=) and unbatched inputs go through
+the n-d Functions of ``functional_nd`` (conv1d/3d, conv_transpose*, 1-d/3-d/adaptive pools, interpolate).
+
 The im2col/col2im kernels come from ``tinylearn.backends`` (ops ``conv.im2col`` / ``conv.col2im``): by default the
 registry's choice for the input (cpp when tinylearn._C is built, numpy for float16 or without it).
 ``set_backend("numpy"|"numba"|"cpp")`` pins one for these Functions (the torch-signature ``F.conv2d`` has no

@@ -7,7 +7,8 @@
           divisor = kh*kw                     if count_include_pad (padding zeros count)
                   = number of in-bounds taps  otherwise
           dx = col2im(dy / divisor broadcast over the window)
-Floor mode (ceil_mode=False) only; padding must be at most half the kernel (torch's rule).
+Floor mode (ceil_mode=False) only here; ceil_mode, return_indices with torch's flat indices and 1-d/3-d pools are in
+poolnd.py. padding must be at most half the kernel (torch's rule).
 """
 
 from __future__ import annotations
