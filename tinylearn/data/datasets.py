@@ -37,7 +37,11 @@ def train_test_split(
     n = len(X)
     if len(y) != n:
         raise ValueError(f"y: length {len(y)} does not match X length {n}")
-    n_test = int(round(test_size * n)) if isinstance(test_size, float) else int(test_size)
+    if isinstance(test_size, bool) or not isinstance(test_size, int | float | np.integer | np.floating):
+        raise TypeError(f"test_size: expected a fraction in (0, 1) or an int count, got {type(test_size).__name__}")
+    if isinstance(test_size, float | np.floating) and not 0.0 < test_size < 1.0:
+        raise ValueError(f"test_size: a fraction must be in (0, 1), got {test_size}")
+    n_test = int(round(test_size * n)) if isinstance(test_size, float | np.floating) else int(test_size)
     if not 0 < n_test < n:
         raise ValueError(f"test_size: {test_size} leaves an empty train or test set for {n} samples")
     perm = np.random.default_rng(seed).permutation(n)

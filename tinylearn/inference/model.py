@@ -34,6 +34,13 @@ ROPE_BASE = 10000.0
 
 def rope_tables(max_seq_len: int, head_dim: int, base: float = ROPE_BASE) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin float32 [max_seq_len, head_dim] (rotate-half layout: the hd/2 frequencies repeated twice)."""
+    for name, v in (("max_seq_len", max_seq_len), ("head_dim", head_dim)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim: rotate-half RoPE needs an even head_dim, got {head_dim}")
+    if not (isinstance(base, int | float | np.integer | np.floating) and np.isfinite(base) and base > 0):
+        raise ValueError(f"base: must be a finite number > 0, got {base!r}")
     inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     ang = np.arange(max_seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]
     ang = np.concatenate([ang, ang], axis=1)

@@ -34,6 +34,10 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 def top_k_filter(probs: np.ndarray, k: int) -> np.ndarray:
     """Zero all but the k most probable entries (ties with the k-th kept) and renormalise."""
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise TypeError(f"k: expected an int >= 1, got {type(k).__name__} {k!r}")
+    if k < 1:
+        raise ValueError(f"k: must be >= 1, got {k}")
     p = np.asarray(probs, dtype=np.float64)
     if k >= p.shape[-1]:
         return p / p.sum()
@@ -44,6 +48,10 @@ def top_k_filter(probs: np.ndarray, k: int) -> np.ndarray:
 
 def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Nucleus: keep the smallest most-probable set with cumulative probability >= top_p (>= 1 token)."""
+    if isinstance(top_p, bool) or not isinstance(top_p, int | float | np.integer | np.floating):
+        raise TypeError(f"top_p: expected a float in (0, 1], got {type(top_p).__name__} {top_p!r}")
+    if not 0.0 < top_p <= 1.0:  # also rejects NaN
+        raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
     p = np.asarray(probs, dtype=np.float64)
     order = np.argsort(-p, kind="stable")
     before = np.cumsum(p[order]) - p[order]  # mass of the tokens ranked above each one

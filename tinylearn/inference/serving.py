@@ -186,8 +186,8 @@ def poisson_requests(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """n requests with exponential inter-arrival times (``rate`` req/s) and uniform prompt/output lengths."""
-    if n < 1 or rate <= 0:
-        raise ValueError(f"n, rate: need n >= 1 and rate > 0, got {n}, {rate}")
+    if n < 1 or not rate > 0 or not np.isfinite(rate):  # `not rate > 0` also rejects NaN
+        raise ValueError(f"n, rate: need n >= 1 and a finite rate > 0, got {n}, {rate}")
     rng = np.random.default_rng(seed)
     arr = np.cumsum(rng.exponential(1.0 / rate, n))
     p = rng.integers(prompt_len[0], prompt_len[1] + 1, n)

@@ -46,6 +46,8 @@ STAT_KEYS = (
 
 def align_up(x: int, a: int) -> int:
     """Smallest multiple of ``a`` that is >= ``x`` (a > 0)."""
+    if a <= 0:
+        raise ValueError(f"a: the alignment must be positive, got {a}")
     return (x + a - 1) // a * a
 
 

@@ -21,6 +21,8 @@ from .base import Allocator, PyCore, check_power_of_two, make_core, register_cor
 
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
+    if n < 1:
+        raise ValueError(f"n: must be >= 1, got {n}")
     return 1 << (n - 1).bit_length()
 
 

@@ -89,6 +89,13 @@ def random_ops(
     """A random trace of ``n_ops`` ops: malloc with probability decreasing in the live count, else free a random
     live block. ``sizes`` is a (lo, hi) range (log-uniform by default) or a list to draw from. Ends with
     everything freed (so the trace has n_ops + n_live_at_end ops)."""
+    for name, v, lo in (("n_ops", n_ops, 0), ("max_live", max_live, 1)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+        if v < lo:
+            raise ValueError(f"{name}: must be >= {lo}, got {v}")
+    if isinstance(sizes, tuple) and len(sizes) == 2 and not 1 <= sizes[0] <= sizes[1]:
+        raise ValueError(f"sizes: a (lo, hi) range needs 1 <= lo <= hi, got {sizes}")
     rng = np.random.default_rng(seed)
     live: list[int] = []
     ops, n_malloc = [], 0

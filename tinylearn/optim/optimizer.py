@@ -52,6 +52,10 @@ class Optimizer:
         self.state: dict[Tensor, dict[str, Any]] = {}
         self._scratch: dict[tuple, np.ndarray] = {}
         self.param_groups: list[dict[str, Any]] = []
+        if isinstance(params, Tensor) or not isinstance(params, Iterable) or isinstance(params, str | bytes | dict):
+            raise TypeError(
+                f"params: expected an iterable of Tensors or of param-group dicts, got {type(params).__name__}"
+            )
         params = list(params)
         if not params:
             raise ValueError("params: optimizer got an empty parameter list")
