@@ -16,7 +16,7 @@ ceil_mode pads the right end with ``extra = (out-1)*s + d(k-1) + 1 - (L + 2p)`` 
     interpolate: separable per axis; nearest src = min(floor(dst*scale), L-1) with scale = L/O (or 1/scale_factor),
            linear src = scale*(dst + 0.5) - 0.5 clamped at 0 (align_corners: src = dst*(L-1)/(O-1)),
            y = (1-t)*x[i0] + t*x[i1]; cubic: Keys' kernel (A=-0.75) on taps floor(src)-1..+2 clamped to the edge,
-           src unclamped; the backward adds the same weights back (np.add.at).
+           src unclamped; the backward adds the same weights back (a segmented sum: indices are monotone).
 """
 
 from __future__ import annotations
@@ -251,28 +251,47 @@ def interp_axis(L: int, O: int, mode: str, align_corners: bool, scale: float | N
     return [(i0, w0), (i1, w1)]
 
 
+def _bshape(ndim: int, ax: int) -> tuple[int, ...]:
+    return (-1,) + (1,) * (ndim - 1 - ax)
+
+
 def interp_forward(x: np.ndarray, taps: list[list[tuple]]) -> np.ndarray:
+    """Apply the per-axis taps, last axis first (torch's order of the bilinear / bicubic products); np.take along
+    each axis copies whole rows, so no axis is gathered through a transposed view."""
     n = len(taps)
-    for i in reversed(range(n)):  # last axis first (torch's order of the bilinear / bicubic products)
+    for i in reversed(range(n)):
         ax = x.ndim - n + i
-        xm = np.moveaxis(x, ax, -1)
-        ym = None
+        y = None
         for idx, w in taps[i]:
-            term = xm[..., idx] if w is None else w * xm[..., idx]
-            ym = term if ym is None else ym + term
-        x = np.moveaxis(ym, -1, ax)
+            term = np.take(x, idx, axis=ax)
+            if w is not None:
+                term *= w.reshape(_bshape(x.ndim, ax))
+            if y is None:
+                y = term
+            else:
+                y += term
+        x = y
     return np.ascontiguousarray(x)
 
 
 def interp_backward(g: np.ndarray, in_spatial: tuple[int, ...], taps: list[list[tuple]]) -> np.ndarray:
+    """Adjoint of interp_forward. Every tap's source index is non-decreasing in the output index, so the scatter-add
+    is a segmented sum (np.add.reduceat over runs of equal index) written to the distinct indices."""
     n = len(taps)
     for i in range(n):
         ax = g.ndim - n + i
-        gm = np.moveaxis(g, ax, -1)
-        acc = np.zeros(gm.shape[:-1] + (in_spatial[i],), dtype=g.dtype)
+        acc = np.zeros(g.shape[:ax] + (in_spatial[i],) + g.shape[ax + 1 :], dtype=g.dtype)
+        lead = (slice(None),) * ax
         for idx, w in taps[i]:
-            np.add.at(acc, (Ellipsis, idx), gm if w is None else w * gm)
-        g = np.moveaxis(acc, -1, ax)
+            v = g if w is None else g * w.reshape(_bshape(g.ndim, ax))
+            if v.size == 0:
+                continue
+            starts = np.flatnonzero(np.concatenate(([True], idx[1:] != idx[:-1])))
+            if np.any(np.diff(idx) < 0):  # not produced by interp_axis; keep a correct (slower) path anyway
+                np.add.at(acc, lead + (idx,), v)
+                continue
+            acc[lead + (idx[starts],)] += np.add.reduceat(v, starts, axis=ax)
+        g = acc
     return np.ascontiguousarray(g)
 
 
