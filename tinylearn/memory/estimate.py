@@ -89,7 +89,7 @@ def _graph_bytes(root: Any, exclude: set[int]) -> tuple[int, int, int]:
 def _grad_bytes(node: Any, t: Any) -> int:
     """Bytes of the gradient ``node`` hands to its input ``t``: fp32 for a bf16/fp16 tensor (numpy computes the
     low-precision GEMMs of the backward in fp32 and fp32 gradients promote elementwise ops), except through an
-    autocast cast, whose backward casts the gradient to the source dtype (itself)."""
+    autocast cast, whose backward casts the gradient to the source dtype (the input's own dtype)."""
     if type(node).__name__ == "AutocastCast" or t.data.dtype.name not in ("float16", "bfloat16"):
         return int(t.data.nbytes)
     return int(t.data.size) * 4
@@ -99,12 +99,13 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
     """Walk the graph in the engine's order and track what is alive during ``root.backward()``.
 
     Returns (peak bytes above the parameters, parameter-gradient bytes at the end). Alive at each node:
-    every array the graph holds (the engine's node list keeps every input tensor until the backward returns;
-    arrays saved only for backward -- masks, im2col buffers -- are freed once their last node ran), the output
-    gradients waiting for their node, the leaf gradients summed so far, and the input gradients the node is
-    producing (one new array per input that requires grad, in that input's dtype: a cast's backward casts back to
-    the source dtype, so fp32 master weights get fp32 gradients next to the bf16 one being cast). A second
-    gradient for the same tensor is summed into a new array (both addends alive for a moment)."""
+    every array the graph holds (the engine's node list keeps every input tensor until the backward returns; the
+    arrays saved only for backward are counted as alive throughout -- measure_peak of the optimizer step, after
+    the backward, still sees about all of the graph's bytes while the loss is referenced), the output gradients
+    waiting for their node, the leaf gradients summed so far, the input gradients the node is producing
+    (``_grad_bytes``; a cast's backward casts back to the source dtype, so fp32 master weights get an fp32 copy
+    next to the fp32 GEMM gradient being cast), a temporary the size of each buffer the node saved for itself
+    (dcol next to im2col), and both addends of a gradient summed into a new array."""
     from ..autograd import Tensor
     from ..autograd.engine import _topo_order
 
@@ -145,7 +146,6 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
         # a buffer saved only for backward (im2col columns, masks) gets a same-sized gradient temporary (dcol)
         temp = max((act_bytes[b] for b in node_saved[id(node)]), default=0)
         peak = max(peak, now + made + temp)
-        peak = max(peak, now + made)
         g_out = 0
         for k in mine:
             g = pending.pop(k)
