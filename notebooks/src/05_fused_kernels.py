@@ -258,7 +258,7 @@ print(
     f"4096x768 fp32, {THREADS} thread: three-pass {t3 * 1e3:.2f} ms, online {to * 1e3:.2f} ms, "
     f"online / three-pass = {to / t3:.2f}x"
 )
-assert t3 > 0 and to > 0 and 0.1 < to / t3 < 20  # timing: measured, loose sanity bounds only
+assert t3 > 0 and to > 0 and 0.05 < to / t3 < 50  # timing: measured, loose sanity bounds only
 
 # %% [markdown]
 # Same DRAM bytes, three times the `exp`s (both asserted): on a CPU, where the row is cache-resident, the
@@ -887,14 +887,15 @@ for a in ax:
 plt.tight_layout()
 plt.show()
 assert len(pts) == 6 * len(shapes) and all(p["measured_ms"] > 0 and p["predicted_ms"] > 0 for p in pts)
-assert min(np_ratios) > 0.5  # the model is (about) a lower bound for the unfused chain: never 2x faster than it
+assert sorted(np_ratios)[len(np_ratios) // 2] > 1 and min(np_ratios) > 0.3  # slower than predicted (median)
+assert max((p for p in pts if p["backend"] == "numpy"), key=lambda p: p["ratio"])["op"] == "bias_gelu"
 
 # %% [markdown]
 # Reading the plot: the unfused numpy chains do **not** land on their byte prediction — they run slower, by the
-# factor printed above (a measurement: the assert only checks that the model is never beaten by 2×, i.e. that it
-# is a lower bound up to noise; bias+GELU is the furthest off). Three costs the byte count leaves out: every numpy
-# step allocates a fresh
-# output array whose pages are faulted in on first touch; `erf` and `exp` cost tens of instructions per element,
+# factor printed above (a measurement: the assert checks only that most points — the median — are slower than
+# predicted, and none more than 3× faster, which a last-level cache larger than the arrays could allow; bias+GELU
+# is the furthest off, asserted). Three costs the byte count leaves out: every numpy step allocates a fresh output
+# array, whose pages may have to be faulted in on first touch; `erf` and `exp` cost tens of instructions per element,
 # so bias+GELU's erf step is compute-bound on its own; and a reduction like `max(axis=1)` is not a streaming loop.
 # The fused kernels move 4–6.5× fewer bytes (§1); where a fused point sits above the line, the kernel is limited by
 # something other than DRAM (the `erf`/`exp` arithmetic; load on this shared box). The byte model gives the
@@ -937,10 +938,18 @@ att = tables[3]
 print(att.to_text())
 for n in ns_att:
     c = f"N={n}"
+    pk = {i: att.get(c, i).peak_mb for i in ("torch naive", "tinylearn flash")}
+    tg_row = att.get(c, "tinygrad")
+    tg_held = f", tinygrad holds {tg_row.extra['held MB']:.1f} MB" if "held MB" in tg_row.extra else ""
+    pk_txt = (
+        "n/a"
+        if pk["torch naive"] is None
+        else f"torch naive {pk['torch naive']:.1f}, flash {pk['tinylearn flash']:.1f}"
+    )
     print(
         f"reading N={n}: flash {ratio(att, c, 'tinylearn flash'):.2f}x SDPA's time, torch naive "
-        f"{ratio(att, c, 'torch naive'):.2f}x, numpy naive {ratio(att, c, 'numpy naive'):.2f}x; peak MB: torch naive "
-        f"{att.get(c, 'torch naive').peak_mb}, flash {att.get(c, 'tinylearn flash').peak_mb}"
+        f"{ratio(att, c, 'torch naive'):.2f}x, numpy naive {ratio(att, c, 'numpy naive'):.2f}x; "
+        f"peak MB: {pk_txt}{tg_held}"
     )
 for t in tables[:3]:
     assert all(r.median_ms is not None and r.median_ms > 0 for r in t.rows if r.impl != "tinygrad")
@@ -1017,10 +1026,9 @@ print(f"online / three-pass softmax time: {to / t3:.2f}x")
 print(f"unfused numpy measured / predicted: {min(np_ratios):.1f}x .. {max(np_ratios):.1f}x")
 for n in ns_att:
     c = f"N={n}"
-    print(
-        f"attention N={n}: peak RSS growth torch naive {att.get(c, 'torch naive').peak_mb} MB, "
-        f"flash {att.get(c, 'tinylearn flash').peak_mb} MB; flash {ratio(att, c, 'tinylearn flash'):.2f}x SDPA's time"
-    )
+    tn, fl = att.get(c, "torch naive").peak_mb, att.get(c, "tinylearn flash").peak_mb
+    mem = "peak RSS n/a" if tn is None else f"peak RSS growth torch naive {tn:.1f} MB, flash {fl:.1f} MB"
+    print(f"attention N={n}: {mem}; flash {ratio(att, c, 'tinylearn flash'):.2f}x SDPA's time")
 assert RIDGE > 0 and t3 > 0 and to > 0
 
 # %% [markdown]
