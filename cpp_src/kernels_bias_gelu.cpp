@@ -8,6 +8,16 @@
 //   bias_gelu_forward / backward   u = x + b; erf form  gelu(u) = u Phi(u),      gelu'(u) = Phi(u) + u phi(u)
 //                                             tanh form gelu(u) = u/2 (1 + t),   t = tanh(k (u + c u^3)),
 //                                             gelu'(u) = (1 + t)/2 + u/2 (1 - t^2) k (1 + 3 c u^2)
+//   bias_gelu_forward versions     v1 autovec   the loops above under `#pragma omp simd`, erf by Abramowitz &
+//                                               Stegun 7.1.26 (abs. error 1.5e-7: poor relative error near 0),
+//                                               OpenMP over rows above kParallelMin elements
+//                                  v2 simd      explicit vector erf / tanh of vec_math.h (<= 2.4 ulp; AVX-512 /
+//                                               AVX2 / scalar by tl::cpu_has): h = u/2, y = h + h erf(u/sqrt2)
+//                                               (one FMA), one thread. Elementwise, so every path gives the same bits
+//                                  v3 simd_omp  v2 + OpenMP over rows, threads_for(R*C) threads
+//                                  float64 runs v1's code for v2/v3; the backward pass is v1 for every version
+#include <type_traits>
+
 #include "kernels_math.h"
 
 namespace py = pybind11;
@@ -15,6 +25,7 @@ namespace py = pybind11;
 namespace {
 using namespace tl;
 using namespace tl::kern;
+namespace vm = tl::vm;
 
 // ---- bias + GELU -----------------------------------------------------------------------------------------------
 template <typename T>
@@ -47,15 +58,87 @@ void check_bias(const carr<T>& x, const carr<T>& b, const char* fn) {
                     ",) to match x's last dimension");
 }
 
+// ---- float32 v2/v3 rows (vec_math.h) --------------------------------------------------------------------------
+constexpr float kRsqrt2 = 0.70710678118654752440f, kK = 0.79788456080286535588f, kC = 0.044715f;
+
+void gelu_row_scalar(const float* x, const float* b, float* y, ssize_t C, bool tanh_form) {
+  for (ssize_t c = 0; c < C; ++c) {
+    const float u = x[c] + b[c];
+    const float h = 0.5f * u;
+    if (tanh_form) {
+      const float inner = std::fma(kC * (u * u), u, u) * kK;
+      y[c] = std::fma(h, vm::scalar::tanh(inner), h);
+    } else {
+      y[c] = std::fma(h, vm::scalar::erf(u * kRsqrt2), h);
+    }
+  }
+}
+
+TL_AVX2 inline __m256 gelu8(__m256 u, bool tanh_form) {
+  const __m256 h = _mm256_mul_ps(_mm256_set1_ps(0.5f), u);
+  if (tanh_form) {
+    const __m256 c3 = _mm256_mul_ps(_mm256_set1_ps(kC), _mm256_mul_ps(u, u));
+    const __m256 inner = _mm256_mul_ps(_mm256_fmadd_ps(c3, u, u), _mm256_set1_ps(kK));
+    return _mm256_fmadd_ps(h, vm::avx2::tanh(inner), h);
+  }
+  return _mm256_fmadd_ps(h, vm::avx2::erf(_mm256_mul_ps(u, _mm256_set1_ps(kRsqrt2))), h);
+}
+TL_AVX2 void gelu_row_avx2(const float* x, const float* b, float* y, ssize_t C, bool tanh_form) {
+  ssize_t c = 0;
+  for (; c + 8 <= C; c += 8)
+    _mm256_storeu_ps(y + c, gelu8(_mm256_add_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(b + c)), tanh_form));
+  if (c < C) {
+    const __m256i m = vm::avx2::tail_mask(static_cast<int>(C - c));
+    const __m256 u = _mm256_add_ps(_mm256_maskload_ps(x + c, m), _mm256_maskload_ps(b + c, m));
+    _mm256_maskstore_ps(y + c, m, gelu8(u, tanh_form));
+  }
+}
+
+TL_AVX512 inline __m512 gelu16(__m512 u, bool tanh_form) {
+  const __m512 h = _mm512_mul_ps(_mm512_set1_ps(0.5f), u);
+  if (tanh_form) {
+    const __m512 c3 = _mm512_mul_ps(_mm512_set1_ps(kC), _mm512_mul_ps(u, u));
+    const __m512 inner = _mm512_mul_ps(_mm512_fmadd_ps(c3, u, u), _mm512_set1_ps(kK));
+    return _mm512_fmadd_ps(h, vm::avx512::tanh(inner), h);
+  }
+  return _mm512_fmadd_ps(h, vm::avx512::erf(_mm512_mul_ps(u, _mm512_set1_ps(kRsqrt2))), h);
+}
+TL_AVX512 void gelu_row_avx512(const float* x, const float* b, float* y, ssize_t C, bool tanh_form) {
+  ssize_t c = 0;
+  for (; c + 16 <= C; c += 16)
+    _mm512_storeu_ps(y + c, gelu16(_mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(b + c)), tanh_form));
+  if (c < C) {
+    const __mmask16 m = vm::avx512::tail_mask(static_cast<int>(C - c));
+    const __m512 u = _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + c), _mm512_maskz_loadu_ps(m, b + c));
+    _mm512_mask_storeu_ps(y + c, m, gelu16(u, tanh_form));
+  }
+}
+
 template <typename T>
-carr<T> bias_gelu_forward(carr<T> x, carr<T> b, bool tanh_form) {
+carr<T> bias_gelu_forward(carr<T> x, carr<T> b, bool tanh_form, const std::string& version) {
   check_bias(x, b, "bias_gelu_forward");
+  const bool v_simd = version == "simd" || version == "simd_omp";
+  if (version != "autovec" && !v_simd)
+    tl::value_error("bias_gelu_forward: version must be 'autovec', 'simd' or 'simd_omp', got '" + version + "'");
   const ssize_t R = x.shape(0), C = x.shape(1);
   carr<T> y({R, C});
   const T *px = x.data(), *pb = b.data();
   T* py = y.mutable_data();
+  if (v_simd && std::is_same<T, float>::value) {
+    const vm::Isa isa = vm::best_isa();
+    const auto row = isa == vm::Isa::avx512 ? gelu_row_avx512 : isa == vm::Isa::avx2 ? gelu_row_avx2 : gelu_row_scalar;
+    const int nt = version == "simd" ? 1 : threads_for(R * C);
+    const float *fx = reinterpret_cast<const float*>(px), *fb = reinterpret_cast<const float*>(pb);
+    float* fy = reinterpret_cast<float*>(py);
+    {
+      py::gil_scoped_release release;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+      for (ssize_t r = 0; r < R; ++r) row(fx + r * C, fb, fy + r * C, C, tanh_form);
+    }
+    return y;
+  }
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) if (R * C > kParallelMin)
+#pragma omp parallel for schedule(static) if (R * C > kParallelMin && version != "simd")
   for (ssize_t r = 0; r < R; ++r) {
     const T* xr = px + r * C;
     T* yr = py + r * C;
@@ -118,7 +201,8 @@ py::tuple bias_gelu_backward(carr<T> dy, carr<T> x, carr<T> b, bool tanh_form) {
 
 template <typename T>
 void def_bias_gelu(py::module_& m) {
-  m.def("bias_gelu_forward", &bias_gelu_forward<T>, py::arg("x"), py::arg("bias"), py::arg("tanh_form") = false);
+  m.def("bias_gelu_forward", &bias_gelu_forward<T>, py::arg("x"), py::arg("bias"), py::arg("tanh_form") = false,
+        py::arg("version") = "autovec", "versions: autovec, simd, simd_omp (see cpp_src/kernels_bias_gelu.cpp)");
   m.def("bias_gelu_backward", &bias_gelu_backward<T>, py::arg("dy"), py::arg("x"), py::arg("bias"),
         py::arg("tanh_form") = false);
 }

@@ -7,8 +7,18 @@
 // Versions (llm.c dev/cuda style; each is checked against the numpy reference in tests/test_kernels_cpu.py):
 //   layer_norm_forward v1 two_pass  mean pass, centred sum-of-squares pass (exact two-pass variance), write pass
 //                      v2 welford   lane-wise Welford (mean, M2) merged with Chan's formula, then write pass
+//                      v3 simd      one pass for the statistics with shifted sums (K = x[0]: S1 = sum(x - K),
+//                                   S2 = sum((x - K)^2), var = S2/C - (S1/C)^2), the float32 row converted to float64
+//                                   lanes (AVX-512 / AVX2 / scalar by tl::cpu_has) so the subtraction is exact and
+//                                   the cancellation harmless; then the write pass y = ((x - mean) rstd) w + b with
+//                                   FMA. One thread. The scalar path emulates the 8 lanes: scalar and avx2 agree bit
+//                                   for bit (AVX-512: to rounding of the sums)
+//                      v4 simd_omp  v3 + OpenMP over rows, threads_for(R*C) threads (small inputs: one thread)
+//                      float64 runs v1's code for v3/v4
 //   layer_norm_backward            dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w;
 //                                  dw = sum_rows dy * xhat, db = sum_rows dy (per-thread partials, then reduced)
+#include <type_traits>
+
 #include "kernels_math.h"
 
 namespace py = pybind11;
@@ -16,6 +26,7 @@ namespace py = pybind11;
 namespace {
 using namespace tl;
 using namespace tl::kern;
+namespace vm = tl::vm;
 
 // ---- LayerNorm -----------------------------------------------------------------------------------------------
 template <typename T>
@@ -66,6 +77,98 @@ void ln_stats_welford(const T* x, ssize_t C, double eps, T& mean, T& rstd) {
   rstd = T(1) / std::sqrt(M2 / T(C) + T(eps));
 }
 
+// ---- float32 v3/v4 rows ---------------------------------------------------------------------------------------
+// statistics from 8 lanes of (S1, S2) partial sums (lane = c % 8): shared by every path
+inline void ln_finish(const double* s1, const double* s2, double K, ssize_t C, double eps, float& mean, float& rstd) {
+  const double m1 = reduce8(s1) / double(C);
+  double var = reduce8(s2) / double(C) - m1 * m1;
+  var = var > 0 ? var : 0;
+  mean = static_cast<float>(K + m1);
+  rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+}
+inline void ln_tail(const float* x, ssize_t c0, ssize_t C, double K, double* s1, double* s2) {
+  for (ssize_t c = c0; c < C; ++c) {
+    const double d = double(x[c]) - K;
+    s1[c & 7] += d;
+    s2[c & 7] = std::fma(d, d, s2[c & 7]);
+  }
+}
+
+void ln_row_scalar(const float* x, const float* w, const float* b, float* y, ssize_t C, double eps, float& mean,
+                   float& rstd) {
+  const double K = x[0];
+  double s1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  ln_tail(x, 0, C, K, s1, s2);
+  ln_finish(s1, s2, K, C, eps, mean, rstd);
+  const float mu = mean, rs = rstd;
+  for (ssize_t c = 0; c < C; ++c) y[c] = std::fma((x[c] - mu) * rs, w[c], b[c]);
+}
+
+TL_AVX2 void ln_row_avx2(const float* x, const float* w, const float* b, float* y, ssize_t C, double eps,
+                         float& mean, float& rstd) {
+  const double K = x[0];
+  const __m256d Kv = _mm256_set1_pd(K);
+  __m256d a1 = _mm256_setzero_pd(), b1 = _mm256_setzero_pd(), a2 = _mm256_setzero_pd(), b2 = _mm256_setzero_pd();
+  ssize_t c = 0;
+  for (; c + 8 <= C; c += 8) {
+    const __m256 v = _mm256_loadu_ps(x + c);
+    const __m256d lo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), Kv);
+    const __m256d hi = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), Kv);
+    a1 = _mm256_add_pd(a1, lo);
+    b1 = _mm256_add_pd(b1, hi);
+    a2 = _mm256_fmadd_pd(lo, lo, a2);
+    b2 = _mm256_fmadd_pd(hi, hi, b2);
+  }
+  alignas(32) double s1[8], s2[8];
+  _mm256_store_pd(s1, a1);
+  _mm256_store_pd(s1 + 4, b1);
+  _mm256_store_pd(s2, a2);
+  _mm256_store_pd(s2 + 4, b2);
+  ln_tail(x, c, C, K, s1, s2);
+  ln_finish(s1, s2, K, C, eps, mean, rstd);
+  const __m256 mu = _mm256_set1_ps(mean), rs = _mm256_set1_ps(rstd);
+  for (c = 0; c + 8 <= C; c += 8) {
+    const __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), mu), rs);
+    _mm256_storeu_ps(y + c, _mm256_fmadd_ps(xh, _mm256_loadu_ps(w + c), _mm256_loadu_ps(b + c)));
+  }
+  for (; c < C; ++c) y[c] = std::fma((x[c] - mean) * rstd, w[c], b[c]);
+}
+
+TL_AVX512 void ln_row_avx512(const float* x, const float* w, const float* b, float* y, ssize_t C, double eps,
+                             float& mean, float& rstd) {
+  const double K = x[0];
+  const __m512d Kv = _mm512_set1_pd(K);
+  __m512d a1 = _mm512_setzero_pd(), b1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), b2 = _mm512_setzero_pd();
+  ssize_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    const __m512d lo = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + c)), Kv);
+    const __m512d hi = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + c + 8)), Kv);
+    a1 = _mm512_add_pd(a1, lo);
+    b1 = _mm512_add_pd(b1, hi);
+    a2 = _mm512_fmadd_pd(lo, lo, a2);
+    b2 = _mm512_fmadd_pd(hi, hi, b2);
+  }
+  alignas(64) double s1[8], s2[8], t1[8], t2[8];
+  _mm512_store_pd(s1, a1);
+  _mm512_store_pd(t1, b1);
+  _mm512_store_pd(s2, a2);
+  _mm512_store_pd(t2, b2);
+  for (int l = 0; l < 8; ++l) s1[l] += t1[l], s2[l] += t2[l];  // element c+8+l belongs to lane l as well
+  ln_tail(x, c, C, K, s1, s2);
+  ln_finish(s1, s2, K, C, eps, mean, rstd);
+  const __m512 mu = _mm512_set1_ps(mean), rs = _mm512_set1_ps(rstd);
+  for (c = 0; c + 16 <= C; c += 16) {
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), mu), rs);
+    _mm512_storeu_ps(y + c, _mm512_fmadd_ps(xh, _mm512_loadu_ps(w + c), _mm512_loadu_ps(b + c)));
+  }
+  for (; c < C; ++c) y[c] = std::fma((x[c] - mean) * rstd, w[c], b[c]);
+}
+
+using LnRowFn = void (*)(const float*, const float*, const float*, float*, ssize_t, double, float&, float&);
+LnRowFn pick_ln_row(vm::Isa isa) {
+  return isa == vm::Isa::avx512 ? ln_row_avx512 : isa == vm::Isa::avx2 ? ln_row_avx2 : ln_row_scalar;
+}
+
 template <typename T>
 py::tuple layer_norm_forward(carr<T> x, carr<T> w, carr<T> b, double eps, const std::string& version) {
   need_ndim(x, 2, "layer_norm_forward", "x");
@@ -75,17 +178,32 @@ py::tuple layer_norm_forward(carr<T> x, carr<T> w, carr<T> b, double eps, const 
   if (w.shape(0) != C || b.shape(0) != C)
     tl::value_error("layer_norm_forward: weight/bias length " + std::to_string(w.shape(0)) + "/" +
                     std::to_string(b.shape(0)) + " must equal the normalised size " + std::to_string(C));
-  if (version != "two_pass" && version != "welford")
-    tl::value_error("layer_norm_forward: version must be 'two_pass' or 'welford', got '" + version + "'");
+  const bool v_simd = version == "simd" || version == "simd_omp";
+  if (version != "two_pass" && version != "welford" && !v_simd)
+    tl::value_error("layer_norm_forward: version must be 'two_pass', 'welford', 'simd' or 'simd_omp', got '" +
+                    version + "'");
   if (!(eps >= 0)) tl::value_error("layer_norm_forward: eps must be >= 0, got " + std::to_string(eps));
   const bool welford = version == "welford";
   carr<T> y({R, C});
   carr<T> mean(R), rstd(R);
   const T *px = x.data(), *pw = w.data(), *pb = b.data();
   T *py = y.mutable_data(), *pm = mean.mutable_data(), *pr = rstd.mutable_data();
+  if (v_simd && std::is_same<T, float>::value && C > 0) {
+    const LnRowFn row = pick_ln_row(vm::best_isa());
+    const int nt = version == "simd" ? 1 : threads_for(R * C);
+    const float *fx = reinterpret_cast<const float*>(px), *fw = reinterpret_cast<const float*>(pw),
+                *fb = reinterpret_cast<const float*>(pb);
+    float *fy = reinterpret_cast<float*>(py), *fm = reinterpret_cast<float*>(pm), *fr = reinterpret_cast<float*>(pr);
+    {
+      py::gil_scoped_release release;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+      for (ssize_t r = 0; r < R; ++r) row(fx + r * C, fw, fb, fy + r * C, C, eps, fm[r], fr[r]);
+    }
+    return py::make_tuple(y, mean, rstd);
+  }
   {
     py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) if (R * C > kParallelMin)
+#pragma omp parallel for schedule(static) if (R * C > kParallelMin && version != "simd")
     for (ssize_t r = 0; r < R; ++r) {
       const T* xr = px + r * C;
       T mu, rs;
@@ -165,7 +283,8 @@ py::tuple layer_norm_backward(carr<T> dy, carr<T> x, carr<T> w, carr<T> mean, ca
 template <typename T>
 void def_layernorm(py::module_& m) {
   m.def("layer_norm_forward", &layer_norm_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
-        py::arg("eps") = 1e-5, py::arg("version") = "two_pass");
+        py::arg("eps") = 1e-5, py::arg("version") = "two_pass",
+        "versions: two_pass, welford, simd, simd_omp (see cpp_src/kernels_layernorm.cpp)");
   m.def("layer_norm_backward", &layer_norm_backward<T>, py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("mean"),
         py::arg("rstd"));
 }

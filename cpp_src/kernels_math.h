@@ -1,7 +1,8 @@
 // kernels_math.h — what the fused CPU kernels (cpp_src/kernels_*.cpp, one file per op) share: the C-contiguous
 // array type, the parallel threshold, and branch-free float32 exp/erf/tanh that let `#pragma omp simd` loops
 // vectorise (libm calls do not without -ffast-math); float64 uses libm (it exists for gradcheck, not speed).
-// _C.kernels.exp_approx / erf_approx expose the float32 versions for the accuracy tests.
+// _C.kernels.exp_approx / erf_approx expose the float32 versions for the accuracy tests. The `simd*` kernel versions
+// use the explicit vector math of vec_math.h instead (AVX2 / AVX-512 / scalar chosen at run time).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vec_math.h"
 
 namespace tl {
 namespace kern {
@@ -21,6 +23,23 @@ using carr = py::array_t<T, py::array::c_style>;
 
 // Below this many elements a row-wise kernel runs on one thread: waking the OpenMP team costs more than it saves.
 constexpr ssize_t kParallelMin = 1 << 15;
+
+// The *_omp versions (vector math from vec_math.h + OpenMP over rows) give each thread at least kGrain elements:
+// threads_for(R * C) = min(omp_get_max_threads(), R * C / kGrain), at least 1, so a small input stays on the
+// calling thread (no team wake-up) and a medium one wakes only as many threads as it can keep busy.
+constexpr ssize_t kGrain = 1 << 15;
+inline int threads_for(ssize_t elems) {
+  const ssize_t want = elems / kGrain;
+  const int nt = n_threads();
+  return want < 1 ? 1 : (want < nt ? static_cast<int>(want) : nt);
+}
+
+// Lane-wise partial sums (8 lanes, lane = index % 8) reduced in one fixed order, ((l0+l4)+(l2+l6)) +
+// ((l1+l5)+(l3+l7)): the SIMD and the scalar paths of a kernel both end in this, so they agree bit for bit.
+template <typename T>
+inline T reduce8(const T* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
 
 // ---- vectorisable math -----------------------------------------------------------------------------------
 // exp(x) = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (Cody-Waite split), e^r by the cephes expf

@@ -51,6 +51,11 @@ def kernel_paths() -> dict[str, str]:
     out = {"quant.int8_gemm": C.quant.int8_gemm_paths()[0]}
     if "gemm" in C.submodules:
         out["gemm.simd"] = C.gemm.isa()  # the fp32/fp64 GEMM micro-kernel (isa="auto")
+    if hasattr(C.kernels, "vec_isa"):
+        # cpp_src/vec_math.h (exp/erf/tanh/log) and the float32 simd* versions of the fused kernels built on it
+        isa = C.kernels.vec_isa()
+        for name in ("kernels.vec_math", "kernels.softmax.simd", "kernels.bias_gelu.simd", "kernels.layer_norm.simd"):
+            out[name] = isa
     return out
 
 

@@ -1,13 +1,26 @@
 """The ``cpu`` backend: fused C++ kernels from ``cpp_src/kernels_*.cpp`` (tinylearn._C.kernels), OpenMP over rows.
 
-Why C++ and not numba for every op (measured on the 2-core dev box, 4096 x 768 fp32, one thread): the fused
-C++ three-pass softmax runs in ~1.9 ms vs ~4.3 ms for the online variant (the online recurrence needs two
-exps per element and the row is L1/L2-resident, so re-reading it is cheaper than the extra exp); C++ two-pass
-LayerNorm ~0.60 ms vs Welford ~0.68 ms (Welford's per-chunk division costs more than a cache-hot re-read).
-The defaults below follow those numbers; the other versions stay selectable and tested. numba would need a JIT
-warm-up on first call and cannot use OpenMP ``simd`` reductions, so the C++ path is the only cpu path.
+Each op keeps its versions ladder (llm.c style), every rung selectable and tested in tests/test_kernels_cpu.py:
 
-float32 and float64 run natively (float64 exists for gradcheck); float16 is computed in float32 by the dispatcher.
+- softmax: ``three_pass`` (compiler-vectorised, libm-free exp), ``online`` (lane-wise online max/sum, 2 exps per
+  element), ``simd`` (three passes on the explicit vector exp of ``cpp_src/vec_math.h``, one thread), ``simd_omp``
+  (``simd`` + OpenMP over rows with a grain of 32 Ki elements per thread), ``online_simd`` (one read for the
+  statistics, blocked online rescale, then the write pass).
+- layer_norm: ``two_pass``, ``welford``, ``simd`` (one pass of shifted sums in float64 lanes + the write pass),
+  ``simd_omp``.
+- bias_gelu (forward): ``autovec`` (Abramowitz-Stegun erf, compiler-vectorised), ``simd`` (vector erf/tanh of
+  vec_math.h, <= 2.4 ulp), ``simd_omp``.
+
+The SIMD rungs choose AVX-512 / AVX2 / scalar at run time (``TINYLEARN_CPU_FEATURES`` forces it;
+``tinylearn.cpu.kernel_paths()`` reports it); scalar and AVX2 give bit-identical results. They are float32 kernels:
+float64 (which exists for gradcheck) runs the first rung's code under every version name.
+
+Defaults (measured under load on the 2-core AVX2 dev box, best of 15, one thread, 4096x768 and 1024x4096 fp32;
+see the issue-17 report): the simd rungs of softmax and LayerNorm are at or below the older rungs, and ``simd_omp``
+is the default because it adds threads only for inputs of more than 2 x 32 Ki elements. For bias+GELU ``simd_omp``
+is the default: within ~15 % of ``autovec`` and accurate to a few ulp, where ``autovec``'s erf has an absolute error
+of 1.5e-7 (large relative error for small arguments). numba would need a JIT warm-up and cannot use OpenMP ``simd``
+reductions, so the C++ path is the only cpu path. float16 is computed in float32 by the dispatcher.
 """
 
 from __future__ import annotations
@@ -18,8 +31,13 @@ from .. import backends
 
 NATIVE_DTYPES = (np.float32, np.float64)
 
-SOFTMAX_VERSION = "three_pass"
-LAYER_NORM_VERSION = "two_pass"
+SOFTMAX_VERSIONS: tuple[str, ...] = ("three_pass", "online", "simd", "simd_omp", "online_simd")
+LAYER_NORM_VERSIONS: tuple[str, ...] = ("two_pass", "welford", "simd", "simd_omp")
+BIAS_GELU_VERSIONS: tuple[str, ...] = ("autovec", "simd", "simd_omp")
+
+SOFTMAX_VERSION = "simd_omp"
+LAYER_NORM_VERSION = "simd_omp"
+BIAS_GELU_VERSION = "simd_omp"
 
 
 def _k():
@@ -32,6 +50,11 @@ def available() -> tuple[bool, str]:
     except RuntimeError as e:
         return False, str(e)
     return True, ""
+
+
+def vector_math_path() -> str:
+    """The path the simd versions take now: 'avx512' | 'avx2' | 'scalar' (after TINYLEARN_CPU_FEATURES)."""
+    return str(_k().vec_isa())
 
 
 def softmax(x: np.ndarray, version: str | None = None) -> np.ndarray:
@@ -54,8 +77,8 @@ def layer_norm_backward(
     return tuple(_k().layer_norm_backward(dy, x, w, mean, rstd))
 
 
-def bias_gelu(x: np.ndarray, b: np.ndarray, approximate: str = "none") -> np.ndarray:
-    return _k().bias_gelu_forward(x, b, approximate == "tanh")
+def bias_gelu(x: np.ndarray, b: np.ndarray, approximate: str = "none", version: str | None = None) -> np.ndarray:
+    return _k().bias_gelu_forward(x, b, approximate == "tanh", version or BIAS_GELU_VERSION)
 
 
 def bias_gelu_backward(
