@@ -276,3 +276,36 @@ def test_encoder_bad_input():
         nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 0)
     with pytest.raises(ValueError, match="embed_dim"):
         nn.TransformerEncoderLayer(8, 3)
+
+
+# -- the benchmark rows compute the same thing in every framework -----------------------------------------------------
+@pytest.mark.parametrize("name", ["pad", "sdpa", "einsum", "group_norm"])
+def test_bench_ops_cases_agree_with_torch(name):
+    """``tinylearn bench autodiff`` ops rows: the tinylearn callable's input gradient equals torch's."""
+    from tinylearn.autograd.bench import ops_case_fns
+
+    fns = ops_case_fns(name)
+    assert_close(fns["tinylearn"]().data, fns["torch"](), msg=name)
+
+
+@pytest.mark.parametrize("name", ["pad", "group_norm"])
+def test_bench_ops_tinygrad_formulas_match_torch(name):
+    """The hand-written tinygrad side of the ops rows (reflect pad, group_norm via layernorm) matches torch."""
+    from tinylearn.bench.comparators import tinygrad_status
+
+    ok, reason = tinygrad_status()
+    if not ok:
+        pytest.skip(reason)
+    from tinygrad import Tensor
+
+    from tinylearn.autograd.bench import _ops_inputs, _ops_tinygrad, _ops_tl_torch
+
+    arrs, g = _ops_inputs(name)
+    xs = [Tensor(a) for a in arrs]
+    out = _ops_tinygrad(name, xs)
+    grad = (out * Tensor(g)).sum().gradient(xs[0])[0]
+    ths = [torch.tensor(a, requires_grad=True) for a in arrs]
+    tout = _ops_tl_torch(name, torch, ths)
+    (tout * torch.from_numpy(g)).sum().backward()
+    assert_close(out.numpy(), tout, atol=1e-4, rtol=1e-4, msg=name)
+    assert_close(grad.numpy(), ths[0].grad, atol=1e-4, rtol=1e-4, msg=f"grad {name}")
