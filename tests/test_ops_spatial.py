@@ -542,3 +542,20 @@ def test_huge_stride_and_single_tap_dilation():
         [x, w],
         "float64",
     )
+
+
+@pytest.mark.parametrize("which", ["input", "weight"])
+def test_conv_partial_requires_grad(backend, which):
+    """Only one of input/weight requires grad: the other gets none, the one asked for matches torch."""
+    rng = np.random.default_rng(18)
+    x, w = _rand(rng, (2, 4, 5, 6), (4, 3, 3, 2))
+    for name, args in (("conv_transpose2d", (x, w)), ("conv3d", (x[:, :, None], np.moveaxis(w, 0, 1)[:, :, None]))):
+        xt = tl.Tensor(args[0], requires_grad=which == "input")
+        wt = tl.Tensor(args[1], requires_grad=which == "weight")
+        X = torch.tensor(args[0], requires_grad=which == "input")
+        W = torch.tensor(args[1], requires_grad=which == "weight")
+        getattr(F, name)(xt, wt, stride=2).sum().backward()
+        getattr(TF, name)(X, W, stride=2).sum().backward()
+        got, other, ref = (xt, wt, X) if which == "input" else (wt, xt, W)
+        assert other.grad is None
+        assert_close(got.grad.data, ref.grad, "float64", msg=name)
