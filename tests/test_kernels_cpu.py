@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from scipy.special import erf as special_erf
 
 import tinylearn as tl
+import tinylearn.cpu
+from tinylearn.kernels import cpu as cpu_k
 from tinylearn.kernels import reference
 from tinylearn.testing import assert_close, make_array
 
@@ -103,3 +106,131 @@ def test_cpu_flash_block_sizes(block: int) -> None:
         o = tl.kernels.flash_attention(q, k, v, causal, block_size=block, backend="cpu")
         expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=causal)
         assert_close(o, expected, "float32")
+
+
+# ---- issue 17: the simd rungs on cpp_src/vec_math.h ------------------------------------------------------------
+SIMD_SHAPES = [(1, 1), (3, 15), (4, 16), (5, 17), (3, 33), (2, 100), (2, 4099), (64, 768)]
+LEVELS = ("scalar", "avx2", "avx512")
+
+
+def _torch_ln(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> torch.Tensor:
+    return F.layer_norm(torch.from_numpy(x), w.shape, torch.from_numpy(w), torch.from_numpy(b))
+
+
+@pytest.mark.parametrize("version", cpu_k.SOFTMAX_VERSIONS)
+@pytest.mark.parametrize("shape", SIMD_SHAPES)
+def test_softmax_all_rungs(version: str, shape: tuple[int, int]) -> None:
+    x = make_array(shape, seed=11, low=-30, high=30)
+    x[0, 0] = -np.inf
+    expected = torch.softmax(torch.from_numpy(x), -1)
+    assert_close(cpu_k.softmax(x, version), expected, "float32")
+    xt = np.asfortranarray(x)  # non-contiguous input: the binding copies it to C order
+    assert_close(cpu_k.softmax(xt, version), expected, "float32")
+    x64 = x.astype(np.float64)  # float64 runs the portable rung under every name
+    assert_close(cpu_k.softmax(x64, version), torch.softmax(torch.from_numpy(x64), -1), "float64")
+
+
+@pytest.mark.parametrize("version", ["simd", "simd_omp", "online_simd"])
+def test_softmax_simd_masked_nan_inf_rows(version: str) -> None:
+    x = np.full((5, 45), -np.inf, np.float32)
+    x[1, 40] = 2.0
+    x[2, :] = 1.0
+    x[2, 3] = np.nan
+    x[3, :] = 0.0
+    x[3, 44] = np.nan  # NaN in the tail
+    x[4, :] = 1.0
+    x[4, 7] = np.inf
+    y = cpu_k.softmax(x, version)
+    want = torch.softmax(torch.from_numpy(x), -1).numpy()
+    assert np.isnan(y[0]).all() and np.isnan(y[2]).all() and np.isnan(y[3]).all() and np.isnan(y[4]).all()
+    assert np.isnan(want[[2, 3, 4]]).all()
+    assert y[1, 40] == 1.0 and (np.delete(y[1], 40) == 0).all()
+
+
+@pytest.mark.parametrize("version", cpu_k.LAYER_NORM_VERSIONS)
+@pytest.mark.parametrize("shape", SIMD_SHAPES)
+def test_layer_norm_all_rungs(version: str, shape: tuple[int, int]) -> None:
+    x = make_array(shape, seed=12, low=-2, high=6)
+    w, b = make_array(shape[-1:], seed=13), make_array(shape[-1:], seed=14)
+    y, mean, rstd = cpu_k.layer_norm(x, w, b, 1e-5, version)
+    assert_close(y, _torch_ln(x, w, b), "float32", reduction_size=shape[-1])
+    x64 = x.astype(np.float64)
+    assert_close(mean, x64.mean(-1), "float32", reduction_size=shape[-1])
+    assert_close(rstd, 1 / np.sqrt(x64.var(-1) + 1e-5), "float32", reduction_size=shape[-1])
+
+
+@pytest.mark.parametrize("version", ["simd", "simd_omp"])
+def test_layer_norm_simd_large_offset_and_constant_rows(version: str) -> None:
+    # shifted sums (K = x[0]) in float64 lanes: no cancellation for a large common offset; a constant row has var 0
+    x = make_array((6, 777), seed=15, low=-1, high=1) + np.float32(3e4)
+    x[5] = 7.0
+    w, b = np.ones(777, np.float32), np.zeros(777, np.float32)
+    y, mean, rstd = cpu_k.layer_norm(x, w, b, 1e-5, version)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, ref, rtol=0, atol=5e-3)  # float32 input rounding at 3e4 is 2e-3 of std
+    assert (y[5] == 0).all() and rstd[5] == np.float32(1 / np.sqrt(1e-5))
+
+
+@pytest.mark.parametrize("version", cpu_k.BIAS_GELU_VERSIONS)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", SIMD_SHAPES)
+def test_bias_gelu_all_rungs(version: str, approximate: str, shape: tuple[int, int]) -> None:
+    x = make_array(shape, seed=16, low=-6, high=6)
+    b = make_array(shape[-1:], seed=17)
+    y = cpu_k.bias_gelu(x, b, approximate, version)
+    expected = F.gelu(torch.from_numpy(x) + torch.from_numpy(b), approximate=approximate)
+    assert_close(y, expected, "float32")
+    x64, b64 = x.astype(np.float64), b.astype(np.float64)
+    e64 = F.gelu(torch.from_numpy(x64) + torch.from_numpy(b64), approximate=approximate)
+    assert_close(cpu_k.bias_gelu(x64, b64, approximate, version), e64, "float64")
+
+
+def test_bias_gelu_simd_is_accurate_near_zero() -> None:
+    # the vector erf has a few-ulp relative error everywhere; A&S 7.1.26 (autovec) has 1.5e-7 absolute error,
+    # which is a large relative error of gelu(u) ~ u/2 for tiny u
+    u = np.geomspace(1e-6, 1e-2, 4096, dtype=np.float32).reshape(1, -1)
+    b = np.zeros(u.shape[1], np.float32)
+    ref = 0.5 * u.astype(np.float64) * (1 + special_erf(u.astype(np.float64) / np.sqrt(2)))
+    rel = np.abs(cpu_k.bias_gelu(u, b, "none", "simd_omp") / ref - 1)
+    assert rel.max() < 1.2e-7  # ~2 ulp (measured 5.9e-8)
+    assert np.abs(cpu_k.bias_gelu(u, b, "none", "autovec") / ref - 1).max() > 2e-7  # what the rung buys (4.4e-7)
+
+
+@pytest.mark.parametrize("shape", [(3, 15), (5, 17), (2, 100), (64, 768), (3, 4099)])
+def test_simd_rungs_forced_paths_agree(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int]) -> None:
+    """TINYLEARN_CPU_FEATURES=scalar and avx2 give the same bits (the scalar code emulates the 8 lanes);
+    avx512 (where present) folds 16 lanes into 8, so its sums agree to rounding."""
+    x = make_array(shape, seed=18, low=-8, high=8)
+    w, b = make_array(shape[-1:], seed=19), make_array(shape[-1:], seed=20)
+    results: dict[str, list[np.ndarray]] = {}
+    for level in LEVELS:
+        monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+        path = cpu_k.vector_math_path()
+        assert tl.cpu.kernel_paths()["kernels.softmax.simd"] == path
+        if level == "scalar":
+            assert path == "scalar"
+        out = [cpu_k.softmax(x, v) for v in ("simd", "simd_omp", "online_simd")]
+        out += list(cpu_k.layer_norm(x, w, b, 1e-5, "simd_omp"))
+        out += [cpu_k.bias_gelu(x, b, a, "simd_omp") for a in ("none", "tanh")]
+        results[path] = out
+    for path, out in results.items():
+        for got, want in zip(out, results["scalar"]):
+            if path == "avx2":
+                np.testing.assert_array_equal(got, want)
+            else:
+                assert_close(got, want, "float32", reduction_size=shape[-1])
+        for got, want in zip(out[-2:], results["scalar"][-2:]):  # bias+GELU is elementwise: same bits everywhere
+            np.testing.assert_array_equal(got, want)
+
+
+def test_simd_versions_errors() -> None:
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="'simd_omp' or 'online_simd', got 'simd2'"):
+        C.softmax_forward(x, "simd2")
+    with pytest.raises(ValueError, match="'simd' or 'simd_omp', got 'fast'"):
+        C.layer_norm_forward(x, np.ones(3, np.float32), np.zeros(3, np.float32), 1e-5, "fast")
+    with pytest.raises(ValueError, match="'autovec', 'simd' or 'simd_omp', got 'exact'"):
+        C.bias_gelu_forward(x, np.zeros(3, np.float32), False, "exact")
+    with pytest.raises(ValueError, match=r"bias shape \(4,\)"):
+        C.bias_gelu_forward(x, np.zeros(4, np.float32), False, "simd")
