@@ -58,6 +58,22 @@ def test_median_even_length_is_lower_median_like_torch():
     assert tl.Tensor(a).median().ndim == 0
 
 
+def test_mode_vs_torch_ties_smallest_value_last_index():
+    rng = np.random.default_rng(0)
+    for _, a in make_layouts((3, 7, 5), seed=2):
+        a = np.floor(a * 2.0)  # values in {-2, -1, 0, 1}: many repeats and ties between counts
+        for dim in (0, 1, -1):
+            x, tx = _pair(a)
+            r, tr = x.mode(dim), tx.mode(dim)
+            assert np.array_equal(r.values.data, tr.values.detach().numpy()), dim
+            assert np.array_equal(r.indices.data, tr.indices.numpy()), dim
+            g = rng.standard_normal(r.values.shape).astype(np.float32)
+            r.values.backward(g)
+            tr.values.backward(torch.from_numpy(g))
+            assert_close(x.grad.data, tx.grad, msg=f"mode grad dim={dim}")
+    assert tl.mode(tl.Tensor([3.0, 1.0, 1.0, 3.0])).indices.item() == torch.mode(torch.tensor([3.0, 1, 1, 3]))[1]
+
+
 def test_full_reduction_stays_0d_and_two_tensor_form_is_elementwise():
     a, b = make_array((3, 4), seed=1), make_array((4,), seed=2)
     for op in ("max", "min"):

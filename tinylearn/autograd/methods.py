@@ -166,6 +166,11 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
             return _rd.MaxDim.apply(self.reshape(-1), dim=0, median=True)[0]
         return _rd.ValuesIndicesResult(*_rd.MaxDim.apply(self, dim=_dim_arg(dim), keepdim=keepdim, median=True))
 
+    def mode(self, dim: int = -1, keepdim: bool = False) -> Any:
+        """torch.mode: (values, indices) of the most frequent value along dim (the smallest among equally frequent
+        ones), indices at its last occurrence."""
+        return _rd.ValuesIndicesResult(*_rd.MaxDim.apply(self, dim=_dim_arg(dim), keepdim=keepdim, mode=True))
+
     def var(
         self, dim: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1, unbiased: Any = None
     ) -> Tensor:

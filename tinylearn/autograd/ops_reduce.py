@@ -7,6 +7,7 @@ max      full reduction: the gradient is split evenly among tied maxima (torch's
          max(dim): (values, indices), the gradient goes to the first maximal index along dim (torch's CPU choice;
          NaN propagates and wins, at its first position) -- ``MaxDim`` below
 median   median(dim): the lower median (element (n-1)//2 of a stable sort), the gradient goes to its index
+mode     mode(dim): the most frequent value (smallest among ties) at its last occurrence; gradient to that index
 softmax      y = e^x / sum e^x         dx = y * (g - sum(g * y))
 log_softmax  y = x - logsumexp(x)      dx = g - softmax(x) * sum(g)
 """
@@ -121,8 +122,8 @@ class MaxDim(Function):
     """
 
     @staticmethod
-    def forward(ctx, x, dim=0, keepdim=False, sign=1.0, median=False):
-        what = "median" if median else ("max" if sign > 0 else "min")
+    def forward(ctx, x, dim=0, keepdim=False, sign=1.0, median=False, mode=False):
+        what = "median" if median else "mode" if mode else ("max" if sign > 0 else "min")
         if x.ndim == 0:  # dim 0 / -1 of a 0-d tensor: the element itself and index 0, like torch
             norm_axes(dim, 0)
             ctx.d = None
@@ -131,7 +132,9 @@ class MaxDim(Function):
         (d,) = norm_axes(dim, x.ndim)
         if x.shape[d] == 0:
             raise ValueError(f"dim: {what} over dim {dim} of size 0 (input shape {x.shape})")
-        if median:  # lower median of a stable sort; NaN sorts last in numpy, torch propagates it: handle NaN first
+        if mode:
+            idx = _mode_index(x, d)
+        elif median:  # lower median of a stable sort; NaN sorts last in numpy, torch propagates it: handle NaN first
             order = np.argsort(x, axis=d, kind="stable")
             k = (x.shape[d] - 1) // 2
             idx = np.take(order, [k], axis=d).astype(np.int64)
@@ -159,6 +162,27 @@ class MaxDim(Function):
         gx = np.zeros(ctx.shape, dtype=g.dtype)
         np.put_along_axis(gx, idx, g if ctx.keepdim else np.expand_dims(g, ctx.d), axis=ctx.d)
         return gx
+
+
+def _mode_index(x: np.ndarray, d: int) -> np.ndarray:
+    """Index (keepdims along d) of torch.mode: the most frequent value, the smallest one among equally frequent
+    values, at its LAST occurrence along d (torch's CPU choice)."""
+    xm = np.moveaxis(x, d, -1)
+    lead, n = xm.shape[:-1], xm.shape[-1]
+    x2 = xm.reshape(-1, n)
+    order = np.argsort(x2, axis=1, kind="stable")
+    srt = np.take_along_axis(x2, order, axis=1)
+    start = np.ones(srt.shape, bool)
+    start[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    run = np.cumsum(start, axis=1) - 1  # run id of each sorted position (runs of equal values)
+    rows = np.arange(x2.shape[0])[:, None]
+    counts = np.zeros(srt.shape, np.int64)
+    np.add.at(counts, (np.broadcast_to(rows, run.shape), run), 1)
+    best = np.argmax(counts, axis=1)  # first maximal run = smallest value among the most frequent
+    in_best = run == best[:, None]
+    last = n - 1 - np.argmax(in_best[:, ::-1], axis=1)  # stable sort: the run's last slot has the largest index
+    idx = order[np.arange(x2.shape[0]), last].astype(np.int64)
+    return np.expand_dims(idx.reshape(lead), d)
 
 
 class Var(Function):

@@ -35,8 +35,8 @@ def _method(name: str) -> Any:
 
 _METHODS = [n for n in vars(BreadthMethods) if not n.startswith("_")] + [
     "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "abs", "clamp", "clip", "maximum", "minimum", "pow", "matmul",
-    "neg", "softmax", "log_softmax", "sum", "mean", "max", "min", "median", "var", "std", "argmax", "argmin", "reshape",
-    "transpose", "permute", "flatten", "unsqueeze", "squeeze", "detach", "clone", "t",
+    "neg", "softmax", "log_softmax", "sum", "mean", "max", "min", "median", "mode", "var", "std", "argmax", "argmin",
+    "reshape", "transpose", "permute", "flatten", "unsqueeze", "squeeze", "detach", "clone", "t",
 ]  # fmt: skip
 _SHADOWS = set(dir(builtins))
 # wrappers whose names are builtins (abs, all, any, round, int, bool, ...) are served by __getattr__ below, so the
