@@ -193,19 +193,23 @@ class MultiheadAttention(Module):
         kh = self._proj(k, 1).reshape(n, s, h, d).transpose(1, 2)
         vh = self._proj(v, 2).reshape(n, s, h, d).transpose(1, 2)
         p = self.dropout if self.training else 0.0
-        scores = (qh @ kh.transpose(-2, -1)) * (1.0 / math.sqrt(d))
-        if mask is not None:
-            scores = scores + mask
-        attn = scores.softmax(-1)
-        if p > 0:  # torch returns the dropped-out probabilities as attn_weights too
-            attn = F.dropout(attn, p)
-        ctx = attn @ vh
+        attn = None
+        if need_weights:  # the probabilities are an output: compute them explicitly
+            scores = (qh @ kh.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            if mask is not None:
+                scores = scores + mask
+            attn = scores.softmax(-1)
+            if p > 0:  # torch returns the dropped-out probabilities as attn_weights too
+                attn = F.dropout(attn, p)
+            ctx = attn @ vh
+        else:  # the additive float mask (0 / -inf) is what sdpa adds to the scores
+            ctx = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p)
         out = self.out_proj(ctx.transpose(1, 2).reshape(n, lq, e))
         if nd == 2:
             out = out.reshape(lq, e)
         elif not self.batch_first:
             out = out.transpose(0, 1)
-        if not need_weights:
+        if attn is None:
             return out, None
         w = attn.mean(1) if average_attn_weights else attn
         return out, (w.reshape(w.shape[1:]) if nd == 2 else w)
