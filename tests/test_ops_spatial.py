@@ -559,3 +559,18 @@ def test_conv_partial_requires_grad(backend, which):
         got, other, ref = (xt, wt, X) if which == "input" else (wt, xt, W)
         assert other.grad is None
         assert_close(got.grad.data, ref.grad, "float64", msg=name)
+
+
+@pytest.mark.parametrize(
+    "xs, ws, kw",
+    [
+        ((2, 4, 7, 8), (6, 2, 4, 3), dict(padding="same", dilation=(1, 2), groups=2)),
+        ((2, 4, 7, 8), (6, 4, 3, 3), dict(padding="valid", stride=2)),
+        ((4, 7, 8), (6, 4, 3, 2), dict(padding=1, stride=(2, 1))),  # unbatched [C, H, W]
+    ],
+    ids=str,
+)
+def test_conv2d_string_padding_and_unbatched(backend, xs, ws, kw):
+    rng = np.random.default_rng(19)
+    x, w, b = _rand(rng, xs, ws, (ws[0],))
+    _compare(lambda x, w, b: F.conv2d(x, w, b, **kw), lambda x, w, b: TF.conv2d(x, w, b, **kw), [x, w, b], "float64")

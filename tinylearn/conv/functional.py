@@ -118,7 +118,12 @@ def conv2d(
     dilation: Any = 1,
     groups: int = 1,
 ) -> Tensor:
-    """Differentiable conv2d (torch.nn.functional.conv2d semantics) via im2col + GEMM."""
+    """Differentiable conv2d (torch.nn.functional.conv2d semantics) via im2col + GEMM; padding='same'/'valid' and
+    unbatched [C, H, W] input go through the n-d path of ``functional_nd`` (same kernels)."""
+    if isinstance(padding, str) or (isinstance(x, Tensor) and x.ndim == 3):
+        from .functional_nd import conv2d_nd
+
+        return conv2d_nd(x, weight, bias, stride, padding, dilation, groups)
     return Conv2dFunction.apply(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 

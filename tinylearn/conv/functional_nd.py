@@ -138,6 +138,19 @@ def conv1d(
     return _conv(1, "conv1d", input, weight, bias, stride, padding, dilation, groups)
 
 
+def conv2d_nd(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """conv2d through the n-d path: string padding ('same' / 'valid') and unbatched [C, H, W] input."""
+    return _conv(2, "conv2d", input, weight, bias, stride, padding, dilation, groups)
+
+
 def conv3d(
     input: Tensor,
     weight: Tensor,
