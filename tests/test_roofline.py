@@ -69,3 +69,22 @@ def test_measured_sgemm_stays_below_the_bound() -> None:
     # The claim notebooks/00_tour asserts: a real measurement is under cores x clock x FMA x lanes x 2.
     peak = roofline.peak_gflops(n=256, repeat=2)
     assert peak.gflops <= roofline.theoretical_peak_gflops().gflops * 1.05
+
+
+def test_roofline_plot_labels() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [("a n=64", 5.0, 10.0), ("b n=64", 5.0, 2.0)]
+    fig, ax = plt.subplots()
+    roofline.roofline_plot(ax, 100.0, 10.0, pts)
+    assert [t.get_text() for t in ax.texts if t.get_text().startswith(("a", "b"))] == ["a n=64", "b n=64"]
+    fig2, ax2 = plt.subplots()
+    roofline.roofline_plot(ax2, 100.0, 10.0, pts, labels="legend")
+    assert [t.get_text() for t in ax2.get_legend().get_texts()] == ["roofline", "a n=64", "b n=64"]
+    with pytest.raises(ValueError, match="labels"):
+        roofline.roofline_plot(ax2, 100.0, 10.0, pts, labels="both")
+    plt.close(fig)
+    plt.close(fig2)

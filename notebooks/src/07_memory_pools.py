@@ -366,7 +366,9 @@ print(f"peak allocated {max(alloc_t):.1f} MiB, peak reserved {max(res_t):.1f} Mi
 # `TraceRecorder()` hooks tinylearn's tensor storage (`tinylearn.autograd.tensor.set_storage_hook`) and records
 # every fresh tensor array and when it dies; `TraceRecorder("numpy")` goes lower and records *every* numpy data
 # allocation (temporaries, gradients, optimizer state) through a recording numpy memory handler. We replay two
-# SGD steps of a small CNN through every allocator.
+# SGD steps of a small CNN through every allocator. The table has no torch or tinygrad column: torch's caching
+# allocator is CUDA-only and cannot replay an offset trace (our `caching` rows reimplement its rules), and tinygrad
+# has no allocator API.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -165,9 +165,18 @@ def attainable_gflops(intensity: float | np.ndarray, peak: float, bandwidth_gbs:
 
 
 def roofline_plot(
-    ax: Any, peak_gflops: float, bandwidth_gbs: float, points: list[tuple[str, float, float]] | None = None
+    ax: Any,
+    peak_gflops: float,
+    bandwidth_gbs: float,
+    points: list[tuple[str, float, float]] | None = None,
+    labels: str = "annotate",
 ) -> Any:
-    """Draw the roofline on ``ax``; ``points`` are (label, FLOP/byte, measured GFLOP/s)."""
+    """Draw the roofline on ``ax``; ``points`` are (label, FLOP/byte, measured GFLOP/s).
+
+    labels: "annotate" writes each label next to its point (staggered); "legend" lists them in a legend instead,
+    which stays readable when many points share an intensity."""
+    if labels not in ("annotate", "legend"):
+        raise ValueError(f"labels: expected 'annotate' or 'legend', got {labels!r}")
     if peak_gflops <= 0 or bandwidth_gbs <= 0:
         raise ValueError(f"peak_gflops/bandwidth_gbs must be > 0, got {peak_gflops}, {bandwidth_gbs}")
     xs = np.logspace(-2, 3, 200)
@@ -175,9 +184,18 @@ def roofline_plot(
     ridge = peak_gflops / bandwidth_gbs
     ax.axvline(ridge, color="gray", ls=":", lw=1)
     ax.text(ridge, peak_gflops * 0.5, f" ridge {ridge:.1f} FLOP/B", fontsize=8, color="gray")
-    for label, ai, g in points or []:
+    offsets = [(4, 4), (4, -11), (-4, 4), (-4, -11)]  # staggered so labels of nearby points do not overlap
+    for i, (label, ai, g) in enumerate(points or []):
+        if labels == "legend":
+            ax.loglog([ai], [g], "os^Dv<>p"[i // 10 % 8], label=label)
+            continue
         ax.loglog([ai], [g], "o")
-        ax.annotate(label, (ai, g), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        dx, dy = offsets[i % len(offsets)]
+        ax.annotate(
+            label, (ai, g), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha="left" if dx > 0 else "right"
+        )
+    if labels == "legend" and points:
+        ax.legend(fontsize=7, loc="lower right", ncol=2)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(f"roofline: {peak_gflops:.0f} GFLOP/s, {bandwidth_gbs:.1f} GB/s")
