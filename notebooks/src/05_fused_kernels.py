@@ -431,7 +431,9 @@ print(inspect.getsource(triton_kernels.softmax_kernel.fn))
 print("interpreted:", triton_kernels.INTERPRETED)
 
 # %% [markdown]
-# The same softmax in the three kernel languages this repo ships. **CUDA** (`cuda_src/kernels_softmax.cu`, the
+# The CUDA kernels of this notebook (`cuda_src/kernels_*.cu`, one entry point per version; the `cuda` backend
+# launches the newest, §6 lists its launch configurations), then the same softmax in the three kernel languages
+# this repo ships. **CUDA** (`cuda_src/kernels_softmax.cu`, the
 # version the `cuda` backend launches): one warp per row, each lane keeps an online (max, sum) pair over a strided
 # slice of the row read as `float4` (16-byte loads: a warp reads 512 contiguous bytes, fully coalesced), then five
 # `__shfl_xor_sync` butterfly steps merge the 32 pairs in registers. **C++** (`cpp_src/kernels_softmax.cpp`): the
@@ -440,6 +442,7 @@ print("interpreted:", triton_kernels.INTERPRETED)
 # one tile, and the compiler chooses threads and vector width.
 
 # %%
+import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from tinylearn.kernels import cuda as kcuda  # noqa: E402
@@ -460,6 +463,11 @@ def show_function(path, signature, max_lines=45):
     return "\n".join(out)
 
 
+for cu_name in ("kernels_softmax", "kernels_layernorm", "kernels_bias_gelu", "kernels_flash_attention"):
+    entries = re.findall(r'extern "C" __global__ void (\w+)\(', kcuda.source_path(cu_name).read_text())
+    print(f"cuda_src/{cu_name}.cu: {', '.join(entries)}")
+    assert entries
+print()
 CU_SOFTMAX = kcuda.source_path("kernels_softmax")
 cu_text = show_function(CU_SOFTMAX, "void softmax_v3_warp_online(")
 assert "__shfl_xor_sync" in cu_text and "float4" in cu_text
@@ -477,7 +485,6 @@ else:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-import re  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
