@@ -574,3 +574,73 @@ def test_conv2d_string_padding_and_unbatched(backend, xs, ws, kw):
     rng = np.random.default_rng(19)
     x, w, b = _rand(rng, xs, ws, (ws[0],))
     _compare(lambda x, w, b: F.conv2d(x, w, b, **kw), lambda x, w, b: TF.conv2d(x, w, b, **kw), [x, w, b], "float64")
+
+
+# ----------------------------------------------------------------------------------------- unfold/fold, pixel, lp
+EXTRA = [
+    ("unfold", (2, 3, 7, 8), dict(kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=(2, 1))),
+    ("unfold", (3, 5, 4), dict(kernel_size=2)),  # unbatched
+    ("fold", (2, 18, 32), dict(output_size=(7, 8), kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=(2, 1))),
+    ("fold", (12, 12), dict(output_size=(5, 4), kernel_size=2, stride=1, padding=0)),  # unbatched, overlaps
+    ("pixel_shuffle", (2, 2, 8, 3, 4), dict(upscale_factor=2)),
+    ("pixel_unshuffle", (3, 6, 9), dict(downscale_factor=3)),
+    ("lp_pool1d", (2, 3, 9), dict(norm_type=2, kernel_size=2)),
+    ("lp_pool2d", (2, 3, 7, 8), dict(norm_type=3, kernel_size=3, stride=2, ceil_mode=True)),
+    ("lp_pool3d", (1, 2, 4, 4, 5), dict(norm_type=1.5, kernel_size=2)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("strided", [False, True], ids=["contig", "strided"])
+@pytest.mark.parametrize("case", EXTRA, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_unfold_fold_pixel_lp_vs_torch(case, dtype, strided):
+    name, xs, kw = case
+    x = np.random.default_rng(21).standard_normal(xs)
+    if name.startswith("lp_pool"):
+        x = np.abs(x) + 0.1  # x ** p with a fractional 1/p: positive inputs (negative ones give NaN in both)
+    _compare(lambda x: getattr(F, name)(x, **kw), lambda x: getattr(TF, name)(x, **kw), [x], dtype, strided)
+
+
+def test_unfold_fold_lp_gradcheck_fp64():
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((1, 2, 4, 3))
+    assert gradcheck(lambda x: F.unfold(x, 2, dilation=(1, 2), padding=1, stride=(2, 1)), [x])
+    c = rng.standard_normal((1, 8, 10))
+    assert gradcheck(lambda c: F.fold(c, (4, 3), 2, padding=(1, 0), stride=(1, 1)), [c])
+    assert gradcheck(lambda x: F.lp_pool2d(x, 2, 2, ceil_mode=True), [np.abs(x) + 0.1])
+    assert gradcheck(lambda x: F.pixel_shuffle(x, 2), [rng.standard_normal((1, 8, 2, 3))])
+
+
+@pytest.mark.parametrize(
+    "mk, shape",
+    [
+        (lambda M: M.Unfold(3, padding=1), (2, 3, 5, 6)),
+        (lambda M: M.Fold((5, 6), 3, padding=1), (2, 27, 30)),
+        (lambda M: M.PixelShuffle(3), (2, 18, 2, 3)),
+        (lambda M: M.PixelUnshuffle(2), (2, 3, 4, 6)),
+        (lambda M: M.LPPool1d(2, 3, stride=2), (2, 3, 9)),
+        (lambda M: M.LPPool2d(2, (2, 3)), (2, 3, 6, 7)),
+    ],
+)
+def test_extra_modules_vs_torch(mk, shape):
+    x = np.abs(np.random.default_rng(23).standard_normal(shape)).astype(np.float32) + 0.1
+    assert_close(mk(nn)(tl.Tensor(x)).data, mk(torch.nn)(torch.tensor(x)), "float32")
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: F.pixel_shuffle(_t(1, 6, 2, 2), 2), ValueError, "upscale_factor"),
+        (lambda: F.pixel_shuffle(_t(1, 8, 2, 2), 0), ValueError, "upscale_factor"),
+        (lambda: F.pixel_unshuffle(_t(1, 2, 5, 4), 2), ValueError, "downscale_factor"),
+        (lambda: F.pixel_shuffle(_t(4, 2), 2), ValueError, "input"),
+        (lambda: F.unfold(_t(1, 2, 3, 3), 4), ValueError, "kernel_size"),
+        (lambda: F.fold(_t(1, 8, 5), (4, 3), 2), ValueError, "cols"),
+        (lambda: F.fold(_t(1, 7, 6), (4, 3), 2), ValueError, "cols"),
+        (lambda: F.fold(_t(8), (4, 3), 2), ValueError, "input"),
+        (lambda: F.lp_pool2d(_t(1, 2, 4, 4), 2, 5), ValueError, "kernel_size"),
+    ],
+)
+def test_extra_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

@@ -627,7 +627,133 @@ def upsample(
     return interpolate(input, size, scale_factor, mode, align_corners)
 
 
+# ----------------------------------------------------------------------------- unfold / fold, pixel shuffle, lp pool
+class UnfoldFunction(Function):
+    @staticmethod
+    def forward(ctx, x, kernel_size=1, dilation=1, padding=0, stride=1):
+        from .im2col import im2col
+
+        x = as_float_array(x, "input")
+        be = _be(x)
+        ctx.args = (x.shape[2:], kernel_size, stride, padding, dilation, be)
+        return im2col(x, kernel_size, stride, padding, dilation, backend=be)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .im2col import col2im
+
+        size, k, s, p, d, be = ctx.args
+        return col2im(np.ascontiguousarray(g), size, k, s, p, d, backend=be)
+
+
+class FoldFunction(Function):
+    @staticmethod
+    def forward(ctx, cols, output_size=1, kernel_size=1, dilation=1, padding=0, stride=1):
+        from .im2col import col2im
+
+        cols = as_float_array(cols, "input")
+        be = _be(cols)
+        ctx.args = (kernel_size, stride, padding, dilation, be)
+        return col2im(np.ascontiguousarray(cols), output_size, kernel_size, stride, padding, dilation, backend=be)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .im2col import im2col
+
+        k, s, p, d, be = ctx.args
+        return im2col(np.ascontiguousarray(g), k, s, p, d, backend=be)
+
+
+def unfold(input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> Tensor:
+    """torch.nn.functional.unfold (im2col): [N, C, H, W] -> [N, C*kh*kw, L]; the backward is col2im."""
+    x, sq = _batched(input, 2, "unfold")
+    return _unbatch(
+        UnfoldFunction.apply(x, kernel_size=kernel_size, dilation=dilation, padding=padding, stride=stride), sq
+    )
+
+
+def fold(
+    input: Tensor, output_size: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1
+) -> Tensor:
+    """torch.nn.functional.fold (col2im, overlaps summed): [N, C*kh*kw, L] -> [N, C, H, W]; the backward is im2col."""
+    x = _tensor(input, "input")
+    if x.ndim not in (2, 3):
+        raise ValueError(f"input: fold expects a 2-D [C*kh*kw, L] or 3-D [N, C*kh*kw, L] tensor, got {tuple(x.shape)}")
+    sq = x.ndim == 2
+    x = x.unsqueeze(0) if sq else x
+    y = FoldFunction.apply(
+        x, output_size=output_size, kernel_size=kernel_size, dilation=dilation, padding=padding, stride=stride
+    )
+    return _unbatch(y, sq)
+
+
+def _factor(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+        raise ValueError(f"{name}: must be a positive int, got {v!r}")
+    return int(v)
+
+
+def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
+    """torch.nn.functional.pixel_shuffle: [*, C*r*r, H, W] -> [*, C, H*r, W*r] (a reshape + permute)."""
+    x = _tensor(input, "input")
+    r = _factor(upscale_factor, "upscale_factor")
+    if x.ndim < 3:
+        raise ValueError(f"input: pixel_shuffle expects at least 3 dims [*, C, H, W], got shape {tuple(x.shape)}")
+    *lead, C, H, W = x.shape
+    if C % (r * r):
+        raise ValueError(f"upscale_factor: channels {C} (input shape {tuple(x.shape)}) not divisible by {r}*{r}")
+    n = len(lead)
+    y = x.reshape(*lead, C // (r * r), r, r, H, W)
+    y = y.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2)
+    return y.reshape(*lead, C // (r * r), H * r, W * r)
+
+
+def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:
+    """torch.nn.functional.pixel_unshuffle: [*, C, H*r, W*r] -> [*, C*r*r, H, W] (inverse of pixel_shuffle)."""
+    x = _tensor(input, "input")
+    r = _factor(downscale_factor, "downscale_factor")
+    if x.ndim < 3:
+        raise ValueError(f"input: pixel_unshuffle expects at least 3 dims [*, C, H, W], got shape {tuple(x.shape)}")
+    *lead, C, H, W = x.shape
+    if H % r or W % r:
+        raise ValueError(f"downscale_factor: spatial size {(H, W)} (input shape {tuple(x.shape)}) not divisible by {r}")
+    n = len(lead)
+    y = x.reshape(*lead, C, H // r, r, W // r, r)
+    y = y.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)
+    return y.reshape(*lead, C * r * r, H // r, W // r)
+
+
+def _lp_pool(nd: int, input, norm_type, kernel_size, stride, ceil_mode) -> Tensor:
+    x = _tensor(input, "input")
+    k = ntuple(kernel_size, nd, "kernel_size")
+    pool = {1: avg_pool1d, 2: avg_pool2d_nd, 3: avg_pool3d}[nd]
+    out = pool(x ** float(norm_type), k, stride, 0, ceil_mode)
+    return (out.sign() * out.abs().relu() * float(np.prod(k))) ** (1.0 / float(norm_type))
+
+
+def lp_pool1d(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
+    """torch.nn.functional.lp_pool1d: (sum over the window of x**p) ** (1/p)."""
+    return _lp_pool(1, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def lp_pool2d(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
+    """torch.nn.functional.lp_pool2d."""
+    return _lp_pool(2, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def lp_pool3d(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
+    """torch.nn.functional.lp_pool3d."""
+    return _lp_pool(3, input, norm_type, kernel_size, stride, ceil_mode)
+
+
 __all__ = [
+    "unfold",
+    "pixel_unshuffle",
+    "pixel_shuffle",
+    "lp_pool3d",
+    "lp_pool2d",
+    "lp_pool1d",
+    "fold",
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "adaptive_avg_pool3d",
