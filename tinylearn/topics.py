@@ -107,6 +107,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_kernels_bench",
             "test_kernels_cpu",
             "test_kernels_cuda",
+            "test_kernels_notebook_helpers",
             "test_kernels_numba",
             "test_kernels_torch",
             "test_kernels_traffic",
