@@ -48,6 +48,9 @@ for params in (125e6, 1.3e9, 7e9):
     print(f"{params / 1e9:5.2f}B parameters: {n / 1e9:6.1f} GB gradient -> {t:6.3f} s per ring all-reduce", end="")
     print(" (64 ranks, 25 GB/s links)")
 assert 2.1 < t < 2.3  # 7B fp32: 2 * 63/64 * 28 GB / 25 GB/s + 126 alphas
+t_1b = cost_model.predict("ring", 4e9, 64, alpha_s=5e-6, beta_s_per_byte=1 / 25e9)
+print(f"1B parameters: {2 * 63 / 64 * 4:.1f} GB moved per rank, {t_1b:.2f} s")
+assert 0.3 < t_1b < 0.33  # the "~8 GB, ~0.3 s" of the text
 
 # %% [markdown]
 # ## 2. Ring all-reduce, step by step [Q25]
