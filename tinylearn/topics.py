@@ -56,7 +56,7 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.autograd.bench",
         ("optim*.cpp",),
         aliases=("autodiff",),
-        questions="4, 18, 24, 34, 93, 64/76 (autodiff parts)",
+        questions="4, 17, 18, 24, 34, 93",
     ),
     Topic(
         "conv",

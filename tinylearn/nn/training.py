@@ -92,7 +92,7 @@ def _fit(
     it = range(epochs)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm.auto import tqdm
 
         bar = tqdm(it, desc="epochs", leave=False)
         it = bar
