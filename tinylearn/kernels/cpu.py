@@ -15,12 +15,14 @@ The SIMD rungs choose AVX-512 / AVX2 / scalar at run time (``TINYLEARN_CPU_FEATU
 ``tinylearn.cpu.kernel_paths()`` reports it); scalar and AVX2 give bit-identical results. They are float32 kernels:
 float64 (which exists for gradcheck) runs the first rung's code under every version name.
 
-Defaults (measured under load on the 2-core AVX2 dev box, best of 15, one thread, 4096x768 and 1024x4096 fp32;
-see the issue-17 report): the simd rungs of softmax and LayerNorm are at or below the older rungs, and ``simd_omp``
-is the default because it adds threads only for inputs of more than 2 x 32 Ki elements. For bias+GELU ``simd_omp``
-is the default: within ~15 % of ``autovec`` and accurate to a few ulp, where ``autovec``'s erf has an absolute error
-of 1.5e-7 (large relative error for small arguments). numba would need a JIT warm-up and cannot use OpenMP ``simd``
-reductions, so the C++ path is the only cpu path. float16 is computed in float32 by the dispatcher.
+Defaults (best of 30 at one thread, fp32, 4096x768 and 1024x4096, on the 2-core AVX-512 dev box under load from
+other jobs; ratio to torch eager): softmax ``simd_omp`` 0.69-0.71x / 0.98x vs ``three_pass`` 0.84-0.86x / 1.08x;
+LayerNorm ``simd_omp`` 0.51-0.64x / 0.84x vs ``two_pass`` 0.56-0.64x / 0.92x; bias+GELU ``simd_omp`` 0.77-0.80x /
+0.80x vs ``autovec`` 0.75-0.77x / 0.83x (on par, and accurate to ~2 ulp where autovec's A&S erf has a 1.5e-7
+absolute error). ``simd_omp`` adds threads only above 2 x 32 Ki elements. numba would need a JIT warm-up and cannot
+use OpenMP ``simd`` reductions, so the C++ path is the only cpu path. float16 is computed in float32 by the
+dispatcher. (``tinylearn.kernels.softmax/layer_norm(backend="cpu")`` pick their version from the registry table in
+ops.py; these defaults apply where a caller passes ``version=None``.)
 """
 
 from __future__ import annotations
