@@ -338,11 +338,20 @@ print("buckets (cap 16 KiB), parameter indices:", ddp.assign_buckets(nbytes, 16 
 data = ddp.digits_data()
 steps = 40
 single = ddp.train_digits(steps=steps, data=data)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (a progress bar only: the runs' results are checked in the next cell)
+from tqdm.auto import tqdm  # noqa: E402
+
 runs = {}
-for overlap in (True, False):
+for overlap in tqdm((True, False), desc="2-rank DDP runs"):
     runs[overlap] = tl.dist.launch(
         ddp.train_digits, 2, steps, 96, 0.05, "ring", 16 << 10, overlap, None, 0.05, 0, 128, data, timeout_s=120
     )
+assert set(runs) == {True, False}
+
+# %%
 for overlap, res in runs.items():
     diff = max(abs(a - b) for r in res for a, b in zip(r["losses"], single["losses"]))
     print(f"overlap={overlap}: max |loss(2 ranks) - loss(1 process)| over {steps} steps < 1e-4: {diff < 1e-4}")
@@ -420,11 +429,16 @@ assert best_cap not in (4, 96) and step[96] > 1.3 * step[best_cap]
 # keeps what was not sent (e ← g + e − D(C(g + e))) and adds it next step, so nothing is lost for good.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (a progress bar only: the results are printed and checked in the next cell)
 comp = {}
-for name in ("topk", "int8"):
+for name in tqdm(("topk", "int8"), desc="compressed DDP runs"):
     comp[name] = tl.dist.launch(
         ddp.train_digits, 2, steps, 96, 0.05, "ring", 16 << 10, True, name, 0.05, 0, 128, data, timeout_s=120
     )[0]
+assert set(comp) == {"topk", "int8"}
+
+# %%
 dense_bytes = runs[True][0]["bytes_sent"]
 print(f"dense ring: {dense_bytes / 1e6:.2f} MB sent per rank over {steps} steps")
 for name, r in comp.items():
