@@ -234,3 +234,16 @@ def test_simd_versions_errors() -> None:
         C.bias_gelu_forward(x, np.zeros(3, np.float32), False, "exact")
     with pytest.raises(ValueError, match=r"bias shape \(4,\)"):
         C.bias_gelu_forward(x, np.zeros(4, np.float32), False, "simd")
+
+
+def test_simd_rungs_reject_a_bad_feature_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "sse")
+    x = np.zeros((2, 3), np.float32)
+    for call in (
+        lambda: cpu_k.softmax(x, "simd"),
+        lambda: cpu_k.layer_norm(x, np.ones(3, np.float32), np.zeros(3, np.float32), 1e-5, "simd_omp"),
+        lambda: cpu_k.bias_gelu(x, np.zeros(3, np.float32), "none", "simd"),
+        lambda: C.vec_exp(x),
+    ):
+        with pytest.raises(ValueError, match="TINYLEARN_CPU_FEATURES"):
+            call()
