@@ -644,3 +644,22 @@ def test_extra_modules_vs_torch(mk, shape):
 def test_extra_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("args", [(3, 2, 1, True, False), (3, 2, 1, False, True, 5), (2,), (3, 1, 1, True)])
+def test_avg_pool2d_positional_order_is_torch(args):
+    # torch's 5th positional argument is ceil_mode, then count_include_pad, divisor_override (function and module)
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 8))
+    assert_close(F.avg_pool2d(tl.Tensor(x), *args), torch.nn.functional.avg_pool2d(torch.tensor(x), *args), "float64")
+    assert_close(tl.nn.AvgPool2d(*args)(tl.Tensor(x)), torch.nn.AvgPool2d(*args)(torch.tensor(x)), "float64")
+
+
+@pytest.mark.parametrize("args", [(3, 2, 1, 1, True, True), (3, 2, 1, 2, False, True), (2,)])
+def test_max_pool2d_module_options_as_torch(args):
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 8))
+    out, ref = tl.nn.MaxPool2d(*args)(tl.Tensor(x)), torch.nn.MaxPool2d(*args)(torch.tensor(x))
+    if isinstance(ref, tuple):
+        assert_close(out[0], ref[0], "float64")
+        assert np.array_equal(np.asarray(out[1].data), ref[1].numpy())
+    else:
+        assert_close(out, ref, "float64")

@@ -151,13 +151,11 @@ def avg_pool2d(
     kernel_size: Any,
     stride: Any = None,
     padding: Any = 0,
-    count_include_pad: bool = True,
-    *,
     ceil_mode: bool = False,
+    count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> Tensor:
-    """Differentiable average pooling. NOTE: the 5th positional argument is count_include_pad here (torch's is
-    ceil_mode); pass ceil_mode / count_include_pad / divisor_override by keyword for torch-identical calls.
+    """Differentiable average pooling with torch.nn.functional.avg_pool2d's signature and argument order.
     ceil_mode, divisor_override and unbatched input go through the n-d kernels of ``functional_nd``."""
     if ceil_mode or divisor_override is not None or not isinstance(x, Tensor) or x.ndim != 4:
         from .functional_nd import avg_pool2d_nd
