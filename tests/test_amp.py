@@ -231,3 +231,25 @@ def test_grad_scaler_unscale_and_errors():
         GradScaler(growth_factor=0.5)
     with pytest.raises(TypeError, match="loss"):
         sc.scale(3.0)
+
+
+@pytest.mark.parametrize(
+    "name, xs, ws",
+    [
+        ("conv1d", (2, 3, 17), (4, 3, 3)),
+        ("conv3d", (1, 2, 5, 6, 7), (3, 2, 3, 3, 3)),
+        ("conv_transpose1d", (2, 3, 9), (3, 4, 3)),
+        ("conv_transpose2d", (2, 3, 6, 5), (3, 4, 3, 3)),
+    ],
+)
+def test_autocast_nd_convs_lower_precision_like_torch(name, xs, ws):
+    # torch's CPU autocast list has conv1d/3d and conv_transpose*: bf16 outputs equal to torch's
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    with tl.autocast(dtype="bfloat16"):
+        y = getattr(tl.nn.functional, name)(tl.Tensor(x), tl.Tensor(w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        yt = getattr(torch.nn.functional, name)(torch.tensor(x), torch.tensor(w))
+    assert yt.dtype == torch.bfloat16 and "bfloat16" in str(y.dtype)
+    ref = yt.float().numpy()
+    assert np.abs(y.data.astype(np.float32) - ref).max() <= 1e-2 * np.abs(ref).max()

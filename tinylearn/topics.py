@@ -186,7 +186,7 @@ TOPICS: tuple[Topic, ...] = (
         ("test_amp", "test_amp_formats", "test_checkpoint", "test_memory_estimate"),
         "tinylearn.amp.bench",
         aliases=("mixed_precision", "autocast"),
-        questions="64, 74, 81, 119, 148, 253",
+        questions="64, 74, 81, 105, 119, 148, 169, 253",
     ),
 )
 
