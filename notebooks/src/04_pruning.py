@@ -370,7 +370,9 @@ print(
 # more than 20 % of the final connections are new, and gradient regrowth beats the static mask by more than 5
 # points). Gradient and momentum both pick useful connections; momentum averages out one batch's noise.
 #
-# **[Q152] Per-layer sparsities under one budget, by evolution.** A genome is the vector of per-layer sparsities;
+# ### Per-layer sparsities under one budget, by evolution [Q152]
+#
+# A genome is the vector of per-layer sparsities;
 # the budget `Σ rᵢnᵢ = S·Σnᵢ` is enforced by a repair step (shift all ratios by one constant, found by bisection);
 # fitness = accuracy after one-shot L1 pruning of the trained MLP with those ratios (no fine-tuning, so each
 # evaluation costs one forward pass); mutation adds Gaussian noise to the ratios, crossover picks each layer's ratio
@@ -425,7 +427,9 @@ print(f"one-shot accuracy: uniform {uniform_acc:.1%} -> evolved {max(fit_vals):.
 assert abs((best * sizes).sum() / sizes.sum() - S_BUDGET) < 1e-3 and max(fit_vals) >= uniform_acc
 
 # %% [markdown]
-# **[Q173] [Q184] Choosing the storage / instruction format from the pattern.** A sparse kernel is only as good as
+# ### Choosing the storage / instruction format from the pattern, as it evolves [Q173] [Q184]
+#
+# A sparse kernel is only as good as
 # the format the pattern is packed into. A rule-plus-cost-model selector: if every group of 4 along K keeps ≤ 2
 # (2:4), the hardware's sparse MMA format applies (values + 2-bit indices, 50 % of the MACs); otherwise compare the
 # *measured* bytes of each packing — CSR, ELL, BSR 4×4 — with dense and take the smallest (bytes track the time
