@@ -44,13 +44,19 @@ _TABLE: dict[str, tuple[str, dict[str, list[tuple[str, str, dict[str, Any]]]]]] 
         "tinylearn.kernels.cpu",
         {
             **{op: [("default", op, {})] for op in _ALL + ("attention", "attention_backward")},
+            # the first version of each list is the default (vec_math SIMD, OpenMP over rows above a grain size)
             "softmax": [
+                ("simd_omp", "softmax", {"version": "simd_omp"}),
                 ("three_pass", "softmax", {"version": "three_pass"}),
                 ("online", "softmax", {"version": "online"}),
+                ("simd", "softmax", {"version": "simd"}),
+                ("online_simd", "softmax", {"version": "online_simd"}),
             ],
             "layer_norm": [
+                ("simd_omp", "layer_norm", {"version": "simd_omp"}),
                 ("two_pass", "layer_norm", {"version": "two_pass"}),
                 ("welford", "layer_norm", {"version": "welford"}),
+                ("simd", "layer_norm", {"version": "simd"}),
             ],
         },
     ),
@@ -171,8 +177,8 @@ def _rows(x: np.ndarray, ct: type) -> np.ndarray:
 def softmax(
     x: np.ndarray, dim: int = -1, backend: str | None = None, version: str | None = None, **kw: Any
 ) -> np.ndarray:
-    """Numerically stable softmax along ``dim``. ``version``: 'three_pass'|'online' (numpy, cpu), 'one_block'|
-    'online' (triton); extra keywords go to the kernel (e.g. triton's ``block=``)."""
+    """Numerically stable softmax along ``dim``. ``version``: 'three_pass'|'online' (numpy, cpu), 'simd_omp' (cpu
+    default)|'simd'|'online_simd' (cpu), 'one_block'|'online' (triton); extra keywords go to the kernel (e.g. triton's ``block=``)."""
     x = _as_float(x, "x")
     mod = _kernel("softmax", backend, version)
     ct = _compute_dtype(mod, x.dtype, "x")
@@ -229,7 +235,7 @@ def layer_norm(
     """LayerNorm over the trailing ``weight.ndim`` dims: (x - mean) / sqrt(var + eps) * weight + bias.
 
     ``return_stats=True`` also returns (mean, rstd) with shape x.shape[:-weight.ndim] for the backward.
-    ``version``: 'two_pass'|'welford' on cpu.
+    ``version``: 'simd_omp' (default)|'two_pass'|'welford'|'simd' on cpu.
     """
     x = _as_float(x, "x")
     mod = _kernel("layer_norm", backend, version)
