@@ -178,7 +178,8 @@ def softmax(
     x: np.ndarray, dim: int = -1, backend: str | None = None, version: str | None = None, **kw: Any
 ) -> np.ndarray:
     """Numerically stable softmax along ``dim``. ``version``: 'three_pass'|'online' (numpy, cpu), 'simd_omp' (cpu
-    default)|'simd'|'online_simd' (cpu), 'one_block'|'online' (triton); extra keywords go to the kernel (e.g. triton's ``block=``)."""
+    default)|'simd'|'online_simd' (cpu), 'one_block'|'online' (triton);
+    extra keywords go to the kernel (e.g. triton's ``block=``)."""
     x = _as_float(x, "x")
     mod = _kernel("softmax", backend, version)
     ct = _compute_dtype(mod, x.dtype, "x")
