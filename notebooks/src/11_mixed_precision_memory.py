@@ -386,7 +386,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Which layers to recompute under a budget** [Q64] [Q119] [Q169]: with per-layer activation bytes A_i and forward
+# ### Which layers to recompute under a budget [Q64] [Q119] [Q169]
+#
+# With per-layer activation bytes A_i and forward
 # cost F_i (recomputing layer i costs F_i again), dropping the stored activation of layer i saves A_i and costs
 # F_i. Minimising recompute subject to sum of kept A_i <= M is a knapsack; the greedy rule drops layers in
 # decreasing A_i / F_i (most memory saved per unit of recompute) until the kept set fits: cheap elementwise layers
