@@ -231,7 +231,7 @@ def test_mha_dropout_only_in_training():
 def test_mha_bad_input():
     with pytest.raises(ValueError, match="embed_dim"):
         nn.MultiheadAttention(10, 3)
-    with pytest.raises(NotImplementedError, match="add_bias_kv"):
+    with pytest.raises(ValueError, match="add_bias_kv"):
         nn.MultiheadAttention(8, 2, add_bias_kv=True)
     m = nn.MultiheadAttention(E, H, batch_first=True)
     x = tl.Tensor(make_array((N, L, E)))

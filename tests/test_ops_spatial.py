@@ -498,7 +498,7 @@ def _t(*shape):
         (lambda: F.interpolate(_t(1, 2, 4), size=3, mode="bilinear"), ValueError, "mode"),
         (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, mode="cubic"), ValueError, "mode"),
         (lambda: F.interpolate(_t(1, 2, 4), size=3, mode="bicubic"), ValueError, "mode"),
-        (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, antialias=True), NotImplementedError, "antialias"),
+        (lambda: F.interpolate(_t(1, 2, 4, 4), size=3, antialias=True), ValueError, "antialias"),
         (lambda: F.interpolate(_t(2, 4), size=3), ValueError, "input"),
         (lambda: F.interpolate(_t(1, 2, 4, 4), scale_factor=-1.0), ValueError, "scale_factor"),
         (lambda: F.interpolate(_t(1, 2, 4, 4), scale_factor=(2, 2, 2)), ValueError, "scale_factor"),

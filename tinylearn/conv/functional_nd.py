@@ -605,7 +605,7 @@ def interpolate(
             f"mode: unknown mode {mode!r}; expected nearest, nearest-exact, linear, bilinear, bicubic, trilinear, area"
         )
     if antialias:
-        raise NotImplementedError("antialias: antialiased interpolation is not implemented")
+        raise ValueError("antialias: must be False (antialiased interpolation is not supported)")
     out, scales = P.interp_output_size(tuple(x.shape[2:]), size, scale_factor)
     if recompute_scale_factor:
         scales = [None] * nd

@@ -81,7 +81,7 @@ class MultiheadAttention(Module):
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout: probability must be in [0, 1], got {dropout}")
         if add_bias_kv or add_zero_attn:
-            raise NotImplementedError("add_bias_kv / add_zero_attn: not supported by tinylearn's MultiheadAttention")
+            raise ValueError("add_bias_kv / add_zero_attn: must be False (not supported by this MultiheadAttention)")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.head_dim = embed_dim // num_heads
         self.kdim = embed_dim if kdim is None else kdim
