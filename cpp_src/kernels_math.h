@@ -48,6 +48,7 @@ inline float exp_approx(float x) {
   const float lo = -87.33654475f, hi = 88.37626266f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
+  xc = x != x ? 0.0f : xc;  // NaN: a finite stand-in, so n below is a small integer (int cast of NaN is UB)
   // round to nearest by the 1.5 * 2^23 trick (std::floor becomes a libm call that blocks vectorisation)
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;
@@ -59,7 +60,8 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  // n is in [-126, 128] here, so the biased exponent n + 127 is in [1, 255]; shift it as unsigned
+  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &e, sizeof(scale));
   float y = p * scale;
