@@ -182,7 +182,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void gemm_vnni_packed(con
             const ssize_t i = ib * MR + r;
             if (i >= M) break;
             const i32* ct = ctile.data() + ((ib - ib0) * MR + r) * NPW;
-            for (ssize_t c = 0; c < nj; ++c) C[i * N + j0 + c] = ct[c] - (colsum[p * NPW + c] << 7);
+            // * 128, not << 7: colsum may be negative (left shift of a negative int is UB)
+            for (ssize_t c = 0; c < nj; ++c) C[i * N + j0 + c] = ct[c] - colsum[p * NPW + c] * 128;
           }
       }
   }
