@@ -127,7 +127,7 @@ TOPICS: tuple[Topic, ...] = (
         ("test_dist", "test_dist_launchers", "test_dist_model"),
         "tinylearn.dist.bench",
         aliases=("allreduce",),
-        questions="20, 25, 30, 61, 85, 94, 96, 122, 141, 160",
+        questions="20, 25, 30, 61, 85, 94, 122, 141, 160",
     ),
     Topic(
         "memory",
