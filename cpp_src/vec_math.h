@@ -112,6 +112,11 @@ inline int32_t to_bits(float f) {
   std::memcpy(&b, &f, sizeof b);
   return b;
 }
+// bits of 2^n for a float32 exponent n (n + 127 in [1, 254] gives a normal power of two); the shift is done on
+// uint32 so an out-of-range (negative) n + 127 is well defined (same bits as two's complement) rather than UB
+inline int32_t pow2_bits(int32_t n) {
+  return static_cast<int32_t>(static_cast<uint32_t>(n + 127) << 23);
+}
 template <int N>
 inline float horner(const float (&c)[N], float t) {
   float p = c[0];
@@ -133,7 +138,8 @@ inline float exp(float x) {
   const float y = std::fma(p, r2, r) + 1.0f;
   const int32_t ni = static_cast<int32_t>(n);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
-  const float s1 = from_bits((n1 + 127) << 23), s2 = from_bits((n2 + 127) << 23);
+  // shift as uint32: a left shift of a negative int32 is UB before C++20 (n1 + 127 >= 52 here, but keep it defined)
+  const float s1 = from_bits(pow2_bits(n1)), s2 = from_bits(pow2_bits(n2));
   return (y * s1) * s2;
 }
 
@@ -145,7 +151,7 @@ inline float exp_mid(float x) {
   const float p = horner(k::kExpP, r);
   const float r2 = r * r;
   const float y = std::fma(p, r2, r) + 1.0f;
-  return y * from_bits((static_cast<int32_t>(n) + 127) << 23);
+  return y * from_bits(pow2_bits(static_cast<int32_t>(n)));  // n + 127 < 0 only outside the documented range
 }
 
 inline float erf(float x) {

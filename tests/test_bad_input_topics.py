@@ -23,21 +23,7 @@ from tinylearn.topics import TOPICS
 
 # Known bugs in packages owned by other helpers (reported, not fixed here): the case runs and its result is shown,
 # but it does not fail the test; once fixed, drop the id from this table so that it guards the fix.
-KNOWN_BUGS: dict[str, str] = {
-    "zeros-float-shape": "autograd: tl.zeros((2.5, 3)) accepted (float dims truncated)",
-    "arange-nan": "autograd: arange(0, nan) says 'cannot compute length' without naming end",
-    "sum-dim-float": "autograd: sum(dim=1.5) -> raw \"'float' object is not iterable\"",
-    "gradcheck-not-callable": "autograd: gradcheck(3, ...) -> raw \"'int' object is not callable\"",
-    "Linear-float": "nn: Linear(2.5, 3) -> raw 'float object cannot be interpreted as an integer'",
-    "Embedding-negative": "nn: Embedding(-3, 2) -> numpy's 'negative dimensions are not allowed'",
-    "softmax-dim-float": "nn: F.softmax(dim=1.0) -> raw \"'float' object is not iterable\"",
-    "conv_output_size-float": "conv: conv_output_size(4.5, 2) accepted (returns 3.0)",
-    "ring_schedule-rank-oob": "dist: ring_schedule(rank=5, world_size=4) accepted",
-    "bounds-negative": "dist: bounds(-1, 2) accepted",
-    "fp4_encode-str": "amp: fp4_encode('abc') -> numpy's 'could not convert string to float'",
-    "round_to_bf16-str": "amp: round_to_bf16('abc') -> numpy's 'could not convert string to float'",
-    "allocate_bits-nan": "amp: allocate_bits with a NaN trace accepted",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 # (case id, statement, accepted exception names, fragment the message must contain: the argument's name)
 Case = tuple[str, str, tuple[str, ...], str]

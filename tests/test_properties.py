@@ -126,15 +126,16 @@ def test_col2im_is_the_adjoint_of_im2col(backend, n, c, h, w, k, s, p, d, seed):
     np.testing.assert_allclose(back, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (reported to the conv owner): cpp col2im raises 'batch: must be positive for layout KNL' for "
-    "an empty NKL batch, where numpy/numba (and cpp im2col) return an empty result",
-)
 @pytest.mark.skipif(not backends.C_available("conv"), reason="tinylearn._C not built")
-def test_col2im_cpp_empty_batch():
-    got = tl.conv.col2im(np.ones((0, 4, 1)), (2, 2), 2, backend="cpp")
-    assert got.shape == (0, 1, 2, 2)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_col2im_cpp_empty_batch(dtype):
+    # an empty batch gives an empty result, like numpy/numba, torch's fold and cpp im2col (it used to raise a
+    # mislabelled 'batch: must be positive for layout KNL' on NKL input)
+    cols = np.ones((0, 8, 1), dtype)
+    ref = torch.nn.functional.fold(torch.from_numpy(cols), (2, 2), 2).numpy()
+    for backend in ("cpp", "numpy"):
+        got = tl.conv.col2im(cols, (2, 2), 2, backend=backend)
+        assert got.shape == ref.shape == (0, 2, 2, 2) and got.dtype == dtype, (backend, got.shape, got.dtype)
 
 
 @FAST

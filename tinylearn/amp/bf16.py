@@ -17,12 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
 from .dtypes import bfloat16
+
+_REAL = ("f", "i", "u", "b")  # what x may hold: real numbers (str, object, complex: TypeError naming x)
 
 
 def bf16_bits(x: Any) -> np.ndarray:
     """uint16 bfloat16 bit patterns of ``x`` (cast to float32 first), round-to-nearest-even."""
-    f = np.array(x, dtype=np.float32, order="C", copy=True)
+    f = np.array(as_array(x, "x", dtypes=_REAL), dtype=np.float32, order="C", copy=True)
     bits = f.view(np.uint32).astype(np.uint64)
     bias = 0x7FFF + ((bits >> 16) & 1)
     out = ((bits + bias) >> 16).astype(np.uint16)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
 from ..autograd import Function, Tensor
 
 FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
@@ -31,7 +32,7 @@ INT2_MIN, INT2_MAX = -2, 1
 
 def fp4_encode(x: Any) -> np.ndarray:
     """uint8 FP4 E2M1 codes (low 4 bits: sign<<3 | magnitude code), round-to-nearest-even, saturating."""
-    a = np.asarray(x, dtype=np.float32)
+    a = np.asarray(as_array(x, "x", dtypes=("f", "i", "u", "b")), dtype=np.float32)
     if np.isnan(a).any():
         raise ValueError("x: FP4 E2M1 has no NaN encoding, got NaN input")
     mag = np.abs(a)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
 from ..autograd import Tensor
 
 
@@ -98,6 +99,10 @@ def allocate_bits(
     Returns (bits, info) with info: omega (table [layer][candidate]), objective, avg_bits (achieved)."""
     if len(traces) != len(weights) or len(traces) == 0:
         raise ValueError(f"traces/weights: expected equal non-zero lengths, got {len(traces)} and {len(weights)}")
+    tr = as_array(traces, "traces", dtypes=("f", "i", "u"), ndim=1)
+    if not np.isfinite(tr).all():
+        bad = [i for i, t in enumerate(tr) if not np.isfinite(t)]
+        raise ValueError(f"traces: Hessian traces must be finite, got {tr[bad[0]]} at layer {bad[0]} (layers {bad})")
     cands = sorted(int(b) for b in candidates)
     if avg_bits < cands[0]:
         raise ValueError(f"avg_bits: budget {avg_bits} is below the smallest candidate {cands[0]}")

@@ -34,9 +34,16 @@ def _dt(dtype: Any) -> np.dtype:
     return np.dtype(np.float32 if dtype is None else dtype)
 
 
-def _check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def _check_shape(shape: Any) -> tuple[int, ...]:
+    """The one gate every creation op's shape goes through: entries must be non-negative ints (numpy integers ok;
+    bool and float are errors, never truncated)."""
+    if isinstance(shape, int | np.integer) and not isinstance(shape, bool | np.bool_):
+        shape = (shape,)
+    if not isinstance(shape, tuple | list):
+        raise TypeError(f"shape: expected a tuple of ints, got {type(shape).__name__} {shape!r}")
+    shape = _shape_arg(tuple(shape))
     if any(s < 0 for s in shape):
-        raise ValueError(f"size: negative dimension in shape {shape}")
+        raise ValueError(f"shape: negative dimension in shape {shape}")
     return shape
 
 
@@ -49,7 +56,7 @@ def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
 
 
 def full(shape: Sequence[int], fill_value: float, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return Tensor(np.full(_check_shape(tuple(shape)), fill_value, _dt(dtype)), requires_grad=requires_grad)
+    return Tensor(np.full(_check_shape(shape), fill_value, _dt(dtype)), requires_grad=requires_grad)
 
 
 def zeros_like(t: Tensor, requires_grad: bool = False) -> Tensor:
@@ -70,10 +77,21 @@ def rand(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     return Tensor(arr, requires_grad=requires_grad)
 
 
+def _arange_bound(name: str, v: Any) -> Any:
+    if isinstance(v, Tensor) and v.data.ndim == 0:
+        v = v.item()
+    if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
+        raise TypeError(f"{name}: expected a real number, got {type(v).__name__} {v!r}")
+    if not np.isfinite(v):
+        raise ValueError(f"{name}: must be finite, got {v!r}")
+    return v
+
+
 def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None) -> Tensor:
     """Like torch.arange: integer arguments give int64, any float argument gives float32."""
     if end is None:
         start, end = 0, start
+    start, end, step = (_arange_bound(n, v) for n, v in (("start", start), ("end", end), ("step", step)))
     if step == 0:
         raise ValueError("step: must be non-zero")
     if dtype is None:

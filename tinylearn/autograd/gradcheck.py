@@ -36,6 +36,8 @@ def gradcheck(
     arrays count as Tensors requiring grad); other inputs are passed through unchanged. ``fn`` may return a Tensor
     or a tuple of Tensors.
     """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__} {fn!r}")
     if isinstance(inputs, Tensor):
         inputs = (inputs,)
     inputs = tuple(

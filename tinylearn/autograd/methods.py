@@ -7,6 +7,7 @@ ops_elementwise.py, ops_reduce.py, ops_shape.py and linalg.py.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -206,7 +207,7 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return _sh.Permute.apply(self, tuple(perm))
 
     def permute(self, *dims: Any) -> Tensor:
-        dims = _shape_arg(dims)
+        dims = _shape_arg(dims, "dims")
         nd = self.data.ndim
         if sorted(_norm_dim(d, nd, "dims") for d in dims) != list(range(nd)):
             raise ValueError(f"dims: {dims} is not a permutation of the {nd} dims of shape {self.shape}")
@@ -244,7 +245,7 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return self.reshape(shp[:d] + shp[d + 1 :])
 
     def expand(self, *sizes: Any) -> Tensor:
-        sizes = _shape_arg(sizes)
+        sizes = _shape_arg(sizes, "sizes")
         shp = self.shape
         if len(sizes) < len(shp):
             raise ValueError(f"expand: sizes {sizes} have fewer dims than the tensor's shape {shp}")
@@ -256,7 +257,7 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return self.expand(*other.shape)
 
     def repeat(self, *reps: Any) -> Tensor:
-        reps = _shape_arg(reps)
+        reps = _shape_arg(reps, "reps")
         return _sh.Repeat.apply(self, reps)
 
 
@@ -284,10 +285,20 @@ def _unwrap_index(idx: Any) -> Any:
     return idx
 
 
-def _shape_arg(shape: tuple) -> tuple[int, ...]:
+def _shape_arg(shape: tuple, name: str = "shape") -> tuple[int, ...]:
+    """``f(2, 3)`` / ``f((2, 3))`` / ``f([2, 3])`` -> ``(2, 3)``; every entry must be an int (numpy integers and
+    other ``__index__`` types ok, bool and float not: ``2.5`` is an error, never truncated)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = tuple(shape[0])
-    return tuple(int(s) for s in shape)
+    out = []
+    for i, s in enumerate(shape):
+        try:
+            if isinstance(s, bool | np.bool_):
+                raise TypeError
+            out.append(operator.index(s))
+        except TypeError:
+            raise TypeError(f"{name}: entry {i} is {type(s).__name__} {s!r} in {shape!r}; expected ints") from None
+    return tuple(out)
 
 
 def _dim_arg(dim: Any) -> int:

@@ -26,9 +26,16 @@ from .function import Function
 def norm_axes(dim: int | Sequence[int] | None, nd: int, name: str = "dim") -> tuple[int, ...] | None:
     if dim is None:
         return None
-    dims = (dim,) if isinstance(dim, int | np.integer) else tuple(dim)
+    if isinstance(dim, int | np.integer) and not isinstance(dim, bool | np.bool_):
+        dims: tuple = (dim,)
+    elif isinstance(dim, tuple | list):
+        dims = tuple(dim)
+    else:
+        raise TypeError(f"{name}: expected an int or a tuple of ints, got {type(dim).__name__} {dim!r}")
     out = []
     for d in dims:
+        if isinstance(d, bool | np.bool_) or not isinstance(d, int | np.integer):
+            raise TypeError(f"{name}: expected int entries, got {type(d).__name__} {d!r} in {dim!r}")
         if not -max(nd, 1) <= d < max(nd, 1):
             raise ValueError(f"{name}: dimension {d} out of range for a tensor with {nd} dims")
         out.append(int(d) % max(nd, 1))

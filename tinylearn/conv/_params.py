@@ -57,6 +57,9 @@ def window_params(
     d = pair(dilation, "dilation")
     if len(shape) != 4:
         raise ValueError(f"{what}: expected a 4-D [N, C, H, W] array, got shape {tuple(shape)}")
+    for v in shape:
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+            raise TypeError(f"{what}: sizes must be ints, got {type(v).__name__} {v!r} in shape {tuple(shape)}")
     if min(k) < 1:
         raise ValueError(f"kernel_size: must be positive, got {k}")
     if min(s) < 1:

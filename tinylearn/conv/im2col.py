@@ -103,7 +103,10 @@ def _col2im_numba(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, 
 
 @backends.register("conv.col2im", "cpp", when=_native_dtype, available=lambda: backends.C_available("conv"))
 def _col2im_cpp(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL"):
-    return backends.load_C("conv").col2im(_native(cols, "cpp", "cols"), (H, W), k, s, p, d, layout, N)
+    cols = _native(cols, "cpp", "cols")
+    if N == 0:  # the C++ kernel rejects an empty batch; numpy/numba (and cpp im2col) give an empty result
+        return np.zeros((0, C, H, W), cols.dtype)
+    return backends.load_C("conv").col2im(cols, (H, W), k, s, p, d, layout, N)
 
 
 def im2col_raw(x: np.ndarray, k, s, p, d, out, backend: str | None, layout: str = "NKL") -> np.ndarray:

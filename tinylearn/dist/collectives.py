@@ -158,8 +158,19 @@ def _workspace(dtype: torch.dtype, numel: int, slot: int = 0) -> torch.Tensor:
     return buf[:numel]
 
 
+def _int_arg(name: str, v: Any, minimum: int) -> int:
+    """An int argument (numpy/torch integers ok; bool and float are errors) >= ``minimum``, else a clear error."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    v = v.__index__()
+    if v < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
+    return v
+
+
 def bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """Split range(n) into ``parts`` contiguous pieces whose lengths differ by at most one (first ones longer)."""
+    n, parts = _int_arg("n", n, 0), _int_arg("parts", parts, 1)
     q, rem = divmod(n, parts)
     out, lo = [], 0
     for i in range(parts):
@@ -183,7 +194,10 @@ def ring_schedule(rank: int, step: int, world_size: int) -> tuple[int, int]:
     Steps 0..p-2 are reduce-scatter (the received chunk is reduced into the local one), steps p-1..2p-3
     all-gather (the received chunk overwrites). After reduce-scatter rank r owns the full sum of chunk (r+1) mod p.
     """
-    p = world_size
+    p = _int_arg("world_size", world_size, 1)
+    rank, step = _int_arg("rank", rank, 0), _int_arg("step", step, 0)
+    if rank >= p:
+        raise ValueError(f"rank: expected 0 <= rank < world_size={p}, got {rank}")
     if not 0 <= step < 2 * (p - 1):
         raise ValueError(f"step: expected 0 <= step < {2 * (p - 1)} for world_size={p}, got {step}")
     if step < p - 1:

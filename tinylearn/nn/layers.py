@@ -21,6 +21,15 @@ from .module import Module
 from .parameter import Parameter
 
 
+def _size(name: str, v: Any, minimum: int) -> int:
+    """A layer size: an int (numpy integers ok; bool and float are errors, never truncated) >= ``minimum``."""
+    if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    if v < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
+    return int(v)
+
+
 class Identity(Module):
     def forward(self, x: Tensor) -> Tensor:
         return x
@@ -29,8 +38,7 @@ class Identity(Module):
 class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = np.float32) -> None:
         super().__init__()
-        if in_features < 1 or out_features < 1:
-            raise ValueError(f"Linear: in_features {in_features} and out_features {out_features} must be >= 1")
+        in_features, out_features = _size("in_features", in_features, 1), _size("out_features", out_features, 1)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(np.empty((out_features, in_features), dtype=dtype))
         if bias:
@@ -303,6 +311,8 @@ class Dropout(Module):
 class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
+        num_embeddings = _size("num_embeddings", num_embeddings, 0)
+        embedding_dim = _size("embedding_dim", embedding_dim, 0)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = Parameter(np.empty((num_embeddings, embedding_dim), dtype=np.float32))
         init.normal_(self.weight)
