@@ -462,9 +462,11 @@ assert all(rows[(n[0], ours)].median_ms > 0 and rows[(n[0], "torch")].median_ms 
 # **What really costs.** If im2col were the reason torch leads, the copy would dominate tinylearn's time. Taken
 # apart, tinylearn's forward is three parts: the column copy, the GEMM, and the rest — the transpose of
 # `[OC, N·L]` back to NCHW, the bias, and first-touch page faults of the 3.6–14.5 MB buffers (asserted, batch 2)
-# that are freshly allocated on every call. On the deeper 3×3 layers (C ≥ 128) the copy takes less time than the
-# GEMM (asserted); on the 56² layer, whose 14.5 MB column buffer is the largest, the copy's page faults can make it
-# comparable. The GEMMs are skinny (M = OC = 64…256 rows against N = batch·OH·OW = 392…6272 columns); their rate
+# that are freshly allocated on every call. On the deeper 3×3 layers (C ≥ 128) the GEMM does 2·OC = 256–512 FLOPs
+# per copied element (asserted from the shapes) and the copy none, so the copy *should* cost less than the GEMM;
+# the cell prints the measured ratio but does not assert it: the copy writes a freshly allocated buffer, so its time
+# includes page faults and thread wake-ups, and on some machines it measured slower than the GEMM. The GEMMs are
+# skinny (M = OC = 64…256 rows against N = batch·OH·OW = 392…6272 columns); their rate
 # relative to a square 768³ SGEMM timed alternately with them is printed — close to it on a quiet machine, erratic
 # under load. What oneDNN saves is the *data movement around* the GEMM: it never materialises the columns
 # (implicit GEMM over a blocked `nChw16c` layout that keeps the kernel's input band in cache), writes its output in
@@ -498,9 +500,9 @@ print(
     f"(square-SGEMM peak from roofline.peak_gflops: {peak:.0f} GFLOP/s; shares of best-of-5 times do not add up "
     "exactly; loaded machine)."
 )
-# the claim "the copy is not what costs" where the GEMM is large (robust: the GEMM does 2*OC = 256-512 flops per
-# copied element there, the copy none): GEMM time exceeds im2col time on the C >= 128 3x3 layers
-assert all(parts[n]["gemm"] > parts[n]["cols"] for n in deep), {n: parts[n] for n in deep}
+# the arithmetic behind "the copy should cost less than the GEMM" (the timing itself varies by machine and load):
+# on the C >= 128 3x3 layers the GEMM does 2*OC = 256-512 flops per copied element
+assert all(256 <= 2 * parts[n]["shape"][0] <= 512 for n in deep), {n: parts[n]["shape"] for n in deep}
 assert FULL or all(3.5 < d["cols_mb"] < 14.5 for n, d in parts.items() if n.startswith("3x3"))  # 3.6-14.5 MB
 
 # %%
@@ -602,8 +604,9 @@ print(
 #   fp64 `gradcheck` and matches `F.conv2d` to 1e-12.
 # - **[Q22] im2col.** It copies every receptive field into a column so that the conv is one GEMM
 #   `[OC, C·kh·kw] @ [C·kh·kw, N·OH·OW]`. Cost: memory `kh·kw/s²` × the input (9× for 3×3, 12.25× for the 7×7/2
-#   stem, §5), bounded by row-tiling to `N·K·R·OW`. Time: on the C ≥ 128 3×3 layers the copy takes less time
-#   than the GEMM (asserted, §8); what a GEMM-based conv loses to oneDNN is the data movement around the GEMM.
+#   stem, §5), bounded by row-tiling to `N·K·R·OW`. Time: on the C ≥ 128 3×3 layers the GEMM does 256–512 FLOPs
+#   per copied element (§8), so the copy should be the smaller part — but a fresh buffer's page faults can make it
+#   as slow as the GEMM; what a GEMM-based conv loses to oneDNN is the data movement around the GEMM.
 # - **[Q32] Conv optimisations.** Winograd F(2×2,3×3) does 16 instead of 36 multiplies per tile (2.25×) but is
 #   ~2× less accurate in fp16 (§6, asserted worse on every C); depthwise = `groups = C` (§3); BN folds into
 #   `W' = γW/√(σ²+ε)`, `b' = γ(b−μ)/√(σ²+ε)+β` (§7). Against oneDNN the cost is the materialised columns, the
