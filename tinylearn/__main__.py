@@ -1,6 +1,8 @@
 """Command line: ``tinylearn bench|check|info`` (also ``python -m tinylearn ...``).
 
 tinylearn bench [TOPIC ...] [--json PATH] [--plot DIR] [--full] [--size N]   side-by-side benchmark tables
+tinylearn bench [TOPIC ...] --record                      ... and save them as benchmarks/<cpu>/<date>_<topics>.json
+tinylearn bench [TOPIC ...] --compare SAVED.json [--current NOW.json]   ratios to a saved record (regressions)
 tinylearn check TOPIC [--impl=reference] [--folder DIR]   run your exercises for one topic
 tinylearn exercises copy DIR                              the exercise folders, for a pip-installed tinylearn
 tinylearn info                                            versions, CPU numeric paths, devices, compilers
@@ -50,6 +52,16 @@ def _resolve_topics(names: list[str], cmd: str) -> list[str] | None:
 
 def _check_output_paths(args: argparse.Namespace) -> str | None:
     """Fail before minutes of benchmarking when --json/--plot cannot be written."""
+    for flag, path in (("--compare", args.compare), ("--current", args.current)):
+        if path is not None:
+            from tinylearn.bench.record import load_record
+
+            try:
+                load_record(path)
+            except ValueError as e:
+                return str(e).replace("--compare", flag, 1)
+    if args.current is not None and args.compare is None:
+        return "--current: only makes sense with --compare SAVED.json"
     if args.json:
         parent = Path(args.json).resolve().parent
         if not parent.is_dir():
@@ -95,6 +107,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if bad:
         print(f"tinylearn bench: {bad}", file=sys.stderr)
         return 2
+    if args.current is not None:
+        return _print_compare(args.compare, args.current, topics)
+    if args.compare is not None and not topics:
+        from tinylearn.bench.record import load_record
+
+        saved_topics = dict.fromkeys(t.get("topic", "") for t in load_record(args.compare)["tables"])
+        topics = [t for t in saved_topics if t in available_topics()]
     topics = topics or available_topics()
     all_tables = []
     for topic in topics:
@@ -128,8 +147,36 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 import matplotlib.pyplot as plt
 
                 plt.close(ax.figure)
-    if args.json:
-        Path(args.json).write_text(json.dumps([{"topic": tp, **t.to_dict()} for tp, t in all_tables], indent=1))
+    if args.json or args.record or args.compare:
+        from tinylearn.bench.record import default_record_path, make_record
+
+        rec = make_record(all_tables)
+        paths = [Path(args.json)] if args.json else []
+        if args.record:
+            paths.append(default_record_path(topics if args.topics else []))
+        for p in paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(rec, indent=1) + "\n")
+            print(f"wrote {p}", file=sys.stderr)
+        if args.compare:
+            return _print_compare(args.compare, rec, topics)
+    return 0
+
+
+def _print_compare(saved_path: str, now: str | dict[str, Any], topics: list[str]) -> int:
+    """Print now/saved ratios for the rows of the given topics (all topics when none were named)."""
+    from tinylearn.bench.record import compare, load_record
+
+    saved = load_record(saved_path)
+    cur = load_record(now) if isinstance(now, str) else now
+    if topics:
+        saved = {**saved, "tables": [t for t in saved["tables"] if t.get("topic") in topics]}
+        cur = {**cur, "tables": [t for t in cur["tables"] if t.get("topic") in topics]}
+    table = compare(saved, cur)
+    print(table.to_text(), flush=True)
+    if not table.rows:
+        print(f"tinylearn bench --compare: no row of {saved_path} matches the current run", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -246,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--plot", metavar="DIR", help="also write one bar plot per table into DIR")
     b.add_argument("--full", action="store_true", help="full problem sizes (slow)")
     b.add_argument("--size", type=int, metavar="N", help="one small problem size (topics whose run() takes sizes)")
+    b.add_argument("--record", action="store_true", help="also save benchmarks/<cpu>/<date>_<topics>.json")
+    b.add_argument("--compare", metavar="SAVED", help="print the ratio of each row to a saved record (--json output)")
+    b.add_argument("--current", metavar="NOW", help="with --compare: compare this saved record instead of running")
     c = sub.add_parser("check", help="run the exercise tests for one topic")
     c.add_argument("topic", help="any of the topic's names, e.g. 01_autodiff, autodiff, quant, 03_quantization")
     c.add_argument("--impl", default="stub", choices=("stub", "reference"))
