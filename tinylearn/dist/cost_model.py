@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,30 +65,40 @@ def predict(
     p the formula uses the largest node and is an approximation (the simulator replays the exact schedule).
     """
     _check(algorithm, nbytes, world_size, alpha_s, beta_s_per_byte)
-    p, n, a, b, g = int(world_size), float(nbytes), alpha_s, beta_s_per_byte, gamma_s_per_byte
-    if p == 1 or n == 0:
+    n = float(nbytes)
+    if int(world_size) == 1 or n == 0:
         return 0.0
+    lat, bcoef, rcoef = coefficients(algorithm, int(world_size), node_size=node_size)
+    return lat * alpha_s + bcoef * n * beta_s_per_byte + rcoef * n * gamma_s_per_byte
+
+
+def coefficients(algorithm: str, world_size: int, *, node_size: int | None = None) -> tuple[float, float, float]:
+    """(L, B, R) with predict = L alpha + B n beta + R n gamma: the latency count (messages on the critical path),
+    the bytes sent per byte of input, and the bytes reduced per byte of input (the formulas above)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+    p = int(world_size)
+    if p < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if p == 1:
+        return 0.0, 0.0, 0.0
     p2 = 1 << (p.bit_length() - 1)
-    fold = 0.0 if p == p2 else 2 * a + 2 * n * b + n * g
+    f = 0.0 if p == p2 else 1.0
+    lg = math.log2(p2)
     if algorithm == "ring":
-        return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+        return 2.0 * (p - 1), 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "tree":
         L = math.ceil(math.log2(p))
-        return 2 * L * (a + n * b) + L * n * g
+        return 2.0 * L, 2.0 * L, float(L)
     if algorithm == "recursive_doubling":
-        return math.log2(p2) * (a + n * b + n * g) + fold
+        return lg + 2 * f, lg + 2 * f, lg + f
     if algorithm == "halving_doubling":
-        return 2 * math.log2(p2) * a + 2 * (p2 - 1) / p2 * n * b + (p2 - 1) / p2 * n * g + fold
+        return 2 * lg + 2 * f, 2 * (p2 - 1) / p2 + 2 * f, (p2 - 1) / p2 + f
     from .collectives import default_node_size
 
     k = min(node_size or default_node_size(p), p)
     m = math.ceil(p / k)
-    return (
-        2 * (k - 1) * (a + n * b / k)
-        + (k - 1) / k * n * g
-        + 2 * (m - 1) * (a + n * b / (k * m))
-        + (m - 1) / (k * m) * n * g
-    )
+    return 2.0 * (k - 1) + 2.0 * (m - 1), 2 * (k - 1) / k + 2 * (m - 1) / (k * m), (k - 1) / k + (m - 1) / (k * m)
 
 
 def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
@@ -160,4 +171,148 @@ def crossover_points(
                 lo, hi = (mid, hi) if best(mid) == prev else (lo, mid)
             out.append((hi, prev, cur))
             prev = cur
+    return out
+
+
+# ------------------------------------------------------------------------- contention: p ranks sharing c cores
+# On one box the "network" is the CPU: a loopback TCP message is two memcpys done by the kernel on behalf of the
+# sender and the receiver, and the reduction is an add on the receiver's core. With p ranks on c < p cores every
+# rank gets c/p of a core, so every byte term slows by the share factor s = max(1, p/c); and a message whose
+# receiver is not running waits for the scheduler to run it, a latency that grows with the oversubscription
+# o = max(0, p/c - 1) (0 while every rank has its own core):
+#
+#     T(alg, n, p; c) = L (alpha + o * sched) + s * (B n beta + R n gamma)        (L, B, R = coefficients(alg, p))
+#
+# i.e. predict(alg, n, p, alpha + o * sched, s * beta, s * gamma). alpha, sched, beta, gamma are single-rank
+# constants; fit_contended fits them per algorithm family from measured all-reduce times at several p.
+
+PARAM_NAMES = ("alpha_s", "sched_s", "beta_s_per_byte", "gamma_s_per_byte")
+
+
+def core_share(world_size: int, cores: int) -> float:
+    """s = max(1, p / c): how many times slower a rank's copies and adds run when p ranks share c cores."""
+    if cores < 1:
+        raise ValueError(f"cores: expected an int >= 1, got {cores!r}")
+    return max(1.0, world_size / cores)
+
+
+def oversubscription(world_size: int, cores: int) -> float:
+    """o = max(0, p / c - 1): runnable ranks per core beyond the first (0 when every rank has a core)."""
+    return core_share(world_size, cores) - 1.0
+
+
+@dataclass(frozen=True)
+class ContendedParams:
+    """Single-rank constants of the contended model (seconds, seconds per byte); see the comment above."""
+
+    alpha_s: float
+    sched_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.alpha_s, self.sched_s, self.beta_s_per_byte, self.gamma_s_per_byte])
+
+
+def contended_features(
+    algorithm: str, nbytes: float, world_size: int, cores: int, *, node_size: int | None = None
+) -> np.ndarray:
+    """x with T = x . (alpha, sched, beta, gamma): [L, L o, s B n, s R n] (the model is linear in its constants)."""
+    n = check_nonneg("nbytes", nbytes)
+    lat, bcoef, rcoef = coefficients(algorithm, world_size, node_size=node_size)
+    if n == 0:
+        return np.zeros(4)
+    s, o = core_share(world_size, cores), oversubscription(world_size, cores)
+    return np.array([lat, lat * o, s * bcoef * n, s * rcoef * n])
+
+
+def predict_contended(
+    algorithm: str,
+    nbytes: float,
+    world_size: int,
+    params: ContendedParams,
+    cores: int,
+    *,
+    node_size: int | None = None,
+) -> float:
+    """Predicted all-reduce seconds with p ranks on ``cores`` cores (== ``simulate(..., cores=, sched_s=)``)."""
+    s, o = core_share(world_size, cores), oversubscription(world_size, cores)
+    return predict(
+        algorithm,
+        nbytes,
+        world_size,
+        params.alpha_s + o * params.sched_s,
+        s * params.beta_s_per_byte,
+        s * params.gamma_s_per_byte,
+        node_size=node_size,
+    )
+
+
+def fit_contended(
+    algorithms: str | Sequence[str],
+    nbytes: Sequence[float],
+    world_sizes: Sequence[int],
+    seconds: Sequence[float],
+    cores: int,
+    *,
+    gamma_s_per_byte: float | None = None,
+    node_size: int | None = None,
+) -> ContendedParams:
+    """Fit (alpha, sched, beta[, gamma]) >= 0 to measured all-reduce times by least squares on relative error.
+
+    One point per (algorithm, nbytes, world_size, seconds); ``algorithms`` is one name for all points or one per
+    point (a family fitted jointly). Minimises sum(((x . theta - t) / t)^2) with theta >= 0 (scipy NNLS), so a
+    64 KB point counts as much as a 64 MB one. ``gamma_s_per_byte``: fixed (measured) gamma; None fits it too,
+    which needs points whose bytes-sent / bytes-reduced ratios differ (e.g. ring with recursive doubling: for one
+    algorithm, beta and gamma multiply the same n and cannot be told apart — ValueError). sched is 0 when no
+    point is oversubscribed (nothing to fit it from).
+    """
+    from scipy.optimize import nnls
+
+    t = np.asarray(seconds, dtype=np.float64)
+    n_pts = t.size
+    algs = [algorithms] * n_pts if isinstance(algorithms, str) else list(algorithms)
+    if not (len(algs) == len(nbytes) == len(world_sizes) == n_pts) or n_pts < 2:
+        raise ValueError(
+            f"seconds: algorithms, nbytes, world_sizes and seconds need equal lengths >= 2, got "
+            f"{len(algs)}, {len(nbytes)}, {len(world_sizes)}, {n_pts}"
+        )
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError("seconds: all times must be finite and > 0")
+    X = np.stack(
+        [contended_features(a, n, p, cores, node_size=node_size) for a, n, p in zip(algs, nbytes, world_sizes)]
+    )
+    y = t.copy()
+    free = [0, 1, 2, 3]
+    fixed = np.zeros(4)
+    if gamma_s_per_byte is not None:
+        fixed[3] = check_nonneg("gamma_s_per_byte", gamma_s_per_byte)
+        y = y - X[:, 3] * fixed[3]
+        free.remove(3)
+    if not np.any(X[:, 1]):
+        free.remove(1)  # no oversubscribed point: sched stays 0
+    A = X[:, free] / t[:, None]
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = A / scale
+    rank = np.linalg.matrix_rank(A, tol=1e-9 * max(A.shape))
+    if rank < len(free):
+        names = [PARAM_NAMES[i] for i in free]
+        raise ValueError(
+            f"algorithms: the points cannot separate {names} (design rank {rank} < {len(free)}); for a single "
+            "algorithm pass the measured gamma_s_per_byte, and use several sizes"
+        )
+    theta, _ = nnls(A, y / t)
+    out = fixed.copy()
+    out[free] = theta / scale
+    return ContendedParams(*(float(v) for v in out))
+
+
+def relative_errors(predicted: Sequence[float], samples: Sequence[Sequence[float]]) -> np.ndarray:
+    """Per point [median error, q25 error, q75 error] of measured samples vs prediction: (t - pred) / pred."""
+    pred = np.asarray(predicted, dtype=np.float64)
+    out = np.empty((pred.size, 3))
+    for i, (p, s) in enumerate(zip(pred, samples)):
+        q25, med, q75 = np.percentile(np.asarray(s, dtype=np.float64), [25, 50, 75])
+        out[i] = [(med - p) / p, (q25 - p) / p, (q75 - p) / p]
     return out

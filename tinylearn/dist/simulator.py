@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .collectives import bounds, default_node_size, hierarchical_layout
-from .cost_model import ALGORITHMS, check_nonneg
+from .cost_model import ALGORITHMS, check_nonneg, core_share, oversubscription
 
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # src, dst, bytes, reduce (0/1)
 
@@ -168,18 +168,25 @@ def simulate(
     *,
     gamma_s_per_byte: float = 0.0,
     node_size: int | None = None,
+    cores: int | None = None,
+    sched_s: float = 0.0,
 ) -> float:
     """Replay ``algorithm``'s schedule for ``world_size`` ranks and ``nbytes`` per rank; returns seconds.
 
     topology None: every link has (alpha_s, beta_s_per_byte) — matches ``cost_model.predict``. A ``TwoLevel`` (or
     a dict of its fields) overrides the link constants per message (intra/inter node) and sets the hierarchical
     node size. ``node_size`` (hierarchical on uniform links) defaults to ``default_node_size(p)``.
+
+    ``cores``: the p ranks share this many cores (``cost_model.predict_contended``'s model): every byte cost
+    (beta, gamma) is multiplied by the core share s = max(1, p / cores) and every message waits
+    o * ``sched_s`` more for the scheduler, o = max(0, p / cores - 1). None: a core (or GPU) per rank.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
     for name, v in (("nbytes", nbytes), ("alpha_s", alpha_s), ("beta_s_per_byte", beta_s_per_byte)):
         check_nonneg(name, v)
     check_nonneg("gamma_s_per_byte", gamma_s_per_byte)
+    check_nonneg("sched_s", sched_s)
     if isinstance(topology, dict):
         topology = two_level_from_dict(topology)
     if topology is not None and not isinstance(topology, TwoLevel):
@@ -187,8 +194,9 @@ def simulate(
     p = int(world_size)
     if topology is not None:
         node_size = topology.node_size
+    share, extra = (1.0, 0.0) if cores is None else (core_share(p, cores), oversubscription(p, cores) * sched_s)
     T = np.zeros(p)
-    g = float(gamma_s_per_byte)
+    g = float(gamma_s_per_byte) * share
     for src, dst, nb, red in schedule(algorithm, p, nbytes, node_size):
         if topology is None:
             a = np.full(len(src), float(alpha_s))
@@ -197,6 +205,7 @@ def simulate(
             same = (src // topology.node_size) == (dst // topology.node_size)
             a = np.where(same, topology.intra_alpha_s, topology.inter_alpha_s)
             b = np.where(same, topology.intra_beta_s_per_byte, topology.inter_beta_s_per_byte)
+        a, b = a + extra, b * share
         for sel in _port_rounds(src, dst):
             arrive = np.maximum(T[src[sel]], T[dst[sel]]) + a[sel] + nb[sel] * b[sel]
             new = T.copy()

@@ -1,0 +1,188 @@
+"""The contention-aware alpha-beta-gamma model (p ranks sharing c cores), its least-squares fit, the simulator's
+agreement with it, and the benchmark's calibration/validation analysis.
+
+Fits are checked on synthetic times generated from known constants (they must come back); one small real
+measurement only checks that the pipeline yields finite, non-negative constants (timings are never asserted).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tinylearn as tl
+from tinylearn.dist import bench
+from tinylearn.dist import cost_model as cm
+
+TRUE = cm.ContendedParams(alpha_s=80e-6, sched_s=1.5e-3, beta_s_per_byte=1 / 1.2e9, gamma_s_per_byte=1 / 14e9)
+SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+
+
+def _synthetic(algs: list[str], ps: list[int], sizes: list[int], cores: int, noise: float = 0.0, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rows = [(a, n, p) for a in algs for p in ps for n in sizes]
+    t = [cm.predict_contended(a, n, p, TRUE, cores) * math.exp(noise * rng.standard_normal()) for a, n, p in rows]
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], t
+
+
+def test_core_share_and_oversubscription() -> None:
+    assert cm.core_share(1, 2) == 1 and cm.core_share(2, 2) == 1 and cm.core_share(4, 2) == 2
+    assert cm.oversubscription(2, 2) == 0 and cm.oversubscription(8, 2) == 3 and cm.oversubscription(3, 2) == 0.5
+    with pytest.raises(ValueError, match="cores"):
+        cm.core_share(2, 0)
+
+
+@pytest.mark.parametrize("algorithm", cm.ALGORITHMS)
+def test_contended_model_is_predict_with_scaled_constants(algorithm: str) -> None:
+    n = 3 << 20
+    for p, c in ((2, 2), (4, 2), (8, 2), (4, 8)):
+        s, o = max(1, p / c), max(0, p / c - 1)
+        want = cm.predict(
+            algorithm,
+            n,
+            p,
+            TRUE.alpha_s + o * TRUE.sched_s,
+            s * TRUE.beta_s_per_byte,
+            s * TRUE.gamma_s_per_byte,
+        )
+        got = cm.predict_contended(algorithm, n, p, TRUE, c)
+        assert got == pytest.approx(want, rel=1e-12)
+        x = cm.contended_features(algorithm, n, p, c)
+        assert float(x @ TRUE.as_array()) == pytest.approx(got, rel=1e-12)
+    # a core per rank: the plain model, whatever sched is
+    assert cm.predict_contended(algorithm, n, 4, TRUE, 4) == pytest.approx(
+        cm.predict(algorithm, n, 4, TRUE.alpha_s, TRUE.beta_s_per_byte, TRUE.gamma_s_per_byte), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("algorithm", cm.ALGORITHMS)
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_simulator_equals_contended_model_on_uniform_links(algorithm: str, p: int) -> None:
+    for cores in (1, 2, 16):
+        for n in (1 << 16, 5 << 20):
+            sim = tl.dist.simulate(
+                algorithm,
+                p,
+                n,
+                TRUE.alpha_s,
+                TRUE.beta_s_per_byte,
+                gamma_s_per_byte=TRUE.gamma_s_per_byte,
+                cores=cores,
+                sched_s=TRUE.sched_s,
+            )
+            model = cm.predict_contended(algorithm, n, p, TRUE, cores)
+            assert math.isclose(sim, model, rel_tol=1e-12), (algorithm, p, cores, n, sim, model)
+
+
+def test_coefficients_match_the_closed_forms() -> None:
+    assert cm.coefficients("ring", 4) == (6.0, 1.5, 0.75)
+    assert cm.coefficients("tree", 4) == (4.0, 4.0, 2.0)
+    assert cm.coefficients("recursive_doubling", 8) == (3.0, 3.0, 3.0)
+    assert cm.coefficients("halving_doubling", 6) == (6.0, 2 * 3 / 4 + 2, 3 / 4 + 1)
+    assert cm.coefficients("ring", 1) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="algorithm"):
+        cm.coefficients("butterfly", 4)
+
+
+@pytest.mark.parametrize("algorithm", cm.ALGORITHMS)
+def test_fit_recovers_alpha_sched_beta_with_measured_gamma(algorithm: str) -> None:
+    a, n, p, t = _synthetic([algorithm], [2, 4], SIZES, cores=2)
+    fit = cm.fit_contended(a, n, p, t, 2, gamma_s_per_byte=TRUE.gamma_s_per_byte)
+    np.testing.assert_allclose(fit.as_array(), TRUE.as_array(), rtol=1e-6)
+
+
+def test_fit_recovers_all_four_constants_from_a_family() -> None:
+    # ring sends twice the bytes it reduces, recursive doubling as many: together they separate beta from gamma
+    a, n, p, t = _synthetic(["ring", "recursive_doubling"], [2, 4, 8], SIZES, cores=2)
+    fit = cm.fit_contended(a, n, p, t, 2)
+    np.testing.assert_allclose(fit.as_array(), TRUE.as_array(), rtol=1e-6)
+
+
+def test_fit_with_multiplicative_noise_stays_close() -> None:
+    a, n, p, t = _synthetic(["ring", "tree", "recursive_doubling"], [2, 4], SIZES * 3, cores=2, noise=0.03, seed=1)
+    fit = cm.fit_contended(a, n, p, t, 2, gamma_s_per_byte=TRUE.gamma_s_per_byte)
+    np.testing.assert_allclose(fit.as_array(), TRUE.as_array(), rtol=0.15)
+    # the fit minimises relative error: its predictions are within a few % of the noisy points on average
+    pred = np.array([cm.predict_contended(x, y, z, fit, 2) for x, y, z in zip(a, n, p)])
+    assert np.median(np.abs(pred / np.array(t) - 1)) < 0.05
+
+
+def test_fit_without_oversubscribed_points_sets_sched_to_zero() -> None:
+    a, n, p, t = _synthetic(["ring"], [2, 4], SIZES, cores=8)
+    fit = cm.fit_contended(a, n, p, t, 8, gamma_s_per_byte=TRUE.gamma_s_per_byte)
+    assert fit.sched_s == 0.0
+    assert fit.alpha_s == pytest.approx(TRUE.alpha_s, rel=1e-6)
+    assert fit.beta_s_per_byte == pytest.approx(TRUE.beta_s_per_byte, rel=1e-6)
+
+
+def test_fit_bad_input() -> None:
+    a, n, p, t = _synthetic(["ring"], [2, 4], SIZES, cores=2)
+    with pytest.raises(ValueError, match="cannot separate"):  # one algorithm: beta and gamma are collinear
+        cm.fit_contended(a, n, p, t, 2)
+    with pytest.raises(ValueError, match="seconds"):
+        cm.fit_contended("ring", [1, 2], [2, 2], [1.0], 2)
+    with pytest.raises(ValueError, match="seconds"):
+        cm.fit_contended("ring", [1, 2], [2, 2], [1.0, -1.0], 2)
+    with pytest.raises(ValueError, match="gamma_s_per_byte"):
+        cm.fit_contended("ring", n, p, t, 2, gamma_s_per_byte=float("nan"))
+
+
+def test_relative_errors_median_and_quartiles() -> None:
+    e = cm.relative_errors([2.0], [[1.0, 2.0, 3.0, 4.0, 5.0]])
+    np.testing.assert_allclose(e, [[0.5, 0.0, 1.0]])
+
+
+def _synthetic_measurement(world_sizes: tuple[int, ...], cores: int, noise: float) -> dict:
+    rng = np.random.default_rng(3)
+    out = {}
+    for p in world_sizes:
+        samples = {}
+        for impl in bench.IMPLS:
+            alg = bench.MODEL_ALGORITHM.get(impl, impl)
+            params = TRUE if impl != "p2p ring floor" else cm.ContendedParams(*TRUE.as_array()[:3], 0.0)
+            for nb in SIZES:
+                t = cm.predict_contended(alg, nb, p, params, cores)
+                samples[(nb, impl)] = list(t * np.exp(noise * rng.standard_normal(9)))
+        out[p] = {"gamma": TRUE.gamma_s_per_byte * cm.core_share(p, cores), "samples": samples}
+    return out
+
+
+def test_calibrate_fits_on_calibration_sizes_and_validates_on_the_rest() -> None:
+    cal, val = bench.split_sizes(SIZES)
+    assert cal == [64 << 10, 1 << 20, 16 << 20] and val == [256 << 10, 4 << 20]
+    with pytest.raises(ValueError, match="sizes"):
+        bench.split_sizes([1, 2])
+    res = bench.calibrate(_synthetic_measurement((2, 4), 2, 0.0), bench.IMPLS, SIZES, 2)
+    assert res["gamma"] == pytest.approx(TRUE.gamma_s_per_byte)
+    for impl, fit in res["fits"].items():
+        assert fit.alpha_s == pytest.approx(TRUE.alpha_s, rel=1e-6), impl
+        assert fit.sched_s == pytest.approx(TRUE.sched_s, rel=1e-6), impl
+    assert len(res["rows"]) == len(bench.IMPLS) * 2 * len(SIZES)
+    assert {r["set"] for r in res["rows"] if r["nbytes"] in val} == {"val"}
+    assert max(abs(r["err"]) for r in res["rows"]) < 1e-9  # noise-free: the validation points are predicted
+    text = bench.error_table(res, "val")
+    assert "halving_doubling" in text and " cal " not in text
+
+
+def test_calibrate_never_uses_validation_points() -> None:
+    m = _synthetic_measurement((2, 4), 2, 0.0)
+    ref = bench.calibrate(m, ["ring"], SIZES, 2)["fits"]["ring"]
+    for p in m:
+        for nb in (256 << 10, 4 << 20):  # wreck the validation points: the fit must not move
+            m[p]["samples"][(nb, "ring")] = [1e3] * 9
+    res = bench.calibrate(m, ["ring"], SIZES, 2)
+    assert res["fits"]["ring"] == ref
+    assert all(r["err"] > 100 for r in res["rows"] if r["set"] == "val")
+
+
+def test_real_measurement_smoke() -> None:
+    sizes = [64 << 10, 128 << 10, 256 << 10]
+    m = bench.measure((2,), sizes, ["ring", "gloo"], rounds=3, chunks=1)
+    assert all(len(v) == 3 and all(x > 0 for x in v) for v in m[2]["samples"].values())
+    res = bench.calibrate(m, ["ring", "gloo"], sizes, bench.cores_available())
+    for fit in res["fits"].values():
+        arr = fit.as_array()
+        assert np.all(np.isfinite(arr)) and np.all(arr >= 0) and arr[0] + arr[2] > 0
+    assert all(np.isfinite(r["err"]) and r["pred_s"] > 0 for r in res["rows"])
