@@ -13,13 +13,15 @@ Bit-exactness with torch: ``torch.quantize_per_tensor`` evaluates ``round(fma(x,
 (the zero point is added *before* rounding, which matters at ties when zero_point is odd), while
 ``torch.quantize_per_channel`` evaluates ``round(float32(x * (1/scale)) + zero_point)``. Both are reproduced here;
 float64 holds the exact product of two float32 numbers, so ``float32(float64(x) * inv + zp)`` is the fused result
-(numpy path); large per-tensor inputs go to the C++ kernel (cpp_src/quant_affine.cpp: std::fma + nearbyint):
-ops ``quant.quantize_per_tensor`` / ``quant.dequantize_per_tensor`` in tinylearn.backends, the size threshold is
-the C++ registration's ``when=`` predicate.
+(numpy path); large per-tensor inputs go to the C++ kernels (cpp_src/quant_affine.cpp: fma + round-half-even,
+versions v0_scalar -> v1_simd (AVX2 / AVX-512, run-time dispatch) -> v2_threads (OpenMP)): ops
+``quant.quantize_per_tensor`` / ``quant.dequantize_per_tensor`` in tinylearn.backends, the size threshold is the
+C++ registration's ``when=`` predicate.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -113,7 +115,23 @@ def calculate_qparams(min_val: Any, max_val: Any, dtype: str = "int8", symmetric
     return scale, zp
 
 
+_REAL_SCALARS = (float, int, np.floating, np.integer)
+
+
 def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int | None, ndim: int, shape: tuple):
+    if (
+        axis is None
+        and isinstance(scale, _REAL_SCALARS)
+        and isinstance(zero_point, int | np.integer)
+        and not isinstance(scale, bool)
+        and not isinstance(zero_point, bool)
+    ):  # fast path for the common per-tensor call (the checks below, on Python scalars)
+        sf, zi = float(scale), int(zero_point)
+        if not (math.isfinite(sf) and sf > 0):
+            raise ValueError(f"scale: must be finite and > 0, got {scale!r}")
+        if zi < qmin or zi > qmax:
+            raise ValueError(f"zero_point: {zero_point!r} outside the quantized range [{qmin}, {qmax}]")
+        return np.float32(sf), zi, None
     s = np.asarray(scale)
     if s.dtype.kind not in "fiu":
         raise TypeError(f"scale: must be a positive number or an array of them, got {scale!r} (dtype {s.dtype})")
@@ -155,6 +173,11 @@ def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int 
 
 
 CPP_MIN_SIZE = 4096  # below this the numpy path is as fast as a call into C++ (measured; both are bit-exact)
+# The C++ versions ladder (cpp_src/quant_affine.cpp), every rung bit-identical; the first one is the default:
+#   v2_threads  v1_simd over OpenMP threads (chunks of >= 65536 elements; smaller inputs stay on one thread)
+#   v0_scalar   one element at a time (auto-vectorisation off): the baseline
+#   v1_simd     AVX-512 / AVX2+FMA chosen at run time (TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 forces a level)
+CPP_VERSIONS: tuple[str, ...] = ("v2_threads", "v0_scalar", "v1_simd")
 
 
 def _large(a: np.ndarray, *_: Any) -> bool:
@@ -164,6 +187,11 @@ def _large(a: np.ndarray, *_: Any) -> bool:
 
 def _cpp_affine() -> bool:
     return backends.C_available("quant_affine")
+
+
+def simd_level() -> str:
+    """The SIMD level the C++ v1_simd / v2_threads rungs take now: 'scalar' | 'avx2' | 'avx512' ('' if not built)."""
+    return str(backends.load_C("quant_affine").quant_affine_isa()) if _cpp_affine() else ""
 
 
 @backends.register("quant.quantize_per_tensor", "numpy")
@@ -176,11 +204,6 @@ def _quantize_numpy(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int)
     return r.astype(np.int8 if qmin < 0 else np.uint8)
 
 
-@backends.register("quant.quantize_per_tensor", "cpp", when=_large, available=_cpp_affine)
-def _quantize_cpp(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int) -> np.ndarray:
-    return backends.load_C("quant_affine").quantize_per_tensor(np.ascontiguousarray(xa), float(s), int(z), qmin, qmax)
-
-
 @backends.register("quant.dequantize_per_tensor", "numpy")
 def _dequantize_numpy(qa: np.ndarray, s: np.float32, z: int) -> np.ndarray:
     return ((qa.astype(np.float32) - np.float32(z)) * s).astype(np.float32)
@@ -190,13 +213,27 @@ def _large_int8(qa: np.ndarray, *_: Any) -> bool:
     return _large(qa) and qa.dtype in (np.int8, np.uint8)
 
 
-@backends.register("quant.dequantize_per_tensor", "cpp", when=_large_int8, available=_cpp_affine)
-def _dequantize_cpp(qa: np.ndarray, s: np.float32, z: int) -> np.ndarray:
-    if qa.dtype not in (np.int8, np.uint8):
-        raise TypeError(f"q: backend 'cpp' dequantizes int8/uint8 codes, got dtype {qa.dtype}")
-    C = backends.load_C("quant_affine")
-    fn = C.dequantize_per_tensor_int8 if qa.dtype == np.int8 else C.dequantize_per_tensor_uint8
-    return fn(np.ascontiguousarray(qa), float(s), int(z))
+def _register_cpp() -> None:
+    for v in CPP_VERSIONS:
+
+        def quant_cpp(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int, v: str = v) -> np.ndarray:
+            C = backends.load_C("quant_affine")
+            return C.quantize_per_tensor(np.ascontiguousarray(xa, np.float32), float(s), int(z), qmin, qmax, v)
+
+        def dequant_cpp(qa: np.ndarray, s: np.float32, z: int, v: str = v) -> np.ndarray:
+            if qa.dtype not in (np.int8, np.uint8):
+                raise TypeError(f"q: backend 'cpp' dequantizes int8/uint8 codes, got dtype {qa.dtype}")
+            C = backends.load_C("quant_affine")
+            fn = C.dequantize_per_tensor_int8 if qa.dtype == np.int8 else C.dequantize_per_tensor_uint8
+            return fn(np.ascontiguousarray(qa), float(s), int(z), v)
+
+        backends.register("quant.quantize_per_tensor", "cpp", quant_cpp, version=v, when=_large, available=_cpp_affine)
+        backends.register(
+            "quant.dequantize_per_tensor", "cpp", dequant_cpp, version=v, when=_large_int8, available=_cpp_affine
+        )
+
+
+_register_cpp()
 
 
 def _per_tensor_only(backend: str | None, axis: Any) -> None:
@@ -218,6 +255,7 @@ def quantize(
     Bit-exact with torch.quantize_per_tensor / torch.quantize_per_channel (see module docstring), including
     saturation of +-inf and NaN handling (per-tensor NaN -> qmax, per-channel NaN -> 0 clamped, like torch).
     backend (per-tensor): None = C++ above CPP_MIN_SIZE elements when built, else numpy; "numpy" | "cpp".
+    version (cpp): "v2_threads" (default) | "v0_scalar" | "v1_simd" (the ladder in CPP_VERSIONS, all bit-identical).
     """
     qmin, qmax = qrange(dtype)
     _per_tensor_only(backend, axis)
@@ -236,7 +274,10 @@ def quantize(
 def dequantize(
     q: Any, scale: Any, zero_point: Any, axis: int | None = None, backend: str | None = None, version: str | None = None
 ) -> np.ndarray:
-    """x_hat = (q - zero_point) * scale in float32 (torch's dequantize arithmetic)."""
+    """x_hat = (q - zero_point) * scale in float32 (torch's dequantize arithmetic).
+
+    backend (per-tensor): None = C++ for int8/uint8 codes above CPP_MIN_SIZE elements when built, else numpy;
+    version (cpp): "v2_threads" (default) | "v0_scalar" | "v1_simd"."""
     _per_tensor_only(backend, axis)
     qa = as_array(q, "q", dtypes=("i", "u"))
     s, z, ax = _check_qparams(scale, zero_point, -(2**31), 2**31 - 1, axis, qa.ndim, qa.shape)

@@ -13,6 +13,11 @@ Out-of-range behaviour is torch's (verified bit-exactly against ``.to(torch.floa
 E4M3 (no inf) saturates: |x| rounding above 448, and +-inf, give +-448 (0x7E / 0xFE); E5M2 overflows to +-inf.
 NaN keeps its sign: 0x7F / 0xFF in both formats.  ``saturate=True`` (FP8 training recipes) also clamps E5M2
 overflow and +-inf to +-57344.
+
+Kernels: the numpy functions here are the reference; inputs above CPP_MIN_SIZE elements go to cpp_src/quant_fp8.cpp
+when tinylearn._C is built (ops ``quant.fp8_encode`` / ``quant.fp8_decode`` in tinylearn.backends, versions
+v0_scalar -> v1_simd (AVX2 / AVX-512 chosen at run time, TINYLEARN_CPU_FEATURES forces one) -> v2_threads
+(OpenMP)), bit-identical to the numpy path and to torch (decode also keeps torch's NaN bit patterns).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .. import backends
+from .._inputs import as_array
 
 # fmt -> (exponent bits, mantissa bits, bias, max finite)
 FORMATS: dict[str, tuple[int, int, int, float]] = {
@@ -52,29 +60,53 @@ def fp8_table(fmt: str = "e4m3") -> np.ndarray:
     return (s * mag).astype(np.float32)
 
 
-def fp8_decode(codes: Any, fmt: str = "e4m3") -> np.ndarray:
-    """float32 values of uint8 FP8 codes (exact: every FP8 value is a float32)."""
-    c = np.asarray(codes)
+CPP_VERSIONS: tuple[str, ...] = ("v2_threads", "v0_scalar", "v1_simd")  # cpp_src/quant_fp8.cpp; first = default
+CPP_MIN_SIZE = 256  # below this a numpy call is as cheap as the trip into C++
+
+
+def _cpp_fp8() -> bool:
+    return backends.C_available("quant_fp8")
+
+
+def _large(a: np.ndarray, *_: Any) -> bool:
+    return a.size > CPP_MIN_SIZE
+
+
+def simd_level() -> str:
+    """The SIMD level the C++ v1_simd / v2_threads rungs take now: 'scalar' | 'avx2' | 'avx512' ('' if not built)."""
+    return str(backends.load_C("quant_fp8").fp8_isa()) if _cpp_fp8() else ""
+
+
+def _check_codes(codes: Any) -> np.ndarray:
+    c = as_array(codes, "codes", dtypes=("i", "u"))
     if c.dtype != np.uint8:
-        if c.dtype.kind not in "iu" or (c.size and (c.min() < 0 or c.max() > 255)):
-            raise TypeError(f"codes: expected uint8 FP8 codes (0..255), got dtype {c.dtype}")
+        if c.size and (c.min() < 0 or c.max() > 255):
+            raise TypeError(f"codes: expected uint8 FP8 codes (0..255), got dtype {c.dtype} with values outside")
         c = c.astype(np.uint8)
+    return c
+
+
+@backends.register("quant.fp8_decode", "numpy")
+def _decode_numpy(c: np.ndarray, fmt: str) -> np.ndarray:
     return fp8_table(fmt)[c]
 
 
-def fp8_encode(x: Any, fmt: str = "e4m3", saturate: bool = False) -> np.ndarray:
-    """uint8 FP8 codes of float32(x) with round-to-nearest-even; bit-exact with torch's float8 casts.
+def fp8_decode(codes: Any, fmt: str = "e4m3", backend: str | None = None, version: str | None = None) -> np.ndarray:
+    """float32 values of uint8 FP8 codes (exact: every FP8 value is a float32).
 
-    Integer arithmetic on the float32 bit pattern a = |x| bits (exponent e32, 23 mantissa bits):
-      normal FP8 range:  rebias the exponent (a - (127 - bias) << 23), then drop 23 - M mantissa bits with RNE:
-                         (r + 2^(shift-1) - 1 + lsb) >> shift — a carry out of the mantissa bumps the exponent
-      subnormal range:   code = rint(|x| * 2^(bias - 1 + M)) (exact scaling, RNE; 2^M is the smallest normal code)
-    """
+    backend: None (C++ above CPP_MIN_SIZE codes when built, else numpy) | "numpy" | "cpp"; version (cpp):
+    "v2_threads" (default) | "v0_scalar" | "v1_simd". The C++ path also reproduces torch's NaN bit patterns."""
+    _fmt(fmt)
+    c = _check_codes(codes)
+    return backends.dispatch("quant.fp8_decode", c, fmt.lower(), backend=backend, version=version)
+
+
+@backends.register("quant.fp8_encode", "numpy")
+def _encode_numpy(x32: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
+    """Reference: the integer algorithm of fp8_encode's docstring on the float32 bit patterns, in numpy."""
     ebits, mbits, bias, fmax = _fmt(fmt)
-    xa = np.asarray(x)
-    if xa.dtype.kind not in "fiub":
-        raise TypeError(f"x: expected a real-valued array, got dtype {xa.dtype}")
-    x32 = np.ascontiguousarray(xa, dtype=np.float32).reshape(-1)
+    shape = x32.shape
+    x32 = np.ascontiguousarray(x32, dtype=np.float32).reshape(-1)
     u = x32.view(np.uint32)
     sign = ((u >> 24) & 0x80).astype(np.uint8)
     a = u & np.uint32(0x7FFFFFFF)
@@ -94,7 +126,45 @@ def fp8_encode(x: Any, fmt: str = "e4m3", saturate: bool = False) -> np.ndarray:
     else:
         code = np.where(over, ((1 << ebits) - 1) << mbits, code)  # inf
     code = np.where(a > np.uint32(0x7F800000), 0x7F, code)  # NaN keeps its sign
-    return (code.astype(np.uint8) | sign).reshape(xa.shape)
+    return (code.astype(np.uint8) | sign).reshape(shape)
+
+
+def _register_cpp() -> None:
+    for v in CPP_VERSIONS:
+
+        def enc(x32: np.ndarray, fmt: str, saturate: bool, v: str = v) -> np.ndarray:
+            return backends.load_C("quant_fp8").fp8_encode(np.ascontiguousarray(x32), fmt, bool(saturate), v)
+
+        def dec(c: np.ndarray, fmt: str, v: str = v) -> np.ndarray:
+            return backends.load_C("quant_fp8").fp8_decode(np.ascontiguousarray(c), fmt, v)
+
+        backends.register("quant.fp8_encode", "cpp", enc, version=v, when=_large, available=_cpp_fp8)
+        backends.register("quant.fp8_decode", "cpp", dec, version=v, when=_large, available=_cpp_fp8)
+
+
+_register_cpp()
+
+
+def fp8_encode(
+    x: Any, fmt: str = "e4m3", saturate: bool = False, backend: str | None = None, version: str | None = None
+) -> np.ndarray:
+    """uint8 FP8 codes of float32(x) with round-to-nearest-even; bit-exact with torch's float8 casts.
+
+    Integer arithmetic on the float32 bit pattern a = |x| bits (exponent e32, 23 mantissa bits):
+      normal FP8 range:  rebias the exponent (a - (127 - bias) << 23), then drop 23 - M mantissa bits with RNE:
+                         (r + 2^(shift-1) - 1 + lsb) >> shift — a carry out of the mantissa bumps the exponent
+      subnormal range:   code = rint(|x| * 2^(bias - 1 + M)) (exact scaling, RNE; 2^M is the smallest normal code)
+    saturate: E5M2 overflow and +-inf -> +-57344 instead of +-inf (E4M3 always saturates, like torch's cast).
+    backend: None (C++ above CPP_MIN_SIZE elements when built, else numpy) | "numpy" | "cpp"; version (cpp):
+    "v2_threads" (default) | "v0_scalar" | "v1_simd" (cpp_src/quant_fp8.cpp, all bit-identical).
+    """
+    fmt = fmt.lower() if isinstance(fmt, str) else fmt
+    _fmt(fmt)
+    if not isinstance(saturate, bool | np.bool_):
+        raise TypeError(f"saturate: expected a bool, got {type(saturate).__name__} {saturate!r}")
+    xa = as_array(x, "x", dtypes=("f", "i", "u", "b"))
+    x32 = xa.astype(np.float32, copy=False)
+    return backends.dispatch("quant.fp8_encode", x32, fmt, bool(saturate), backend=backend, version=version)
 
 
 def fp8_quantize(x: Any, fmt: str = "e4m3", saturate: bool = True) -> np.ndarray:
