@@ -1,14 +1,24 @@
-// kernels_flash_attention.cpp — fused CPU flash attention behind tinylearn.kernels(backend="cpp"). OpenMP over
-// heads x query blocks, `#pragma omp simd` inner loops, one pass
-// over memory where the row fits in cache. Works on C-contiguous float32 or float64 arrays that the Python
-// dispatcher (tinylearn/kernels/cpu.py) has already reshaped to [rows, cols] (or [batch*heads, seq, dim] for
-// attention). Part of _C.kernels (several files register into it, see registry.h); shared math in kernels_math.h.
+// kernels_flash_attention.cpp — fused CPU flash attention behind tinylearn.kernels(backend="cpp"). Works on
+// C-contiguous float32 or float64 arrays that the Python dispatcher (tinylearn/kernels/cpu.py) has already reshaped
+// to [batch*heads, seq, dim]. Part of _C.kernels (several files register into it, see registry.h).
 //
-// Versions (llm.c dev/cuda style; each is checked against the numpy reference in tests/test_kernels_cpu.py):
-//   flash_attention_forward        tiled online softmax (Dao et al. 2022): per (head, query block) keep running
-//                                  max m, sum l and unnormalised O; O(block^2) scratch, never the N x N matrix;
-//                                  also returns lse = m + log(l) for the backward. S = Q K^T and acc += P V are
-//                                  register-blocked 4 x 32 micro-GEMMs (small_gemm) over the tile
+// Versions ladder (llm.c dev/cuda style; every rung is checked against torch SDPA in tests/test_flash_cpu.py and
+// benchmarked by `tinylearn bench kernels` / notebook 05):
+//   tiled              v0: tiled online softmax (Dao et al. 2022): per (head, query block) keep running max m,
+//                      sum l and unnormalised O; O(block^2) scratch, never the N x N matrix. S = Q K^T and
+//                      acc += P V are 4 x 32 micro-GEMMs (small_gemm) that the compiler vectorises
+//                      (`#pragma omp simd`), exp is the branch-free exp_approx; OpenMP over (head, query block).
+//                      float64 runs this code under every version name (it exists for gradcheck).
+//   blocked_simd       v1: flash_attention_simd.inc, one thread. Explicit SIMD (AVX-512 / AVX2 / scalar picked
+//                      at run time through vec_math.h, TINYLEARN_CPU_FEATURES forces it): Q block packed
+//                      transposed and pre-scaled once, scores kept transposed (a row per key) so that the online
+//                      softmax statistics of W queries are one vector and need no horizontal reduction,
+//                      register-tiled 6 x (4 x 16) micro-kernels for S = K Q^T and acc += P V reading K and V in
+//                      place, the vector exp of vec_math.h, causal key tiles past the block's last query skipped.
+//   blocked_simd_omp   v2 (default): blocked_simd + OpenMP over (head, query block) work items, heaviest (causal:
+//                      last) query blocks first, dynamic schedule.
+// Extra memory: per thread QT (D x Br) + S (64 x Br) + acc (Br x Dv) floats, plus lse (N per head): O(N).
+//
 //   flash_attention_backward       recompute P = exp(S - lse) tile by tile: pass A over (head, key block) -> dK, dV;
 //                                  pass B over (head, query block) -> dQ (no atomics, S recomputed twice)
 #include "kernels_math.h"
@@ -178,6 +188,130 @@ py::tuple flash_attention_forward(carr<T> q, carr<T> k, carr<T> v, bool causal, 
   return py::make_tuple(o, lse);
 }
 
+
+// ---- blocked SIMD rungs (float32): one body, three instruction sets ------------------------------------------
+struct FaCtx {
+  const float *q, *k, *v;
+  float *o, *lse;
+  ssize_t Nq, Nk, D, Dv, Br, Brp, Bc;
+  bool causal;
+  float scale;
+};
+
+namespace fa_scalar {
+using vf = float;
+constexpr ssize_t W = 1;
+constexpr int NVMAX = 2;
+inline vf load(const float* p) { return *p; }
+inline void store(float* p, vf x) { *p = x; }
+inline vf splat(float x) { return x; }
+inline vf fmadd(vf a, vf b, vf c) { return a * b + c; }
+inline vf vmax(vf a, vf b) { return vm::scalar::max_ps(a, b); }
+inline vf vexp(vf x) { return vm::scalar::exp(x); }
+inline vf finite_or_zero(vf x) { return x == -std::numeric_limits<float>::infinity() ? 0.0f : x; }
+#include "flash_attention_simd.inc"
+}  // namespace fa_scalar
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace fa_avx2 {
+using vf = __m256;
+constexpr ssize_t W = 8;
+constexpr int NVMAX = 2;
+inline vf load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, vf x) { _mm256_storeu_ps(p, x); }
+inline vf splat(float x) { return _mm256_set1_ps(x); }
+inline vf fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vexp(vf x) { return vm::avx2::exp(x); }
+inline vf finite_or_zero(vf x) {
+  const vf ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  return _mm256_blendv_ps(x, _mm256_setzero_ps(), _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
+}
+#include "flash_attention_simd.inc"
+}  // namespace fa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace fa_avx512 {
+using vf = __m512;
+constexpr ssize_t W = 16;
+constexpr int NVMAX = 4;
+inline vf load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline vf splat(float x) { return _mm512_set1_ps(x); }
+inline vf fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vexp(vf x) { return vm::avx512::exp(x); }
+inline vf finite_or_zero(vf x) {
+  const vf ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ), x, _mm512_setzero_ps());
+}
+#include "flash_attention_simd.inc"
+}  // namespace fa_avx512
+#pragma GCC pop_options
+
+using FaBlockFn = void (*)(const FaCtx&, ssize_t, ssize_t, float*);
+struct FaPath {
+  FaBlockFn fn;
+  ssize_t W;
+  const char* name;
+};
+
+// The widest path after TINYLEARN_CPU_FEATURES whose vector width divides Dv (the output rows are whole vectors).
+FaPath flash_path(ssize_t Dv) {
+  const vm::Isa isa = vm::best_isa();
+  if (isa == vm::Isa::avx512 && Dv % 16 == 0) return {fa_avx512::block, 16, "avx512"};
+  if (isa != vm::Isa::scalar && vm::isa_available(vm::Isa::avx2) && Dv % 8 == 0) return {fa_avx2::block, 8, "avx2"};
+  return {fa_scalar::block, 1, "scalar"};
+}
+
+constexpr ssize_t kFlashBc = 64;  // keys per tile of the blocked rungs (64 x Br scores stay in L1)
+
+py::tuple flash_forward_blocked(const carr<float>& q, const carr<float>& k, const carr<float>& v, bool causal,
+                                ssize_t block, bool threaded) {
+  const AttnDims a = check_attn(q, k, v, "flash_attention_forward");
+  const ssize_t BH = a.BH, Nq = a.Nq, Nk = a.Nk, D = a.D, Dv = a.Dv;
+  carr<float> o({BH, Nq, Dv});
+  carr<float> lse({BH, Nq});
+  const FaPath path = flash_path(Dv);
+  block = std::min(block, std::max<ssize_t>(Nq, 1));
+  const ssize_t Brp = (block + path.W - 1) / path.W * path.W;
+  const FaCtx c{q.data(), k.data(), v.data(), o.mutable_data(), lse.mutable_data(), Nq, Nk, D, Dv, block, Brp,
+                kFlashBc, causal, 1.0f / std::sqrt(static_cast<float>(D))};
+  const ssize_t nqb = (Nq + block - 1) / block, items = BH * nqb;
+  // threads: at most one per work item, and one for a small problem (waking the team costs more than it saves)
+  int nth = threaded ? tl::n_threads() : 1;
+  if (static_cast<double>(BH) * Nq * Nk * (D + Dv) < 1 << 20) nth = 1;
+  nth = static_cast<int>(std::max<ssize_t>(1, std::min<ssize_t>(nth, items)));
+  const ssize_t per = D * Brp + kFlashBc * Brp + block * Dv + 3 * Brp;
+  std::vector<float> scratch(static_cast<size_t>(per) * nth);  // allocated outside the parallel region
+  {
+    py::gil_scoped_release release;
+    float* base = scratch.data();
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 1) if (nth > 1)
+    for (ssize_t t = 0; t < items; ++t) {
+      const ssize_t qb = nqb - 1 - t / BH, bh = t % BH;  // last query blocks first: the longest under causal
+      path.fn(c, bh, qb, base + per * tl::thread_id());
+    }
+  }
+  return py::make_tuple(o, lse);
+}
+
+template <typename T>
+py::tuple flash_attention_dispatch(carr<T> q, carr<T> k, carr<T> v, bool causal, ssize_t block,
+                                   const std::string& version) {
+  if (version != "tiled" && version != "blocked_simd" && version != "blocked_simd_omp")
+    tl::value_error("flash_attention_forward: version must be 'tiled', 'blocked_simd' or 'blocked_simd_omp', got '" +
+                    version + "'");
+  if (block < 1) tl::value_error("flash_attention_forward: block_size must be >= 1, got " + std::to_string(block));
+  if constexpr (std::is_same_v<T, float>) {
+    if (version != "tiled") return flash_forward_blocked(q, k, v, causal, block, version == "blocked_simd_omp");
+  }
+  return flash_attention_forward(q, k, v, causal, block);
+}
+
 template <typename T>
 py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, carr<T> lse, carr<T> dout, bool causal,
                                    ssize_t block) {
@@ -303,8 +437,8 @@ py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, c
 
 template <typename T>
 void def_flash_attention(py::module_& m) {
-  m.def("flash_attention_forward", &flash_attention_forward<T>, py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("causal") = false, py::arg("block_size") = 64);
+  m.def("flash_attention_forward", &flash_attention_dispatch<T>, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("causal") = false, py::arg("block_size") = 64, py::arg("version") = "blocked_simd_omp");
   m.def("flash_attention_backward", &flash_attention_backward<T>, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("o"), py::arg("lse"), py::arg("dout"), py::arg("causal") = false, py::arg("block_size") = 64);
 }
@@ -312,6 +446,9 @@ void def_flash_attention(py::module_& m) {
 }  // namespace
 
 TL_REGISTER(kernels) {
+  m.def(
+      "flash_attention_path", [](ssize_t dv) { return std::string(flash_path(dv).name); }, py::arg("dv"),
+      "the instruction set the blocked_simd rungs take now for value head dim dv ('avx512' | 'avx2' | 'scalar')");
   def_flash_attention<float>(m);
   def_flash_attention<double>(m);
 }

@@ -10,6 +10,9 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
   ``simd_omp``.
 - bias_gelu (forward): ``autovec`` (Abramowitz-Stegun erf, compiler-vectorised), ``simd`` (vector erf/tanh of
   vec_math.h, <= 2.4 ulp), ``simd_omp``.
+- flash attention (forward): ``tiled`` (v0: 4x32 micro-GEMMs the compiler vectorises, OpenMP), ``blocked_simd`` (v1:
+  explicit AVX-512/AVX2/scalar micro-kernels on transposed score tiles, vector exp, one thread),
+  ``blocked_simd_omp`` (v2, default: v1 + OpenMP over (head, query block)); the backward has one version.
 
 The SIMD rungs choose AVX-512 / AVX2 / scalar at run time (``TINYLEARN_CPU_FEATURES`` forces it;
 ``tinylearn.cpu.kernel_paths()`` reports it); scalar and AVX2 give bit-identical results. They are float32 kernels:
@@ -36,10 +39,12 @@ NATIVE_DTYPES = (np.float32, np.float64)
 SOFTMAX_VERSIONS: tuple[str, ...] = ("three_pass", "online", "simd", "simd_omp", "online_simd")
 LAYER_NORM_VERSIONS: tuple[str, ...] = ("two_pass", "welford", "simd", "simd_omp")
 BIAS_GELU_VERSIONS: tuple[str, ...] = ("autovec", "simd", "simd_omp")
+ATTENTION_VERSIONS: tuple[str, ...] = ("tiled", "blocked_simd", "blocked_simd_omp")
 
 SOFTMAX_VERSION = "simd_omp"
 LAYER_NORM_VERSION = "simd_omp"
 BIAS_GELU_VERSION = "simd_omp"
+ATTENTION_VERSION = "blocked_simd_omp"
 
 
 def _k():
@@ -90,9 +95,15 @@ def bias_gelu_backward(
 
 
 def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, block_size: int = 64
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, block_size: int = 64, version: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    return tuple(_k().flash_attention_forward(q, k, v, bool(causal), int(block_size)))
+    return tuple(_k().flash_attention_forward(q, k, v, bool(causal), int(block_size), version or ATTENTION_VERSION))
+
+
+def attention_path(dv: int) -> str:
+    """The instruction set the blocked_simd rungs take now for value head dim ``dv``: 'avx512' | 'avx2' | 'scalar'
+    (after TINYLEARN_CPU_FEATURES; the widest whose vector width divides ``dv``)."""
+    return str(_k().flash_attention_path(int(dv)))
 
 
 def attention_backward(

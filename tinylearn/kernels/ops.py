@@ -58,6 +58,11 @@ _TABLE: dict[str, tuple[str, dict[str, list[tuple[str, str, dict[str, Any]]]]]] 
                 ("welford", "layer_norm", {"version": "welford"}),
                 ("simd", "layer_norm", {"version": "simd"}),
             ],
+            "attention": [
+                ("blocked_simd_omp", "attention", {"version": "blocked_simd_omp"}),
+                ("tiled", "attention", {"version": "tiled"}),
+                ("blocked_simd", "attention", {"version": "blocked_simd"}),
+            ],
         },
     ),
     "triton": (
@@ -374,14 +379,17 @@ def flash_attention(
     block_size: int = 64,
     backend: str | None = None,
     return_lse: bool = False,
+    version: str | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """softmax(q k^T / sqrt(D) [+ causal mask]) v for q [..., Nq, D], k [..., Nk, D], v [..., Nk, Dv].
 
     ``causal`` masks key j > query i (top-left aligned, as torch's ``is_causal``). ``return_lse`` also returns
-    the row log-sum-exp [..., Nq] that the backward needs.
+    the row log-sum-exp [..., Nq] that the backward needs. ``version`` (cpu): 'blocked_simd_omp' (default) |
+    'blocked_simd' | 'tiled' — the rungs of cpp_src/kernels_flash_attention.cpp; ``block_size`` is the query rows
+    per work item (the blocked rungs stream 64-key tiles).
     """
     q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
-    mod = _kernel("attention", backend)
+    mod = _kernel("attention", backend, version)
     q3, k3, v3, lead, _ = _attn_prep(q, k, v, block_size, mod)
     if q3.shape[0] == 0 or q3.shape[1] == 0:  # zero queries (or an empty batch): empty result, like torch
         o, lse = np.zeros(q3.shape[:2] + (v3.shape[2],), q3.dtype), np.zeros(q3.shape[:2], q3.dtype)
