@@ -218,14 +218,15 @@ def _register_cpp() -> None:
 
         def quant_cpp(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int, v: str = v) -> np.ndarray:
             C = backends.load_C("quant_affine")
-            return C.quantize_per_tensor(np.ascontiguousarray(xa, np.float32), float(s), int(z), qmin, qmax, v)
+            q = C.quantize_per_tensor(np.ascontiguousarray(xa, np.float32), float(s), int(z), qmin, qmax, v)
+            return q.reshape(xa.shape)  # ascontiguousarray makes 0-d inputs 1-d
 
         def dequant_cpp(qa: np.ndarray, s: np.float32, z: int, v: str = v) -> np.ndarray:
             if qa.dtype not in (np.int8, np.uint8):
                 raise TypeError(f"q: backend 'cpp' dequantizes int8/uint8 codes, got dtype {qa.dtype}")
             C = backends.load_C("quant_affine")
             fn = C.dequantize_per_tensor_int8 if qa.dtype == np.int8 else C.dequantize_per_tensor_uint8
-            return fn(np.ascontiguousarray(qa), float(s), int(z), v)
+            return fn(np.ascontiguousarray(qa), float(s), int(z), v).reshape(qa.shape)
 
         backends.register("quant.quantize_per_tensor", "cpp", quant_cpp, version=v, when=_large, available=_cpp_affine)
         backends.register(

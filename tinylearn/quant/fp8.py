@@ -133,10 +133,11 @@ def _register_cpp() -> None:
     for v in CPP_VERSIONS:
 
         def enc(x32: np.ndarray, fmt: str, saturate: bool, v: str = v) -> np.ndarray:
-            return backends.load_C("quant_fp8").fp8_encode(np.ascontiguousarray(x32), fmt, bool(saturate), v)
+            c = backends.load_C("quant_fp8").fp8_encode(np.ascontiguousarray(x32), fmt, bool(saturate), v)
+            return c.reshape(x32.shape)  # ascontiguousarray makes 0-d inputs 1-d
 
         def dec(c: np.ndarray, fmt: str, v: str = v) -> np.ndarray:
-            return backends.load_C("quant_fp8").fp8_decode(np.ascontiguousarray(c), fmt, v)
+            return backends.load_C("quant_fp8").fp8_decode(np.ascontiguousarray(c), fmt, v).reshape(c.shape)
 
         backends.register("quant.fp8_encode", "cpp", enc, version=v, when=_large, available=_cpp_fp8)
         backends.register("quant.fp8_decode", "cpp", dec, version=v, when=_large, available=_cpp_fp8)
