@@ -216,6 +216,9 @@ def run(
 ) -> list[Table]:
     if sizes is None:
         sizes = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20] + ([64 << 20] if full else [])
+    if len(set(sizes)) < 3:  # e.g. `--size N`: calibrate on N/4 and 4N as well, so N is a validation point
+        s0 = sorted(set(sizes))
+        sizes = sorted({max(4, s0[0] // 4), *s0, s0[-1] * 4})
     if repeats is None:
         repeats = 21 if full else 12
     cores = cores_available()

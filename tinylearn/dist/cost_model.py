@@ -17,6 +17,10 @@ bandwidth busbw = (n / t) * 2(p-1)/p normalises that away: it is what each link 
 All times in seconds. ``predict`` is the closed form; ``tinylearn.dist.simulate`` replays the message schedule
 and agrees with it exactly on uniform links (tested). ``fit_alpha_beta`` fits the two constants to a measured
 ping-pong; ``select`` / ``crossover_points`` give the per-size best algorithm like NCCL's tuner.
+
+Ranks that share cores (the benchmark's 2 and 4 processes on a 2-core box): ``predict_contended`` scales the byte
+terms by the core share and adds a scheduling latency per message; ``fit_contended`` fits its constants to
+measured all-reduce times (see the section "contention" below).
 """
 
 from __future__ import annotations
