@@ -358,3 +358,156 @@ def test_quantize_large_cpp_path_exact(dtype):
             np.testing.assert_array_equal(Q.dequantize(q, s, z), tq.dequantize().numpy())
         else:
             np.testing.assert_array_equal(q[5:], np.clip(Q.quantize(x[5:], s, z, dtype[:-1] + "8"), lo, hi))
+
+
+# ------------------------------------------------------------------------------ C++ versions ladder (issue 17)
+# cpp_src/quant_affine.cpp: v0_scalar / v1_simd / v2_threads on every SIMD level the CPU has
+# (TINYLEARN_CPU_FEATURES=scalar|avx2|avx512); every rung bit-exact with torch.quantize_per_tensor / dequantize.
+from tinylearn.quant import affine as affine_mod  # noqa: E402
+
+needs_affine_cpp = pytest.mark.skipif(not backends.C_available("quant_affine"), reason="_C.quant_affine not built")
+AFF_VERSIONS = list(affine_mod.CPP_VERSIONS)
+
+
+def _aff_levels() -> list[str]:
+    if not backends.C_available("quant_affine"):
+        return ["scalar"]
+    best = affine_mod.simd_level()
+    return ["scalar"] + (["avx2"] if best in ("avx2", "avx512") else []) + (["avx512"] if best == "avx512" else [])
+
+
+AFF_LEVELS = _aff_levels()
+
+
+def _tie_dense(s: np.float32, z: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Exact ties k + 1/2 of the grid (odd and even k, across and beyond the clamp range), their float32 neighbours,
+    random values, every special value, and a stride through all float32 bit patterns."""
+    k = np.arange(-(1 << 9), 1 << 9).astype(np.float32)
+    ties = ((k + np.float32(0.5)) * s).astype(np.float32)
+    pats = np.arange(0, 2**32, 65537 * 7, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e38, -1e38, 1e-45, -1e-45], np.float32)
+    return np.concatenate(
+        [
+            ties,
+            np.nextafter(ties, np.float32(np.inf)),
+            np.nextafter(ties, np.float32(-np.inf)),
+            (k * s).astype(np.float32),
+            (rng.standard_normal(n) * 200 * s).astype(np.float32),
+            pats,
+            special,
+        ]
+    )
+
+
+def _torch_q(x: np.ndarray, s: np.float32, z: int, dtype: str) -> np.ndarray:
+    return torch.quantize_per_tensor(torch.from_numpy(x), float(s), z, TORCH_DT[dtype]).int_repr().numpy()
+
+
+def test_torch_quantize_is_fused_multiply_add():
+    """Which arithmetic torch uses, settled on tie-dense data: round(fma(x, 1/s, z)) matches bit for bit; the
+    alternatives round(x / s) + z, round(x * (1/s)) + z and round(fl(x * (1/s)) + z) each differ somewhere."""
+    rng = np.random.default_rng(21)
+    s, z = np.float32(0.1), 3
+    x = _tie_dense(s, z, 50_000, rng)
+    x = x[np.isfinite(x) & (np.abs(x) < 1e6)]
+    ref = _torch_q(x, s, z, "int8")
+    inv = np.float32(1) / s
+    with np.errstate(all="ignore"):
+        fma = np.rint((x.astype(np.float64) * np.float64(inv) + z).astype(np.float32))
+        alts = {
+            "div": np.rint((x / s).astype(np.float32)) + z,
+            "mul": np.rint((x * inv).astype(np.float32)) + z,
+            "mul_then_add": np.rint((x * inv).astype(np.float32) + np.float32(z)),
+        }
+    np.testing.assert_array_equal(np.clip(fma, -128, 127), ref)
+    for name, a in alts.items():
+        assert (np.clip(a, -128, 127) != ref).any(), f"{name} is indistinguishable from torch on this sample"
+
+
+@needs_affine_cpp
+@pytest.mark.parametrize("level", AFF_LEVELS)
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_cpp_rungs_bit_exact_vs_torch(dtype, level, monkeypatch):
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    assert affine_mod.simd_level() == level
+    rng = np.random.default_rng(22)
+    lo, hi = RANGES[dtype]
+    for s, z in [(np.float32(0.1), 3 if lo < 0 else 131), (np.float32(0.0371), -7 if lo < 0 else 0), (1 / 3, lo)]:
+        s = np.float32(s)
+        x = _tie_dense(s, z, 30_000, rng)
+        ref = _torch_q(x, s, z, dtype)
+        tq = torch.quantize_per_tensor(torch.from_numpy(x), float(s), z, TORCH_DT[dtype])
+        dref = tq.dequantize().numpy().view(np.uint32)
+        for v in AFF_VERSIONS:
+            q = Q.quantize(x, s, z, dtype, backend="cpp", version=v)
+            bad = np.flatnonzero(q != ref)
+            assert bad.size == 0, f"{dtype} {level} {v}: x={x[bad[:4]]} -> {q[bad[:4]]}, torch {ref[bad[:4]]}"
+            d = Q.dequantize(q, s, z, backend="cpp", version=v)
+            np.testing.assert_array_equal(d.view(np.uint32), dref, err_msg=f"dequantize {dtype} {level} {v}")
+
+
+@needs_affine_cpp
+@pytest.mark.parametrize("level", AFF_LEVELS)
+def test_cpp_rungs_every_tail_length(level, monkeypatch):
+    """Lengths 0..100 and around the 65536-element thread grain, int4/uint4 ranges too: every rung equals numpy."""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    rng = np.random.default_rng(23)
+    big = (rng.standard_normal(2 * 65536 + 77) * 9).astype(np.float32)
+    s = np.float32(0.07)
+    for n in [*range(101), 65535, 2 * 65536 - 1, 2 * 65536, 2 * 65536 + 77]:
+        x = big[:n]
+        for dtype in ("int8", "uint8", "int4", "uint4"):
+            lo, hi = RANGES[dtype]
+            z = (lo + hi + 1) // 2
+            ref = Q.quantize(x, s, z, dtype, backend="numpy")
+            dref = Q.dequantize(ref, s, z, backend="numpy")
+            for v in AFF_VERSIONS:
+                q = Q.quantize(x, s, z, dtype, backend="cpp", version=v)
+                np.testing.assert_array_equal(q, ref, err_msg=f"n={n} {dtype} {v}")
+                np.testing.assert_array_equal(Q.dequantize(q, s, z, backend="cpp", version=v), dref)
+
+
+@needs_affine_cpp
+def test_cpp_noncontiguous_and_routing():
+    rng = np.random.default_rng(24)
+    base = (rng.standard_normal((128, 96)) * 3).astype(np.float32)
+    s, z = np.float32(0.02), -5
+    for x in (base.T, base[::2, 1::3], base[:, ::-1], base.astype(np.float64), np.float32(0.3), base[:0]):
+        q = Q.quantize(x, s, z, backend="cpp")
+        assert q.shape == np.shape(x) and q.dtype == np.int8
+        np.testing.assert_array_equal(q, _torch_q(np.ascontiguousarray(x, np.float32), s, z, "int8"))
+        qt = q.T if q.ndim == 2 else q
+        np.testing.assert_array_equal(Q.dequantize(qt, s, z, backend="cpp"), Q.dequantize(qt, s, z, backend="numpy"))
+    assert backends.versions("quant.quantize_per_tensor", "cpp") == ["v2_threads", "v0_scalar", "v1_simd"]
+    assert backends.resolve("quant.quantize_per_tensor", None, None, (base,))[:2] == ("cpp", "v2_threads")
+    assert backends.resolve("quant.dequantize_per_tensor", None, None, (q.astype(np.int32),))[0] == "numpy"
+
+
+@needs_affine_cpp
+def test_cpp_bad_input():
+    x = np.ones(5000, np.float32)
+    C = backends.load_C("quant_affine")
+    for bad in (0.0, -0.1, float("nan"), float("inf"), np.float32(np.nan)):
+        with pytest.raises(ValueError, match="scale"):
+            Q.quantize(x, bad, 0)
+        with pytest.raises(ValueError, match="scale"):
+            C.quantize_per_tensor(x, float(bad), 0, -128, 127, "v1_simd")
+        with pytest.raises(ValueError, match="scale"):
+            Q.dequantize(np.zeros(5000, np.int8), bad, 0)
+    for zp, dtype in ((128, "int8"), (-129, "int8"), (-1, "uint8"), (256, "uint8"), (8, "int4")):
+        with pytest.raises(ValueError, match="zero_point"):
+            Q.quantize(x, 0.1, zp, dtype)
+    with pytest.raises(ValueError, match="zero_point"):
+        C.quantize_per_tensor(x, 0.1, 200, -128, 127, "auto")
+    with pytest.raises(ValueError, match="version"):
+        Q.quantize(x, 0.1, 0, version="v7")
+    with pytest.raises(ValueError, match="version"):
+        C.dequantize_per_tensor_int8(np.zeros(3, np.int8), 0.1, 0, "simd")
+    with pytest.raises(TypeError, match="x"):  # project policy (tests/test_input_policy.py): dtype -> TypeError
+        Q.quantize(np.ones(3, np.complex64), 0.1, 0)
+    with pytest.raises(TypeError, match="q"):
+        Q.dequantize(np.ones(3, np.float32), 0.1, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        Q.quantize(x, 0.1, 0, "int7")
+    with pytest.raises(TypeError, match="scale"):
+        Q.quantize(x, True, 0)  # a bool is not a scale (falls to the array checks)
