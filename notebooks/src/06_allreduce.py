@@ -292,7 +292,7 @@ fastest = min(min(measured[2]["samples"][(64 << 10, impl)]) for impl in meas_imp
 ring_fit = calib["fits"]["ring"]
 print(f"TCP loopback on this box: fastest 64 KiB all-reduce on 2 ranks {fastest * 1e6:.0f} us; "
       f"fitted ring alpha {ring_fit.alpha_s * 1e6:.0f} us per message")  # fmt: skip
-assert fastest > 10e-6  # tens of microseconds at least: kernel, copies and wake-ups, not wire time
+assert fastest > 50e-6  # > 10x a few-us RDMA latency: kernel, copies and wake-ups, not wire time
 
 # %% [markdown]
 # ## 5. Simulated scaling to 1024 ranks on a two-level network [Q85]
