@@ -3,19 +3,29 @@
 //   cols[n, (c*kh + i)*kw + j, oh*OW + ow] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]   (0 outside)
 //   col2im is the adjoint: x[n, c, ih, iw] += cols[...] over all (i, j, oh, ow) that read (ih, iw).
 //
-// Versions:
 // Layouts: "NKL" = unfold's [N, K, L]; "KNL" = [K, N*L], the whole batch as one GEMM operand (conv2d uses it:
-// one [OC, K] x [K, N*L] GEMM is ~5x faster in OpenBLAS than N GEMMs of [OC, K] x [K, L] on this size class).
-//   im2col   OpenMP over the N*C image planes; per (i, j, oh) one output row of OW values. stride 1 copies the
-//            valid span with memcpy (contiguous inner copy) and zero-fills the padded edges; other strides
-//            gather with a unit-stride write. Planes are handed out dynamically (robust on a shared machine).
-//   col2im   OpenMP over N*C (each plane is owned by one thread: no atomics). For every pixel the additions
-//            happen in ascending (i, j) order, the order of torch's CPU fold -> bit-identical fp32 results.
+// one [OC, K] x [K, N*L] GEMM instead of N GEMMs of [OC, K] x [K, L]).
+//
+// Versions (the ladder; version= selects one, tests check every version against v0, numpy and torch's unfold):
+//   v0  OpenMP over the N*C image planes (schedule dynamic); per (i, j, oh) one output row of OW values: a bounds
+//       test per row, memcpy of the valid span for stride 1, an indexed gather for other strides. col2im likewise.
+//       Measured weakness: libgomp workers spin after the region and fight the OpenBLAS threads of the GEMM that
+//       follows on a 2-core machine; in the KNL layout one plane's rows land N*L apart (scattered writes).
+//   v1  (default) streaming: threads (std::thread, no spin) over input channels; channel c owns the contiguous
+//       block of kh*kw rows of the column matrix and writes it front to back; valid (oh, ow) ranges hoisted out
+//       of the row loop (memset / copy / memset, no per-element index test); stride 1 and 2 are compile-time
+//       constants (memcpy, vectorised even-element gather). col2im v1 is the same loop nest with += .
+// Also here: transpose01 (swap the two leading axes of [A, B, L] with an optional bias per A: the KNL GEMM output
+// [OC, N, L] -> NCHW, and dY NCHW -> [OC, N*L]) and stream_copy (the STREAM "copy" kernel on the same threads,
+// the bandwidth roof im2col is compared against).
 // float32 and float64. All arguments are validated (ValueError naming the argument and shape) before any memory
 // is touched; inputs must be C-contiguous (the Python wrapper makes them so). Checked against numpy and torch in
 // tests/test_conv_im2col.py.
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -133,41 +143,198 @@ void col2im_impl(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W
   }
 }
 
+// ------------------------------------------------------------------------------------------------ v1 (streaming)
+// Threads: a few std::threads that take channels from a shared atomic counter and exit when none are left. No
+// OpenMP team here on purpose: after a parallel region libgomp's workers spin (GOMP_SPINCOUNT) and, on a 2-core
+// machine, steal the cores from the OpenBLAS threads of the GEMM that follows im2col (measured: conv2d with v0 was
+// slower than the numpy backend). Thread start-up costs ~20-50 us, far below the ~1 ms of a layer's im2col; below
+// kParallelMinElems everything runs on the calling thread. The count follows OMP_NUM_THREADS (omp_get_max_threads).
+template <typename F>
+void run_over(ssize_t items, ssize_t work_elems, F&& body) {
+  ssize_t nt = work_elems >= kParallelMinElems ? std::min<ssize_t>(tl::n_threads(), items) : 1;
+  if (nt <= 1) {
+    for (ssize_t it = 0; it < items; ++it) body(it);
+    return;
+  }
+  std::atomic<ssize_t> next{0};
+  auto worker = [&] {
+    for (ssize_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) body(it);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(size_t(nt - 1));
+  for (ssize_t t = 1; t < nt; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+}
+
+// One output row segment of OW values for input row `src` (already offset by the kernel column j): zeros where
+// the window falls in the padding, a contiguous copy (stride 1) or a fixed-stride gather in between. The stride is
+// a template constant for 1 and 2 so the compiler emits memcpy / a vectorised even-element shuffle.
+template <int SW, typename T>
+inline void fill_row(T* dst, const T* src, ssize_t OW, ssize_t lo, ssize_t hi, ssize_t sw) {
+  if (lo > 0) std::memset(dst, 0, sizeof(T) * lo);
+  if constexpr (SW == 1) {
+    std::memcpy(dst + lo, src + lo, sizeof(T) * (hi - lo));
+  } else if constexpr (SW == 2) {
+    const T* s = src + 2 * lo;
+    T* d = dst + lo;
+    for (ssize_t q = 0, n = hi - lo; q < n; ++q) d[q] = s[2 * q];
+  } else {
+    const T* s = src + sw * lo;
+    T* d = dst + lo;
+    for (ssize_t q = 0, n = hi - lo; q < n; ++q, s += sw) d[q] = *s;
+  }
+  if (hi < OW) std::memset(dst + hi, 0, sizeof(T) * (OW - hi));
+}
+
+// Valid output range [lo, hi) of one axis for kernel tap offset `off` (= tap*dil - pad): 0 <= o*s + off < size.
+inline std::pair<ssize_t, ssize_t> valid_range(ssize_t off, ssize_t s, ssize_t size, ssize_t out) {
+  ssize_t lo = off >= 0 ? 0 : (-off + s - 1) / s;
+  ssize_t hi = size - off <= 0 ? 0 : (size - off - 1) / s + 1;
+  hi = std::min(hi, out);
+  lo = std::min(lo, hi);
+  return {lo, hi};
+}
+
+// v1 im2col: one work item = one input channel c, which owns the kh*kw rows (c*kh+i)*kw+j of the column matrix.
+// In the KNL layout those rows are one contiguous block, so each thread streams its writes front to back; the
+// N input planes of channel c (N*H*W values, L2-resident for the layer sizes here) are re-read kh*kw times.
+// Per (i, j) the valid oh / ow ranges are computed once, so the loop over rows is memset / copy / memset with
+// no bounds test per element and no division anywhere inside it.
+template <int SW, typename T>
+void im2col_v1(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH, ssize_t OW,
+               ssize_t bstride, ssize_t rstride) {
+  const ssize_t KK = w.kh * w.kw, L = OH * OW;
+  run_over(C, N * C * KK * L, [&](ssize_t c) {
+    for (ssize_t i = 0; i < w.kh; ++i) {
+      const auto [oh_lo, oh_hi] = valid_range(i * w.dh - w.ph, w.sh, H, OH);
+      for (ssize_t j = 0; j < w.kw; ++j) {
+        const ssize_t joff = j * w.dw - w.pw;
+        const auto [ow_lo, ow_hi] = valid_range(joff, w.sw, W, OW);
+        T* row = cols + ((c * w.kh + i) * w.kw + j) * rstride;
+        for (ssize_t n = 0; n < N; ++n) {
+          T* dst = row + n * bstride;
+          const T* plane = x + (n * C + c) * H * W;
+          if (oh_lo > 0) std::memset(dst, 0, sizeof(T) * oh_lo * OW);
+          const T* src = plane + (oh_lo * w.sh - w.ph + i * w.dh) * W + joff;
+          for (ssize_t oh = oh_lo; oh < oh_hi; ++oh, src += w.sh * W)
+            fill_row<SW>(dst + oh * OW, src, OW, ow_lo, ow_hi, w.sw);
+          if (oh_hi < OH) std::memset(dst + oh_hi * OW, 0, sizeof(T) * (OH - oh_hi) * OW);
+        }
+      }
+    }
+  });
+}
+
+// v1 col2im: the adjoint, threaded over channels like im2col_v1. Plane (n, c) is zeroed, then the kh*kw column
+// rows are added in ascending (i, j) order (torch's fold order: bit-identical fp32), each over its precomputed
+// valid (oh, ow) range only.
+template <int SW, typename T>
+void col2im_v1(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH, ssize_t OW,
+               ssize_t bstride, ssize_t rstride) {
+  run_over(C, N * C * w.kh * w.kw * OH * OW, [&](ssize_t c) {
+    for (ssize_t n = 0; n < N; ++n) {
+      T* plane = x + (n * C + c) * H * W;
+      std::memset(plane, 0, sizeof(T) * H * W);
+      for (ssize_t i = 0; i < w.kh; ++i) {
+        const auto [oh_lo, oh_hi] = valid_range(i * w.dh - w.ph, w.sh, H, OH);
+        for (ssize_t j = 0; j < w.kw; ++j) {
+          const ssize_t joff = j * w.dw - w.pw;
+          const auto [ow_lo, ow_hi] = valid_range(joff, w.sw, W, OW);
+          const T* row = cols + ((c * w.kh + i) * w.kw + j) * rstride + n * bstride;
+          for (ssize_t oh = oh_lo; oh < oh_hi; ++oh) {
+            const T* s = row + oh * OW;
+            T* d = plane + (oh * w.sh - w.ph + i * w.dh) * W + joff;
+            const ssize_t sw = SW > 0 ? SW : w.sw;
+            for (ssize_t ow = ow_lo; ow < ow_hi; ++ow) d[ow * sw] += s[ow];
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void im2col_dispatch(const std::string& version, const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W,
+                     const Win& w, ssize_t OH, ssize_t OW, ssize_t bs, ssize_t rs) {
+  if (version == "v0") return im2col_impl(x, cols, N, C, H, W, w, OH, OW, bs, rs);
+  if (w.sw == 1) return im2col_v1<1>(x, cols, N, C, H, W, w, OH, OW, bs, rs);
+  if (w.sw == 2) return im2col_v1<2>(x, cols, N, C, H, W, w, OH, OW, bs, rs);
+  im2col_v1<0>(x, cols, N, C, H, W, w, OH, OW, bs, rs);
+}
+
+template <typename T>
+void col2im_dispatch(const std::string& version, const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W,
+                     const Win& w, ssize_t OH, ssize_t OW, ssize_t bs, ssize_t rs) {
+  if (version == "v0") return col2im_impl(cols, x, N, C, H, W, w, OH, OW, bs, rs);
+  if (w.sw == 1) return col2im_v1<1>(cols, x, N, C, H, W, w, OH, OW, bs, rs);
+  if (w.sw == 2) return col2im_v1<2>(cols, x, N, C, H, W, w, OH, OW, bs, rs);
+  col2im_v1<0>(cols, x, N, C, H, W, w, OH, OW, bs, rs);
+}
+
 bool parse_layout(const std::string& layout) {
   if (layout == "NKL") return true;
   if (layout != "KNL") tl::value_error("layout: expected 'NKL' or 'KNL', got '" + layout + "'");
   return false;
 }
 
+void check_version(const std::string& version) {
+  if (version != "v0" && version != "v1") tl::value_error("version: expected 'v0' or 'v1', got '" + version + "'");
+}
+
+// `out` (optional): a C-contiguous array of the result's shape and dtype to write into (a reused workspace skips
+// the page faults of a fresh multi-MB allocation).
+py::array result_array(const py::object& out, const std::vector<ssize_t>& shape, bool f32, const char* what) {
+  if (out.is_none()) return f32 ? py::array(py::array_t<float>(shape)) : py::array(py::array_t<double>(shape));
+  if (!py::isinstance<py::array>(out)) throw py::type_error(std::string("out: expected a numpy array for ") + what);
+  py::array o = py::reinterpret_borrow<py::array>(out);
+  bool ok = o.ndim() == ssize_t(shape.size()) && (o.flags() & py::array::c_style) && o.writeable() &&
+            (f32 ? py::isinstance<py::array_t<float>>(o) : py::isinstance<py::array_t<double>>(o));
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = o.shape(ssize_t(i)) == shape[i];
+  if (!ok) {
+    std::string want = "(";
+    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+    tl::value_error(std::string("out: expected a writeable C-contiguous ") + (f32 ? "float32" : "float64") +
+                    " array of shape " + want + ") for " + what + ", got shape " + shape_str(o) + " dtype " +
+                    std::string(py::str(o.dtype())));
+  }
+  return o;
+}
+
 py::array im2col(const py::array& x, std::pair<ssize_t, ssize_t> k, std::pair<ssize_t, ssize_t> s,
-                 std::pair<ssize_t, ssize_t> p, std::pair<ssize_t, ssize_t> d, const std::string& layout) {
+                 std::pair<ssize_t, ssize_t> p, std::pair<ssize_t, ssize_t> d, const std::string& layout,
+                 const std::string& version, const py::object& out) {
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
   check_dtype(x, "x");
   const bool nkl = parse_layout(layout);
+  check_version(version);
   const Win w = make_win(k, s, p, d);
   const ssize_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
   auto [OH, OW] = out_size(w, H, W, "input");
   const ssize_t K = C * w.kh * w.kw, L = OH * OW;
   const bool f32 = py::isinstance<py::array_t<float>>(x);
   std::vector<ssize_t> shape = nkl ? std::vector<ssize_t>{N, K, L} : std::vector<ssize_t>{K, N * L};
-  py::array cols = f32 ? py::array(py::array_t<float>(shape)) : py::array(py::array_t<double>(shape));
+  py::array cols = result_array(out, shape, f32, "im2col");
   const ssize_t bs = nkl ? K * L : L, rs = nkl ? L : N * L;
   const void* src = x.data();
   void* dst = cols.mutable_data();
   {
     py::gil_scoped_release release;
     if (f32)
-      im2col_impl(static_cast<const float*>(src), static_cast<float*>(dst), N, C, H, W, w, OH, OW, bs, rs);
+      im2col_dispatch(version, static_cast<const float*>(src), static_cast<float*>(dst), N, C, H, W, w, OH, OW, bs,
+                      rs);
     else
-      im2col_impl(static_cast<const double*>(src), static_cast<double*>(dst), N, C, H, W, w, OH, OW, bs, rs);
+      im2col_dispatch(version, static_cast<const double*>(src), static_cast<double*>(dst), N, C, H, W, w, OH, OW, bs,
+                      rs);
   }
   return cols;
 }
 
 py::array col2im(const py::array& cols, std::pair<ssize_t, ssize_t> output_size, std::pair<ssize_t, ssize_t> k,
                  std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p, std::pair<ssize_t, ssize_t> d,
-                 const std::string& layout, ssize_t batch) {
+                 const std::string& layout, ssize_t batch, const std::string& version) {
   const bool nkl = parse_layout(layout);
+  check_version(version);
   if (nkl && cols.ndim() != 3)
     tl::value_error("cols: expected a 3-D [N, C*kh*kw, L] array, got shape " + shape_str(cols));
   if (!nkl && cols.ndim() != 2)
@@ -197,21 +364,96 @@ py::array col2im(const py::array& cols, std::pair<ssize_t, ssize_t> output_size,
   {
     py::gil_scoped_release release;
     if (f32)
-      col2im_impl(static_cast<const float*>(src), static_cast<float*>(dst), N, C, H, W, w, OH, OW, bs, rs);
+      col2im_dispatch(version, static_cast<const float*>(src), static_cast<float*>(dst), N, C, H, W, w, OH, OW, bs,
+                      rs);
     else
-      col2im_impl(static_cast<const double*>(src), static_cast<double*>(dst), N, C, H, W, w, OH, OW, bs, rs);
+      col2im_dispatch(version, static_cast<const double*>(src), static_cast<double*>(dst), N, C, H, W, w, OH, OW, bs,
+                      rs);
   }
   return x;
+}
+
+// out[b, a, :] = in[a, b, :] (+ bias[a]): A*B contiguous row copies of L values, threaded over a.
+template <typename T>
+void transpose01_impl(const T* in, T* out, const T* bias, ssize_t A, ssize_t B, ssize_t L) {
+  run_over(A, A * B * L, [&](ssize_t a) {
+    for (ssize_t b = 0; b < B; ++b) {
+      const T* s = in + (a * B + b) * L;
+      T* d = out + (b * A + a) * L;
+      if (bias == nullptr) {
+        std::memcpy(d, s, sizeof(T) * L);
+      } else {
+        const T v = bias[a];
+        for (ssize_t l = 0; l < L; ++l) d[l] = s[l] + v;
+      }
+    }
+  });
+}
+
+py::array transpose01(const py::array& a, const py::object& bias) {
+  if (a.ndim() != 3) tl::value_error("a: expected a 3-D [A, B, L] array, got shape " + shape_str(a));
+  check_dtype(a, "a");
+  const ssize_t A = a.shape(0), B = a.shape(1), L = a.shape(2);
+  const bool f32 = py::isinstance<py::array_t<float>>(a);
+  py::array b_arr;
+  if (!bias.is_none()) {
+    if (!py::isinstance<py::array>(bias)) throw py::type_error("bias: expected a numpy array or None");
+    b_arr = py::reinterpret_borrow<py::array>(bias);
+    check_dtype(b_arr, "bias");
+    if (b_arr.ndim() != 1 || b_arr.shape(0) != A || b_arr.dtype().not_equal(a.dtype()))
+      tl::value_error("bias: expected shape (" + std::to_string(A) + ",) and the dtype of a " +
+                      std::string(py::str(a.dtype())) + ", got shape " + shape_str(b_arr) + " dtype " +
+                      std::string(py::str(b_arr.dtype())));
+  }
+  py::array out = f32 ? py::array(py::array_t<float>({B, A, L})) : py::array(py::array_t<double>({B, A, L}));
+  const void* src = a.data();
+  const void* bp = bias.is_none() ? nullptr : b_arr.data();
+  void* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    if (f32)
+      transpose01_impl(static_cast<const float*>(src), static_cast<float*>(dst), static_cast<const float*>(bp), A, B,
+                       L);
+    else
+      transpose01_impl(static_cast<const double*>(src), static_cast<double*>(dst), static_cast<const double*>(bp), A,
+                       B, L);
+  }
+  return out;
+}
+
+// STREAM "copy" (dst = src) on the im2col threads, 64 KiB chunks handed out dynamically: the practical bandwidth
+// roof for a copy-like kernel on this machine. Returns nothing; the caller times it and counts 2 * nbytes.
+void stream_copy(py::array& dst, const py::array& src) {
+  if (!(src.flags() & py::array::c_style) || !(dst.flags() & py::array::c_style) || !dst.writeable())
+    tl::value_error("dst/src: must be C-contiguous (dst writeable), got shapes " + shape_str(dst) + ", " +
+                    shape_str(src));
+  if (dst.nbytes() != src.nbytes())
+    tl::value_error("dst: " + std::to_string(dst.nbytes()) + " bytes, src " + std::to_string(src.nbytes()) +
+                    " bytes: sizes differ");
+  const ssize_t n = src.nbytes(), chunk = ssize_t(1) << 16;
+  const char* s = static_cast<const char*>(src.data());
+  char* d = static_cast<char*>(dst.mutable_data());
+  py::gil_scoped_release release;
+  run_over((n + chunk - 1) / chunk, n / ssize_t(sizeof(float)), [&](ssize_t c) {
+    const ssize_t off = c * chunk;
+    std::memcpy(d + off, s + off, size_t(std::min(chunk, n - off)));
+  });
 }
 
 }  // namespace
 
 TL_REGISTER(conv) {
-  m.doc() = "im2col / col2im (layout of torch.nn.functional.unfold / fold), float32/float64, OpenMP over N*C";
+  m.doc() = "im2col / col2im (layout of torch.nn.functional.unfold / fold), float32/float64, versions v0 (OpenMP "
+            "over N*C) and v1 (streaming, threads over channels); transpose01, stream_copy";
   m.def("im2col", &im2col, py::arg("x"), py::arg("kernel_size"), py::arg("stride"), py::arg("padding"),
-        py::arg("dilation"), py::arg("layout") = "NKL",
+        py::arg("dilation"), py::arg("layout") = "NKL", py::arg("version") = "v1", py::arg("out") = py::none(),
         "x [N,C,H,W] C-contiguous -> cols [N, C*kh*kw, OH*OW] (NKL) or [C*kh*kw, N*OH*OW] (KNL)");
   m.def("col2im", &col2im, py::arg("cols"), py::arg("output_size"), py::arg("kernel_size"), py::arg("stride"),
         py::arg("padding"), py::arg("dilation"), py::arg("layout") = "NKL", py::arg("batch") = 0,
+        py::arg("version") = "v1",
         "cols [N, C*kh*kw, L] (NKL) or [C*kh*kw, batch*L] (KNL) -> x [N,C,H,W], overlaps summed");
+  m.def("transpose01", &transpose01, py::arg("a"), py::arg("bias") = py::none(),
+        "a [A, B, L] C-contiguous -> [B, A, L] (+ bias[A] broadcast), threaded row copies");
+  m.def("stream_copy", &stream_copy, py::arg("dst"), py::arg("src"),
+        "dst[:] = src (same byte size, C-contiguous), threaded 64 KiB memcpy chunks: STREAM copy");
 }

@@ -241,3 +241,73 @@ def test_bench_helpers_run_small():
     dx, dw, db = run()
     assert dx.shape == x.shape and dw.shape == w.shape and db.shape == b.shape
     assert {name for name, *_ in bench.LAYERS} >= {"3x3 64->64 @56", "1x1 64->256 @56", "7x7/2 3->64 @224"}
+
+
+# ---------------------------------------------------------------- issue 18: direct 1x1 path, batch 0/1, transposes
+EDGE_CASES = [
+    (2, 6, 5, 4, 9, 1, 1, 0, 1, 3),  # pointwise with groups: direct batched matmul
+    (1, 4, 6, 7, 8, 1, 1, 0, 1, 1),  # pointwise, batch 1
+    (1, 3, 6, 6, 4, 3, 1, 1, 1, 1),  # batch 1
+    (3, 4, 9, 9, 5, 1, 2, 0, 1, 1),  # 1x1 stride 2: not pointwise, goes through im2col
+    (2, 3, 9, 8, 4, 3, 3, 2, 2, 1),  # stride 3 with dilation: the generic-stride gather
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", EDGE_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_conv2d_edge_cases_vs_torch(backend, case, dtype):
+    x, w, b, s, p, d, g = _case(case, dtype, seed=7)
+    y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend=backend)
+    gy = np.random.default_rng(8).standard_normal(y.shape).astype(dtype)
+    ey, edx, edw, edb = _torch_conv(x, w, b, s, p, d, g, gy)
+    assert_close(y, ey, dtype)
+    for c in (cols, None):  # the forward's columns, or recomputed
+        dx, dw, db = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend=backend, cols=c)
+        red = gy.size // gy.shape[1]
+        assert_close(dx, edx, dtype)
+        assert_close(dw, edw, dtype, reduction_size=red)
+        assert_close(db, edb, dtype, reduction_size=red)
+        assert dx.dtype == dw.dtype == db.dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k,p", [(1, 0), (3, 1)])
+def test_conv2d_empty_batch(backend, k, p):
+    x = np.zeros((0, 4, 6, 6), np.float32)
+    w = np.ones((5, 4, k, k), np.float32)
+    b = np.arange(5, dtype=np.float32)
+    y, cols = tl.conv.conv2d_forward(x, w, b, 1, p, backend=backend)
+    ey = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), 1, p).numpy()
+    assert y.shape == ey.shape == (0, 5, 6, 6)
+    dx, dw, db = tl.conv.conv2d_backward(np.zeros_like(y), x, w, 1, p, backend=backend, cols=cols)
+    assert dx.shape == x.shape and np.array_equal(dw, np.zeros_like(w)) and np.array_equal(db, np.zeros(5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k,p", [(1, 0), (3, 1)])
+def test_conv2d_noncontiguous_grad_and_weight(backend, k, p):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 8, 6, 2, 5)).astype(np.float32)[:, ::2, :, 1, :]  # strided channels, sliced W
+    w = rng.standard_normal((k, k, 4, 6)).astype(np.float32).transpose(3, 2, 0, 1)  # [6, 4, k, k] transposed view
+    y, cols = tl.conv.conv2d_forward(x, w, None, 1, p, backend=backend)
+    gy = rng.standard_normal(y.shape[::-1]).astype(np.float32).T  # Fortran-ordered grad
+    dx, dw, db = tl.conv.conv2d_backward(gy, x, w, 1, p, backend=backend, cols=cols)
+    tx, tw = torch.tensor(np.ascontiguousarray(x), requires_grad=True), torch.tensor(w.copy(), requires_grad=True)
+    ty = F.conv2d(tx, tw, None, 1, p)
+    ty.backward(torch.from_numpy(np.ascontiguousarray(gy)))
+    assert_close(y, ty, "float32")
+    assert_close(dx, tx.grad, "float32")
+    assert_close(dw, tw.grad, "float32", reduction_size=gy.size // gy.shape[1])
+
+
+def test_transpose01_numpy_and_cpp_agree():
+    from tinylearn.conv.conv2d import transpose01
+
+    a = np.random.default_rng(10).standard_normal((4, 3, 5)).astype(np.float32)
+    b = np.arange(4, dtype=np.float32)
+    exp = a.transpose(1, 0, 2) + b[None, :, None]
+    for be in ["numpy"] + (["cpp"] if cpp_available() else []):
+        got = transpose01(a, b, be)
+        assert got.flags.c_contiguous and np.array_equal(got, exp)
+    assert np.array_equal(transpose01(a.astype(np.float16), None, "cpp"), a.astype(np.float16).transpose(1, 0, 2))

@@ -157,3 +157,106 @@ def test_grid_is_nontrivial():
     for i in range(4):
         assert len({str(g[i]) for g in GRID}) > 2
     assert len(list(itertools.product(GRID, SHAPES))) >= 18
+
+
+# ---------------------------------------------------------------- the C++ versions ladder (v0 -> v1)
+needs_cpp = pytest.mark.skipif(not cpp_available(), reason="tinylearn._C.conv not built")
+LADDER_GRID = GRID + [(3, 2, 3, 1), ((7, 7), 2, 3, 1), ((3, 3), (2, 3), (1, 2), (2, 1)), (4, 4, 1, 1)]
+
+
+@needs_cpp
+@pytest.mark.parametrize("version", ["v0", "v1"])
+@pytest.mark.parametrize("k,s,p,d", LADDER_GRID)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cpp_versions_vs_v0_and_torch(version, k, s, p, d, dtype):
+    """Every rung equals torch's unfold / fold bit for bit (both layouts) and therefore v0."""
+    from tinylearn import backends
+
+    C = backends.load_C("conv")
+    shape = (3, 4, 11, 9)
+    x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
+    kk, ss, pp, dd = (tl.conv._params.pair(v, n) for v, n in ((k, "k"), (s, "s"), (p, "p"), (d, "d")))
+    exp = F.unfold(torch.from_numpy(x), kk, dd, pp, ss).numpy()
+    got = C.im2col(x, kk, ss, pp, dd, "NKL", version)
+    assert got.dtype == x.dtype and np.array_equal(got, exp)
+    assert np.array_equal(got, C.im2col(x, kk, ss, pp, dd, "NKL", "v0"))
+    knl = C.im2col(x, kk, ss, pp, dd, "KNL", version)
+    assert np.array_equal(knl, exp.transpose(1, 0, 2).reshape(exp.shape[1], -1))
+    g = np.random.default_rng(3).standard_normal(exp.shape).astype(dtype)
+    fold = F.fold(torch.from_numpy(g), shape[2:], kk, dd, pp, ss).numpy()
+    assert np.array_equal(C.col2im(g, shape[2:], kk, ss, pp, dd, "NKL", 0, version), fold)
+    gk = np.ascontiguousarray(g.transpose(1, 0, 2).reshape(g.shape[1], -1))
+    assert np.array_equal(C.col2im(gk, shape[2:], kk, ss, pp, dd, "KNL", shape[0], version), fold)
+
+
+@needs_cpp
+@pytest.mark.parametrize("version", ["v0", "v1"])
+def test_cpp_versions_through_the_registry(version):
+    from tinylearn import backends
+
+    assert backends.versions("conv.im2col", "cpp") == ["v0", "v1"]
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 9)).astype(np.float32)
+    got = tl.conv.im2col(x[:, :, ::-1], 3, 2, 1, backend="cpp", version=version)  # non-contiguous input
+    assert np.array_equal(got, _unfold(x[:, :, ::-1], 3, 2, 1, 1))
+    back = tl.conv.col2im(got, (8, 9), 3, 2, 1, backend="cpp", version=version)
+    exp = F.fold(torch.from_numpy(got), (8, 9), 3, 1, 1, 2).numpy()
+    assert np.array_equal(back, exp)
+    assert tl.conv.im2col(x[:0], 3, 1, 1, backend="cpp", version=version).shape == (0, 27, 72)
+    with pytest.raises(ValueError, match="version"):
+        tl.conv.im2col(x, 3, backend="cpp", version="v9")
+
+
+@needs_cpp
+def test_cpp_im2col_large_threaded_and_out_workspace():
+    """Sizes above the threading threshold (threads over channels) and the out= workspace."""
+    from tinylearn import backends
+
+    C = backends.load_C("conv")
+    x = np.random.default_rng(5).standard_normal((3, 17, 30, 31)).astype(np.float32)
+    exp = F.unfold(torch.from_numpy(x), 3, 1, 1, 1).numpy()
+    knl = exp.transpose(1, 0, 2).reshape(exp.shape[1], -1)
+    out = np.full(knl.shape, np.nan, np.float32)
+    res = C.im2col(x, (3, 3), (1, 1), (1, 1), (1, 1), "KNL", "v1", out)
+    assert res is out or np.shares_memory(res, out)
+    assert np.array_equal(out, knl)
+    back = C.col2im(np.ascontiguousarray(knl), (30, 31), (3, 3), (1, 1), (1, 1), (1, 1), "KNL", 3, "v1")
+    assert np.array_equal(back, F.fold(torch.from_numpy(exp), (30, 31), 3, 1, 1, 1).numpy())
+    with pytest.raises(ValueError, match=r"out: .*float32.*shape \(153, 2790\)"):
+        C.im2col(x, (3, 3), (1, 1), (1, 1), (1, 1), "KNL", "v1", np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"out: "):
+        C.im2col(x, (3, 3), (1, 1), (1, 1), (1, 1), "KNL", "v1", np.zeros(knl.shape, np.float64))
+    with pytest.raises(TypeError, match=r"out: "):
+        C.im2col(x, (3, 3), (1, 1), (1, 1), (1, 1), "KNL", "v1", [1.0])
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_transpose01_and_stream_copy(dtype):
+    from tinylearn import backends
+
+    C = backends.load_C("conv")
+    rng = np.random.default_rng(6)
+    for shape in [(5, 3, 7), (64, 4, 300), (0, 2, 3), (2, 0, 3)]:
+        a = rng.standard_normal(shape).astype(dtype)
+        b = rng.standard_normal(shape[0]).astype(dtype)
+        assert np.array_equal(C.transpose01(a), a.transpose(1, 0, 2))
+        assert np.array_equal(C.transpose01(a, b), a.transpose(1, 0, 2) + b[None, :, None])
+    with pytest.raises(ValueError, match=r"bias: expected shape \(5,\)"):
+        C.transpose01(np.zeros((5, 3, 7), dtype), np.zeros(4, dtype))
+    with pytest.raises(ValueError, match=r"a: expected a 3-D"):
+        C.transpose01(np.zeros((5, 3), dtype))
+    src = rng.standard_normal(1 << 18).astype(dtype)
+    dst = np.zeros_like(src)
+    C.stream_copy(dst, src)
+    assert np.array_equal(dst, src)
+    with pytest.raises(ValueError, match="sizes differ"):
+        C.stream_copy(dst[:-1], src)
+
+
+def test_stream_copy_gbs_is_a_bandwidth():
+    from tinylearn.conv import bench
+
+    gbs = bench.stream_copy_gbs(nbytes=1 << 22, repeat=2)
+    assert 0.1 < gbs < 10_000  # a copy of 4 MiB: anywhere from a slow VM to an HBM part
+    with pytest.raises(ValueError, match="nbytes"):
+        bench.stream_copy_gbs(nbytes=10)

@@ -145,3 +145,16 @@ def test_bad_input_through_autograd():
         F.conv2d(x, tl.Tensor(np.zeros((6, 4, 3), np.float32)))
     with pytest.raises(ValueError, match="stride"):
         F.max_pool2d(x, 2, stride=0)
+
+
+def test_gradcheck_fp64_pointwise_and_stem(backend):
+    """The direct 1x1 path (no im2col, cols=None saved) and a strided stem-like conv, through autograd."""
+    rng = np.random.default_rng(2)
+    x = _t(rng.standard_normal((2, 4, 5, 6)))
+    w1 = _t(rng.standard_normal((6, 2, 1, 1)))
+    b1 = _t(rng.standard_normal(6))
+    assert tl.autograd.gradcheck(lambda a, ww, bb: F.conv2d(a, ww, bb, 1, 0, 1, 2), [x, w1, b1])
+    w7 = _t(rng.standard_normal((3, 4, 3, 3)))
+    assert tl.autograd.gradcheck(lambda a, ww: F.conv2d(a, ww, None, 2, 1), [x, w7])
+    x1 = _t(rng.standard_normal((1, 4, 5, 6)))  # batch 1
+    assert tl.autograd.gradcheck(lambda a, ww: F.conv2d(a, ww, None, 1, 1), [x1, w7])

@@ -2,17 +2,24 @@
 
 With K = (C/g)*kh*kw, L = OH*OW and weights viewed per group as Wg [g, OC/g, K]:
 
-    forward   cols = im2col(x)                       [g, K, N*L]   (the whole batch side by side)
-              Y    = Wg @ cols (+ b)                 [g, OC/g, N*L]            one GEMM per group
-    backward  dW   = dY @ colsᵀ                      [g, OC/g, K]              (sum over the batch inside the GEMM)
-              dX   = col2im(Wgᵀ @ dY)                [N, C, H, W]              (col2im = adjoint of im2col)
-              db   = sum over (N, OH, OW) of dY
+    forward   cols = im2col(x)                       [g, K, N*L]   (the whole batch side by side, "KNL")
+              Y    = Wg @ cols                       [g, OC/g, N*L]            one GEMM per group
+              y    = transpose01(Y) + b              [N, OC, OH, OW]           N*OC contiguous row copies
+    backward  dYᵀ  = transpose01(dy)                 [OC, N*L]                 the same row copies
+              dW   = dYᵀ @ colsᵀ                     [g, OC/g, K]   one GEMM (the batch sum is inside it)
+              dX   = col2im(Wgᵀ @ dYᵀ)               [N, C, H, W]   one GEMM + col2im (the adjoint of im2col)
+              db   = sum over (N, OH, OW) of dy
 
-The batch is folded into the GEMM's N dimension ("KNL" column layout) because one [OC, K] x [K, N*L] GEMM runs
-several times faster in OpenBLAS than N separate [OC, K] x [K, L] GEMMs; the price is one transpose of Y.
+The batch is folded into the GEMM's N dimension ("KNL" column layout): one [OC, K] x [K, N*L] GEMM per group
+instead of N small ones; the price is the transpose of Y (and of dy), done as contiguous row copies in C++
+(``_C.conv.transpose01``) when the cpp backend is in use. The backward reuses the forward's cols.
 
-Depthwise conv is groups = C (K = kh*kw, many tiny GEMMs). A 1x1 / stride-1 / pad-0 conv needs no im2col at all:
-the input *is* the column matrix.
+A pointwise conv (1x1, stride 1, no padding) needs no im2col and no transpose at all ("direct path"): image n's
+[C, H*W] block already *is* its column matrix, so y[n] = W @ x[n] is a batched matmul straight into y's memory, and
+dX[n] = Wᵀ @ dy[n] likewise; only dW (one GEMM over the whole batch) transposes x and dy to the KNL layout.
+
+GEMMs: numpy's matmul (OpenBLAS sgemm/dgemm). The project's own C++ GEMM (tinylearn.gemm, backend cpp) is correct
+but 1.5-4x slower than OpenBLAS on these shapes (see notebook 02), so conv2d uses OpenBLAS.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
 from ._params import as_float_array, check_backend, window_params
 from .im2col import col2im_raw, im2col_raw
 
@@ -53,6 +61,24 @@ def _is_pointwise(k, s, p, d) -> bool:
     return k == (1, 1) and s == (1, 1) and p == (0, 0)
 
 
+def _fast_cpp(backend: str | None, a: np.ndarray) -> bool:
+    """Whether the C++ helpers (transpose01) serve this call: backend None/"cpp", float32/64, _C.conv built."""
+    return backend in (None, "cpp") and a.dtype in (np.float32, np.float64) and backends.C_available("conv")
+
+
+def transpose01(a: np.ndarray, bias: np.ndarray | None = None, backend: str | None = None) -> np.ndarray:
+    """[A, B, L] -> [B, A, L] (+ bias[A]) as a new C-contiguous array: C++ row copies, or numpy for other backends."""
+    if _fast_cpp(backend, a):
+        bias = None if bias is None else np.ascontiguousarray(bias, dtype=a.dtype)
+        return backends.load_C("conv").transpose01(np.ascontiguousarray(a), bias)
+    out = np.empty((a.shape[1], a.shape[0], a.shape[2]), dtype=a.dtype)
+    if bias is None:
+        np.copyto(out, a.transpose(1, 0, 2))
+    else:
+        np.add(a.transpose(1, 0, 2), bias[None, :, None], out=out)
+    return out
+
+
 def _prepare(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: int, backend: str | None):
     check_backend(backend)
     x = as_float_array(x, "x")
@@ -66,12 +92,12 @@ def _prepare(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
     return x, w, b, groups, k, s, p, d, out
 
 
-def conv_cols(x: np.ndarray, k, s, p, d, out, backend: str | None) -> np.ndarray:
+def conv_cols(x: np.ndarray, k, s, p, d, out, backend: str | None, version: str | None = None) -> np.ndarray:
     """Column matrix [C*kh*kw, N*L] of x ("KNL"); a pointwise conv (1x1, stride 1, no padding) only transposes."""
     if _is_pointwise(k, s, p, d):
         N, C, H, W = x.shape
-        return np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(C, N * H * W)
-    return im2col_raw(x, k, s, p, d, out, backend, layout="KNL")
+        return transpose01(x.reshape(N, C, H * W), None, backend).reshape(C, N * H * W)
+    return im2col_raw(x, k, s, p, d, out, backend, layout="KNL", version=version)
 
 
 def conv2d(
@@ -98,22 +124,26 @@ def conv2d_forward(
     dilation: Any = 1,
     groups: int = 1,
     backend: str | None = "numpy",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass."""
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass.
+    A pointwise conv (1x1, stride 1, no padding) takes the direct path and returns cols=None (x is the columns)."""
     x, w, b, g, k, s, p, d, (OH, OW) = _prepare(x, w, bias, stride, padding, dilation, groups, backend)
-    N = x.shape[0]
+    N, C = x.shape[:2]
     OC = w.shape[0]
+    L = OH * OW
+    if _is_pointwise(k, s, p, d):  # direct: y[n] = W @ x[n], batched matmul written straight into y
+        y = np.empty((N, g, OC // g, L), dtype=x.dtype)
+        np.matmul(w.reshape(g, OC // g, C // g), np.ascontiguousarray(x).reshape(N, g, C // g, L), out=y)
+        y = y.reshape(N, OC, OH, OW)
+        if b is not None:
+            y += b[None, :, None, None]
+        return y, None
     cols = conv_cols(x, k, s, p, d, (OH, OW), backend)
     if g == 1:
-        y2 = w.reshape(OC, -1) @ cols  # [OC, N*L]: one GEMM for the whole batch (BLAS)
+        y2 = w.reshape(OC, -1) @ cols  # [OC, N*L]: one GEMM for the whole batch (OpenBLAS)
     else:
-        y2 = np.matmul(w.reshape(g, OC // g, -1), cols.reshape(g, -1, cols.shape[1])).reshape(OC, -1)
-    y = np.empty((N, OC, OH, OW), dtype=x.dtype)
-    y4 = y2.reshape(OC, N, OH, OW).transpose(1, 0, 2, 3)
-    if b is None:
-        np.copyto(y, y4)
-    else:
-        np.add(y4, b[None, :, None, None], out=y)
+        y2 = np.matmul(w.reshape(g, OC // g, -1), cols.reshape(g, cols.shape[0] // g, cols.shape[1]))
+    y = transpose01(y2.reshape(OC, N, L), b, backend).reshape(N, OC, OH, OW)
     return y, cols
 
 
@@ -131,8 +161,8 @@ def conv2d_backward(
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Gradients (dx, dw, db) of ``y = conv2d(x, w, b, ...)`` given dL/dy; entries not in ``needs`` are None.
 
-    dw = sum_n dY·colsᵀ (per group), dx = col2im(Wᵀ·dY), db = dY summed over batch and space.
-    ``cols`` (from conv2d_forward) avoids recomputing im2col.
+    dw = dYᵀ·colsᵀ (one GEMM per group over the whole batch), dx = col2im(Wᵀ·dYᵀ), db = dY summed over batch and
+    space. ``cols`` (from conv2d_forward) avoids recomputing im2col.
     """
     x, w, _, g, k, s, p, d, (OH, OW) = _prepare(x, w, None, stride, padding, dilation, groups, backend)
     N, C, H, W = x.shape
@@ -141,22 +171,29 @@ def conv2d_backward(
     if dy.shape != (N, OC, OH, OW):
         raise ValueError(f"grad_out: expected shape {(N, OC, OH, OW)} (the conv output), got {dy.shape}")
     L = OH * OW
-    dyT = np.ascontiguousarray(dy.astype(x.dtype, copy=False).transpose(1, 0, 2, 3)).reshape(g, OC // g, N * L)
+    dy3 = np.ascontiguousarray(dy, dtype=x.dtype).reshape(N, OC, L)
+    pointwise = _is_pointwise(k, s, p, d)
     dx = dw = db = None
+    dyT = None
+    if needs[1] or (needs[0] and not pointwise):
+        dyT = transpose01(dy3, None, backend).reshape(g, OC // g, N * L)  # [g, OC/g, N*L]
     if needs[1]:
         if cols is None:
             cols = conv_cols(x, k, s, p, d, (OH, OW), backend)
-        # dWᵀ = cols @ dYᵀ: OpenBLAS runs this orientation ~4x faster than dY @ colsᵀ (long K = N*L reduction)
-        dw = np.matmul(cols.reshape(g, -1, N * L), dyT.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(w.shape)
+        # dWᵀ = cols @ dYᵀᵀ: OpenBLAS runs this orientation faster than dY @ colsᵀ (long K = N*L reduction)
+        Kg = (C // g) * k[0] * k[1]
+        dw = np.matmul(cols.reshape(g, Kg, N * L), dyT.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(w.shape)
     if needs[0]:
         wg = w.reshape(g, OC // g, -1)
-        dcols = np.matmul(wg.transpose(0, 2, 1), dyT).reshape(-1, N * L)  # [C*kh*kw, N*L]
-        if _is_pointwise(k, s, p, d):
-            dx = np.ascontiguousarray(dcols.reshape(C, N, H, W).transpose(1, 0, 2, 3))
+        if pointwise:  # direct: dx[n] = Wᵀ @ dy[n], no col2im, no transpose
+            dx = np.empty((N, g, C // g, L), dtype=x.dtype)
+            np.matmul(wg.transpose(0, 2, 1), dy3.reshape(N, g, OC // g, L), out=dx)
+            dx = dx.reshape(N, C, H, W)
         else:
+            dcols = np.matmul(wg.transpose(0, 2, 1), dyT).reshape(C * k[0] * k[1], N * L)  # [C*kh*kw, N*L]
             dx = col2im_raw(dcols, N, C, H, W, k, s, p, d, (OH, OW), backend, layout="KNL")
     if needs[2]:
-        db = dyT.sum(axis=2).reshape(OC)
+        db = dy3.sum(axis=(0, 2))
     return dx, dw, db
 
 

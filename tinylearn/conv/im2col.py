@@ -10,9 +10,10 @@ is *added* back to the pixel it was read from, so overlapping windows accumulate
 
 Backends: ``numpy`` (a strided 6-D view [N, C, kh, kw, OH, OW] of the padded input copied once; col2im loops
 over the kh*kw kernel offsets only, never over pixels), ``numba`` (parallel over N*C, lazily imported) and
-``cpp`` (tinylearn._C.conv, OpenMP over N*C with contiguous row copies). All three register as the ops
-``conv.im2col`` / ``conv.col2im`` in ``tinylearn.backends``; ``backend=None`` picks cpp when built (float32/64),
-else numpy.
+``cpp`` (tinylearn._C.conv, a versions ladder: ``v0`` OpenMP over the N*C planes, ``v1`` (default) streaming
+rows with threads over channels, see cpp_src/conv_im2col.cpp). All three register as the ops ``conv.im2col`` /
+``conv.col2im`` in ``tinylearn.backends`` (the cpp versions as versions of backend ``cpp``); ``backend=None`` picks
+cpp when built (float32/64), else numpy.
 """
 
 from __future__ import annotations
@@ -74,9 +75,36 @@ def _im2col_numba(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.nda
     return im2col_numba(_native(x, "numba", "x"), k, s, p, d, out, layout)
 
 
-@backends.register("conv.im2col", "cpp", when=_native_dtype, available=lambda: backends.C_available("conv"))
-def _im2col_cpp(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
-    return backends.load_C("conv").im2col(_native(x, "cpp", "x"), k, s, p, d, layout)
+CPP_VERSIONS: tuple[str, ...] = ("v0", "v1")  # the C++ ladder; v1 is the default
+
+
+def _cpp_im2col(version: str) -> Any:
+    def fn(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
+        return backends.load_C("conv").im2col(_native(x, "cpp", "x"), k, s, p, d, layout, version)
+
+    fn.__name__ = f"im2col_cpp_{version}"
+    return fn
+
+
+def _cpp_col2im(version: str) -> Any:
+    def fn(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
+        cols = _native(cols, "cpp", "cols")
+        if N == 0:  # the C++ kernel rejects an empty batch; numpy/numba (and cpp im2col) give an empty result
+            return np.zeros((0, C, H, W), cols.dtype)
+        return backends.load_C("conv").col2im(cols, (H, W), k, s, p, d, layout, N, version)
+
+    fn.__name__ = f"col2im_cpp_{version}"
+    return fn
+
+
+for _v in CPP_VERSIONS:
+    _avail = lambda: backends.C_available("conv")  # noqa: E731
+    backends.register(
+        "conv.im2col", "cpp", _cpp_im2col(_v), version=_v, default=_v == "v1", when=_native_dtype, available=_avail
+    )
+    backends.register(
+        "conv.col2im", "cpp", _cpp_col2im(_v), version=_v, default=_v == "v1", when=_native_dtype, available=_avail
+    )
 
 
 @backends.register("conv.col2im", "numpy")
@@ -101,36 +129,50 @@ def _col2im_numba(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, 
     return col2im_numba(_native(cols, "numba", "cols"), N, C, H, W, k, s, p, d, out, layout)
 
 
-@backends.register("conv.col2im", "cpp", when=_native_dtype, available=lambda: backends.C_available("conv"))
-def _col2im_cpp(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL"):
-    cols = _native(cols, "cpp", "cols")
-    if N == 0:  # the C++ kernel rejects an empty batch; numpy/numba (and cpp im2col) give an empty result
-        return np.zeros((0, C, H, W), cols.dtype)
-    return backends.load_C("conv").col2im(cols, (H, W), k, s, p, d, layout, N)
-
-
-def im2col_raw(x: np.ndarray, k, s, p, d, out, backend: str | None, layout: str = "NKL") -> np.ndarray:
-    """im2col on validated arguments. layout "NKL" = unfold's [N, K, L]; "KNL" = [K, N*L] (batch as one GEMM)."""
-    return backends.dispatch("conv.im2col", x, k, s, p, d, out, layout, backend=backend)
+def im2col_raw(
+    x: np.ndarray, k, s, p, d, out, backend: str | None, layout: str = "NKL", version: str | None = None
+) -> np.ndarray:
+    """im2col on validated arguments. layout "NKL" = unfold's [N, K, L]; "KNL" = [K, N*L] (batch as one GEMM).
+    ``version`` names a rung of the cpp ladder ("v0", "v1"); None = the backend's default."""
+    return backends.dispatch("conv.im2col", x, k, s, p, d, out, layout, backend=backend, version=version)
 
 
 def col2im_raw(
-    cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, backend: str | None, layout: str = "NKL"
+    cols: np.ndarray,
+    N: int,
+    C: int,
+    H: int,
+    W: int,
+    k,
+    s,
+    p,
+    d,
+    out,
+    backend: str | None,
+    layout: str = "NKL",
+    version: str | None = None,
 ) -> np.ndarray:
-    """col2im on validated arguments (see im2col_raw for the layouts)."""
-    return backends.dispatch("conv.col2im", cols, N, C, H, W, k, s, p, d, out, layout, backend=backend)
+    """col2im on validated arguments (see im2col_raw for the layouts and versions)."""
+    return backends.dispatch("conv.col2im", cols, N, C, H, W, k, s, p, d, out, layout, backend=backend, version=version)
 
 
 def im2col(
-    x: Any, kernel_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, backend: str | None = "numpy"
+    x: Any,
+    kernel_size: Any,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    backend: str | None = "numpy",
+    version: str | None = None,
 ) -> np.ndarray:
-    """Unfold NCHW ``x`` into columns [N, C*kh*kw, L] (L = OH*OW), exactly like ``torch.nn.functional.unfold``."""
+    """Unfold NCHW ``x`` into columns [N, C*kh*kw, L] (L = OH*OW), exactly like ``torch.nn.functional.unfold``.
+    ``version``: a rung of the cpp ladder (``CPP_VERSIONS``), None = the default."""
     check_backend(backend)
     x = as_array(x, "x", dtypes=_NUMERIC)
     if x.ndim == 3:  # torch accepts an unbatched [C, H, W]
-        return im2col(x[None], kernel_size, stride, padding, dilation, backend)[0]
+        return im2col(x[None], kernel_size, stride, padding, dilation, backend, version)[0]
     k, s, p, d, out = window_params(x.shape, kernel_size, stride, padding, dilation, "x")
-    return im2col_raw(x, k, s, p, d, out, backend)
+    return im2col_raw(x, k, s, p, d, out, backend, version=version)
 
 
 def col2im(
@@ -141,12 +183,13 @@ def col2im(
     padding: Any = 0,
     dilation: Any = 1,
     backend: str | None = "numpy",
+    version: str | None = None,
 ) -> np.ndarray:
     """Fold columns [N, C*kh*kw, L] back into an image [N, C, H, W], summing overlaps (``F.fold`` layout)."""
     check_backend(backend)
     cols = as_array(cols, "cols", dtypes=_NUMERIC)
     if cols.ndim == 2:  # unbatched
-        return col2im(cols[None], output_size, kernel_size, stride, padding, dilation, backend)[0]
+        return col2im(cols[None], output_size, kernel_size, stride, padding, dilation, backend, version)[0]
     if cols.ndim != 3:
         raise ValueError(f"cols: expected a 3-D [N, C*kh*kw, L] array, got shape {cols.shape}")
     H, W = pair(output_size, "output_size")
@@ -167,4 +210,4 @@ def col2im(
             f"cols: dim 2 ({L}) of shape {cols.shape} does not match the {out[0]}x{out[1]} = {out[0] * out[1]} "
             f"windows of output_size={(H, W)} with kernel_size={k}, stride={s}, padding={p}, dilation={d}"
         )
-    return col2im_raw(cols, N, C, H, W, k, s, p, d, out, backend)
+    return col2im_raw(cols, N, C, H, W, k, s, p, d, out, backend, version=version)
