@@ -511,3 +511,32 @@ def test_cpp_bad_input():
         Q.quantize(x, 0.1, 0, "int7")
     with pytest.raises(TypeError, match="scale"):
         Q.quantize(x, True, 0)  # a bool is not a scale (falls to the array checks)
+
+
+def test_codec_table_rows_and_exactness(monkeypatch):
+    """tinylearn.quant.bench_codec.codec_table: one case per codec op, every tinylearn rung checked bit-exact vs torch
+    on the benchmark data before timing; tinygrad disabled here (DEV != CPU gives an n/a row, never a crash)."""
+    from tinylearn.quant.bench_codec import codec_table
+
+    monkeypatch.setenv("DEV", "NOT_A_DEVICE")
+    t = codec_table(3000, repeat=1)
+    assert [c.split(" (")[0] for c in t.cases()] == [
+        "quantize per-tensor int8",
+        "dequantize int8",
+        "fp8 e4m3 encode, saturating",
+        "fp8 e5m2 encode",
+        "fp8 e4m3 decode",
+        "fp8 e5m2 decode",
+    ]
+    n_rungs = 1 + (3 if backends.C_available("quant_affine") else 0)
+    for case in t.cases():
+        mine = [r for r in t.rows if r.case == case and r.impl.startswith("tinylearn")]
+        assert len(mine) == n_rungs
+        for r in mine:
+            assert r.median_ms is not None and r.median_ms > 0
+            assert r.note.startswith(("bit-exact vs torch", "equal to torch")), (case, r.impl, r.note)
+        assert t.get(case, "torch").ratio == 1.0
+        tg = t.get(case, "tinygrad")
+        assert tg.median_ms is None and tg.note.startswith("n/a: DEV=")
+    with pytest.raises(ValueError, match="size"):
+        codec_table(0)
