@@ -16,6 +16,9 @@ TinyJit keeps its buffers allocated between calls, so its row reports the bytes 
 roofline from STREAM and SGEMM peak measured with the same ``n`` threads: on a loaded 2-core box, one thread per
 library gives the steadiest numbers.
 
+Attention runs causal and non-causal at N = 512, 1024 (``full=True``: also 2048, 4096); the ``ratio`` column of the
+``tinylearn flash`` row is the issue-17 figure (time / torch SDPA's time).
+
 Default sizes finish in about 1-2 minutes on 2 cores (after torch.compile's cache is warm; the very first
 compile in a fresh environment can take a minute more); ``full=True`` adds larger shapes and N up to 4096.
 """
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..bench import Comparison, Table, tinygrad_jit
-from . import ops, traffic
+from . import cpu, ops, traffic
 
 
 @contextlib.contextmanager
@@ -210,6 +213,93 @@ def _attention_fns(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) ->
     }
 
 
+def flash_scratch_mb(heads: int, n: int, d: int, threads: int = 2, block: int = 64) -> float:
+    """Model of the blocked flash rungs' extra memory (MB): lse (heads x N) + per thread QT (d x block), scores
+    (64 x block), acc (block x d) and m, l, alpha (3 x block) — linear in N."""
+    return (heads * n + threads * (d * block + 64 * block + block * d + 3 * block)) * 4 / 2**20
+
+
+SWEEP_IMPLS = (
+    "numpy naive",
+    "tinylearn tiled",
+    "tinylearn blocked_simd",
+    "tinylearn blocked_simd_omp",
+    "torch sdpa math",
+    "torch sdpa flash",
+)
+
+
+def _sweep_fns(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> dict[str, Callable[[], Any]]:
+    """SWEEP_IMPLS as no-argument callables: every rung of the C++ kernel and torch SDPA with its math and its
+    (CPU) flash backend forced; a backend that cannot run here is left out."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+
+    def sdpa(backend: Any) -> Callable[[], Any]:
+        def f() -> Any:
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+        return f
+
+    fns: dict[str, Callable[[], Any]] = {"numpy naive": lambda: ops.flash_attention(q, k, v, causal, backend="numpy")}
+    for ver in cpu.ATTENTION_VERSIONS:
+        fns[f"tinylearn {ver}"] = lambda ver=ver: ops.flash_attention(q, k, v, causal, backend="cpu", version=ver)
+    for name, b in (("torch sdpa math", SDPBackend.MATH), ("torch sdpa flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            sdpa(b)()
+        except RuntimeError:  # no kernel of that backend for these inputs on this build
+            continue
+        fns[name] = sdpa(b)
+    return fns
+
+
+def attention_sweep(
+    ns: list[int],
+    heads: int = 8,
+    d: int = 64,
+    causal: bool = False,
+    threads: int | None = None,
+    repeat: int = 3,
+    tinygrad_max_n: int = 512,
+    memory: bool = True,
+) -> list[dict[str, Any]]:
+    """Time (median ms) and peak RSS growth (MB) vs N for SWEEP_IMPLS plus tinygrad's SDPA (TinyJit; up to
+    ``tinygrad_max_n``, with the MB its JIT holds instead of a peak), [1, heads, N, d] fp32: the notebook's
+    flash-attention plot data. Rows: {"impl", "N", "ms", "peak_mb"} (peak_mb None when not measured)."""
+    from ..bench import measure, tinygrad_status
+
+    rss: dict[tuple[str, int], float] = {}
+    if memory:
+        try:
+            rss = attention_peak_rss(ns, heads, d, causal, threads, sweep=True)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            rss = {}
+    rows: list[dict[str, Any]] = []
+    with limited_threads(threads):
+        for n in ns:
+            q, k, v = _attention_inputs(n, heads, d)
+            for name, fn in _sweep_fns(q, k, v, causal).items():
+                t = measure(fn, warmup=1, repeat=repeat)
+                rows.append({"impl": name, "N": n, "ms": t.median * 1e3, "peak_mb": rss.get((name, n))})
+            if n <= tinygrad_max_n and tinygrad_status()[0]:
+                from tinygrad.helpers import GlobalCounters
+
+                from ..bench import import_tinygrad
+
+                tg = import_tinygrad()
+                a, b, c = (tg.Tensor(x).realize() for x in (q, k, v))
+                before = GlobalCounters.mem_used
+                fn = tinygrad_jit(lambda x, y, z: x.scaled_dot_product_attention(y, z, is_causal=causal))
+                t = measure(lambda fn=fn, a=a, b=b, c=c: fn(a, b, c), warmup=2, repeat=repeat)
+                held = (GlobalCounters.mem_used - before) / 2**20
+                rows.append({"impl": "tinygrad", "N": n, "ms": t.median * 1e3, "peak_mb": held})
+    return rows
+
+
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -240,12 +330,14 @@ def peak_rss_growth_mb(fn: Callable[[], Any], tries: int = 3) -> float:
     return max(best, 0.0)
 
 
-def _attention_rss_worker(ns: list[int], heads: int, d: int, causal: bool, threads: int | None) -> None:
+def _attention_rss_worker(
+    ns: list[int], heads: int, d: int, causal: bool, threads: int | None, sweep: bool = False
+) -> None:
     """Subprocess body of attention_peak_rss: prints {"impl|N": MB} as JSON."""
     out: dict[str, float] = {}
     with limited_threads(threads):
         for n in ns:
-            fns = _attention_fns(*_attention_inputs(n, heads, d), causal)
+            fns = (_sweep_fns if sweep else _attention_fns)(*_attention_inputs(n, heads, d), causal)
             for name, fn in fns.items():
                 fn()  # warm-up: lazy initialisation (thread pools, kernel caches) is not the op's working set
                 out[f"{name}|{n}"] = peak_rss_growth_mb(fn)
@@ -253,14 +345,21 @@ def _attention_rss_worker(ns: list[int], heads: int, d: int, causal: bool, threa
 
 
 def attention_peak_rss(
-    ns: list[int], heads: int = 8, d: int = 64, causal: bool = False, threads: int | None = None, timeout: float = 300
+    ns: list[int],
+    heads: int = 8,
+    d: int = 64,
+    causal: bool = False,
+    threads: int | None = None,
+    timeout: float = 300,
+    sweep: bool = False,
 ) -> dict[tuple[str, int], float]:
-    """Peak RSS growth (MB) of one call of each ATTENTION_IMPLS row at each N, measured in a fresh subprocess with
-    glibc's mmap threshold fixed at 64 KiB (large buffers are unmapped on free, never silently reused).
-    Raises RuntimeError with the worker's error when it cannot run (no /proc/self/clear_refs, ...)."""
+    """Peak RSS growth (MB) of one call of each ATTENTION_IMPLS row (``sweep=True``: each SWEEP_IMPLS row) at each
+    N, measured in a fresh subprocess with glibc's mmap threshold fixed at 64 KiB (large buffers are unmapped on
+    free, never silently reused). Raises RuntimeError with the worker's error when it cannot run (no
+    /proc/self/clear_refs, ...)."""
     code = (
         "from tinylearn.kernels.bench import _attention_rss_worker as w; "
-        f"w({list(map(int, ns))!r}, {int(heads)}, {int(d)}, {bool(causal)}, {threads!r})"
+        f"w({list(map(int, ns))!r}, {int(heads)}, {int(d)}, {bool(causal)}, {threads!r}, {bool(sweep)})"
     )
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
@@ -277,7 +376,7 @@ def _attention_case(
     q, k, v = _attention_inputs(n, heads, d)
     tm = traffic.attention_traffic(heads, n, d, causal=causal)
     naive_mb = 2 * heads * n * n * 4 / 2**20
-    flash_mb = (heads * n * 4 + 2 * 64 * 64 * 4 * 2) / 2**20
+    flash_mb = flash_scratch_mb(heads, n, d)
     scratch: dict[str, Any] = {"numpy naive": round(naive_mb, 2), "tinylearn flash": round(flash_mb, 3)}
     scratch |= {"torch naive": round(naive_mb, 2), "torch sdpa": "flash/math kernel"}
 
@@ -340,6 +439,10 @@ def attention_table(
             "and torch's allocators). held MB: buffers TinyJit keeps allocated between calls (GlobalCounters)."
         )
     cmp.note("GFLOP/s counts 4 N^2 D + 6 N^2 (halved when causal).")
+    cmp.note(
+        f"tinylearn flash: cpu rung {cpu.ATTENTION_VERSION} ({cpu.attention_path(d)} path, "
+        f"{'causal: key tiles past each query block skipped; ' if causal else ''}ratio = time / torch sdpa's)"
+    )
     return cmp.table
 
 
@@ -373,8 +476,7 @@ def run(full: bool = False, progress: Callable[[str], None] | None = None) -> li
     tables = [op_table(op, shapes, progress) for op in OPS]
     ns = [512, 1024] + ([2048, 4096] if full else [])
     tables.append(attention_table(ns, progress=progress))
-    if full:
-        tables.append(attention_table(ns, causal=True, progress=progress))
+    tables.append(attention_table(ns, causal=True, progress=progress))
     return tables
 
 
