@@ -4,13 +4,19 @@
 //   Bump(capacity, alignment)                FreeList(capacity, alignment, best_fit)
 //   Buddy(capacity, min_block)               Slab(sizes, capacity, slab_size, alignment)
 //   Caching(capacity, round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large,
-//           max_split_size)  -- thread-safe; malloc/free/replay release the GIL
+//           max_split_size, fast_path)  -- thread-safe; malloc/free/replay release the GIL;
+//           fast_counters() -> dict (memo hits, tree lookups/updates, cancelled/materialized lazy splits);
+//           fast_calls(fallback_malloc, fallback_free) -> (malloc, free): raw METH_FASTCALL builtins for the
+//           Python hot path (no pybind11 dispatch; the GIL is kept unless the allocator's mutex is contended;
+//           anything but plain int arguments goes to the fallbacks, which give the exact Python-side errors)
 // Common methods: malloc(nbytes) -> offset, free(offset), stats() -> dict, block_size(offset),
 //   live_blocks(), free_blocks(), arena() -> uint8 numpy view of the C++-owned block (keeps the object alive),
 //   replay(ops int64[m, 2]) -> (offsets int64[n_malloc], seconds): the whole trace in a C++ loop, timed in C++.
 // Plus malloc_replay(ops) -> seconds: the same loop over glibc malloc/free (the in-C++ baseline).
 // The numpy data-memory handlers (NEP 49) of the same submodule are in memory_numpy_handler.cpp.
 // Errors: ValueError (std::invalid_argument) / MemoryError (tl::mem::OutOfMemory, registered below).
+#include <Python.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,9 +72,9 @@ const i64* ops_ptr(const Ops& ops, i64& m) {
   return ops.data();
 }
 
-// Run a trace through `a` in C++; the timer brackets only the loop.
+// Run a trace through `a` in C++; the timer brackets only the loop. With `mu`, the loop runs under that mutex.
 template <class A, class MallocFn, class FreeFn>
-py::tuple replay_impl(A& a, const Ops& ops, bool release_gil, MallocFn mf, FreeFn ff) {
+py::tuple replay_impl(A& a, const Ops& ops, bool release_gil, MallocFn mf, FreeFn ff, std::mutex* mu = nullptr) {
   i64 m = 0;
   const i64* p = ops_ptr(ops, m);
   i64 n = tl::mem::count_mallocs(p, m);
@@ -78,6 +84,8 @@ py::tuple replay_impl(A& a, const Ops& ops, bool release_gil, MallocFn mf, FreeF
   {
     std::unique_ptr<py::gil_scoped_release> rel;
     if (release_gil) rel = std::make_unique<py::gil_scoped_release>();
+    std::unique_lock<std::mutex> lock;  // taken with the GIL released, dropped before it is taken back
+    if (mu) lock = std::unique_lock<std::mutex>(*mu);
     auto t0 = std::chrono::steady_clock::now();
     tl::mem::run_ops(
         p, m, o, [&](i64 nb) { return mf(a, nb); }, [&](i64 off) { ff(a, off); });
@@ -141,12 +149,132 @@ double malloc_replay(const Ops& ops) {
   return secs;
 }
 
+// ---- the Python hot path of the caching allocator: builtins bound to a capsule (no pybind11 dispatch) ----
+PyObject* g_oom = nullptr;  // tinylearn._C.memory.OutOfMemory (a MemoryError subclass)
+constexpr const char* kFastName = "tinylearn.memory.caching.fast_calls";
+
+struct FastCtx {
+  tl::mem::Caching* c;
+  PyObject *owner, *fb_malloc, *fb_free;  // strong references
+};
+
+void fast_ctx_destroy(PyObject* cap) {
+  auto* ctx = static_cast<FastCtx*>(PyCapsule_GetPointer(cap, kFastName));
+  if (!ctx) return;
+  Py_XDECREF(ctx->owner);
+  Py_XDECREF(ctx->fb_malloc);
+  Py_XDECREF(ctx->fb_free);
+  delete ctx;
+}
+
+// Run f() under the allocator's mutex: try_lock with the GIL held (the common, uncontended case costs one atomic);
+// when contended, release the GIL for the whole wait + call and unlock before taking the GIL back, so the mutex is
+// never held by a thread waiting for the GIL (the numpy handler calls malloc with the GIL held).
+// Returns false with a Python exception set if f threw.
+template <class F>
+bool run_locked(tl::mem::Caching& c, F&& f) {
+  std::mutex& mu = c.mutex();
+  int err = 0;  // 1 ValueError, 2 OutOfMemory, 3 other
+  std::string msg;
+  auto call = [&] {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      err = 1, msg = e.what();
+    } catch (const tl::mem::OutOfMemory& e) {
+      err = 2, msg = e.what();
+    } catch (const std::exception& e) {
+      err = 3, msg = e.what();
+    }
+  };
+  if (mu.try_lock()) {
+    call();
+    mu.unlock();
+  } else {
+    Py_BEGIN_ALLOW_THREADS;
+    mu.lock();
+    call();
+    mu.unlock();
+    Py_END_ALLOW_THREADS;
+  }
+  if (err == 0) return true;
+  PyErr_SetString(err == 1 ? PyExc_ValueError : err == 2 ? (g_oom ? g_oom : PyExc_MemoryError) : PyExc_RuntimeError,
+                  msg.c_str());
+  return false;
+}
+
+bool plain_i64(PyObject* o, i64& v) {
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  return overflow == 0 && !(v == -1 && PyErr_Occurred());
+}
+
+PyObject* fast_malloc(PyObject* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+  auto* ctx = static_cast<FastCtx*>(PyCapsule_GetPointer(self, kFastName));
+  if (!ctx) return nullptr;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  i64 n = 0, stream = 0;
+  if (kwnames != nullptr || nargs < 1 || nargs > 2 || !plain_i64(args[0], n) ||
+      (nargs == 2 && !plain_i64(args[1], stream))) {
+    PyErr_Clear();
+    return PyObject_Vectorcall(ctx->fb_malloc, args, nargs, kwnames);  // exact checks and messages
+  }
+  i64 off = 0;
+  if (!run_locked(*ctx->c, [&] { off = ctx->c->malloc_locked(n, stream); })) return nullptr;
+  return PyLong_FromLongLong(off);
+}
+
+PyObject* fast_free(PyObject* self, PyObject* arg) {
+  auto* ctx = static_cast<FastCtx*>(PyCapsule_GetPointer(self, kFastName));
+  if (!ctx) return nullptr;
+  i64 off = 0;
+  if (!plain_i64(arg, off)) {
+    PyErr_Clear();
+    return PyObject_CallOneArg(ctx->fb_free, arg);
+  }
+  if (!run_locked(*ctx->c, [&] { ctx->c->free_locked(off); })) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_fast_malloc_def = {"malloc", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_malloc)),
+                                 METH_FASTCALL | METH_KEYWORDS,
+                                 "malloc(nbytes, stream=0) -> offset (C++ caching allocator, raw fast call)"};
+PyMethodDef g_fast_free_def = {"free", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_free)), METH_O,
+                               "free(offset) (C++ caching allocator, raw fast call)"};
+
+py::tuple fast_calls(py::object self, py::object fb_malloc, py::object fb_free) {
+  auto* ctx = new FastCtx{&self.cast<tl::mem::Caching&>(), self.ptr(), fb_malloc.ptr(), fb_free.ptr()};
+  Py_INCREF(ctx->owner);
+  Py_INCREF(ctx->fb_malloc);
+  Py_INCREF(ctx->fb_free);
+  PyObject* cap = PyCapsule_New(ctx, kFastName, fast_ctx_destroy);
+  if (!cap) {
+    Py_DECREF(ctx->owner);
+    Py_DECREF(ctx->fb_malloc);
+    Py_DECREF(ctx->fb_free);
+    delete ctx;
+    throw py::error_already_set();
+  }
+  py::object capsule = py::reinterpret_steal<py::object>(cap);
+  PyObject* m = PyCFunction_New(&g_fast_malloc_def, capsule.ptr());
+  if (!m) throw py::error_already_set();
+  py::object mo = py::reinterpret_steal<py::object>(m);
+  PyObject* f = PyCFunction_New(&g_fast_free_def, capsule.ptr());
+  if (!f) throw py::error_already_set();
+  py::object fo = py::reinterpret_steal<py::object>(f);
+  return py::make_tuple(mo, fo);
+}
+
 }  // namespace
 
 TL_REGISTER(memory) {
   using namespace tl::mem;
   m.doc() = "allocators over a C++-owned arena (offsets), mirroring tinylearn/memory/*.py";
-  py::register_exception<OutOfMemory>(m, "OutOfMemory", PyExc_MemoryError);
+  {
+    auto& exc = py::register_exception<OutOfMemory>(m, "OutOfMemory", PyExc_MemoryError);
+    g_oom = exc.ptr();  // kept alive by the module attribute
+  }
 
   py::class_<Bump> bump(m, "Bump");
   bump.def(py::init<i64, i64>(), py::arg("capacity"), py::arg("alignment") = 64).def("reset", &Bump::reset);
@@ -169,14 +297,30 @@ TL_REGISTER(memory) {
   py::class_<Caching> caching(m, "Caching");
   caching
       .def(py::init([](i64 capacity, i64 round_to, i64 small_size, i64 small_buffer, i64 large_buffer,
-                       i64 min_large_alloc, i64 round_large, i64 max_split_size) {
-             CachingConfig c{round_to,        small_size,  small_buffer,  large_buffer,
-                             min_large_alloc, round_large, max_split_size};
+                       i64 min_large_alloc, i64 round_large, i64 max_split_size, bool fast_path) {
+             CachingConfig c{round_to,        small_size,  small_buffer,   large_buffer,
+                             min_large_alloc, round_large, max_split_size, fast_path};
              return new Caching(capacity, c);
            }),
            py::arg("capacity"), py::arg("round_to") = 512, py::arg("small_size") = 1 << 20,
            py::arg("small_buffer") = 2 << 20, py::arg("large_buffer") = 20 << 20, py::arg("min_large_alloc") = 10 << 20,
-           py::arg("round_large") = 2 << 20, py::arg("max_split_size") = -1)
+           py::arg("round_large") = 2 << 20, py::arg("max_split_size") = -1, py::arg("fast_path") = true)
+      .def_property_readonly("fast_path", &Caching::fast_path)
+      .def(
+          "fast_counters",
+          [](Caching& c) {
+            FastCounters f = c.fast_counters();
+            py::dict d;
+            d["memo_hits"] = f.memo_hits;
+            d["tree_lookups"] = f.tree_lookups;
+            d["tree_updates"] = f.tree_updates;
+            d["cancels"] = f.cancels;
+            d["materialized"] = f.materialized;
+            return d;
+          },
+          "fast-path counters: memo hits, std::set lookups and inserts/erases, cancelled / materialized lazy splits")
+      .def("fast_calls", &fast_calls, py::arg("fallback_malloc"), py::arg("fallback_free"),
+           "(malloc, free) raw fast-call builtins for this allocator (plain ints; other arguments -> the fallbacks)")
       .def("malloc", &Caching::malloc, py::arg("nbytes"), py::arg("stream") = 0,
            py::call_guard<py::gil_scoped_release>(), "allocate nbytes on stream; thread-safe")
       .def("free", &Caching::free, py::arg("offset"), py::call_guard<py::gil_scoped_release>(), "thread-safe")
@@ -209,12 +353,19 @@ TL_REGISTER(memory) {
            })
       .def(
           "replay",
-          [](Caching& c, const Ops& ops) {
+          [](Caching& c, const Ops& ops, bool lock_per_call) {
+            if (lock_per_call)
+              return replay_impl(
+                  c, ops, true, [](Caching& x, i64 nb) { return x.malloc(nb, 0); },
+                  [](Caching& x, i64 off) { x.free(off); });
+            // one lock around the whole trace: the allocator's own cost without the two atomics per call
             return replay_impl(
-                c, ops, true, [](Caching& x, i64 nb) { return x.malloc(nb, 0); },
-                [](Caching& x, i64 off) { x.free(off); });
+                c, ops, true, [](Caching& x, i64 nb) { return x.malloc_locked(nb, 0); },
+                [](Caching& x, i64 off) { x.free_locked(off); }, &c.mutex());
           },
-          py::arg("ops"), "run a trace in C++ (stream 0, GIL released): (offsets, seconds)");
+          py::arg("ops"), py::arg("lock_per_call") = true,
+          "run a trace in C++ (stream 0, GIL released): (offsets, seconds); lock_per_call=False takes the "
+          "allocator's mutex once for the whole trace");
   bind_common<Caching>(caching, true);
 
   m.def("malloc_replay", &malloc_replay, py::arg("ops"),

@@ -201,6 +201,8 @@ class Allocator:
 
             self.malloc = malloc
             self.free = free
+            if hasattr(core, "fast_calls"):  # raw METH_FASTCALL builtins; non-int arguments go to the closures above
+                self.malloc, self.free = core.fast_calls(malloc, free)
 
     def malloc(self, nbytes: int) -> int:  # replaced per instance in __init__
         """Allocate ``nbytes`` bytes; returns the block's offset in the arena."""

@@ -20,6 +20,12 @@ cached segments (fast and frequent). Rules, with PyTorch's defaults (every const
     out of memory    when the segment allocation fails: release all cached free segments and retry once, then
                      MemoryError with allocated / reserved / free like torch's OOM message
 
+Fast path (C++ core, ``fast_path=True``, the default): cached-block reuse without walking the std::set. A memo per
+size class remembers which block best fit chose in a given pool state, and the block a malloc takes stays in the
+tree until another operation needs the exact tree; freeing it right away cancels the split and restores the exact
+previous state. The decisions (offsets, stats, snapshots) are those of the tree path and of this reference;
+``fast_counters()`` counts memo hits and tree operations. ``fast_path=False`` runs the tree path on every call.
+
 Streams: every block belongs to the stream it was allocated on and is only reused for that stream
 (``malloc(nbytes, stream=s)``), as blocks are in PyTorch's per-stream pools.
 """
@@ -30,7 +36,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Allocator, align_up, check_int, external_fragmentation, make_core, register_core
+from .base import Allocator, align_up, check_int, external_fragmentation, load_cpp, make_core, register_core
 from .freelist import PyFreeList
 
 MiB = 1 << 20
@@ -307,10 +313,18 @@ class PyCaching:
         }
 
 
-def _cpp_caching(C: Any, capacity: int, c: CachingConfig) -> Any:
+def _cpp_caching(C: Any, capacity: int, c: CachingConfig, fast_path: bool = True) -> Any:
     m = -1 if c.max_split_size is None else c.max_split_size
     return C.Caching(
-        capacity, c.round_to, c.small_size, c.small_buffer, c.large_buffer, c.min_large_alloc, c.round_large, m
+        capacity,
+        c.round_to,
+        c.small_size,
+        c.small_buffer,
+        c.large_buffer,
+        c.min_large_alloc,
+        c.round_large,
+        m,
+        fast_path,
     )
 
 
@@ -335,12 +349,19 @@ class CachingAllocator(Allocator):
         round_large: int = DEFAULT.round_large,
         max_split_size: int | None = DEFAULT.max_split_size,
         backend: str = "python",
+        fast_path: bool = True,
     ) -> None:
+        if not isinstance(fast_path, bool):
+            raise TypeError(f"fast_path: expected a bool, got {type(fast_path).__name__} {fast_path!r}")
         config = CachingConfig(
             round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large, max_split_size
         )
-        super().__init__(*make_core("Caching", backend, capacity, config))
+        core, name = make_core("Caching", backend, capacity, config)
+        if name == "cpp" and not fast_path:
+            core = _cpp_caching(load_cpp(), capacity, config, fast_path=False)
+        super().__init__(core, name)
         self.round_to = int(round_to)
+        self.fast_path = fast_path and name == "cpp"
 
     def malloc(self, nbytes: int, stream: int = 0) -> int:  # replaced per instance in __init__
         """Allocate ``nbytes`` on ``stream`` (blocks are only reused by the stream they were made on)."""
@@ -349,6 +370,13 @@ class CachingAllocator(Allocator):
     def empty_cache(self) -> None:
         """Return every cached, entirely free segment to the arena (like torch.cuda.empty_cache())."""
         self._core.empty_cache()
+
+    def fast_counters(self) -> dict[str, int]:
+        """C++ core: memo hits, std::set lookups / inserts+erases, cancelled and materialized lazy splits.
+        The Python reference has one path: every malloc is one tree lookup (zeros here)."""
+        if self.backend == "cpp":
+            return {k: int(v) for k, v in self._core.fast_counters().items()}
+        return dict.fromkeys(("memo_hits", "tree_lookups", "tree_updates", "cancels", "materialized"), 0)
 
     def memory_stats(self) -> dict[str, Any]:
         return self.stats()
