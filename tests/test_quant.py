@@ -336,7 +336,7 @@ def test_lsq_scale_gradient_formula():
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int4", "uint4"])
 def test_quantize_large_cpp_path_exact(dtype):
-    # > 4096 elements take the C++ kernel (fma + nearbyint); it must equal torch and the numpy path bit for bit
+    # non-empty inputs take the C++ kernel (fma + nearbyint); it must equal torch and the numpy path bit for bit
     rng = np.random.default_rng(14)
     lo, hi = RANGES[dtype]
     for _ in range(5):
@@ -346,10 +346,11 @@ def test_quantize_large_cpp_path_exact(dtype):
         x[:5] = [np.inf, -np.inf, np.nan, 1e30, -0.0]
         q = Q.quantize(x, s, z, dtype)
         assert q.dtype == (np.int8 if dtype in ("int8", "int4") else np.uint8)
-        np.testing.assert_array_equal(q[5:1000], Q.quantize(x[5:1000], s, z, dtype))  # numpy path, same values
+        np.testing.assert_array_equal(q[5:1000], Q.quantize(x[5:1000], s, z, dtype, backend="numpy"))
         np.testing.assert_array_equal(q, Q.quantize(x, s, z, dtype, backend="numpy"))  # the whole array on numpy
         assert backends.resolve("quant.quantize_per_tensor", None, None, (x,))[0] == "cpp"  # the when= threshold
-        assert backends.resolve("quant.quantize_per_tensor", None, None, (x[:100],))[0] == "numpy"
+        assert backends.resolve("quant.quantize_per_tensor", None, None, (x[:100],))[0] == "cpp"  # CPP_MIN_SIZE = 0
+        assert backends.resolve("quant.quantize_per_tensor", None, None, (x[:0],))[0] == "numpy"
         np.testing.assert_array_equal(Q.dequantize(q, s, z, backend="numpy"), Q.dequantize(q, s, z, backend="cpp"))
         if dtype in TORCH_DT:
             ref = torch.quantize_per_tensor(torch.from_numpy(x), float(s), z, TORCH_DT[dtype]).int_repr().numpy()

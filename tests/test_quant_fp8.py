@@ -284,10 +284,11 @@ def test_cpp_noncontiguous_shapes_and_routing():
             np.testing.assert_array_equal(got, _torch_ref(np.asarray(x, np.float32), fmt, False))
             np.testing.assert_array_equal(got, Q.fp8_encode(x, fmt, backend="numpy"))
             np.testing.assert_array_equal(Q.fp8_decode(got.T, fmt, backend="cpp"), Q.fp8_decode(got, fmt).T)
-    # torch tensors are accepted (input policy); routing: small -> numpy, large -> the C++ default rung
+    # torch tensors are accepted (input policy); routing: empty -> numpy, anything else -> the C++ default rung
     np.testing.assert_array_equal(Q.fp8_encode(torch.from_numpy(base)), Q.fp8_encode(base))
     small, large = base[0, :10], base.reshape(-1)
-    assert backends.resolve("quant.fp8_encode", None, None, (small, "e4m3", False))[0] == "numpy"
+    assert backends.resolve("quant.fp8_encode", None, None, (small, "e4m3", False))[:2] == ("cpp", "v2_threads")
+    assert backends.resolve("quant.fp8_encode", None, None, (small[:0], "e4m3", False))[0] == "numpy"
     assert backends.resolve("quant.fp8_encode", None, None, (large, "e4m3", False))[:2] == ("cpp", "v2_threads")
     assert backends.versions("quant.fp8_encode", "cpp") == ["v2_threads", "v0_scalar", "v1_simd"]
 
