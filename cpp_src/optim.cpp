@@ -8,7 +8,15 @@
 //              v = b2 v + (1-b2) g^2; (amsgrad: vmax = max(vmax, v)); w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) +
 //              eps)
 // The optimizer update is memory-bound (~3-5 arrays streamed per element), so fusing the passes is the whole win;
-// OpenMP splits only large arrays (threads waking costs more than a 100k-element update).
+// OpenMP splits only very large arrays (>= parallel_min elements, default 4M = 16 MB of float32; the argument
+// exists so a benchmark can select the old 256k threshold as a rung).
+//
+// Why not from 256k elements (the threshold until issue 18): in a training step the optimizer runs between numpy
+// GEMMs, and numpy's OpenBLAS keeps its worker thread spinning for a while after each GEMM. At 2 threads on 2
+// cores an OpenMP region here then has to preempt that spinning worker (a scheduler time slice, ~ms) and its own
+// worker spins afterwards into the next forward GEMM. Measured on the 2-core dev box, MLP 784-512-512-10 SGD
+// step: the update took ~3 ms at 2 threads against ~0.3 ms on one thread. One thread streams a 400k-element
+// momentum update (~8 MB of traffic) in ~0.3 ms, already below torch's foreach SGD.
 #include <cmath>
 #include <string>
 
@@ -18,7 +26,7 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr ssize_t kParallelMin = 1 << 18;
+constexpr ssize_t kParallelMin = ssize_t(1) << 22;
 
 template <typename T>
 using Arr = py::array_t<T, py::array::c_style>;
@@ -32,8 +40,9 @@ void check_same(const char* fn, const char* name, const Arr<T>& a, ssize_t n) {
 
 // Branch-free inner loop per configuration (compile-time flags) with restrict pointers so it vectorises.
 template <typename T, bool kWd, bool kMom, bool kNesterov, bool kFirst>
-void sgd_loop(T* __restrict pw, const T* __restrict pg, T* __restrict pb, ssize_t n, T lr, T mu, T damp, T wd, T sign) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+void sgd_loop(T* __restrict pw, const T* __restrict pg, T* __restrict pb, ssize_t n, T lr, T mu, T damp, T wd, T sign,
+              ssize_t par_min) {
+#pragma omp parallel for simd schedule(static) if (n >= par_min)
   for (ssize_t i = 0; i < n; ++i) {
     T gi = sign * pg[i];
     if constexpr (kWd) gi += wd * pw[i];
@@ -55,7 +64,7 @@ void sgd_loop(T* __restrict pw, const T* __restrict pg, T* __restrict pb, ssize_
 
 template <typename T>
 void sgd_step(Arr<T> w, Arr<T> g, Arr<T> buf, double lr, double momentum, double dampening, double weight_decay,
-              bool nesterov, bool maximize, bool first) {
+              bool nesterov, bool maximize, bool first, ssize_t parallel_min) {
   const ssize_t n = w.size();
   check_same("sgd_step", "g", g, n);
   if (momentum != 0.0) check_same("sgd_step", "buf", buf, n);
@@ -68,12 +77,13 @@ void sgd_step(Arr<T> w, Arr<T> g, Arr<T> buf, double lr, double momentum, double
   py::gil_scoped_release release;
   if (!pb) {
     if (has_wd)
-      sgd_loop<T, true, false, false, false>(pw, pg, pb, n, tlr, mu, damp, wd, sign);
+      sgd_loop<T, true, false, false, false>(pw, pg, pb, n, tlr, mu, damp, wd, sign, parallel_min);
     else
-      sgd_loop<T, false, false, false, false>(pw, pg, pb, n, tlr, mu, damp, wd, sign);
+      sgd_loop<T, false, false, false, false>(pw, pg, pb, n, tlr, mu, damp, wd, sign, parallel_min);
     return;
   }
-#define TL_SGD(WD, NES, FIRST) sgd_loop<T, WD, true, NES, FIRST>(pw, pg, pb, n, tlr, mu, damp, wd, sign)
+#define TL_SGD(WD, NES, FIRST) \
+  sgd_loop<T, WD, true, NES, FIRST>(pw, pg, pb, n, tlr, mu, damp, wd, sign, parallel_min)
   if (has_wd) {
     if (nesterov) {
       if (first)
@@ -104,7 +114,7 @@ void sgd_step(Arr<T> w, Arr<T> g, Arr<T> buf, double lr, double momentum, double
 
 template <typename T>
 void adam_step(Arr<T> w, Arr<T> g, Arr<T> m, Arr<T> v, Arr<T> vmax, double lr, double beta1, double beta2, double eps,
-               double weight_decay, long step, bool decoupled, bool amsgrad, bool maximize) {
+               double weight_decay, long step, bool decoupled, bool amsgrad, bool maximize, ssize_t parallel_min) {
   const ssize_t n = w.size();
   check_same("adam_step", "g", g, n);
   check_same("adam_step", "exp_avg", m, n);
@@ -123,7 +133,7 @@ void adam_step(Arr<T> w, Arr<T> g, Arr<T> m, Arr<T> v, Arr<T> vmax, double lr, d
           tbc2s = static_cast<T>(bc2s), wd = static_cast<T>(weight_decay),
           decay = static_cast<T>(1.0 - lr * weight_decay);
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n >= parallel_min)
   for (ssize_t i = 0; i < n; ++i) {
     T gi = maximize ? -pg[i] : pg[i];
     T wi = pw[i];
@@ -152,16 +162,16 @@ TL_REGISTER(optim) {
   m.doc() = "Fused optimizer updates for tinylearn.optim (in place on C-contiguous float32/float64 arrays)";
   m.def("sgd_step", &sgd_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
         py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
-        py::arg("maximize"), py::arg("first"));
+        py::arg("maximize"), py::arg("first"), py::arg("parallel_min") = kParallelMin);
   m.def("sgd_step", &sgd_step<double>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
         py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
-        py::arg("maximize"), py::arg("first"));
+        py::arg("maximize"), py::arg("first"), py::arg("parallel_min") = kParallelMin);
   m.def("adam_step", &adam_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(),
         py::arg("exp_avg").noconvert(), py::arg("exp_avg_sq").noconvert(), py::arg("max_exp_avg_sq").noconvert(),
         py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"));
+        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"), py::arg("parallel_min") = kParallelMin);
   m.def("adam_step", &adam_step<double>, py::arg("w").noconvert(), py::arg("g").noconvert(),
         py::arg("exp_avg").noconvert(), py::arg("exp_avg_sq").noconvert(), py::arg("max_exp_avg_sq").noconvert(),
         py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"));
+        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"), py::arg("parallel_min") = kParallelMin);
 }

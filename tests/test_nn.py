@@ -398,3 +398,74 @@ def test_load_torch_state_dict_directly_and_tensor_from_torch():
     assert_close(ours(tl.Tensor(x)).data, ref(torch.from_numpy(x)))
     t = tl.Tensor(torch.ones(2, 3, requires_grad=True))
     assert t.shape == (2, 3) and t.dtype == np.float32 and not t.requires_grad
+
+
+# -- F.max_pool2d's direct C++ path (issue 18) ------------------------------------------------------------------
+from tinylearn.nn import functional_pool as FP  # noqa: E402
+
+_DIRECT_POOL = FP._fast_kernels() is not None
+
+
+def _pool_pair(x, args):
+    t, tt = _pair(x)
+    y, ty = F.max_pool2d(t, *args), torch.nn.functional.max_pool2d(tt, *args)
+    return t, tt, y, ty
+
+
+@pytest.mark.skipif(not _DIRECT_POOL, reason="tinylearn._C.kernels.maxpool2d_* not built")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize(
+    "args",
+    [(2,), (3, 2, 1), (3, 1, 1, 2), ((2, 3), (1, 2), (1, 1)), (2, 3), ((3, 2), None, (1, 0), (1, 2))],
+    ids=["k2", "k3s2p1", "k3s1p1d2", "rect", "s>k", "rect_dil"],
+)
+def test_max_pool2d_direct_matches_torch_and_im2col(args, layout, dtype):
+    from tinylearn.conv.functional import max_pool2d as im2col_pool
+    from tinylearn.nn.functional_pool import MaxPool2dDirect
+
+    x = make_array((2, 3, 9, 11), dtype=dtype, layout=layout)
+    t, tt, y, ty = _pool_pair(x, args)
+    assert isinstance(y.grad_fn, MaxPool2dDirect) and y.dtype == x.dtype
+    g = make_array(ty.shape, dtype=dtype, seed=1)
+    y.backward(tl.Tensor(g))
+    ty.backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(y.data, ty.detach().numpy())  # a max picks an input value: exact
+    assert_close(t.grad.data, tt.grad)
+    t2 = tl.Tensor(x, requires_grad=True)
+    y2 = im2col_pool(t2, *args)
+    y2.backward(tl.Tensor(g))
+    np.testing.assert_array_equal(y.data, y2.data)
+    assert_close(t.grad.data, t2.grad.data)  # overlapping windows: the two paths add in different orders
+
+
+@pytest.mark.skipif(not _DIRECT_POOL, reason="tinylearn._C.kernels.maxpool2d_* not built")
+def test_max_pool2d_direct_ties_nan_and_inf_route_like_torch():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, (2, 2, 8, 8)).astype(np.float32)  # many tied maxima: the first one gets the gradient
+    x[0, 0, :2, :2] = -np.inf  # an all -inf window: its first tap
+    x[1, 1, 4, 5] = np.nan
+    for args in [(2,), (3, 1, 1)]:
+        t, tt, y, ty = _pool_pair(x, args)
+        y.sum().backward()
+        ty.sum().backward()
+        np.testing.assert_array_equal(y.data, ty.detach().numpy())  # NaN where a window holds one, like torch
+        finite = ~np.isnan(x).any(axis=(2, 3), keepdims=True) & np.ones_like(x, bool)
+        np.testing.assert_array_equal(t.grad.data[finite], tt.grad.numpy()[finite])
+        assert t.grad.data.sum() == y.data.size  # every output routed exactly one gradient of 1
+    assert t.grad.data[0, 0, 0, 0] > 0 and t.grad.data[1, 1, 4, 5] > 0
+
+
+@pytest.mark.skipif(not _DIRECT_POOL, reason="tinylearn._C.kernels.maxpool2d_* not built")
+def test_max_pool2d_direct_gradcheck_and_errors():
+    x = tl.Tensor(np.random.default_rng(0).permutation(2 * 2 * 7 * 7).reshape(2, 2, 7, 7) / 10.0, requires_grad=True)
+    assert gradcheck(lambda a: F.max_pool2d(a, 3, 2, 1), [x])
+    with pytest.raises(ValueError, match="padding"):
+        F.max_pool2d(tl.Tensor(np.zeros((1, 1, 6, 6), np.float32)), 2, 2, 2)
+    with pytest.raises(ValueError, match="idx"):
+        FP._fast_kernels().maxpool2d_backward(
+            np.ones((1, 1, 2, 2), np.float32), np.full((1, 1, 2, 2), 99, np.int64), 3, 3
+        )
+    # the fallbacks (ceil_mode, return_indices, int input) still answer through the im2col path
+    y, idx = F.max_pool2d(tl.Tensor(np.arange(16.0, dtype=np.float32).reshape(1, 1, 4, 4)), 2, return_indices=True)
+    assert idx.data.tolist() == [[[[5, 7], [13, 15]]]] and y.data.max() == 15

@@ -167,3 +167,32 @@ def test_updates_dispatch_through_the_backend_registry():
     if "cpp" in BACKENDS:
         assert optim.Adam([p], backend="cpu").backend == "cpp"  # "cpu" is the alias of "cpp"
         assert hasattr(tl._C.optim, "adam_step") and not hasattr(tl._C, "autograd")
+
+
+@pytest.mark.skipif("cpp" not in BACKENDS, reason="tinylearn._C.optim not built")
+@pytest.mark.parametrize("n", [512 * 784, (1 << 22) + 3])  # below / above the fused kernels' OpenMP threshold
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(optim.SGD, dict(lr=0.01, momentum=0.9)), (optim.Adam, dict(lr=1e-3, weight_decay=0.01))],
+    ids=["sgd", "adam"],
+)
+def test_fused_step_on_large_params_matches_numpy_passes(n, cls, kwargs):
+    # issue 18: the fused update runs on one thread up to 4M elements (OpenMP only above); both sides of the
+    # threshold compute the same update as the numpy passes and torch
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal(n).astype(np.float32)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
+    ws = {b: tl.Tensor(w0.copy(), requires_grad=True) for b in ("numpy", "cpp")}
+    tw = torch.tensor(w0.copy(), requires_grad=True)
+    th_cls = {optim.SGD: torch.optim.SGD, optim.Adam: torch.optim.Adam}[cls]
+    opts = {b: cls([ws[b]], backend=b, **kwargs) for b in ws}
+    topt = th_cls([tw], **kwargs)
+    for g in grads:
+        for b in ws:
+            ws[b].grad = tl.Tensor(g)
+            opts[b].step()
+        tw.grad = torch.from_numpy(g.copy())
+        topt.step()
+    np.testing.assert_allclose(ws["cpp"].data, ws["numpy"].data, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ws["cpp"].data, tw.detach().numpy(), rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(ws["cpp"].data, w0)

@@ -124,6 +124,7 @@ def _step_cpp(opt: Adam, w: np.ndarray, g: np.ndarray, state: dict[str, Any], gr
             opt._decoupled,
             group["amsgrad"],
             group["maximize"],
+            **opt._omp_kw,
         )
         return
     _step_numpy(opt, w, g, state, group)

@@ -35,6 +35,10 @@ def register_step(op: str, numpy_fn: Callable[..., None], cpp_fn: Callable[..., 
 
 class Optimizer:
     op = ""  # the registry op of the per-parameter update; a subclass without one overrides ``_update``
+    # extra keyword arguments of the fused C++ updates. {} = the kernels' default: OpenMP only for parameters of >= 4M
+    # elements. {"parallel_min": 1 << 18} selects the pre-issue-18 threshold (a benchmark rung, see
+    # tinylearn.autograd.bench.step_phases); below it the update runs on the calling thread.
+    _omp_kw: dict[str, int] = {}
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], backend: str | None = "auto") -> None:
         if backend == "auto":

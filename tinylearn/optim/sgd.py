@@ -94,6 +94,7 @@ def _step_cpp(opt: Optimizer, w: np.ndarray, g: np.ndarray, state: dict[str, Any
                 group["nesterov"],
                 group["maximize"],
                 first,
+                **opt._omp_kw,
             )
             return
     _step_numpy(opt, w, g, state, group)
