@@ -751,7 +751,7 @@ print("tiled numpy (block 7/32/100), cpu and triton flash attention match SDPA; 
 ns = np.array([256, 512, 1024, 2048, 4096, 8192])
 heads = 8
 naive_mb = 2 * heads * ns**2 * 4 / 2**20
-flash_mb = (heads * ns * 4 + 2 * 64 * 64 * 4 * 2) / 2**20
+flash_mb = np.array([kbench.flash_scratch_mb(heads, int(n_), 64) for n_ in ns])  # lse + 2 threads' tiles
 for n_, a_, b_ in zip(ns, naive_mb, flash_mb, strict=True):
     print(f"N={n_:5d}: naive S+P scratch {a_:8.1f} MB   flash lse + tiles {b_:6.3f} MB")
 assert naive_mb[1] == 16 and flash_mb.max() < 1  # N = 512: 16 MB of S and P; flash: under 1 MB up to N = 8192
@@ -792,6 +792,104 @@ assert tiles_visited(n_tiles, blk, 256) <= nb_ * (256 // blk + 1)  # window: O(N
 # flash makes inside one op: the backward does not store $P$ ($N^2$ per head) but recomputes it tile by tile from
 # the saved $\mathrm{lse}$ ($N$ per head), paying one more $QK^\top$ to save the quadratic memory.
 #
+
+# %% [markdown]
+# ### 7b. The C++ flash kernel's versions ladder, time and memory vs N [Q31] [Q54]
+#
+# `tinylearn.kernels.flash_attention(backend="cpu", version=...)` keeps every rung of
+# `cpp_src/kernels_flash_attention.cpp` (each tested against SDPA on every CPU path in `tests/test_flash_cpu.py`):
+#
+# - **`tiled`** (v0): per (head, 64-query block) the online softmax above; $S = QK^\top$ and $PV$ as 4×32 micro-GEMMs
+#   written in plain C++ that the compiler vectorises; OpenMP over (head, query block).
+# - **`blocked_simd`** (v1, one thread): explicit AVX-512 / AVX2 / scalar code (`cpp_src/flash_attention_simd.inc`,
+#   picked at run time like the other kernels, `TINYLEARN_CPU_FEATURES` forces it). The query block is packed once,
+#   transposed and pre-scaled by $1/\sqrt D$; the score tile is kept **transposed** ($S^\top$: a row per key, a
+#   column per query), so the running max $m$ and sum $\ell$ of 16 queries are one AVX-512 register, updated with
+#   vertical `max`/`add` over the 64 keys of the tile — no horizontal reduction at all. $S^\top = K Q^\top$ and
+#   $acc \mathrel{+}= PV$ run in 6×(4×16) register tiles (24 accumulators, each loaded vector feeds 6 FMAs), reading
+#   $K$ and $V$ in place; $e^x$ is the vector `exp` of `vec_math.h`; causal key tiles past the block's last query are
+#   never visited.
+# - **`blocked_simd_omp`** (v2, the default): v1 + OpenMP over (head, query block) work items, the longest (last, under
+#   causal) first. Each item is computed by one thread in a fixed order, so the result is bit-identical at any thread
+#   count (tested).
+#
+# Time and peak memory vs $N$ ([1, 4, N, 64] fp32, one thread per library like §11; the peak is the resident-set
+# growth of one call in a worker subprocess): numpy naive, every rung, torch SDPA with its math and its CPU flash
+# backend forced, and tinygrad's SDPA (TinyJit, up to N = 512; its bytes held by the JIT instead of a peak):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn.bench import measure  # noqa: E402
+from tinylearn.kernels import cpu as cpu_k  # noqa: E402
+
+H_SW = 4
+ns_sw = [256, 512, 1024] + ([2048, 4096] if FULL else [])
+sweep = kbench.attention_sweep(ns_sw, heads=H_SW, threads=THREADS, repeat=3)
+by = {(r["impl"], r["N"]): r for r in sweep}
+impls_sw = list(dict.fromkeys(r["impl"] for r in sweep))
+print(f"blocked rungs' path here: {cpu_k.attention_path(64)} (vec_math: {cpu_k.vector_math_path()})")
+print(f"{'impl':<28}" + "".join(f"{'N=' + str(n):>22}" for n in ns_sw))
+for impl in impls_sw:
+    cells = []
+    for n in ns_sw:
+        r = by.get((impl, n))
+        pk = "" if r is None or r["peak_mb"] is None else f" {r['peak_mb']:6.1f} MB"
+        cells.append(f"{'-':>22}" if r is None else f"{r['ms']:9.1f} ms{pk:>10}")
+    print(f"{impl:<28}" + "".join(cells))
+sdpa_ref = "torch sdpa flash" if ("torch sdpa flash", ns_sw[0]) in by else "torch sdpa math"
+for n in ns_sw:
+    rs = {i: by[(i, n)]["ms"] / by[(sdpa_ref, n)]["ms"] for i in impls_sw if (i, n) in by and i.startswith("tinyl")}
+    print(f"N={n}: time / {sdpa_ref}: " + ", ".join(f"{i.split()[1]} {x:.2f}x" for i, x in rs.items()))
+
+# causal skips the key tiles above the diagonal: about half the work at large N (printed, not asserted: timing)
+n_c = ns_sw[-1]
+qc, kc, vc = (rng.standard_normal((1, H_SW, n_c, 64)).astype(np.float32) for _ in range(3))
+with kbench.limited_threads(THREADS):
+    t_nc, t_c = (
+        measure(lambda c=c: K.flash_attention(qc, kc, vc, c, backend="cpu"), warmup=1, repeat=3).median
+        for c in (False, True)
+    )
+nb_c = n_c // 64
+print(f"N={n_c}: default rung causal / non-causal time = {t_c / t_nc:.2f} (key tiles: {(nb_c + 1) / 2 / nb_c:.2f})")
+
+assert cpu_k.attention_path(64) in ("avx512", "avx2", "scalar")
+assert all(r["ms"] > 0 for r in sweep) and {f"tinylearn {v}" for v in cpu_k.ATTENTION_VERSIONS} <= set(impls_sw)
+for n in ns_sw:  # timing: orders of magnitude only
+    assert all(0.02 < by[(f"tinylearn {v}", n)]["ms"] / by[(sdpa_ref, n)]["ms"] < 50 for v in cpu_k.ATTENTION_VERSIONS)
+if by[("numpy naive", ns_sw[0])]["peak_mb"] is not None:  # None: the RSS worker could not run here
+    for n in ns_sw:
+        score_mb = H_SW * n * n * 4 / 2**20  # one [H, N, N] fp32 matrix
+        assert by[("numpy naive", n)]["peak_mb"] >= score_mb
+        for v in cpu_k.ATTENTION_VERSIONS:  # output (H N 64 floats) + lse + tiles: far below one score matrix
+            assert by[(f"tinylearn {v}", n)]["peak_mb"] < min(score_mb / 2, H_SW * n * 64 * 4 / 2**20 + 2)
+    grow = ns_sw[-1] / ns_sw[0]
+    for v in cpu_k.ATTENTION_VERSIONS:  # linear in N (x grow), not quadratic (x grow^2)
+        assert by[(f"tinylearn {v}", ns_sw[-1])]["peak_mb"] < 2 * grow * by[(f"tinylearn {v}", ns_sw[0])]["peak_mb"]
+
+fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
+for impl in impls_sw:
+    xs = [n for n in ns_sw if (impl, n) in by]
+    style = "--" if impl == "tinygrad" else "-"
+    ax[0].plot(xs, [by[(impl, n)]["ms"] for n in xs], style, marker="o", label=impl)
+    if all(by[(impl, n)]["peak_mb"] is not None for n in xs):
+        lab = f"{impl} (held by JIT)" if impl == "tinygrad" else impl
+        ax[1].plot(xs, [max(by[(impl, n)]["peak_mb"], 1e-2) for n in xs], style, marker="o", label=lab)
+for a, yl in zip(ax, ("median ms (1 thread)", "peak RSS growth, MB"), strict=True):
+    a.set(xscale="log", yscale="log", xlabel="N", ylabel=yl)
+    a.set_xticks(ns_sw, [str(n) for n in ns_sw])
+ax[0].set_title(f"attention [1, {H_SW}, N, 64] fp32: time")
+ax[1].set_title("extra memory: N^2 (naive, SDPA math) vs N (flash)")
+ax[0].legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Reading (asserted above): every rung ran on the path printed first; the naive implementations grow the resident set
+# by at least one $[H, N, N]$ score matrix (quadratic in $N$), while every flash rung stays below half of one and grows
+# linearly — its peak is the output itself plus a few tiles. The times are printed per rung as a ratio to torch's SDPA
+# (within two orders of magnitude is all that is asserted: on a shared 2-core box the ordering of implementations
+# within 2× of each other depends on the load). The causal/non-causal line compares the measured time with the
+# fraction of key tiles the kernel visits, $(n_b+1)/(2n_b)$ for $n_b$ query blocks.
 
 # %% [markdown]
 # ## 8. Dropping the fused ops into torch [Q69]
@@ -1072,7 +1170,10 @@ plt.show()
 # - **[Q31] Attention optimisations.** Flash attention: online softmax over K/V tiles, $m' = \max(m, \max S)$,
 #   $\ell' = e^{m-m'}\ell + \sum e^{S-m'}$; O(N) extra memory (the N×N scratch is 16 MB at N = 512 for 8 heads,
 #   and the measured peak-RSS column shows it); the backward recomputes P from lse (checkpointing inside the op).
-#   Causal skips ≈half the tiles, a 256-token window makes the work O(NW).
+#   Causal skips ≈half the tiles, a 256-token window makes the work O(NW). On a CPU (§7b): keep the score tile
+#   transposed so the softmax statistics of 16 queries are one AVX-512 register (vertical max/add, no horizontal
+#   reductions), 6×64 register-tiled micro-kernels for $KQ^\top$ and $PV$, a vector `exp`, OpenMP over (head, query
+#   block); its extra memory stays linear in $N$ (asserted) and its time is printed next to SDPA's.
 # - **[Q69] Custom fused op in PyTorch.** Kernel (C++/pybind11 + OpenMP, CUDA via NVRTC or
 #   `torch.utils.cpp_extension`), a binding that validates and allocates, and an `autograd.Function` that saves
 #   the minimum (y, mean/rstd, lse); verify with fp64 `gradcheck` (all four pass above); `torch.library.custom_op`
