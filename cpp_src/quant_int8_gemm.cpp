@@ -17,7 +17,12 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <cstring>
 #include <string>
 #include <vector>
@@ -288,6 +293,593 @@ py::array_t<i32> gemm_prepacked(const py::array& a_in, py::array_t<i8, py::array
   return c;
 }
 
+
+// ================================================================ packed-B ladder (one byte layout, every path)
+// B is packed once (int8_pack: the pack_b_vnni layout [N/64][K/4][64][4] plus colsum(B)) and every path reads the
+// same bytes. A reaches the kernels as u8 "codes" Au (rows padded to MR, K padded to 4): int8 A is offset to
+// a ^ 0x80 = a + 128, uint8 A (dynamic activations) is taken as is. Each kernel computes S = Au @ B exactly and
+// the epilogue removes the offset: C = S - offset * colsum(B).
+//   vnni          zmm vpdpbusd: u8 x s8, 4 products per int32 lane summed straight into int32 (exact)
+//   avx2_madd16   ymm: B bytes sign-extended to int16 on the fly (vpmovsxbw), A as int16, vpmaddwd + vpaddd.
+//                 int16 x int16 pair sums land in int32: exact for the full u8 (0..255) x s8 range
+//   avx2_u7       ymm: vpmaddubsw (u8 x s8 pairs summed to int16 WITH SATURATION) + vpmaddwd by ones + vpaddd.
+//                 Exact only when every A byte is <= 127 (|pair| <= 2*127*128 = 32512 < 32767): fbgemm's
+//                 reduce_range trick. The driver checks the bound and refuses larger codes.
+//   scalar        portable loops on the same layout
+// maddubs_saturating runs the avx2_u7 kernel WITHOUT the bound check: a teaching rung that shows what the
+// instruction does to 8-bit activations (int8_gemm_maddubs_saturating); never chosen by dispatch.
+enum class Kern { scalar, avx2_madd16, avx2_u7, vnni };
+
+// micro kernels: R (<= MR) rows of A (row stride lda elements), B panel bp, kq in [k0, k1), ct[R][NPW] += S
+template <int R>
+void mk_scalar(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t k1, i32* ct) {
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* a = ap + r * lda;
+    i32* c = ct + r * NPW;
+    for (ssize_t kq = k0; kq < k1; ++kq) {
+      const i8* b = bp + kq * NPW * 4;
+      const i32 a0 = a[4 * kq], a1 = a[4 * kq + 1], a2 = a[4 * kq + 2], a3 = a[4 * kq + 3];
+      for (int j = 0; j < NPW; ++j)
+        c[j] += a0 * b[4 * j] + a1 * b[4 * j + 1] + a2 * b[4 * j + 2] + a3 * b[4 * j + 3];
+    }
+  }
+}
+
+template <int R>
+__attribute__((target("avx2"))) void mk_madd16(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
+                                               ssize_t k1, i32* ct) {
+  // bw: this K block of the panel already sign-extended to int16, [k1 - k0][64 columns][4 k] (widen_block).
+  // 8 columns per step: two ymm of (4 columns x 4 k) int16; lane pairs hold two partial sums per column
+  for (int cb = 0; cb < NPW; cb += 8) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (ssize_t kq = k0; kq < k1; ++kq) {
+      const int16_t* b = bw + ((kq - k0) * NPW + cb) * 4;
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      for (int r = 0; r < R; ++r) {
+        long long a4;
+        std::memcpy(&a4, ap + r * lda + 4 * kq, 8);
+        const __m256i a = _mm256_set1_epi64x(a4);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, b0));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(a, b1));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      // hadd -> [c0 c1 c4 c5 | c2 c3 c6 c7]; permute 64-bit lanes (0,2,1,3) -> c0..c7
+      const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xD8);
+      __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);
+      _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));
+    }
+  }
+}
+
+// sign-extend kq rows [k0, k1) of a packed B panel to int16 (once per block, reused by every row block)
+__attribute__((target("avx2"))) void widen_block(const i8* bp, ssize_t k0, ssize_t k1, int16_t* bw) {
+  const i8* src = bp + k0 * NPW * 4;
+  const ssize_t n = (k1 - k0) * NPW * 4;
+  for (ssize_t t = 0; t < n; t += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bw + t),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + t))));
+}
+
+template <int R>
+__attribute__((target("avx2"))) void mk_u7(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t k1,
+                                           i32* ct) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int cb = 0; cb < NPW; cb += 16) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (ssize_t kq = k0; kq < k1; ++kq) {
+      const i8* b = bp + (kq * NPW + cb) * 4;
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+      for (int r = 0; r < R; ++r) {
+        i32 a4;
+        std::memcpy(&a4, ap + r * lda + 4 * kq, 4);
+        const __m256i a = _mm256_set1_epi32(a4);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), ones));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 2; ++v) {
+        __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb + 8 * v);
+        _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), acc[r][v]));
+      }
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni(const uint8_t* ap, ssize_t lda, const i8* bp,
+                                                                    ssize_t k0, ssize_t k1, i32* ct) {
+  __m512i acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_si512(ct + r * NPW + 16 * v);
+  for (ssize_t kq = k0; kq < k1; ++kq) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(bp + (kq * NPW + 16 * v) * 4);
+    for (int r = 0; r < R; ++r) {
+      i32 a4;
+      std::memcpy(&a4, ap + r * lda + 4 * kq, 4);
+      const __m512i a = _mm512_set1_epi32(a4);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_si512(ct + r * NPW + 16 * v, acc[r][v]);
+}
+
+// the full 4-row block written out with named accumulators: GCC keeps them in zmm registers (the array form
+// above gets copied through the stack every iteration, at less than half the speed)
+template <>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni<4>(const uint8_t* ap, ssize_t lda,
+                                                                       const i8* bp, ssize_t k0, ssize_t k1,
+                                                                       i32* ct) {
+#define TL_LD(r, v) __m512i c##r##v = _mm512_loadu_si512(ct + r * NPW + 16 * v);
+#define TL_ROW(r) TL_LD(r, 0) TL_LD(r, 1) TL_LD(r, 2) TL_LD(r, 3)
+  TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
+#undef TL_ROW
+#undef TL_LD
+  const uint8_t* a0p = ap;
+  const uint8_t* a1p = ap + lda;
+  const uint8_t* a2p = ap + 2 * lda;
+  const uint8_t* a3p = ap + 3 * lda;
+  for (ssize_t kq = k0; kq < k1; ++kq) {
+    const i8* b = bp + kq * NPW * 4;
+    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128),
+                  b3 = _mm512_loadu_si512(b + 192);
+    i32 t;
+#define TL_ROW(r)                                 \
+  std::memcpy(&t, a##r##p + 4 * kq, 4);           \
+  {                                               \
+    const __m512i a = _mm512_set1_epi32(t);       \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0); \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1); \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, b2); \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, b3); \
+  }
+    TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
+#undef TL_ROW
+  }
+#define TL_ST(r, v) _mm512_storeu_si512(ct + r * NPW + 16 * v, c##r##v);
+#define TL_ROW(r) TL_ST(r, 0) TL_ST(r, 1) TL_ST(r, 2) TL_ST(r, 3)
+  TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
+#undef TL_ROW
+#undef TL_ST
+}
+
+// one (row block, K block) step of kernel `kern` for `rows` (1..MR) rows
+template <typename AT>
+void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const int16_t* bw, ssize_t k0, ssize_t k1,
+           i32* ct) {
+#define TL_MK_CASES(FN, BPTR)                          \
+  switch (rows) {                                      \
+    case 1: FN<1>(ap, lda, BPTR, k0, k1, ct); break;   \
+    case 2: FN<2>(ap, lda, BPTR, k0, k1, ct); break;   \
+    case 3: FN<3>(ap, lda, BPTR, k0, k1, ct); break;   \
+    default: FN<4>(ap, lda, BPTR, k0, k1, ct); break;  \
+  }
+  if constexpr (std::is_same_v<AT, int16_t>) {
+    (void)kern;
+    (void)bp;
+    TL_MK_CASES(mk_madd16, bw)
+  } else {
+    (void)bw;
+    if (kern == Kern::vnni) {
+      TL_MK_CASES(mk_vnni, bp)
+    } else if (kern == Kern::avx2_u7) {
+      TL_MK_CASES(mk_u7, bp)
+    } else {
+      TL_MK_CASES(mk_scalar, bp)
+    }
+  }
+#undef TL_MK_CASES
+}
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// S = A' @ B for the packed B, A' rows of stride lda (rows padded to MR); ep(i, j0, nj, s_row) writes row i's
+// columns [j0, j0 + nj) from the int32 sums s_row. Work items: (64-column panel, chunk of row blocks), each with
+// its own int32 tile, K blocked by KCB (a 16 KB B block stays in L1 while the chunk's rows stream past it).
+template <typename AT, typename EP>
+void run_packed(Kern kern, const AT* A, ssize_t lda, ssize_t M, ssize_t K4, const i8* P, ssize_t N, EP ep) {
+  const ssize_t NP = (N + NPW - 1) / NPW, MP = (M + MR - 1) / MR;
+  const ssize_t want = 4 * ssize_t(max_threads());
+  const ssize_t chunks = std::max<ssize_t>(1, std::min<ssize_t>(MP, (want + NP - 1) / NP));
+  const ssize_t per = (MP + chunks - 1) / chunks;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (ssize_t p = 0; p < NP; ++p)
+    for (ssize_t ch = 0; ch < chunks; ++ch) {
+      const ssize_t ib0 = ch * per, ib1 = std::min(MP, ib0 + per);
+      if (ib0 >= ib1) continue;
+      const i8* bp = P + p * K4 * NPW * 4;
+      std::vector<i32> tile(size_t(ib1 - ib0) * MR * NPW, 0);
+      // madd16: each K block of B is sign-extended to int16 once (KCB/2 rows: 16 KB, in L1) per work item
+      const bool wide = std::is_same_v<AT, int16_t>;
+      const ssize_t kcb = wide ? KCB / 2 : KCB;
+      std::vector<int16_t> bw(wide ? size_t(kcb) * NPW * 4 : 0);
+      for (ssize_t k0 = 0; k0 < K4; k0 += kcb) {
+        const ssize_t k1 = std::min(K4, k0 + kcb);
+        if (wide) widen_block(bp, k0, k1, bw.data());
+        for (ssize_t ib = ib0; ib < ib1; ++ib) {
+          const int rows = int(std::min<ssize_t>(MR, M - ib * MR));
+          micro<AT>(kern, rows, A + ib * MR * lda, lda, bp, bw.data(), k0, k1, tile.data() + (ib - ib0) * MR * NPW);
+        }
+      }
+      const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
+      for (ssize_t ib = ib0; ib < ib1; ++ib)
+        for (int r = 0; r < MR; ++r) {
+          const ssize_t i = ib * MR + r;
+          if (i >= M) break;
+          ep(i, j0, nj, tile.data() + ((ib - ib0) * MR + r) * NPW);
+        }
+    }
+}
+
+bool kern_supported(Kern k) {
+  if (k == Kern::vnni) return has("avx512vnni");
+  if (k == Kern::avx2_madd16 || k == Kern::avx2_u7) return has("avx2");
+  return true;
+}
+
+const char* kern_name(Kern k) {
+  switch (k) {
+    case Kern::vnni: return "avx512vnni";
+    case Kern::avx2_madd16: return "avx2_madd16";
+    case Kern::avx2_u7: return "avx2_u7";
+    default: return "scalar";
+  }
+}
+
+// version string -> kernel. "auto": vnni, else avx2_u7 when every A code is <= 127 (u7_ok), else avx2_madd16,
+// else scalar. An explicit version the CPU (or TINYLEARN_CPU_FEATURES) lacks is a ValueError.
+Kern pick_kern(const std::string& version, bool u7_ok, const char* fn) {
+  if (version == "auto") {
+    if (has("avx512vnni")) return Kern::vnni;
+    if (has("avx2")) return u7_ok ? Kern::avx2_u7 : Kern::avx2_madd16;
+    return Kern::scalar;
+  }
+  Kern k;
+  if (version == "avx512vnni") k = Kern::vnni;
+  else if (version == "avx2_madd16") k = Kern::avx2_madd16;
+  else if (version == "avx2_u7") k = Kern::avx2_u7;
+  else if (version == "scalar") k = Kern::scalar;
+  else
+    tl::value_error(std::string(fn) + ": version: unknown '" + version +
+                    "' (auto, avx512vnni, avx2_madd16, avx2_u7, scalar)");
+  if (!kern_supported(k))
+    tl::value_error(std::string(fn) + ": version: '" + version + "' is not supported by this CPU");
+  if (k == Kern::avx2_u7 && !u7_ok)
+    tl::value_error(std::string(fn) + ": version: 'avx2_u7' needs activation codes in 0..127 (vpmaddubsw would "
+                    "saturate its int16 pair sums); use avx2_madd16, or 7-bit (reduce_range) activations");
+  return k;
+}
+
+std::vector<std::string> packed_versions() {
+  std::vector<std::string> out;
+  if (has("avx512vnni")) out.push_back("avx512vnni");
+  if (has("avx2")) {
+    out.push_back("avx2_madd16");
+    out.push_back("avx2_u7");
+  }
+  out.push_back("scalar");
+  return out;
+}
+
+// A rows -> kernel operand: u8 codes (int8 A offset by 128) or int16 values for madd16; rows padded to MR.
+struct PreparedA {
+  std::vector<uint8_t> u8;
+  std::vector<int16_t> s16;
+  ssize_t lda = 0;
+  int offset = 0;  // what was added to A's values: S - offset * colsum = A @ B
+};
+
+template <typename T>  // T = int8_t or uint8_t source codes, row-major [M, K]
+PreparedA prepare_a(const T* A, ssize_t M, ssize_t K, Kern kern) {
+  PreparedA pa;
+  const ssize_t K4 = (K + 3) / 4, MP = (M + MR - 1) / MR;
+  pa.lda = K4 * 4;
+  const size_t n = size_t(MP) * MR * pa.lda;
+  if (kern == Kern::avx2_madd16) {
+    pa.s16.assign(n, 0);
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+    for (ssize_t i = 0; i < M; ++i)
+      for (ssize_t k = 0; k < K; ++k) pa.s16[i * pa.lda + k] = int16_t(A[i * K + k]);
+  } else {
+    pa.u8.assign(n, 0);
+    const bool s = std::is_signed_v<T>;
+    pa.offset = s ? 128 : 0;
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+    for (ssize_t i = 0; i < M; ++i)
+      for (ssize_t k = 0; k < K; ++k) pa.u8[i * pa.lda + k] = s ? uint8_t(A[i * K + k]) ^ 0x80 : uint8_t(A[i * K + k]);
+  }
+  return pa;
+}
+
+template <typename EP>
+void run_prepared(Kern kern, const PreparedA& pa, ssize_t M, ssize_t K4, const i8* P, ssize_t N, EP ep) {
+  if (kern == Kern::avx2_madd16)
+    run_packed<int16_t>(kern, pa.s16.data(), pa.lda, M, K4, P, N, ep);
+  else
+    run_packed<uint8_t>(kern, pa.u8.data(), pa.lda, M, K4, P, N, ep);
+}
+
+struct Packed {
+  py::array_t<i8, py::array::c_style> P;
+  py::array_t<i32, py::array::c_style> cs;
+  ssize_t K4, N;
+};
+
+Packed check_packed(const py::array& P_in, const py::array& cs_in, ssize_t K, ssize_t N, const char* fn) {
+  auto P = py::array_t<i8, py::array::c_style>::ensure(P_in);
+  auto cs = py::array_t<i32, py::array::c_style>::ensure(cs_in);
+  const ssize_t K4 = (K + 3) / 4, NP = (N + NPW - 1) / NPW;
+  if (!P || !cs || N < 1 || P.size() != NP * K4 * NPW * 4 || cs.size() != NP * NPW)
+    tl::value_error(std::string(fn) + ": packed weights do not match K=" + std::to_string(K) +
+                    " and n=" + std::to_string(N) + " (pack them with int8_pack)");
+  return {P, cs, K4, N};
+}
+
+// portable pack (any CPU): same bytes as int8_pack_b
+py::tuple pack_any(const py::array& b_in) {
+  auto b = as_int8(b_in, "b");
+  const ssize_t K = b.shape(0), N = b.shape(1), K4 = (K + 3) / 4, NP = (N + NPW - 1) / NPW;
+  if (N < 1) tl::value_error("int8_pack: b must have at least one column, got shape (" + std::to_string(K) + ", 0)");
+  py::array_t<i8> P(NP * K4 * NPW * 4);
+  py::array_t<i32> cs(NP * NPW);
+  {
+    py::gil_scoped_release release;
+    pack_b_vnni(b.data(), P.mutable_data(), cs.mutable_data(), K, N);
+  }
+  return py::make_tuple(P, cs);
+}
+
+// C = A @ B (exact int32) with B packed by int8_pack. A int8 [M, K], or uint8 [M, K] minus zero_point:
+// C = (A - zero_point) @ B. version: auto | avx512vnni | avx2_madd16 | avx2_u7 | scalar.
+py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const py::array& cs_in, ssize_t N,
+                             const std::string& version, int zero_point) {
+  const bool u8 = a_in.dtype().is(py::dtype::of<uint8_t>());
+  if (!u8 && !a_in.dtype().is(py::dtype::of<i8>()))
+    throw py::type_error("int8_gemm_packed: a must have dtype int8 or uint8, got " + std::string(py::str(a_in.dtype())));
+  if (a_in.ndim() != 2) tl::value_error("int8_gemm_packed: a must be 2-D, got ndim " + std::to_string(a_in.ndim()));
+  if (!u8 && zero_point != 0) tl::value_error("int8_gemm_packed: zero_point applies to uint8 a only");
+  const ssize_t M = a_in.shape(0), K = a_in.shape(1);
+  if (K > (ssize_t(1) << 17)) tl::value_error("int8_gemm_packed: K=" + std::to_string(K) + " > 131072");
+  Packed pk = check_packed(P_in, cs_in, K, N, "int8_gemm_packed");
+  py::array_t<i32> c({M, N});
+  if (M == 0) return c;
+  i32* pc = c.mutable_data();
+  const i32* colsum = pk.cs.data();
+  const i8* P = pk.P.data();
+  if (u8) {
+    auto a = py::array_t<uint8_t, py::array::c_style>::ensure(a_in);
+    const uint8_t* pa_ = a.data();
+    bool u7 = true;
+    for (ssize_t t = 0; t < M * K && u7; ++t) u7 = pa_[t] <= 127;
+    const Kern kern = pick_kern(version, u7, "int8_gemm_packed");
+    py::gil_scoped_release release;
+    PreparedA pa = prepare_a(pa_, M, K, kern);
+    const i32 off = pa.offset + zero_point;
+    run_prepared(kern, pa, M, pk.K4, P, N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
+      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = s[c_] - off * colsum[j0 + c_];
+    });
+  } else {
+    auto a = as_int8(a_in, "a");
+    // int8 A is offset to 0..255: not 7-bit, so the u7 kernel cannot take it
+    const Kern kern = pick_kern(version == "avx2_u7" ? version : version, false, "int8_gemm_packed");
+    py::gil_scoped_release release;
+    PreparedA pa = prepare_a(a.data(), M, K, kern);
+    const i32 off = pa.offset;
+    run_prepared(kern, pa, M, pk.K4, P, N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
+      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = s[c_] - off * colsum[j0 + c_];
+    });
+  }
+  return c;
+}
+
+// Teaching rung: u8 A x s8 B through vpmaddubsw with NO 7-bit check -- returns what the instruction sequence
+// computes (int16-saturated adjacent-pair sums, then exact int32 sums), which differs from A @ B whenever a pair
+// a[2t] b[2t] + a[2t+1] b[2t+1] leaves [-32768, 32767]. Needs AVX2.
+py::array_t<i32> gemm_maddubs_saturating(const py::array& a_in, const py::array& b_in) {
+  if (!a_in.dtype().is(py::dtype::of<uint8_t>()))
+    throw py::type_error("int8_gemm_maddubs_saturating: a must have dtype uint8, got " +
+                         std::string(py::str(a_in.dtype())));
+  if (!has("avx2")) tl::value_error("int8_gemm_maddubs_saturating: needs AVX2, which this CPU (or level) lacks");
+  auto a = py::array_t<uint8_t, py::array::c_style>::ensure(a_in);
+  auto b = as_int8(b_in, "b");
+  if (a.ndim() != 2 || a.shape(1) != b.shape(0))
+    tl::value_error("int8_gemm_maddubs_saturating: a must be 2-D [M, K] matching b [K, N]");
+  const ssize_t M = a.shape(0), K = a.shape(1), N = b.shape(1), K4 = (K + 3) / 4, NP = (N + NPW - 1) / NPW;
+  py::array_t<i32> c({M, N});
+  if (M == 0 || N == 0) return c;
+  i32* pc = c.mutable_data();
+  py::gil_scoped_release release;
+  std::vector<i8> P(size_t(NP) * K4 * NPW * 4);
+  std::vector<i32> cs(size_t(NP) * NPW);
+  pack_b_vnni(b.data(), P.data(), cs.data(), K, N);
+  PreparedA pa = prepare_a(a.data(), M, K, Kern::avx2_u7);
+  run_prepared(Kern::avx2_u7, pa, M, K4, P.data(), N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
+    std::memcpy(pc + i * N + j0, s, size_t(nj) * sizeof(i32));
+  });
+  return c;
+}
+
+// ---------------------------------------------------------------- fused dynamic int8 Linear
+// torch's dynamic quantization parameters (fbgemm ChooseQuantizationParams, preserve_sparsity off):
+// the range is widened to include 0, scale = (max - min) / (qmax - qmin), and the zero point is the nudged
+// (rounded, clamped) one of the two candidates with the smaller error.
+void choose_qparams(float mn, float mx, int qmax, float& scale, int& zp) {
+  mn = std::min(mn, 0.f);
+  mx = std::max(mx, 0.f);
+  double s = (double(mx) - double(mn)) / qmax;
+  if (float(s) == 0.f || std::isinf(1.f / float(s))) s = 0.1;
+  scale = float(s);
+  const double zmin = 0 - mn / double(scale), zmax = qmax - mx / double(scale);
+  const double emin = std::abs(mn / double(scale)), emax = std::abs(double(qmax)) + std::abs(mx / double(scale));
+  const double z0 = emin < emax ? zmin : zmax;
+  zp = int(std::min<double>(qmax, std::max<double>(0, std::nearbyint(z0))));
+}
+
+__attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* x, uint8_t* q, ssize_t K, float inv,
+                                                          int zp, int qmax) {
+  const __m256 vi = _mm256_set1_ps(inv);
+  const __m256i vz = _mm256_set1_epi32(zp), lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(qmax);
+  ssize_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vi), _MM_FROUND_TO_NEAREST_INT |
+                                                                                  _MM_FROUND_NO_EXC);
+    __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(r), vz);
+    v = _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
+    alignas(32) i32 t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
+    for (int u = 0; u < 8; ++u) q[k + u] = uint8_t(t[u]);
+  }
+  for (; k < K; ++k) q[k] = uint8_t(std::min(qmax, std::max(0, int(std::nearbyint(x[k] * inv)) + zp)));
+}
+
+void quantize_row(const float* x, uint8_t* q, ssize_t K, float inv, int zp, int qmax) {
+  if (has("avx2")) return quantize_row_avx2(x, q, K, inv, zp, qmax);
+  for (ssize_t k = 0; k < K; ++k) q[k] = uint8_t(std::min(qmax, std::max(0, int(std::nearbyint(x[k] * inv)) + zp)));
+}
+
+// min and max of x[0..n); false when x holds NaN or +-Inf (x * 0 is NaN exactly for those)
+__attribute__((target("avx2"))) bool min_max_avx2(const float* x, ssize_t n, float& mn, float& mx) {
+  __m256 vmn = _mm256_set1_ps(n ? x[0] : 0.f), vmx = vmn, bad = _mm256_setzero_ps();
+  const __m256 zero = _mm256_setzero_ps();
+  ssize_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 v = _mm256_loadu_ps(x + t);
+    vmn = _mm256_min_ps(vmn, v);
+    vmx = _mm256_max_ps(vmx, v);
+    bad = _mm256_add_ps(bad, _mm256_mul_ps(v, zero));
+  }
+  alignas(32) float a[8], b[8], c[8];
+  _mm256_store_ps(a, vmn);
+  _mm256_store_ps(b, vmx);
+  _mm256_store_ps(c, bad);
+  float lo = a[0], hi = b[0], z = 0.f;
+  for (int u = 0; u < 8; ++u) {
+    lo = std::min(lo, a[u]);
+    hi = std::max(hi, b[u]);
+    z += c[u];
+  }
+  for (; t < n; ++t) {
+    lo = std::min(lo, x[t]);
+    hi = std::max(hi, x[t]);
+    z += x[t] * 0.f;
+  }
+  mn = lo;
+  mx = hi;
+  return z == 0.f;
+}
+
+bool min_max(const float* x, ssize_t n, float& mn, float& mx) {
+  if (has("avx2")) return min_max_avx2(x, n, mn, mx);
+  float lo = n ? x[0] : 0.f, hi = lo, z = 0.f;
+  for (ssize_t t = 0; t < n; ++t) {
+    lo = std::min(lo, x[t]);
+    hi = std::max(hi, x[t]);
+    z += x[t] * 0.f;
+  }
+  mn = lo;
+  mx = hi;
+  return z == 0.f;
+}
+
+// y = dequant((quant(x) - zp) @ Wq^T) + bias, what torch's quantize_dynamic Linear computes:
+// activations quantized per call to uint8 (0..255, or 0..127 with reduce_range) with per-tensor (or per-row)
+// scale/zero point from their min/max; weights prepacked int8 [K, N] with per-tensor or per-channel scales;
+// int32 accumulation exact; y[i,j] = float(acc) * (s_x[i] * s_w[j]) + b[j].
+// Returns (y, codes' qparams (scales [R], zero points [R]), kernel name).
+py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py::array& cs_in, ssize_t N,
+                         const py::array& wscale_in, const py::object& bias_in, bool reduce_range, bool per_row,
+                         const std::string& version) {
+  auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_in);
+  if (!x || x.ndim() != 2) tl::value_error("int8_dynamic_linear: x must be a 2-D float32 array");
+  const ssize_t M = x.shape(0), K = x.shape(1);
+  Packed pk = check_packed(P_in, cs_in, K, N, "int8_dynamic_linear");
+  auto ws = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(wscale_in);
+  if (!ws || (ws.size() != 1 && ws.size() != N))
+    tl::value_error("int8_dynamic_linear: w_scale must have 1 or n=" + std::to_string(N) + " entries");
+  py::array_t<float, py::array::c_style | py::array::forcecast> bias;
+  if (!bias_in.is_none()) {
+    bias = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(bias_in);
+    if (!bias || bias.size() != N)
+      tl::value_error("int8_dynamic_linear: bias must have n=" + std::to_string(N) + " entries");
+  }
+  const int qmax = reduce_range ? 127 : 255;
+  const ssize_t R = per_row ? M : 1;
+  py::array_t<float> y({M, N});
+  py::array_t<float> sx(R);
+  py::array_t<i32> zx(R);
+  // kernel: the u7 AVX2 kernel is exact for 7-bit codes, so reduce_range decides the AVX2 variant up front
+  const Kern kern = pick_kern(version, reduce_range, "int8_dynamic_linear");
+  if (M == 0) return py::make_tuple(y, sx, zx, kern_name(kern));
+  const float* px = x.data();
+  float* py_ = y.mutable_data();
+  float* psx = sx.mutable_data();
+  i32* pzx = zx.mutable_data();
+  const float* pws = ws.data();
+  const bool ws_per = ws.size() == N;
+  const float* pb = bias_in.is_none() ? nullptr : bias.data();
+  const i32* colsum = pk.cs.data();
+  {
+    py::gil_scoped_release release;
+    // 1. qparams: min/max per tensor or per row
+    std::vector<float> mn(R), mx(R);
+    bool finite = true;
+    for (ssize_t r = 0; r < R && finite; ++r) {
+      const ssize_t cnt = per_row ? K : M * K;
+      finite = min_max(px + (per_row ? r * K : 0), cnt, mn[r], mx[r]);
+    }
+    if (finite) {
+      for (ssize_t r = 0; r < R; ++r) {
+        int z;
+        choose_qparams(mn[r], mx[r], qmax, psx[r], z);
+        pzx[r] = z;
+      }
+      // 2. quantize into the padded u8 operand (or int16 for madd16)
+      const ssize_t K4 = (K + 3) / 4, MP = (M + MR - 1) / MR;
+      PreparedA pa;
+      pa.lda = K4 * 4;
+      pa.u8.assign(size_t(MP) * MR * pa.lda, 0);
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+      for (ssize_t i = 0; i < M; ++i) {
+        const ssize_t r = per_row ? i : 0;
+        quantize_row(px + i * K, pa.u8.data() + i * pa.lda, K, 1.f / psx[r], pzx[r], qmax);
+      }
+      if (kern == Kern::avx2_madd16) {
+        pa.s16.assign(pa.u8.begin(), pa.u8.end());
+        pa.u8.clear();
+      }
+      // 3. GEMM with the fused epilogue: zero-point correction, scales, bias
+      run_prepared(kern, pa, M, K4, pk.P.data(), N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
+        const ssize_t r = per_row ? i : 0;
+        const i32 z = pzx[r];
+        const float sxr = psx[r];
+        float* yo = py_ + i * N + j0;
+        for (ssize_t c_ = 0; c_ < nj; ++c_) {
+          const ssize_t j = j0 + c_;
+          const float v = float(s[c_] - z * colsum[j]) * (sxr * (ws_per ? pws[j] : pws[0]));
+          yo[c_] = pb ? v + pb[j] : v;
+        }
+      });
+    }
+    if (!finite) {
+      py::gil_scoped_acquire acquire;
+      tl::value_error("int8_dynamic_linear: x contains NaN or Inf (no finite quantization range)");
+    }
+  }
+  return py::make_tuple(y, sx, zx, kern_name(kern));
+}
+
 }  // namespace
 
 TL_REGISTER(quant) {
@@ -298,4 +890,18 @@ TL_REGISTER(quant) {
   m.def("int8_gemm", &int8_gemm, py::arg("a"), py::arg("b"), py::arg("path") = "auto",
         "C = A @ B for int8 A [M,K], B [K,N]; int32 result, exact. path: auto | avx512vnni | avx2 | scalar");
   m.def("int8_gemm_paths", &paths, "SIMD paths this CPU can run, best first");
+  m.def("int8_pack", &pack_any, py::arg("b"),
+        "pack int8 B [K,N] once for int8_gemm_packed / int8_dynamic_linear (any CPU): (bytes, colsum)");
+  m.def("int8_gemm_packed", &gemm_packed, py::arg("a"), py::arg("packed"), py::arg("colsum"), py::arg("n"),
+        py::arg("version") = "auto", py::arg("zero_point") = 0,
+        "C = (A - zero_point) @ B, int8 or uint8 A, B from int8_pack; exact int32. version: auto | avx512vnni | "
+        "avx2_madd16 | avx2_u7 (uint8 codes <= 127 only) | scalar");
+  m.def("int8_packed_versions", &packed_versions, "packed-B kernel versions this CPU runs, best first");
+  m.def("int8_gemm_maddubs_saturating", &gemm_maddubs_saturating, py::arg("a"), py::arg("b"),
+        "u8 A x s8 B through vpmaddubsw without the 7-bit check: int16-saturated pair sums (teaching rung)");
+  m.def("int8_dynamic_linear", &dynamic_linear, py::arg("x"), py::arg("packed"), py::arg("colsum"), py::arg("n"),
+        py::arg("w_scale"), py::arg("bias"), py::arg("reduce_range") = true, py::arg("per_row") = false,
+        py::arg("version") = "auto",
+        "fused dynamic int8 Linear: quantize x (uint8, per tensor or per row), exact int32 GEMM on packed int8 "
+        "weights, dequantize with bias; returns (y, x_scales, x_zero_points, kernel)");
 }

@@ -201,3 +201,228 @@ def test_prepacked_weight_exact(mkn):
         pk.matmul(np.zeros((2, k + 1), np.int8))
     with pytest.raises(TypeError, match="a_int8"):
         pk.matmul(np.zeros((2, k), np.float32))
+
+
+# ------------------------------------------------------------------------------------------ packed ladder, levels
+C_TL = pytest.importorskip("tinylearn.backends").load_C("quant")
+
+
+def _levels() -> list[str]:
+    """TINYLEARN_CPU_FEATURES levels this CPU can take: scalar always, avx2 / avx512 where present."""
+    out = ["scalar"]
+    if C_TL.int8_gemm_paths()[0] in ("avx2", "avx512vnni"):
+        out.append("avx2")
+    if "avx512vnni" in C_TL.int8_gemm_paths():
+        out.append("avx512")
+    return out
+
+
+LEVELS = _levels()
+
+
+def _versions_at(level: str, monkeypatch) -> list[str]:
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    return Q.gemm.packed_versions()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_levels_select_the_kernels(level, monkeypatch):
+    vs = _versions_at(level, monkeypatch)
+    want = {"scalar": ["scalar"], "avx2": ["avx2_madd16", "avx2_u7", "scalar"]}.get(level)
+    if want is not None:
+        assert vs == want
+    else:
+        assert vs[0] == "avx512vnni" and vs[-1] == "scalar"
+    # an explicit version above the level is refused (ValueError naming it), never silently downgraded
+    pk = Q.PackedInt8Weight(np.ones((8, 3), np.int8))
+    for v in {"avx512vnni", "avx2_madd16", "avx2_u7"} - set(vs):
+        with pytest.raises(ValueError, match=v):
+            pk.matmul(np.ones((2, 8), np.uint8), 0, v)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (3, 5, 7), (4, 4, 64), (5, 130, 65), (13, 257, 130), (1, 1030, 3)])
+def test_packed_versions_exact(level, mkn, monkeypatch):
+    m, k, n = mkn
+    rng = np.random.default_rng(7 * m + k + n)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    pk = Q.PackedInt8Weight(b)
+    a8 = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    au = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    a7 = rng.integers(0, 128, (m, k), dtype=np.uint8)
+    for v in _versions_at(level, monkeypatch):
+        if v != "avx2_u7":
+            np.testing.assert_array_equal(pk.matmul(a8, version=v), _ref(a8, b), err_msg=v)
+            np.testing.assert_array_equal(pk.matmul(au, 17, v), _ref(au.astype(np.int64) - 17, b), err_msg=v)
+        np.testing.assert_array_equal(pk.matmul(a7, 3, v), _ref(a7.astype(np.int64) - 3, b), err_msg=v)
+    np.testing.assert_array_equal(pk.matmul(a8), _ref(a8, b))  # auto
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("va, vb", [(255, 127), (255, -128), (0, -128), (128, -128)])
+def test_packed_adversarial_u8_exact(level, va, vb, monkeypatch):
+    """All-255 (or 128) activations against all-127 / all -128 weights: every vpmaddubsw pair would saturate
+    (2*255*127 = 64770 > 32767); the non-saturating kernels must give the exact int32 result."""
+    k, n = 1027, 70
+    a = np.full((6, k), va, np.uint8)
+    b = np.full((k, n), vb, np.int8)
+    pk = Q.PackedInt8Weight(b)
+    want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    assert abs(int(want[0, 0])) == k * va * abs(vb)
+    for v in _versions_at(level, monkeypatch):
+        if v == "avx2_u7" and va > 127:
+            with pytest.raises(ValueError, match="0..127"):
+                pk.matmul(a, 0, v)
+            continue
+        np.testing.assert_array_equal(pk.matmul(a, 0, v), want, err_msg=v)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_int8_gemm_versions_exact_at_every_level(level, monkeypatch):
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    rng = np.random.default_rng(5)
+    a = rng.integers(-128, 128, (37, 300), dtype=np.int8)
+    b = rng.integers(-128, 128, (300, 90), dtype=np.int8)
+    a[:3], b[:, :2] = -128, -128
+    versions = Q.gemm.int8_gemm_versions()
+    assert versions[-1] == "scalar" and ("avx2_madd16" in versions) == (level != "scalar")
+    for v in versions:
+        np.testing.assert_array_equal(Q.int8_gemm(a, b, version=v), _ref(a, b), err_msg=v)
+
+
+@pytest.mark.skipif("avx2" not in C_TL.int8_gemm_paths(), reason="needs AVX2 (vpmaddubsw)")
+def test_maddubs_saturates_exactly_as_defined():
+    """The real vpmaddubsw kernel equals the numpy definition (int16-saturated pair sums) bit for bit: wrong vs the
+    int64 product on 8-bit codes, exact on 7-bit codes."""
+    rng = np.random.default_rng(11)
+    b = rng.integers(-128, 128, (301, 45), dtype=np.int8)
+    b[:, 0] = -128
+    a = rng.integers(0, 256, (9, 301), dtype=np.uint8)
+    a[0] = 255
+    got = Q.gemm.int8_gemm_maddubs_saturating(a, b)
+    np.testing.assert_array_equal(got, Q.gemm.maddubs_reference(a, b))
+    assert got[0, 0] == 150 * -32768 + 255 * -128  # 150 saturated pairs + the odd last product
+    assert (got != _ref(a, b)).any()
+    a7 = (a >> 1).astype(np.uint8)
+    np.testing.assert_array_equal(Q.gemm.int8_gemm_maddubs_saturating(a7, b), _ref(a7, b))
+
+
+def test_packed_weight_bad_input():
+    pk = Q.PackedInt8Weight(np.ones((8, 3), np.int8))
+    with pytest.raises(ValueError, match="version"):
+        pk.matmul(np.ones((2, 8), np.int8), version="sse9")
+    with pytest.raises(ValueError, match="zero_point"):
+        pk.matmul(np.ones((2, 8), np.int8), zero_point=3)
+    with pytest.raises(TypeError, match="a_int8"):
+        pk.matmul(np.ones((2, 8), np.int16))
+    with pytest.raises(ValueError, match="a_int8"):
+        pk.matmul(np.ones((2, 7), np.uint8))
+
+
+# ------------------------------------------------------------------------------------------ dynamic int8 Linear
+def _torch_dynamic(w, b):
+    import warnings
+
+    import torch
+
+    lin = torch.nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        lin.weight.copy_(torch.from_numpy(w))
+        lin.bias.copy_(torch.from_numpy(b))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, torch.qint8)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m, k, n", [(1, 64, 32), (32, 256, 100), (7, 1024, 1024)])
+def test_dynamic_linear_matches_torch(level, m, k, n, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    from tinylearn.quant.modules import DynamicQuantizedLinear
+
+    rng = np.random.default_rng(m + k)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    x = (rng.standard_normal((m, k)) + 0.3).astype(np.float32)
+    tq = _torch_dynamic(w, b)
+    y_t = tq(torch.from_numpy(x)).numpy()
+    mod = DynamicQuantizedLinear(w, b)  # torch defaults: per-tensor weights, reduce_range
+    y = mod(tl.Tensor(x)).data
+    assert mod.last_kernel == {"scalar": "scalar", "avx2": "avx2_u7"}.get(level, "avx512vnni")
+    # same quantization parameters as torch: weight scale, activation scale / zero point (reduce_range: 0..127)
+    assert np.isclose(mod.w_scale[0], tq[0].weight().q_scale(), rtol=1e-6)
+    s_t, z_t = torch._choose_qparams_per_tensor(torch.from_numpy(x), True)
+    sx, zx = mod.last_act_qparams
+    assert np.isclose(sx[0], s_t, rtol=1e-6) and int(zx[0]) == z_t
+    # quantization tolerance: one activation code step against the largest weight row, plus float rounding
+    step = float(sx[0]) * float(mod.w_scale[0]) * np.abs(mod.w_q.astype(np.int64)).sum(1).max()
+    np.testing.assert_allclose(y, y_t, atol=step / 64 + 1e-5, rtol=1e-5)
+    # and close to the float layer (error of 8-bit weights / 7-bit activations)
+    assert np.abs(y - (x @ w.T + b)).max() < 0.05 * np.abs(x @ w.T).max()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(
+    "per_channel, reduce_range, per_row",
+    [(False, True, False), (True, False, False), (True, True, True), (False, False, True)],
+)
+def test_dynamic_linear_accumulators_exact(level, per_channel, reduce_range, per_row, monkeypatch):
+    """The int32 accumulators inside the dynamic Linear equal numpy's int64 product bit for bit, on every level,
+    and the fused C++ forward equals the same arithmetic done in numpy (codes, accumulators, fp32 epilogue)."""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    from tinylearn.quant.modules import DynamicQuantizedLinear
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((70, 300)).astype(np.float32)
+    w[0] = np.abs(w[0])  # a same-sign row: large pair sums
+    b = rng.standard_normal(70).astype(np.float32)
+    x = np.abs(rng.standard_normal((2, 9, 300))).astype(np.float32) * 3  # non-negative: codes reach qmax
+    mod = DynamicQuantizedLinear(w, b, per_channel, reduce_range, per_row)
+    y = mod(x).data
+    assert y.shape == (2, 9, 70)
+    x2 = x.reshape(-1, 300)
+    q, s, z = mod.quantize_input(x2)
+    assert q.max() == (127 if reduce_range else 255)
+    np.testing.assert_array_equal(s, mod.last_act_qparams[0])
+    np.testing.assert_array_equal(z, mod.last_act_qparams[1])
+    acc = mod.int32_accumulators(q, z if per_row else int(z[0]))
+    want = (q.astype(np.int64) - z.astype(np.int64)[:, None]) @ mod.w_q.astype(np.int64).T
+    np.testing.assert_array_equal(acc, want)
+    sx = s[:, None] if per_row else s[0]
+    y_ref = acc.astype(np.float32) * (sx * mod.w_scale) + b
+    np.testing.assert_allclose(y.reshape(-1, 70), y_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_dynamic_linear_noncontiguous_and_module_swap():
+    from tinylearn.quant.modules import DynamicQuantizedLinear, quantize_dynamic
+
+    rng = np.random.default_rng(4)
+    model = tl.nn.Sequential(tl.nn.Linear(40, 30), tl.nn.ReLU(), tl.nn.Linear(30, 5))
+    qm = quantize_dynamic(model)
+    assert isinstance(qm[0], DynamicQuantizedLinear) and isinstance(qm[2], DynamicQuantizedLinear)
+    assert isinstance(model[0], tl.nn.Linear)  # original untouched
+    xt = rng.standard_normal((40, 12)).astype(np.float32).T  # non-contiguous [12, 40]
+    y = qm(tl.Tensor(xt)).data
+    np.testing.assert_allclose(y, qm(tl.Tensor(np.ascontiguousarray(xt))).data, rtol=0, atol=0)
+    y_f = model(tl.Tensor(xt)).data
+    assert np.abs(y - y_f).max() < 0.05 * np.abs(y_f).max() + 1e-3
+
+
+def test_dynamic_linear_bad_input():
+    from tinylearn.quant.modules import DynamicQuantizedLinear
+
+    mod = DynamicQuantizedLinear(np.ones((4, 8), np.float32))
+    with pytest.raises(ValueError, match="in_features"):
+        mod(np.ones((2, 7), np.float32))
+    x = np.ones((2, 8), np.float32)
+    x[1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        mod(x)
+    with pytest.raises(ValueError, match="weight"):
+        DynamicQuantizedLinear(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="bias"):
+        DynamicQuantizedLinear(np.ones((4, 8), np.float32), np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="version"):
+        DynamicQuantizedLinear(np.ones((4, 8), np.float32), version="sse9")

@@ -1,6 +1,15 @@
 """int8 GEMM front end: C = A @ B with int8 operands and exact int32 accumulation (C++ in tinylearn._C.quant;
 registered as ``quant.int8_gemm`` in tinylearn.backends, one version per SIMD path, plus an exact numpy reference).
 
+Versions ladder (cpp_src/quant_int8_gemm.cpp), all exact:
+    scalar        portable loops
+    avx2          B re-packed per call as int16 pairs, vpmaddwd (int16 x int16 pairs -> int32)
+    avx512vnni    B packed per call as bytes, vpdpbusd (u8 x s8 quads -> int32) with A offset by +128
+    avx2_madd16   the byte-packed B (one layout for every packed path) sign-extended per K block, vpmaddwd
+``PackedInt8Weight`` packs B once (the byte layout + column sums) and runs the packed kernels: avx512vnni,
+avx2_madd16, avx2_u7 (vpmaddubsw: only for uint8 codes <= 127, where its int16 pair sums cannot saturate) and
+scalar; uint8 activations with a zero point go straight in (``matmul(a_u8, zero_point=z)``).
+
 Exactness: |sum_k a_ik b_kj| <= K * 128 * 128 = K * 2^14 fits int32 for K <= 2^17. See cpp_src/quant_int8_gemm.cpp
 for the kernel versions (AVX-512 VNNI dpbusd with the +128 offset trick, AVX2 int16 madd, scalar) and why the
 AVX2 u8 x s8 ``maddubs`` instruction is *not* used for signed x signed products (its int16 pair sums saturate).
@@ -20,7 +29,8 @@ import numpy as np
 from .. import backends
 from .._inputs import as_array
 
-VERSIONS = ("auto", "avx512vnni", "avx2", "scalar")  # C++ code paths; "auto" = the best this CPU runs
+VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2", "scalar")  # C++ code paths; "auto" = best this CPU runs
+PACKED_VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2_u7", "scalar")  # PackedInt8Weight.matmul kernels
 
 
 def _C() -> Any:
@@ -32,14 +42,33 @@ def int8_gemm_paths() -> list[str]:
     return list(_C().int8_gemm_paths())
 
 
+def packed_versions() -> list[str]:
+    """Packed-B kernels this CPU runs, best first (e.g. ['avx512vnni', 'avx2_madd16', 'avx2_u7', 'scalar'])."""
+    return list(_C().int8_packed_versions())
+
+
+def int8_gemm_versions() -> list[str]:
+    """Every explicit ``int8_gemm`` version this CPU runs (the paths plus the packed-layout avx2_madd16)."""
+    out = int8_gemm_paths()
+    if "avx2" in out:
+        out.insert(out.index("avx2"), "avx2_madd16")
+    return out
+
+
 def _register() -> None:
     for v in VERSIONS:
 
         def fn(a: np.ndarray, b: np.ndarray, v: str = v) -> np.ndarray:
-            return _C().int8_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), v)
+            a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+            if v == "avx2_madd16":  # the packed-layout AVX2 kernel, B packed per call
+                if b.shape[1] == 0 or a.shape[0] == 0:
+                    return np.zeros((a.shape[0], b.shape[1]), np.int32)
+                packed, colsum = _C().int8_pack(b)
+                return _C().int8_gemm_packed(a, packed, colsum, b.shape[1], v)
+            return _C().int8_gemm(a, b, v)
 
         def runs_here(v: str = v) -> bool:
-            return backends.C_available("quant") and (v == "auto" or v in int8_gemm_paths())
+            return backends.C_available("quant") and (v == "auto" or v in int8_gemm_versions())
 
         backends.register("quant.int8_gemm", "cpp", fn, version=v, available=runs_here)
 
@@ -62,8 +91,8 @@ def int8_gemm(
     """Exact int8 x int8 -> int32 matrix product of a [M, K] and b [K, N] (any strides).
 
     backend: None (C++ when built, else numpy) | "cpp" | "numpy". version (cpp): "auto" (default) | "avx512vnni" |
-    "avx2" | "scalar" (``int8_gemm_paths()`` lists those this CPU runs). ``path=`` is the old name of ``version=``
-    (deprecated alias)."""
+    "avx2_madd16" | "avx2" | "scalar" (``int8_gemm_versions()`` lists those this CPU runs). ``path=`` is the old
+    name of ``version=`` (deprecated alias)."""
     if path is not None:
         warnings.warn("int8_gemm(path=) is deprecated; use version=", DeprecationWarning, stacklevel=2)
         if version is not None and version != path:
@@ -100,22 +129,62 @@ def requantize(acc: np.ndarray, multiplier: Any, zero_point: int, quant_min: int
     return np.clip(r, quant_min, quant_max).astype(np.int8 if quant_min < 0 else np.uint8)
 
 
+def maddubs_reference(a_u8: np.ndarray, b_s8: np.ndarray) -> np.ndarray:
+    """What AVX2 ``vpmaddubsw`` + ``vpmaddwd``(ones) + ``vpaddd`` compute for u8 A [M, K] x s8 B [K, N], in numpy:
+    adjacent products a[2t] b[2t] + a[2t+1] b[2t+1] summed and **saturated to int16**, then summed exactly in int32.
+    Equal to A @ B exactly when no pair leaves [-32768, 32767] (always so for codes <= 127)."""
+    a = as_array(a_u8, "a_u8", dtypes=(np.uint8,), ndim=2).astype(np.int64)
+    b = as_array(b_s8, "b_s8", dtypes=(np.int8,), ndim=2).astype(np.int64)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"maddubs_reference: inner dimensions differ: a_u8 {a.shape} @ b_s8 {b.shape}")
+    if a.shape[1] % 2:
+        a = np.pad(a, ((0, 0), (0, 1)))
+        b = np.pad(b, ((0, 1), (0, 0)))
+    pair = a[:, 0::2, None] * b[None, 0::2, :] + a[:, 1::2, None] * b[None, 1::2, :]  # [M, K/2, N]
+    return np.clip(pair, -32768, 32767).sum(1).astype(np.int32)
+
+
+def int8_gemm_maddubs_saturating(a_u8: Any, b_s8: Any) -> np.ndarray:
+    """Teaching rung: u8 A x s8 B through the real ``vpmaddubsw`` kernel *without* the 7-bit check, i.e. with
+    int16-saturated pair sums (equal to ``maddubs_reference``; wrong vs A @ B when pairs saturate). Needs AVX2."""
+    a = as_array(a_u8, "a_u8", dtypes=(np.uint8,), ndim=2)
+    b = as_array(b_s8, "b_s8", dtypes=(np.int8,), ndim=2)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"int8_gemm_maddubs_saturating: inner dimensions differ: a_u8 {a.shape} @ b_s8 {b.shape}")
+    return _C().int8_gemm_maddubs_saturating(np.ascontiguousarray(a), np.ascontiguousarray(b))
+
+
 class PackedInt8Weight:
-    """B [K, N] int8 packed once for repeated exact products A @ B (the AVX-512 VNNI panel layout, with the
-    column sums the +128 offset trick needs); falls back to plain int8_gemm on CPUs without VNNI."""
+    """B [K, N] int8 packed once for repeated exact products A @ B: bytes in 64-column panels of 4-deep K quads
+    (the vpdpbusd layout, which the AVX2 and scalar kernels read too) plus the column sums the zero-point/offset
+    correction needs. ``packed`` is (bytes, colsum); without the C++ extension matmul falls back to numpy."""
 
     def __init__(self, b_int8: np.ndarray) -> None:
         b_int8 = _check_int8(b_int8, "b_int8")
         self.k, self.n = b_int8.shape
         self.b = np.ascontiguousarray(b_int8)
         self.packed = None
-        if "avx512vnni" in int8_gemm_paths() and self.n > 0:
-            self.packed = _C().int8_pack_b(self.b)
+        if backends.C_available("quant") and self.n > 0:
+            self.packed = _C().int8_pack(self.b)
 
-    def matmul(self, a_int8: np.ndarray) -> np.ndarray:
-        a_int8 = _check_int8(a_int8, "a_int8")
-        if a_int8.shape[1] != self.k:
-            raise ValueError(f"a_int8: inner dimension {a_int8.shape[1]} != packed K {self.k}")
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.packed is None else int(self.packed[0].nbytes + self.packed[1].nbytes)
+
+    def matmul(self, a: Any, zero_point: int = 0, version: str | None = None) -> np.ndarray:
+        """(a - zero_point) @ B, exact int32. ``a``: int8 [M, K], or uint8 [M, K] codes with ``zero_point``.
+        version: None/"auto" | "avx512vnni" | "avx2_madd16" | "avx2_u7" (uint8 codes <= 127 only) | "scalar"."""
+        a = as_array(a, "a_int8", dtypes=(np.int8, np.uint8), ndim=2)
+        if a.shape[1] != self.k:
+            raise ValueError(f"a_int8: inner dimension {a.shape[1]} != packed K {self.k}")
+        if isinstance(zero_point, bool) or not isinstance(zero_point, int | np.integer):
+            raise TypeError(f"zero_point: expected an int, got {type(zero_point).__name__}")
+        if a.dtype == np.int8 and zero_point != 0:
+            raise ValueError(f"zero_point: {zero_point} given for int8 a_int8 (only uint8 codes take a zero point)")
+        v = "auto" if version is None else version
+        if v not in PACKED_VERSIONS:
+            raise ValueError(f"version: {version!r} is not one of {PACKED_VERSIONS}")
         if self.packed is None:
-            return int8_gemm(a_int8, self.b)
-        return _C().int8_gemm_prepacked(np.ascontiguousarray(a_int8), self.packed[0], self.packed[1], self.n)
+            return ((a.astype(np.int64) - zero_point) @ self.b.astype(np.int64)).astype(np.int32)
+        a = np.ascontiguousarray(a)
+        return _C().int8_gemm_packed(a, self.packed[0], self.packed[1], self.n, v, int(zero_point))

@@ -9,6 +9,11 @@ Int8 layer (static quantization, per-channel symmetric weights, affine int8 acti
 Layers hand float tensors to each other: dequantize(y_q) re-quantized with the same (s_y, z_y) by the next int8
 layer gives back exactly y_q, so the values equal an all-integer pipeline while pooling/flatten stay float.
 Conv2d lowers to the same GEMM by im2col on the int8 codes, padding with z_x (the code of 0.0).
+
+Dynamic int8 Linear (torch.ao.quantization.quantize_dynamic): weights quantized and packed once at construction;
+activations quantized per call from their own min/max (per tensor, or per row) to uint8 codes 0..255, or 0..127
+with ``reduce_range`` (torch's default on x86: 7-bit codes keep AVX2's vpmaddubsw pair sums from saturating);
+    y = float((x_q - z_x) @ w_q^T) * (s_x * s_w[j]) + b[j]          (one fused C++ call: int8_dynamic_linear)
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from ..nn import Conv2d, Linear, Module, Parameter
 from .affine import quantize
 from .fake_quant import fake_quantize, fake_quantize_learnable
 from .fp8 import fp8_decode, fp8_encode
-from .gemm import PackedInt8Weight
+from .gemm import PACKED_VERSIONS, PackedInt8Weight
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
 from .observers import PerChannelMinMaxObserver
 
@@ -134,6 +139,165 @@ class QuantizedLinear(Module, _Int8Core):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, relu={self.relu}"
+
+
+class DynamicQuantizedLinear(Module):
+    """Dynamic int8 Linear, like torch.ao.nn.quantized.dynamic.Linear: float in, float out.
+
+    Weights: symmetric int8, per tensor (torch's default dynamic qconfig) or per output channel, prepacked once.
+    Activations: quantized on every call to uint8 with scale/zero point from the batch's min/max (``per_row``:
+    one pair per row), 7-bit codes with ``reduce_range`` (torch's x86 default). Bias is added in the fused
+    epilogue. ``version`` picks the C++ kernel (``tl.quant.gemm.packed_versions()``); None = best for this CPU.
+    """
+
+    def __init__(
+        self,
+        weight: Any,
+        bias: Any = None,
+        per_channel: bool = False,
+        reduce_range: bool = True,
+        per_row: bool = False,
+        version: str | None = None,
+    ) -> None:
+        super().__init__()
+        from .affine import calculate_qparams
+
+        w = np.asarray(weight.data if isinstance(weight, Tensor) else weight, np.float32)
+        if w.ndim != 2 or w.shape[0] == 0 or w.shape[1] == 0:
+            raise ValueError(f"weight: expected a non-empty 2-D [out_features, in_features] array, got {w.shape}")
+        if not np.all(np.isfinite(w)):
+            raise ValueError("weight: contains NaN or Inf")
+        if version is not None and version not in PACKED_VERSIONS:
+            raise ValueError(f"version: {version!r} is not one of {PACKED_VERSIONS}")
+        self.out_features, self.in_features = w.shape
+        if per_channel:
+            ws, _ = calculate_qparams(w.min(1), w.max(1), "int8", symmetric=True)
+            axis = 0
+        else:
+            ws, _ = calculate_qparams(float(w.min()), float(w.max()), "int8", symmetric=True)
+            axis = None
+        self.w_scale = np.asarray(ws, np.float32).reshape(-1)
+        zp = np.zeros(self.w_scale.shape, np.int64) if per_channel else 0
+        self.w_q = quantize(w, self.w_scale if per_channel else float(self.w_scale[0]), zp, "int8", axis=axis)
+        self.w_packed = PackedInt8Weight(np.ascontiguousarray(self.w_q.T))  # [K, N], packed once
+        b = None if bias is None else np.asarray(bias.data if isinstance(bias, Tensor) else bias, np.float32)
+        if b is not None and b.shape != (self.out_features,):
+            raise ValueError(f"bias: expected shape ({self.out_features},), got {b.shape}")
+        self.bias_f = b
+        self.per_channel, self.reduce_range, self.per_row = bool(per_channel), bool(reduce_range), bool(per_row)
+        self.version = version
+        self.last_kernel: str | None = None  # the C++ kernel the last forward ran
+        self.last_act_qparams: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def from_float(
+        cls, mod: Linear, per_channel: bool = False, reduce_range: bool = True, per_row: bool = False
+    ) -> DynamicQuantizedLinear:
+        return cls(mod.weight.data, None if mod.bias is None else mod.bias.data, per_channel, reduce_range, per_row)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.w_q.size + 4 * self.w_scale.size + (0 if self.bias_f is None else 4 * self.bias_f.size)
+
+    def int32_accumulators(self, x_codes: np.ndarray, zero_point: int | np.ndarray) -> np.ndarray:
+        """(x_codes - zero_point) @ w_q^T with the packed weights (exact int32): the GEMM inside forward."""
+        z = np.asarray(zero_point).reshape(-1)
+        if z.size == 1:
+            return self.w_packed.matmul(x_codes, int(z[0]), self.version)
+        return self.w_packed.matmul(x_codes, 0, self.version) - (z[:, None] * self.w_q.astype(np.int32).sum(1))
+
+    def forward(self, x: Any) -> Tensor:
+        xa = x.data if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        if xa.ndim < 1 or xa.shape[-1] != self.in_features:
+            raise ValueError(f"x: last dimension must be in_features={self.in_features}, got shape {xa.shape}")
+        lead = xa.shape[:-1]
+        x2 = np.ascontiguousarray(xa.reshape(-1, self.in_features), dtype=np.float32)
+        if self.w_packed.packed is None:  # no C++ extension: the same arithmetic in numpy
+            y, sx, zx, kern = self._forward_numpy(x2)
+        else:
+            y, sx, zx, kern = self.w_packed_C().int8_dynamic_linear(
+                x2,
+                self.w_packed.packed[0],
+                self.w_packed.packed[1],
+                self.out_features,
+                self.w_scale,
+                self.bias_f,
+                self.reduce_range,
+                self.per_row,
+                self.version or "auto",
+            )
+        self.last_kernel, self.last_act_qparams = kern, (sx, zx)
+        return Tensor(y.reshape(*lead, self.out_features))
+
+    @staticmethod
+    def w_packed_C() -> Any:
+        from .gemm import _C
+
+        return _C()
+
+    def act_qparams(self, x2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """torch's dynamic activation qparams (fbgemm ChooseQuantizationParams) for x2 [M, K], per tensor or row."""
+        qmax = 127 if self.reduce_range else 255
+        rows = x2 if self.per_row else x2.reshape(1, -1)
+        if not np.all(np.isfinite(rows)):
+            raise ValueError("x: contains NaN or Inf (no finite quantization range)")
+        mn = np.minimum(rows.min(1) if rows.size else np.zeros(len(rows)), 0).astype(np.float32)
+        mx = np.maximum(rows.max(1) if rows.size else np.zeros(len(rows)), 0).astype(np.float32)
+        s = ((mx.astype(np.float64) - mn) / qmax).astype(np.float32)
+        s = np.where((s == 0) | ~np.isfinite(np.float32(1) / np.where(s == 0, 1, s)), np.float32(0.1), s)
+        s64 = s.astype(np.float64)
+        zmin, zmax = -mn / s64, qmax - mx / s64
+        emin, emax = np.abs(mn / s64), qmax + np.abs(mx / s64)
+        z = np.clip(np.rint(np.where(emin < emax, zmin, zmax)), 0, qmax).astype(np.int32)
+        return s.astype(np.float32), z
+
+    def quantize_input(self, x2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """x2 [M, K] -> (uint8 codes, scales, zero points) exactly as forward quantizes it."""
+        s, z = self.act_qparams(x2)
+        qmax = 127 if self.reduce_range else 255
+        sr = s[:, None] if self.per_row else s[0]
+        zr = z[:, None] if self.per_row else z[0]
+        q = np.clip(np.rint(x2 * (np.float32(1) / sr)) + zr, 0, qmax).astype(np.uint8)
+        return q, s, z
+
+    def _forward_numpy(self, x2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        q, s, z = self.quantize_input(x2)
+        acc = self.int32_accumulators(q, z if self.per_row else z[0])
+        sx = s[:, None] if self.per_row else s[0]
+        y = acc.astype(np.float32) * (sx * self.w_scale)
+        if self.bias_f is not None:
+            y = y + self.bias_f
+        return y.astype(np.float32), s, z, "numpy"
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, per_channel={self.per_channel}, "
+            f"reduce_range={self.reduce_range}, per_row={self.per_row}"
+        )
+
+
+def quantize_dynamic(
+    model: Module, per_channel: bool = False, reduce_range: bool = True, per_row: bool = False
+) -> Module:
+    """A copy of ``model`` with every ``Linear`` replaced by a ``DynamicQuantizedLinear`` (like torch's
+    ``quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)``); the original is left untouched."""
+    import copy
+
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a tinylearn Module, got {type(model).__name__}")
+    if isinstance(model, Linear):
+        return DynamicQuantizedLinear.from_float(model, per_channel, reduce_range, per_row)
+    out = copy.deepcopy(model)
+
+    def swap(mod: Module) -> None:
+        for name, child in list(mod._modules.items()):
+            if isinstance(child, Linear):
+                setattr(mod, name, DynamicQuantizedLinear.from_float(child, per_channel, reduce_range, per_row))
+            elif isinstance(child, Module):
+                swap(child)
+
+    swap(out)
+    return out
 
 
 class QuantizedConv2d(Module, _Int8Core):
