@@ -9,6 +9,10 @@
    "tensors" traces hold tinylearn tensor storage (storage hook), "numpy" traces every numpy data allocation of
    the step (temporaries, gradients, optimizer state; recorded with a numpy memory handler).
 3. A training loop under pooled(): identical losses, numpy data allocations vs allocations reaching the system.
+0. (first table) The caching allocator's fast path for cached-block reuse: ns per malloc+free pair of the same size
+   (64 B, 4 KiB, 1 MiB, 64 MiB) in the C++ loop for glibc, the tree path and the fast path (one mutex per call, and
+   one mutex per trace), with the std::set lookups per pair counted; and from Python, the raw fast call vs the
+   pybind11 call, each against glibc malloc/free through ctypes in the same Python loop ("x glibc ctypes").
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .bump import BumpAllocator
 from .caching import CachingAllocator
 from .freelist import BestFitAllocator, FirstFitAllocator
 from .slab import SlabAllocator
-from .trace import lifetimes_from_ops, pair_ops, random_ops, replay_python, replay_stats
+from .trace import lifetimes_from_ops, pair_ops, random_ops, replay_stats
 
 MiB = 1 << 20
 CAPACITY = 256 * MiB
@@ -61,6 +65,31 @@ NAMES = ("caching", "bump", "first_fit", "best_fit", "buddy", "slab")
 
 def _libc() -> Any:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def handle_replay(ops: np.ndarray, malloc: Callable[..., Any], free: Callable[[Any], Any]) -> Callable[[], None]:
+    """The Python loop every handle-returning allocator is driven by (glibc through ctypes, the tinylearn
+    allocators): rows converted once, outside the timed call; one malloc call and one free call per pair."""
+    rows = ops.tolist()
+
+    def run() -> None:
+        out: list[Any] = []
+        keep = out.append
+        for op, arg in rows:
+            if op:
+                free(out[arg])
+            else:
+                keep(malloc(arg))
+
+    return run
+
+
+def glibc_ctypes() -> tuple[Callable[[int], int], Callable[[int], None]]:
+    """glibc malloc / free as ctypes functions (size_t -> void*, void* -> None)."""
+    libc = _libc()
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    return libc.malloc, libc.free
 
 
 def _object_replay(ops: np.ndarray, new: Callable[[int], Any], release: Callable[[Any], None]) -> Callable[[], None]:
@@ -134,16 +163,14 @@ def latency_table(full: bool = False, progress: Any = None) -> Table:
         "1 MiB blocks": pair_ops(n_pairs, MiB),
         "random trace 16B-1MiB": random_ops(2 * n_pairs, (16, MiB), max_live=64, seed=int(rng.integers(1000))),
     }
-    libc = _libc()
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    c_malloc, c_free = glibc_ctypes()
     for case, ops in mixes.items():
         pairs = int((ops[:, 0] == 0).sum())
         with cmp.case(case) as c:
             fns: list[tuple[str, Callable[[], Any], str]] = [
                 ("torch.empty", _object_replay(ops, _torch_empty(torch), _drop), "py loop"),
                 ("numpy.empty", _object_replay(ops, _numpy_empty, _drop), "py loop"),
-                ("glibc malloc", _object_replay(ops, libc.malloc, libc.free), "py loop (ctypes)"),
+                ("glibc malloc", handle_replay(ops, c_malloc, c_free), "py loop (ctypes)"),
                 ("glibc malloc C++", partial(load_cpp().malloc_replay, ops), "C++ loop"),
             ]
             for impl, fn, how in fns:
@@ -160,11 +187,13 @@ def latency_table(full: bool = False, progress: Any = None) -> Table:
             cmp.table.add(row)
             for name in NAMES:
                 _add(c, f"{name} cpp C++", partial(make(name, "cpp")._core.replay, ops), "C++ loop", pairs)
-                _add(c, f"{name} cpp", partial(replay_python, make(name, "cpp"), ops), "py loop", pairs)
-                _add(c, f"{name} python", partial(replay_python, make(name, "python"), ops), "py loop", pairs)
+                a_cpp, a_py = make(name, "cpp"), make(name, "python")
+                _add(c, f"{name} cpp", handle_replay(ops, a_cpp.malloc, a_cpp.free), "py loop", pairs)
+                _add(c, f"{name} python", handle_replay(ops, a_py.malloc, a_py.free), "py loop", pairs)
     cmp.note(
         "ns/pair = median time of the whole trace / number of malloc+free pairs; 'C++ loop' rows run the trace "
-        "inside C++ (the allocator's own cost), 'py loop' rows make one Python call per malloc and per free."
+        "inside C++ (the allocator's own cost), 'py loop' rows make one Python call per malloc and per free "
+        "(glibc through ctypes and the allocators share one loop, handle_replay; numpy/torch drop the object)."
     )
     cmp.note(
         "glibc raises its mmap threshold dynamically after the first free of an mmapped chunk, so repeated 1 MiB "
@@ -175,6 +204,93 @@ def latency_table(full: bool = False, progress: Any = None) -> Table:
         "allocator API (its buffers are allocated by the runtime at realize time), so it has no column here."
     )
     return cmp.table
+
+
+FASTPATH_SIZES = {"64 B": 64, "4 KiB": 4096, "1 MiB": MiB, "64 MiB": 64 * MiB}
+
+
+def _cpp_seconds(fn: Callable[[], float], repeat: int) -> tuple[float, float]:
+    """(median, min) of the seconds ``fn`` reports (timed inside C++, around the loop only), after one warm-up."""
+    fn()
+    ts = sorted(fn() for _ in range(repeat))
+    return ts[len(ts) // 2], ts[0]
+
+
+def fastpath_rows(
+    sizes: dict[str, int] | None = None, n_pairs: int = 20_000, repeat: int = 7, py_pairs: int = 2_000
+) -> Table:
+    """ns per malloc+free pair of one size, C++ loop and Python loop (see the module docstring, table 0)."""
+    sizes = FASTPATH_SIZES if sizes is None else sizes
+    C = load_cpp()
+    table = Table("memory: caching allocator fast path, malloc+free pairs of one size", baseline="glibc malloc C++")
+    c_malloc, c_free = glibc_ctypes()
+
+    def add(case: str, impl: str, secs: tuple[float, float], pairs: int, note: str, **extra: Any) -> Row:
+        row = Row(case, impl, secs[0] * 1e3, min_ms=secs[1] * 1e3, note=note)
+        row.extra["ns/pair"] = round(secs[0] * 1e9 / pairs, 1)
+        row.extra.update(extra)
+        table.add(row)
+        return row
+
+    for case, size in sizes.items():
+        pairs = n_pairs if size <= 16 * MiB else max(1, n_pairs // 10)  # glibc mmaps 64 MiB: ~10-40 us a pair
+        ops = pair_ops(pairs, size)
+        add(case, "glibc malloc C++", _cpp_seconds(partial(C.malloc_replay, ops), repeat), pairs, "C++ loop")
+        for impl, fast, per_call in (
+            ("caching tree path C++", False, True),
+            ("caching fast path C++", True, True),
+            ("caching fast path C++, 1 lock", True, False),
+        ):
+            a = CachingAllocator(CAPACITY, backend="cpp", fast_path=fast)
+            secs = _cpp_seconds(lambda a=a, per_call=per_call, ops=ops: a._core.replay(ops, per_call)[1], repeat)
+            k = a.fast_counters()
+            runs = repeat + 1
+            how = "C++ loop, mutex per call" if per_call else "C++ loop, mutex once per trace"
+            add(
+                case,
+                impl,
+                secs,
+                pairs,
+                how,
+                **{
+                    "tree lookups/pair": round(k["tree_lookups"] / (runs * pairs), 3),
+                    "tree updates/pair": round(k["tree_updates"] / (runs * pairs), 3),
+                },
+            )
+        # from Python: the same loop for every row; ratio to glibc through ctypes
+        pops = pair_ops(py_pairs, size)
+        g = measure(handle_replay(pops, c_malloc, c_free), warmup=2, repeat=repeat)
+        add(case, "glibc malloc (ctypes)", (g.median, g.min), py_pairs, "py loop", **{"x glibc ctypes": 1.0})
+        fast = CachingAllocator(CAPACITY, backend="cpp")
+        slow = CachingAllocator(CAPACITY, backend="cpp", fast_path=False)
+        core = slow._core
+        for impl, mf, ff, how in (
+            ("caching fast call", fast.malloc, fast.free, "py loop, raw METH_FASTCALL builtins, fast path"),
+            ("caching pybind11 call", core.malloc, core.free, "py loop, pybind11 methods, tree path"),
+        ):
+            t = measure(handle_replay(pops, mf, ff), warmup=2, repeat=repeat)
+            add(case, impl, (t.median, t.min), py_pairs, how, **{"x glibc ctypes": round(t.median / g.median, 3)})
+    table.compute_ratios()
+    for r in table.rows:
+        if r.note.startswith("py loop"):
+            r.ratio = None  # "x glibc malloc C++" is for the C++ loop rows; py rows carry "x glibc ctypes"
+    table.notes.append(
+        "ns/pair = median seconds of the trace (timed inside C++ for C++-loop rows) / pairs; tree lookups and "
+        "updates per pair are std::set lower_bound and insert/erase calls counted by the allocator (fast_counters)."
+    )
+    table.notes.append(
+        "the fast path makes the tree path's decisions (same offsets and stats); a malloc whose block is freed "
+        "before the next operation costs no tree work. glibc serves 64 B from its per-thread tcache without any "
+        "atomic, and maps/unmaps 64 MiB blocks (above the mmap threshold) on every pair."
+    )
+    return table
+
+
+def fastpath_table(full: bool = False, progress: Any = None) -> Table:
+    t = fastpath_rows(n_pairs=100_000 if full else 20_000, repeat=9 if full else 7, py_pairs=10_000 if full else 2_000)
+    if progress is not None:
+        progress("caching fast path")
+    return t
 
 
 def traces(full: bool = False) -> dict[str, np.ndarray]:
@@ -324,7 +440,12 @@ def _train_with(train: Any, steps: int, make_alloc: Callable[[], Any], numpy_mod
 
 
 def run(full: bool = False, progress: Any = None) -> list[Table]:
-    return [latency_table(full, progress), replay_table(full, progress), pooled_table(full, progress)]
+    return [
+        fastpath_table(full, progress),
+        latency_table(full, progress),
+        replay_table(full, progress),
+        pooled_table(full, progress),
+    ]
 
 
 if __name__ == "__main__":
