@@ -99,11 +99,13 @@ def test_reference_tiled_flash_matches_naive(causal: bool, block: int) -> None:
     assert_close(lse, lse_ref, "float64")
 
 
+@pytest.mark.parametrize("version", cpu_k.ATTENTION_VERSIONS)
 @pytest.mark.parametrize("block", [1, 5, 16, 128])
-def test_cpu_flash_block_sizes(block: int) -> None:
+def test_cpu_flash_block_sizes(block: int, version: str) -> None:
+    """Every flash rung (tests/test_flash_cpu.py runs them on every CPU path, with more shapes)."""
     q, k, v = (make_array((2, 3, 41, 16), seed=10 + i) for i in range(3))
     for causal in (False, True):
-        o = tl.kernels.flash_attention(q, k, v, causal, block_size=block, backend="cpu")
+        o = tl.kernels.flash_attention(q, k, v, causal, block_size=block, backend="cpu", version=version)
         expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=causal)
         assert_close(o, expected, "float32")
 
