@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +73,8 @@ void check_dtype(const py::array& a, const char* name) {
 // Below this many copied elements a parallel region costs more than it saves (thread wake-up, and on a
 // loaded machine whole scheduler slices): small layers such as the digits CNN run single-threaded.
 constexpr ssize_t kParallelMinElems = ssize_t(1) << 16;
+// A plain row copy does ~1 ns of work per element: threads pay off only from ~1 Mi elements (transpose01).
+constexpr ssize_t kCopyMinElems = ssize_t(1) << 20;
 
 // Column-matrix addressing: row r = (c*kh+i)*kw+j of image n starts at cols + n*bstride + r*rstride.
 //   "NKL" (unfold layout [N, K, L]):  bstride = K*L, rstride = L
@@ -144,27 +148,37 @@ void col2im_impl(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W
 }
 
 // ------------------------------------------------------------------------------------------------ v1 (streaming)
-// Threads: a few std::threads that take channels from a shared atomic counter and exit when none are left. No
-// OpenMP team here on purpose: after a parallel region libgomp's workers spin (GOMP_SPINCOUNT) and, on a 2-core
-// machine, steal the cores from the OpenBLAS threads of the GEMM that follows im2col (measured: conv2d with v0 was
-// slower than the numpy backend). Thread start-up costs ~20-50 us, far below the ~1 ms of a layer's im2col; below
-// kParallelMinElems everything runs on the calling thread. The count follows OMP_NUM_THREADS (omp_get_max_threads).
+// Threads: a few std::threads that take items (channels) from a shared atomic counter. No OpenMP team here on
+// purpose: after a parallel region libgomp's workers spin (GOMP_SPINCOUNT) and, on a 2-core machine, steal the
+// cores from the OpenBLAS threads of the GEMM that follows im2col (measured: conv2d with v0 was slower than the
+// numpy backend). The helpers are detached: the caller works through the items itself and then waits only for
+// items a helper has *claimed* and not finished, never for a helper that the scheduler has not started yet (on a
+// loaded machine that wait is a whole time slice). A late helper finds the counter exhausted and exits touching
+// only the shared state it co-owns. Thread start-up costs ~20-50 us, far below a layer's ~1 ms im2col; below
+// `min_elems` everything runs on the calling thread. The count follows OMP_NUM_THREADS (omp_get_max_threads).
+struct WorkState {
+  std::atomic<ssize_t> next{0}, done{0};
+  std::function<void(ssize_t)> body;  // valid while the caller waits: only called for claimed items
+};
+
 template <typename F>
-void run_over(ssize_t items, ssize_t work_elems, F&& body) {
-  ssize_t nt = work_elems >= kParallelMinElems ? std::min<ssize_t>(tl::n_threads(), items) : 1;
+void run_over(ssize_t items, ssize_t work_elems, F&& body, ssize_t min_elems = kParallelMinElems) {
+  const ssize_t nt = work_elems >= min_elems ? std::min<ssize_t>(tl::n_threads(), items) : 1;
   if (nt <= 1) {
     for (ssize_t it = 0; it < items; ++it) body(it);
     return;
   }
-  std::atomic<ssize_t> next{0};
-  auto worker = [&] {
-    for (ssize_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) body(it);
+  auto st = std::make_shared<WorkState>();
+  st->body = [&body](ssize_t it) { body(it); };
+  auto drain = [items](WorkState& w) {
+    for (ssize_t it; (it = w.next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      w.body(it);
+      w.done.fetch_add(1, std::memory_order_release);
+    }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(nt - 1));
-  for (ssize_t t = 1; t < nt; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  for (ssize_t t = 1; t < nt; ++t) std::thread([st, drain] { drain(*st); }).detach();
+  drain(*st);
+  while (st->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
 
 // One output row segment of OW values for input row `src` (already offset by the kernel column j): zeros where
@@ -387,7 +401,7 @@ void transpose01_impl(const T* in, T* out, const T* bias, ssize_t A, ssize_t B, 
         for (ssize_t l = 0; l < L; ++l) d[l] = s[l] + v;
       }
     }
-  });
+  }, kCopyMinElems);
 }
 
 py::array transpose01(const py::array& a, const py::object& bias) {

@@ -104,9 +104,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The three backends (numpy stride tricks, numba `prange`, C++/OpenMP) produce **bit-identical** columns, and
-# match `F.unfold` exactly — it is a pure copy. A grid of kernel / stride / padding / dilation, including
-# non-square ones:
+# The three backends (numpy stride tricks, numba `prange`, C++ with threads over channels) produce
+# **bit-identical** columns, and match `F.unfold` exactly — it is a pure copy. A grid of kernel / stride / padding /
+# dilation, including non-square ones (the C++ versions ladder, v0 → v1, is in §8):
 
 # %%
 x = rng.standard_normal((2, 3, 11, 9)).astype(np.float32)
@@ -377,10 +377,12 @@ print(
 # %% [markdown]
 # ## 8. Speed vs torch and tinygrad: what really costs, and the roofline [Q22] [Q32]
 #
-# The forward of five ResNet layers in tinylearn (C++ im2col + one OpenBLAS GEMM via `np.matmul`, then a
-# transpose to NCHW), torch (oneDNN's direct/implicit-GEMM kernels) and tinygrad (TinyJit on its CPU device,
-# clang-compiled). Then tinylearn's forward taken apart: the im2col copy, the GEMM alone, and the GEMM's GFLOP/s
-# against the machine's measured SGEMM peak. (`python -m tinylearn bench conv` adds forward+backward.)
+# The forward of five ResNet layers in tinylearn (C++ im2col v1 + one OpenBLAS GEMM over the whole batch via
+# `np.matmul`, then a row-copy transpose to NCHW with the bias fused; the 1×1 layer takes the direct path: a batched
+# matmul on x itself, no im2col), torch (oneDNN's direct/implicit-GEMM kernels) and tinygrad (TinyJit on its CPU
+# device, clang-compiled). Then tinylearn's forward taken apart: the im2col copy, the GEMM alone, and the GEMM's
+# GFLOP/s against the machine's measured SGEMM peak. (`python -m tinylearn bench conv` adds forward+backward, the
+# im2col GB/s against STREAM copy and the small-CNN training step.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -460,17 +462,18 @@ assert all(rows[(n[0], ours)].median_ms > 0 and rows[(n[0], "torch")].median_ms 
 
 # %% [markdown]
 # **What really costs.** If im2col were the reason torch leads, the copy would dominate tinylearn's time. Taken
-# apart, tinylearn's forward is three parts: the column copy, the GEMM, and the rest — the transpose of
-# `[OC, N·L]` back to NCHW, the bias, and first-touch page faults of the 3.6–14.5 MB buffers (asserted, batch 2)
-# that are freshly allocated on every call. On the deeper 3×3 layers (C ≥ 128) the GEMM does 2·OC = 256–512 FLOPs
-# per copied element (asserted from the shapes) and the copy none, so the copy *should* cost less than the GEMM;
-# the cell prints the measured ratio but does not assert it: the copy writes a freshly allocated buffer, so its time
-# includes page faults and thread wake-ups, and on some machines it measured slower than the GEMM. The GEMMs are
-# skinny (M = OC = 64…256 rows against N = batch·OH·OW = 392…6272 columns); their rate
-# relative to a square 768³ SGEMM timed alternately with them is printed — close to it on a quiet machine, erratic
-# under load. What oneDNN saves is the *data movement around* the GEMM: it never materialises the columns
-# (implicit GEMM over a blocked `nChw16c` layout that keeps the kernel's input band in cache), writes its output in
-# place in the final layout, and reuses its buffers. A faster GEMM-based conv therefore starts with reused
+# apart, tinylearn's forward is three parts: the column copy, the GEMM, and the rest — the transpose of `[OC, N·L]`
+# back to NCHW with the bias (C++ row copies), and first-touch page faults of the 3.6–14.5 MB buffers (asserted,
+# batch 2) that are freshly allocated on every call. (For the 1×1 layer the table's "im2col" column is the transpose
+# the old path needed; the forward itself skips it.) On the deeper 3×3 layers (C ≥ 128) the GEMM does 2·OC = 256–512
+# FLOPs per copied element (asserted from the shapes) and the copy none, so the copy *should* cost less than the
+# GEMM; the cell prints the measured ratio but does not assert it: the copy writes a freshly allocated buffer, so
+# its time includes page faults and thread wake-ups, and on some machines it measured slower than the GEMM. The
+# GEMMs are skinny (M = OC = 64…256 rows against N = batch·OH·OW = 392…6272 columns); their rate relative to a
+# square 768³ SGEMM timed alternately with them is printed — close to it on a quiet machine, erratic under load.
+# What oneDNN saves is the *data movement around* the GEMM: it never materialises the columns (implicit GEMM over a
+# blocked `nChw16c` layout that keeps the kernel's input band in cache), writes its output in place in the final
+# layout, and reuses its buffers. A faster GEMM-based conv therefore starts with reused
 # workspaces and an output written directly in NCHW, then shape-aware GEMM blocking — not with a faster copy.
 
 # %%
@@ -504,6 +507,86 @@ print(
 # on the C >= 128 3x3 layers the GEMM does 2*OC = 256-512 flops per copied element
 assert all(256 <= 2 * parts[n]["shape"][0] <= 512 for n in deep), {n: parts[n]["shape"] for n in deep}
 assert FULL or all(3.5 < d["cols_mb"] < 14.5 for n, d in parts.items() if n.startswith("3x3"))  # 3.6-14.5 MB
+
+# %% [markdown]
+# ### The C++ im2col ladder: v0 → v1, against the STREAM copy roof [Q22]
+#
+# im2col is a copy, so its ceiling is the machine's copy bandwidth, not its FLOP rate. The C++ file keeps its
+# versions side by side (`cpp_src/conv_im2col.cpp`, `version="v0"|"v1"`, both checked bit for bit against
+# `F.unfold` / `F.fold` in the tests):
+#
+# - **v0** — OpenMP over the `N·C` image planes; per (tap, output row) a bounds test, a `memcpy` of the valid
+#   span (stride 1) or an indexed gather. In the batch-folded `[K, N·L]` layout a plane's rows land `N·L` apart.
+#   Its hidden cost: after the parallel region libgomp's workers *spin*, and on a 2-core machine they fight the
+#   OpenBLAS threads of the GEMM that runs next.
+# - **v1** — threads over *input channels*: channel c owns the contiguous block of `kh·kw` rows of the column
+#   matrix and writes it front to back; the valid (oh, ow) ranges of each tap are computed once, so the row loop is
+#   `memset` / copy / `memset` with no per-element index test; stride 1 and 2 are compile-time constants (`memcpy`
+#   and a vectorised even-element gather). The threads are plain `std::thread`s that exit when the channels run out
+#   — nothing spins after the copy.
+#
+# Bytes moved by im2col: x read once plus the columns written once; GB/s = bytes / best time, compared with the
+# STREAM "copy" kernel (`dst = src`, 2 × bytes counted, 128 MiB, same threads). The columns of these layers
+# (3.6–14.5 MB at batch 2) partly stay in the last-level cache, so im2col can exceed the DRAM copy figure. The
+# GEMM is OpenBLAS (`np.matmul`): the project's own C++ GEMM (`tl.gemm.matmul(backend="cpp")`, the packed-SIMD ladder
+# of the GEMM topic) gives the same product, and its time on the first layer's shape is printed next to OpenBLAS's.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn import backends as _be  # noqa: E402
+from tinylearn.conv.bench import stream_copy_gbs  # noqa: E402
+from tinylearn.conv.im2col import im2col_raw  # noqa: E402
+
+copy_gbs = stream_copy_gbs(repeat=3)
+print(f"STREAM copy (128 MiB, C++ threads): {copy_gbs:.1f} GB/s (loaded machine)")
+ladder = {}
+if tl.conv.cpp_available():
+    print(f"{'layer':18} {'v0 ms':>7} {'v1 ms':>7} {'v1 GB/s':>8} {'% of copy':>10}")
+    for name, C, OC, H, k, s, p in LAYERS:
+        if k == 1:
+            continue  # the 1x1 layer builds no columns
+        x, w, b = layer_arrays(C, OC, H, k, batch)
+        kk, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
+        t = {}
+        for v in ("v0", "v1"):
+            t[v] = measure(
+                lambda v=v, x=x, kk=kk, s2=s2, p2=p2, out=out: im2col_raw(x, kk, s2, p2, (1, 1), out, "cpp", "KNL", v),
+                warmup=1,
+                repeat=5,
+            ).min
+        c0 = im2col_raw(x, kk, s2, p2, (1, 1), out, "cpp", "KNL", "v0")
+        c1 = im2col_raw(x, kk, s2, p2, (1, 1), out, "cpp", "KNL", "v1")
+        assert np.array_equal(c0, c1)  # the ladder's rungs agree bit for bit
+        nbytes = x.nbytes + c1.nbytes
+        assert nbytes == 4 * (x.size + C * kk[0] * kk[1] * batch * out[0] * out[1])  # x read + cols written, fp32
+        ladder[name] = {"v0": t["v0"], "v1": t["v1"], "gbs": nbytes / t["v1"] / 1e9}
+        print(
+            f"{name:18} {1e3 * t['v0']:7.2f} {1e3 * t['v1']:7.2f} {ladder[name]['gbs']:8.1f} "
+            f"{100 * ladder[name]['gbs'] / copy_gbs:9.0f}%"
+        )
+    # the GEMM: OpenBLAS vs the project's C++ GEMM on the first layer's [OC, K] x [K, N*L]
+    name, C, OC, H, k, s, p = LAYERS[0]
+    x, w, b = layer_arrays(C, OC, H, k, batch)
+    kk, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
+    cols = conv_cols(x, kk, s2, p2, d2, out, "cpp")
+    w2 = w.reshape(OC, -1)
+    t_blas = measure(lambda: w2 @ cols, warmup=1, repeat=3).min
+    if _be.C_available("gemm"):
+        t_own = measure(lambda: tl.gemm.matmul(w2, cols, backend="cpp"), warmup=1, repeat=3).min
+        tl.testing.assert_close(tl.gemm.matmul(w2, cols, backend="cpp"), w2 @ cols, reduction_size=w2.shape[1])
+        print(
+            f"{name} GEMM {OC}x{w2.shape[1]}x{cols.shape[1]}: OpenBLAS {1e3 * t_blas:.2f} ms, project C++ GEMM "
+            f"{1e3 * t_own:.2f} ms ({t_own / t_blas:.1f}x; conv2d uses OpenBLAS)"
+        )
+assert copy_gbs > 0.1
+assert not tl.conv.cpp_available() or len(ladder) == 4
+
+# %% [markdown]
+# **Reading the ladder.** Both rungs produce the same bytes (asserted); v1 is the default. What changed is *how*
+# the copy runs, not what it computes: contiguous per-thread writes, no index tests inside rows, and no threads
+# left spinning against the GEMM's. The backward uses the same kernels: it keeps the forward's columns for
+# `dW = dYᵀ·colsᵀ` (one GEMM over the whole batch), computes `dX = col2im(Wᵀ·dYᵀ)` (one GEMM, then the adjoint
+# copy, threaded over channels the same way) and `db = Σ dY` — one GEMM per gradient.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -606,7 +689,10 @@ print(
 #   `[OC, C·kh·kw] @ [C·kh·kw, N·OH·OW]`. Cost: memory `kh·kw/s²` × the input (9× for 3×3, 12.25× for the 7×7/2
 #   stem, §5), bounded by row-tiling to `N·K·R·OW`. Time: on the C ≥ 128 3×3 layers the GEMM does 256–512 FLOPs
 #   per copied element (§8), so the copy should be the smaller part — but a fresh buffer's page faults can make it
-#   as slow as the GEMM; what a GEMM-based conv loses to oneDNN is the data movement around the GEMM.
+#   as slow as the GEMM; what a GEMM-based conv loses to oneDNN is the data movement around the GEMM. Optimised
+#   im2col streams: threads over input channels, each writing its contiguous block of rows, tap ranges hoisted
+#   out of the row loop (memset / memcpy / memset), no spinning thread pool next to the BLAS threads; its roof is
+#   the STREAM copy bandwidth (§8 ladder v0 → v1). A 1×1 stride-1 conv needs no im2col: `y[n] = W·x[n]`.
 # - **[Q32] Conv optimisations.** Winograd F(2×2,3×3) does 16 instead of 36 multiplies per tile (2.25×) but is
 #   ~2× less accurate in fp16 (§6, asserted worse on every C); depthwise = `groups = C` (§3); BN folds into
 #   `W' = γW/√(σ²+ε)`, `b' = γ(b−μ)/√(σ²+ε)+β` (§7). Against oneDNN the cost is the materialised columns, the
