@@ -571,3 +571,18 @@ def test_inplace_updates_under_no_grad_modify_the_parameter():
 
 def test_gradcheck_accepts_numpy_inputs():
     assert gradcheck(lambda a, b: (a * b).sum(), [np.array([1.0, 2.0]), np.array([3.0, -1.0])])
+
+
+def test_bench_step_phases_and_thread_arguments():
+    from tinylearn.autograd import bench as B
+
+    for kind in ("mlp", "cnn"):
+        r = B.step_phases(kind, threads=1, steps=1, warmup=0, legacy=kind == "cnn")
+        assert set(r) == {"tinylearn", "torch"} and all(set(v) == set(B.PHASES) for v in r.values())
+        assert all(ms > 0 for v in r.values() for ms in v.values())
+    with pytest.raises(ValueError, match="threads"):
+        B.run(cases=("mlp",), threads=0)
+    with pytest.raises(ValueError, match="kind"):
+        B.step_phases("rnn")
+    with pytest.raises(ValueError, match="steps"):
+        B.step_phases("mlp", steps=0)

@@ -469,3 +469,17 @@ def test_max_pool2d_direct_gradcheck_and_errors():
     # the fallbacks (ceil_mode, return_indices, int input) still answer through the im2col path
     y, idx = F.max_pool2d(tl.Tensor(np.arange(16.0, dtype=np.float32).reshape(1, 1, 4, 4)), 2, return_indices=True)
     assert idx.data.tolist() == [[[[5, 7], [13, 15]]]] and y.data.max() == 15
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy"])
+def test_bench_training_step_loss_trajectory_matches_torch(kind, legacy):
+    # issue 18: the benchmarked step (same init, same batch, SGD momentum) follows torch's loss for a few steps, on
+    # the current path and on the pre-issue-18 rung (im2col pooling, OpenMP optimizer from 256k elements)
+    from tinylearn.autograd import bench as B
+
+    tl_fns, th_fns = B._step_pair(kind, legacy=legacy)
+    losses = [(float(tl_fns[3]()), th_fns[3]().item()) for _ in range(4)]
+    ours, ref = np.array(losses).T
+    assert_close(ours.astype(np.float32), ref.astype(np.float32))  # the float32 row of the tolerance table
+    assert ref[-1] < ref[0]  # the steps do train

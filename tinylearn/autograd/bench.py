@@ -7,8 +7,12 @@ Cases (``run()``; ``TINYLEARN_FULL=1`` / ``full=True`` adds torch.compile and mo
   * ops (second table): the torch-breadth ops on the notebooks' hot path — pad, scaled_dot_product_attention,
     einsum, group_norm — forward + backward (loss = sum(out * g)), same inputs in all three frameworks
 
-All implementations get identical initial weights and the same batch. ``profile_mlp_step()`` returns cProfile's
-view of where a tinylearn step spends its time.
+All implementations get identical initial weights and the same batch. ``run(threads=None)`` times the step at the
+thread count in effect (torch.get_num_threads()) and adds MLP/CNN rows at 1 and 2 threads (tinylearn vs torch).
+``profile_mlp_step()`` returns cProfile's view of where a tinylearn step spends its time; ``step_phases()`` the
+median forward / backward / optimizer split, tinylearn vs torch, with ``legacy=True`` selecting the pre-issue-18
+path as a rung: max pooling through im2col + argmax (tinylearn.conv) and fused optimizer updates with OpenMP from
+256k elements (now 4M: below that the update stays on the calling thread).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import cProfile
 import io
 import os
 import pstats
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +31,8 @@ import numpy as np
 from ..bench import Comparison, Table, tinygrad_jit
 
 MLP_SIZES = (784, 512, 512, 10)
+MLP_CASE = "MLP 784-512-512-10 bs128"
+CNN_CASE = "CNN conv8-conv16-fc bs32 28x28"
 
 
 def _mlp_weights(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -42,8 +50,15 @@ def _batch(shape: tuple[int, ...], n_classes: int = 10, seed: int = 1) -> tuple[
 
 
 # -- tinylearn ------------------------------------------------------------------------------------------------------
-def tinylearn_mlp_step(batch: int = 128) -> Callable[[], Any]:
-    import tinylearn as tl
+LEGACY_OMP_MIN = 1 << 18  # the fused optimizer kernels' OpenMP threshold before issue 18
+
+
+def tinylearn_mlp_step(batch: int = 128, legacy: bool = False) -> Callable[[], Any]:
+    return _tl_mlp_phases(batch, legacy)[3]
+
+
+def _tl_mlp_phases(batch: int = 128, legacy: bool = False) -> tuple[Callable[[], Any], ...]:
+    """(forward, backward, optimizer, step) closures of the tinylearn MLP step (forward stores the loss)."""
     from tinylearn import nn
     from tinylearn.nn import functional as F
 
@@ -54,53 +69,77 @@ def tinylearn_mlp_step(batch: int = 128) -> Callable[[], Any]:
         lin.bias.data[...] = b
         layers += [lin] + ([nn.ReLU()] if k < 2 else [])
     model = nn.Sequential(*layers)
-    opt = tl.optim.SGD(list(model.parameters()), lr=0.01, momentum=0.9)
     X, y = _batch((batch, 784))
+    return _tl_phases(model, X, y, legacy, F.cross_entropy)
+
+
+def _tl_phases(model: Any, X: np.ndarray, y: np.ndarray, legacy: bool, loss_fn: Any) -> tuple[Callable[[], Any], ...]:
+    import tinylearn as tl
+
+    opt = tl.optim.SGD(list(model.parameters()), lr=0.01, momentum=0.9)
+    if legacy:
+        opt._omp_kw = {"parallel_min": LEGACY_OMP_MIN}
     xt = tl.Tensor(X)
+    box: list[Any] = [None]
+
+    def forward() -> None:
+        box[0] = loss_fn(model(xt), y)
+
+    def backward() -> None:
+        opt.zero_grad()
+        box[0].backward()
 
     def step() -> float:
-        loss = F.cross_entropy(model(xt), y)
-        opt.zero_grad()
-        loss.backward()
+        forward()
+        backward()
         opt.step()
-        return loss.data
+        return box[0].data
 
-    return step
+    return forward, backward, opt.step, step
 
 
-def _cnn_tl() -> Any:
+def _cnn_tl(legacy: bool = False) -> Any:
     from tinylearn import nn
 
+    pool = _im2col_pool_module() if legacy else nn.MaxPool2d
     return nn.Sequential(
         nn.Conv2d(1, 8, 3, padding=1),
         nn.ReLU(),
-        nn.MaxPool2d(2),
+        pool(2),
         nn.Conv2d(8, 16, 3, padding=1),
         nn.ReLU(),
-        nn.MaxPool2d(2),
+        pool(2),
         nn.Flatten(),
         nn.Linear(16 * 7 * 7, 10),
     )
 
 
-def tinylearn_cnn_step(batch: int = 32) -> tuple[Callable[[], Any], Any]:
+def _im2col_pool_module() -> type:
+    from tinylearn import nn
+    from tinylearn.conv.functional import max_pool2d
+
+    class Im2colMaxPool2d(nn.MaxPool2d):
+        """The pre-issue-18 path of nn.MaxPool2d: im2col windows + argmax (tinylearn.conv.functional.max_pool2d)."""
+
+        def forward(self, x: Any) -> Any:
+            return max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation)
+
+    return Im2colMaxPool2d
+
+
+def tinylearn_cnn_step(batch: int = 32, legacy: bool = False) -> tuple[Callable[[], Any], Any]:
+    phases, model = _tl_cnn_phases(batch, legacy)
+    return phases[3], model
+
+
+def _tl_cnn_phases(batch: int = 32, legacy: bool = False) -> tuple[tuple[Callable[[], Any], ...], Any]:
     import tinylearn as tl
     from tinylearn.nn import functional as F
 
     tl.manual_seed(0)
-    model = _cnn_tl()
-    opt = tl.optim.SGD(list(model.parameters()), lr=0.01, momentum=0.9)
+    model = _cnn_tl(legacy)
     X, y = _batch((batch, 1, 28, 28))
-    xt = tl.Tensor(X)
-
-    def step() -> float:
-        loss = F.cross_entropy(model(xt), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.data
-
-    return step, model
+    return _tl_phases(model, X, y, legacy, F.cross_entropy), model
 
 
 # -- torch ------------------------------------------------------------------------------------------------------------
@@ -118,20 +157,31 @@ def torch_mlp_model() -> Any:
 
 
 def torch_step(model: Any, X: np.ndarray, y: np.ndarray, compile: bool = False) -> Callable[[], Any]:
+    return _torch_phases(model, X, y, compile)[3]
+
+
+def _torch_phases(model: Any, X: np.ndarray, y: np.ndarray, compile: bool = False) -> tuple[Callable[[], Any], ...]:
     import torch
 
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     fwd = torch.compile(model) if compile else model
     xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    box: list[Any] = [None]
+
+    def forward() -> None:
+        box[0] = torch.nn.functional.cross_entropy(fwd(xt), yt)
+
+    def backward() -> None:
+        opt.zero_grad()
+        box[0].backward()
 
     def step() -> Any:
-        loss = torch.nn.functional.cross_entropy(fwd(xt), yt)
-        opt.zero_grad()
-        loss.backward()
+        forward()
+        backward()
         opt.step()
-        return loss
+        return box[0]
 
-    return step
+    return forward, backward, opt.step, step
 
 
 def torch_cnn_model(tl_model: Any) -> Any:
@@ -341,48 +391,82 @@ def _ops_cases(progress: Callable[[str], None] | None, repeat: int) -> Table:
 CASES = ("mlp", "cnn", "overhead", "ops")
 
 
+THREAD_ROWS = (1, 2)  # extra MLP / CNN rows (tinylearn vs torch) at these thread counts
+
+
 def run(
     full: bool = False,
     progress: Callable[[str], None] | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     cases: tuple[str, ...] = CASES,
+    thread_rows: tuple[int, ...] = THREAD_ROWS,
 ) -> list[Table]:
-    """Time ``cases`` (subset of CASES) with ``threads`` threads for torch and numpy's BLAS (restored afterwards).
+    """Time ``cases`` (subset of CASES) with ``threads`` threads for torch, numpy's BLAS and OpenMP (restored
+    afterwards); ``threads=None`` keeps the count in effect (torch.get_num_threads()).
 
-    Returns the training-step table (mlp / cnn / overhead) and, when "ops" is among ``cases``, the breadth-ops table.
+    Returns the training-step table (mlp / cnn / overhead, plus "@N thread(s)" MLP/CNN rows of tinylearn and torch
+    for each count of ``thread_rows`` other than ``threads`` and at most os.cpu_count()) and, when "ops" is among
+    ``cases``, the breadth-ops table.
     """
     bad = [c for c in cases if c not in CASES]
     if bad:
         raise ValueError(f"cases: unknown case(s) {bad}; known: {list(CASES)}")
     import torch
-    from threadpoolctl import threadpool_limits
 
-    prev = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with threadpool_limits(limits=threads):
-            return _run(full, progress, tuple(cases))
-    finally:
-        torch.set_num_threads(prev)
+    if threads is None:
+        threads = torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads: expected a positive int or None, got {threads!r}")
+    extra = tuple(t for t in dict.fromkeys(thread_rows) if t != threads and 1 <= t <= (os.cpu_count() or 1))
+    with _threads(threads):
+        return _run(full, progress, tuple(cases), threads, extra)
 
 
-def _run(full: bool, progress: Callable[[str], None] | None, cases: tuple[str, ...]) -> list[Table]:
-    import torch
+class _threads:
+    """Context: torch, numpy's BLAS and OpenMP at ``n`` threads; the previous counts come back on exit."""
 
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> _threads:
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        self.prev = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+        self.lim = threadpool_limits(limits=self.n)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        self.lim.restore_original_limits()
+        torch.set_num_threads(self.prev)
+
+
+def _run(
+    full: bool, progress: Callable[[str], None] | None, cases: tuple[str, ...], threads: int, extra: tuple[int, ...]
+) -> list[Table]:
     full = full or os.environ.get("TINYLEARN_FULL") == "1"
     repeat = 20 if full else 10
     cmp = Comparison(
         "autodiff: one training step (fwd + bwd + SGD momentum), fp32 CPU", repeat=repeat, progress=progress
     )
     cmp.note(
-        f"threads: torch {torch.get_num_threads()} and numpy BLAS capped alike (run(threads=...)); "
-        "tinygrad DEV=CPU with TinyJit"
+        f"threads: {threads} for torch, numpy's BLAS and OpenMP alike (run(threads=...)); rows named '@N thread(s)' "
+        "run at N; tinygrad DEV=CPU with TinyJit"
     )
 
     if "mlp" in cases:
         _mlp_case(cmp, full)
     if "cnn" in cases:
         _cnn_case(cmp, full)
+    for n in extra:
+        with _threads(n):
+            if "mlp" in cases:
+                _thread_row(cmp, "mlp", n)
+            if "cnn" in cases:
+                _thread_row(cmp, "cnn", n)
     if "overhead" in cases:
         _overhead_cases(cmp)
     if not full:
@@ -399,7 +483,7 @@ def _mlp_case(cmp: Comparison, full: bool) -> None:
     state = {k: v.detach().numpy().copy() for k, v in tmodel.state_dict().items()}
     # 8 GEMMs: forward 3, backward dW 3, dX 2 (the input needs no gradient), 2 flops per multiply-add
     macs = 784 * 512 + 512 * 512 + 512 * 10
-    with cmp.case("MLP 784-512-512-10 bs128", flops=2 * 128 * (3 * macs - 784 * 512)) as case:
+    with cmp.case(MLP_CASE, flops=2 * 128 * (3 * macs - 784 * 512)) as case:
         case.add("tinylearn", tinylearn_mlp_step())
         case.add("torch", torch_step(tmodel, X, y))
         if full:
@@ -412,12 +496,62 @@ def _cnn_case(cmp: Comparison, full: bool) -> None:
     Xc, yc = _batch((32, 1, 28, 28))
     tcnn = torch_cnn_model(tl_cnn)
     cstate = {k: v.detach().numpy().copy() for k, v in tcnn.state_dict().items()}
-    with cmp.case("CNN conv8-conv16-fc bs32 28x28") as case:
+    with cmp.case(CNN_CASE) as case:
         case.add("tinylearn", step)
         case.add("torch", torch_step(tcnn, Xc, yc))
         if full:
             case.add_torch_compile("torch.compile", torch_step(torch_cnn_model(tl_cnn), Xc, yc, compile=True))
         case.add_tinygrad("tinygrad", tinygrad_step_builder("cnn", Xc, yc, cstate))
+
+
+def _thread_row(cmp: Comparison, kind: str, n: int) -> None:
+    tl_fns, th_fns = _step_pair(kind)
+    label = {"mlp": MLP_CASE, "cnn": CNN_CASE}[kind] + f" @{n} thread" + ("s" if n > 1 else "")
+    with cmp.case(label) as case:
+        case.add("tinylearn", tl_fns[3])
+        case.add("torch", th_fns[3])
+
+
+def _step_pair(kind: str, legacy: bool = False) -> tuple[tuple[Callable[[], Any], ...], tuple[Callable[[], Any], ...]]:
+    """(tinylearn phases, torch phases) of one step of ``kind`` ("mlp" | "cnn"), same weights and batch."""
+    if kind == "mlp":
+        X, y = _batch((128, 784))
+        return _tl_mlp_phases(128, legacy), _torch_phases(torch_mlp_model(), X, y)
+    if kind == "cnn":
+        X, y = _batch((32, 1, 28, 28))
+        tl_fns, model = _tl_cnn_phases(32, legacy)
+        return tl_fns, _torch_phases(torch_cnn_model(model), X, y)
+    raise ValueError(f"kind: expected 'mlp' or 'cnn', got {kind!r}")
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def step_phases(
+    kind: str = "mlp", threads: int = 1, steps: int = 20, legacy: bool = False, warmup: int = 3
+) -> dict[str, dict[str, float]]:
+    """Median milliseconds of each phase of one training step, {"tinylearn": {phase: ms}, "torch": {...}}.
+
+    Phases: forward (model + cross-entropy), backward (zero_grad + loss.backward()), optimizer (SGD momentum step).
+    torch, numpy's BLAS and OpenMP run at ``threads``; each framework runs its ``steps`` steps on its own (not
+    interleaved). ``legacy=True``: tinylearn's pre-issue-18 path (im2col max pooling, OpenMP optimizer updates from
+    256k elements).
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps/warmup: need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
+    with _threads(threads):
+        out = {}
+        for name, fns in zip(("tinylearn", "torch"), _step_pair(kind, legacy)):
+            for _ in range(warmup):
+                fns[3]()
+            samples: list[list[float]] = [[] for _ in PHASES]
+            for _ in range(steps):
+                for i, fn in enumerate(fns[:3]):
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[i].append(time.perf_counter() - t0)
+            out[name] = {ph: statistics.median(v) * 1e3 for ph, v in zip(PHASES, samples)}
+    return out
 
 
 def profile_mlp_step(steps: int = 20, top: int = 12, batch: int = 128, threads: int = 1) -> str:
