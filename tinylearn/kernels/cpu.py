@@ -13,8 +13,8 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
 - flash attention (forward): ``tiled`` (v0: 4x32 micro-GEMMs the compiler vectorises, OpenMP), ``blocked_simd`` (v1:
   explicit AVX-512/AVX2/scalar micro-kernels on transposed score tiles, vector exp, one thread),
   ``blocked_simd_omp`` (v2, default: v1 + OpenMP over (head, query block)); the backward has one version.
-  [1, 8, N, 64] fp32, one thread, CPU time (dev box, loaded by other jobs): time / torch SDPA 0.7-1.1x at
-  N = 512-4096 (``tiled`` 1.4-2.3x), causal ~0.5x its non-causal time (key tiles past the diagonal skipped).
+  [1, 8, N, 64] fp32, one thread, CPU time (dev box, loaded by other jobs): time / torch SDPA 0.55-1.2x at
+  N = 512-4096 (``tiled`` 1.0-1.8x), causal ~0.5x its non-causal time (key tiles past the diagonal skipped).
 
 The SIMD rungs choose AVX-512 / AVX2 / scalar at run time (``TINYLEARN_CPU_FEATURES`` forces it;
 ``tinylearn.cpu.kernel_paths()`` reports it); scalar and AVX2 give bit-identical results. They are float32 kernels:
