@@ -13,7 +13,8 @@
 //             (stream, size, offset), split/merge, cached segments, empty_cache, release-and-retry on OOM);
 //             thread-safe: one std::mutex around every public call; live blocks are found through a direct
 //             table indexed by offset / round_to (8 bytes per 512 B of arena = 1/64 of the capacity), which is
-//             ~20% faster per malloc+free pair than a hash map
+//             ~20% faster per malloc+free pair than a hash map; a fast path (memo of best fit per size class +
+//             lazy split cancelled by the matching free) reuses a cached block with no tree work, same decisions
 //
 // Units are bytes. Bad input throws std::invalid_argument (-> ValueError) or tl::mem::OutOfMemory
 // (-> MemoryError) before any state changes.
