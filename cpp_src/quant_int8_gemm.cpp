@@ -310,6 +310,9 @@ py::array_t<i32> gemm_prepacked(const py::array& a_in, py::array_t<i8, py::array
 // instruction does to 8-bit activations (int8_gemm_maddubs_saturating); never chosen by dispatch.
 enum class Kern { scalar, avx2_madd16, avx2_u7, vnni };
 
+// S - off * colsum modulo 2^32: S may have wrapped (offset codes reach K * 255 * 128), the true result fits int32
+inline i32 unoffset(i32 s, i32 off, i32 colsum) { return i32(uint32_t(s) - uint32_t(off) * uint32_t(colsum)); }
+
 // micro kernels: R (<= MR) rows of A (row stride lda elements), B panel bp, kq in [k0, k1), ct[R][NPW] += S
 template <int R>
 void mk_scalar(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t k1, i32* ct) {
@@ -319,8 +322,9 @@ void mk_scalar(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t
     for (ssize_t kq = k0; kq < k1; ++kq) {
       const i8* b = bp + kq * NPW * 4;
       const i32 a0 = a[4 * kq], a1 = a[4 * kq + 1], a2 = a[4 * kq + 2], a3 = a[4 * kq + 3];
+      // the quad sum fits int32; the running sum wraps modulo 2^32 like the SIMD adds (no signed overflow)
       for (int j = 0; j < NPW; ++j)
-        c[j] += a0 * b[4 * j] + a1 * b[4 * j + 1] + a2 * b[4 * j + 2] + a3 * b[4 * j + 3];
+        c[j] = i32(uint32_t(c[j]) + uint32_t(a0 * b[4 * j] + a1 * b[4 * j + 1] + a2 * b[4 * j + 2] + a3 * b[4 * j + 3]));
     }
   }
 }
@@ -651,7 +655,11 @@ py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const
   if (a_in.ndim() != 2) tl::value_error("int8_gemm_packed: a must be 2-D, got ndim " + std::to_string(a_in.ndim()));
   if (!u8 && zero_point != 0) tl::value_error("int8_gemm_packed: zero_point applies to uint8 a only");
   const ssize_t M = a_in.shape(0), K = a_in.shape(1);
-  if (K > (ssize_t(1) << 17)) tl::value_error("int8_gemm_packed: K=" + std::to_string(K) + " > 131072");
+  // |C| <= K * 128 * 128 (int8 A) or K * 255 * 128 (uint8 A minus its zero point) must fit int32
+  const ssize_t kmax = u8 ? 65536 : (ssize_t(1) << 17) - 1;
+  if (K > kmax)
+    tl::value_error("int8_gemm_packed: K=" + std::to_string(K) + " > " + std::to_string(kmax) +
+                    " could overflow the int32 result");
   Packed pk = check_packed(P_in, cs_in, K, N, "int8_gemm_packed");
   py::array_t<i32> c({M, N});
   if (M == 0) return c;
@@ -668,7 +676,7 @@ py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const
     PreparedA pa = prepare_a(pa_, M, K, kern);
     const i32 off = pa.offset + zero_point;
     run_prepared(kern, pa, M, pk.K4, P, N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
-      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = s[c_] - off * colsum[j0 + c_];
+      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = unoffset(s[c_], off, colsum[j0 + c_]);
     });
   } else {
     auto a = as_int8(a_in, "a");
@@ -678,7 +686,7 @@ py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const
     PreparedA pa = prepare_a(a.data(), M, K, kern);
     const i32 off = pa.offset;
     run_prepared(kern, pa, M, pk.K4, P, N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
-      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = s[c_] - off * colsum[j0 + c_];
+      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = unoffset(s[c_], off, colsum[j0 + c_]);
     });
   }
   return c;
@@ -804,6 +812,7 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
   auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_in);
   if (!x || x.ndim() != 2) tl::value_error("int8_dynamic_linear: x must be a 2-D float32 array");
   const ssize_t M = x.shape(0), K = x.shape(1);
+  if (K > 65536) tl::value_error("int8_dynamic_linear: K=" + std::to_string(K) + " > 65536 could overflow int32");
   Packed pk = check_packed(P_in, cs_in, K, N, "int8_dynamic_linear");
   auto ws = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(wscale_in);
   if (!ws || (ws.size() != 1 && ws.size() != N))
@@ -867,7 +876,7 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
         float* yo = py_ + i * N + j0;
         for (ssize_t c_ = 0; c_ < nj; ++c_) {
           const ssize_t j = j0 + c_;
-          const float v = float(s[c_] - z * colsum[j]) * (sxr * (ws_per ? pws[j] : pws[0]));
+          const float v = float(unoffset(s[c_], z, colsum[j])) * (sxr * (ws_per ? pws[j] : pws[0]));
           yo[c_] = pb ? v + pb[j] : v;
         }
       });

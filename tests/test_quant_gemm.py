@@ -426,3 +426,18 @@ def test_dynamic_linear_bad_input():
         DynamicQuantizedLinear(np.ones((4, 8), np.float32), np.ones(3, np.float32))
     with pytest.raises(ValueError, match="version"):
         DynamicQuantizedLinear(np.ones((4, 8), np.float32), version="sse9")
+
+
+def test_packed_k_limit_and_wrapping_offset():
+    """uint8 codes minus a zero point reach |C| = K * 255 * 128: K > 65536 is refused (int32 could overflow);
+    int8 A near the int8 limit stays exact although the +128-offset sums wrap modulo 2^32 inside the kernel."""
+    pk = Q.PackedInt8Weight(np.full((65537, 1), -128, np.int8))
+    with pytest.raises(ValueError, match="65536"):
+        pk.matmul(np.zeros((1, 65537), np.uint8))
+    k = 131071
+    b = np.full((k, 2), -128, np.int8)
+    a = np.full((1, k), 127, np.int8)  # offset codes 255: S = -255 * 128 * k wraps; C = -2130690176 fits
+    pk2 = Q.PackedInt8Weight(b)
+    for v in Q.gemm.packed_versions():
+        if v != "avx2_u7":
+            np.testing.assert_array_equal(pk2.matmul(a, version=v), _ref(a, b), err_msg=v)
