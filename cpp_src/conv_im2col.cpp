@@ -181,22 +181,21 @@ void run_over(ssize_t items, ssize_t work_elems, F&& body, ssize_t min_elems = k
   while (st->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
 
-// One output row segment of OW values for input row `src` (already offset by the kernel column j): zeros where
-// the window falls in the padding, a contiguous copy (stride 1) or a fixed-stride gather in between. The stride is
-// a template constant for 1 and 2 so the compiler emits memcpy / a vectorised even-element shuffle.
+// One output row of OW values: zeros where the window falls in the padding ([0, lo) and [hi, OW)), in between a
+// contiguous copy (stride 1) or a fixed-stride gather from `src`, which points at the input element of output
+// column lo. The stride is a template constant for 1 and 2 so the compiler emits memcpy / a vectorised
+// even-element shuffle.
 template <int SW, typename T>
 inline void fill_row(T* dst, const T* src, ssize_t OW, ssize_t lo, ssize_t hi, ssize_t sw) {
   if (lo > 0) std::memset(dst, 0, sizeof(T) * lo);
+  T* d = dst + lo;
+  const ssize_t n = hi - lo;
   if constexpr (SW == 1) {
-    std::memcpy(dst + lo, src + lo, sizeof(T) * (hi - lo));
+    if (n > 0) std::memcpy(d, src, sizeof(T) * n);
   } else if constexpr (SW == 2) {
-    const T* s = src + 2 * lo;
-    T* d = dst + lo;
-    for (ssize_t q = 0, n = hi - lo; q < n; ++q) d[q] = s[2 * q];
+    for (ssize_t q = 0; q < n; ++q) d[q] = src[2 * q];
   } else {
-    const T* s = src + sw * lo;
-    T* d = dst + lo;
-    for (ssize_t q = 0, n = hi - lo; q < n; ++q, s += sw) d[q] = *s;
+    for (ssize_t q = 0; q < n; ++q, src += sw) d[q] = *src;
   }
   if (hi < OW) std::memset(dst + hi, 0, sizeof(T) * (OW - hi));
 }
@@ -225,14 +224,15 @@ void im2col_v1(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, 
       for (ssize_t j = 0; j < w.kw; ++j) {
         const ssize_t joff = j * w.dw - w.pw;
         const auto [ow_lo, ow_hi] = valid_range(joff, w.sw, W, OW);
+        const ssize_t col0 = ow_lo < ow_hi ? joff + ow_lo * w.sw : 0;  // input column of output column ow_lo
         T* row = cols + ((c * w.kh + i) * w.kw + j) * rstride;
         for (ssize_t n = 0; n < N; ++n) {
           T* dst = row + n * bstride;
           const T* plane = x + (n * C + c) * H * W;
           if (oh_lo > 0) std::memset(dst, 0, sizeof(T) * oh_lo * OW);
-          const T* src = plane + (oh_lo * w.sh - w.ph + i * w.dh) * W + joff;
-          for (ssize_t oh = oh_lo; oh < oh_hi; ++oh, src += w.sh * W)
-            fill_row<SW>(dst + oh * OW, src, OW, ow_lo, ow_hi, w.sw);
+          // every pointer formed stays inside the plane: row ih >= 0 of the first valid oh, column >= 0 of ow_lo
+          for (ssize_t oh = oh_lo; oh < oh_hi; ++oh)
+            fill_row<SW>(dst + oh * OW, plane + (oh * w.sh - w.ph + i * w.dh) * W + col0, OW, ow_lo, ow_hi, w.sw);
           if (oh_hi < OH) std::memset(dst + oh_hi * OW, 0, sizeof(T) * (OH - oh_hi) * OW);
         }
       }
@@ -256,11 +256,13 @@ void col2im_v1(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W, 
           const ssize_t joff = j * w.dw - w.pw;
           const auto [ow_lo, ow_hi] = valid_range(joff, w.sw, W, OW);
           const T* row = cols + ((c * w.kh + i) * w.kw + j) * rstride + n * bstride;
+          if (ow_lo >= ow_hi) continue;
+          const ssize_t col0 = joff + ow_lo * w.sw, n_ow = ow_hi - ow_lo;
+          const ssize_t sw = SW > 0 ? SW : w.sw;
           for (ssize_t oh = oh_lo; oh < oh_hi; ++oh) {
-            const T* s = row + oh * OW;
-            T* d = plane + (oh * w.sh - w.ph + i * w.dh) * W + joff;
-            const ssize_t sw = SW > 0 ? SW : w.sw;
-            for (ssize_t ow = ow_lo; ow < ow_hi; ++ow) d[ow * sw] += s[ow];
+            const T* s = row + oh * OW + ow_lo;
+            T* d = plane + (oh * w.sh - w.ph + i * w.dh) * W + col0;
+            for (ssize_t q = 0; q < n_ow; ++q) d[q * sw] += s[q];
           }
         }
       }

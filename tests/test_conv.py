@@ -311,3 +311,18 @@ def test_transpose01_numpy_and_cpp_agree():
         got = transpose01(a, b, be)
         assert got.flags.c_contiguous and np.array_equal(got, exp)
     assert np.array_equal(transpose01(a.astype(np.float16), None, "cpp"), a.astype(np.float16).transpose(1, 0, 2))
+
+
+@pytest.mark.skipif(not cpp_available(), reason="tinylearn._C.conv not built")
+def test_bench_im2col_stats_and_v0_forward():
+    from tinylearn.conv import bench
+
+    x, w, b = bench.layer_arrays(3, 4, 9, 3, batch=2)
+    st = bench.im2col_stats(x, w, 2, 1, "cpp", repeat=1)
+    assert 0.0 <= st["share"] <= 1.0 and st["gbs"] > 0 and st["gemm_gflops"] > 0
+    cols_bytes = 4 * (3 * 9) * (2 * 5 * 5)  # [C*kh*kw, N*OH*OW] fp32 for 9x9, stride 2, pad 1 -> 5x5
+    assert np.isclose(st["gbs"] * st["t_cols"] * 1e9, x.nbytes + cols_bytes)
+    y_v0 = bench._forward_with_version(x, w, b, 2, 1, "v0")()
+    assert_close(y_v0.reshape(2, 4, 5, 5), tl.conv.conv2d(x, w, b, 2, 1), "float32")
+    pw = bench.im2col_stats(*bench.layer_arrays(4, 6, 5, 1, batch=1)[:2], 1, 0, "cpp", repeat=1)
+    assert pw["share"] == 0.0  # the 1x1 layer's forward builds no columns
