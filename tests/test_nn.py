@@ -400,7 +400,7 @@ def test_load_torch_state_dict_directly_and_tensor_from_torch():
     assert t.shape == (2, 3) and t.dtype == np.float32 and not t.requires_grad
 
 
-# -- F.max_pool2d's direct C++ path (issue 18) ------------------------------------------------------------------
+# -- nn.MaxPool2d's direct C++ path (issue 18) ------------------------------------------------------------------
 from tinylearn.nn import functional_pool as FP  # noqa: E402
 
 _DIRECT_POOL = FP._fast_kernels() is not None
@@ -408,7 +408,7 @@ _DIRECT_POOL = FP._fast_kernels() is not None
 
 def _pool_pair(x, args):
     t, tt = _pair(x)
-    y, ty = F.max_pool2d(t, *args), torch.nn.functional.max_pool2d(tt, *args)
+    y, ty = FP.max_pool2d(t, *args), torch.nn.functional.max_pool2d(tt, *args)
     return t, tt, y, ty
 
 
@@ -459,15 +459,16 @@ def test_max_pool2d_direct_ties_nan_and_inf_route_like_torch():
 @pytest.mark.skipif(not _DIRECT_POOL, reason="tinylearn._C.kernels.maxpool2d_* not built")
 def test_max_pool2d_direct_gradcheck_and_errors():
     x = tl.Tensor(np.random.default_rng(0).permutation(2 * 2 * 7 * 7).reshape(2, 2, 7, 7) / 10.0, requires_grad=True)
-    assert gradcheck(lambda a: F.max_pool2d(a, 3, 2, 1), [x])
+    assert gradcheck(lambda a: FP.max_pool2d(a, 3, 2, 1), [x])
+    assert type(nn.MaxPool2d(3, 2, 1)(x).grad_fn).__name__ == "MaxPool2dDirect"  # the layer takes this path
     with pytest.raises(ValueError, match="padding"):
-        F.max_pool2d(tl.Tensor(np.zeros((1, 1, 6, 6), np.float32)), 2, 2, 2)
+        FP.max_pool2d(tl.Tensor(np.zeros((1, 1, 6, 6), np.float32)), 2, 2, 2)
     with pytest.raises(ValueError, match="idx"):
         FP._fast_kernels().maxpool2d_backward(
             np.ones((1, 1, 2, 2), np.float32), np.full((1, 1, 2, 2), 99, np.int64), 3, 3
         )
     # the fallbacks (ceil_mode, return_indices, int input) still answer through the im2col path
-    y, idx = F.max_pool2d(tl.Tensor(np.arange(16.0, dtype=np.float32).reshape(1, 1, 4, 4)), 2, return_indices=True)
+    y, idx = FP.max_pool2d(tl.Tensor(np.arange(16.0, dtype=np.float32).reshape(1, 1, 4, 4)), 2, return_indices=True)
     assert idx.data.tolist() == [[[[5, 7], [13, 15]]]] and y.data.max() == 15
 
 

@@ -2,8 +2,8 @@
 
 Activations and softmax are Tensor methods (VJPs in tinylearn/autograd/ops_*.py); linear, losses, norms,
 dropout and embedding are fused Functions here and in functional_loss.py / functional_norm.py.
-conv2d / avg_pool2d are the im2col autograd Functions of tinylearn.conv (tinylearn/conv/functional.py); max_pool2d
-runs a direct C++ kernel in the common case (functional_pool.py) and the im2col one otherwise.
+conv2d / max_pool2d / avg_pool2d are the im2col autograd Functions of tinylearn.conv (tinylearn/conv/functional.py);
+nn.MaxPool2d runs max pooling through a direct C++ kernel in the common case (functional_pool.py).
 
     dropout (training)   y = x * m / (1 - p),  m ~ Bernoulli(1 - p)       dx = g * m / (1 - p)
     embedding            y = W[idx]                                       dW = scatter-add of g into rows idx
@@ -19,13 +19,12 @@ from ..autograd import factory as _factory
 from ..autograd.function import Function
 from ..autograd.linalg import Linear as _LinearFn
 from ..autograd.tensor import Tensor
-from ..conv.functional import avg_pool2d, conv2d  # noqa: F401  (im2col implementation)
+from ..conv.functional import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
 from .functional_act import *  # noqa: F403  (activations, one_hot)
 from .functional_extra import *  # noqa: F403  (more losses, sdpa, group_norm, pad, torch's cross_entropy)
 from .functional_extra import cross_entropy
 from .functional_loss import mse_loss
 from .functional_norm import batch_norm, layer_norm
-from .functional_pool import max_pool2d  # noqa: F401  (direct C++ kernel, im2col fallback)
 from .functional_spatial import *  # noqa: F403  (conv1d/3d, conv_transpose, 1d/3d/adaptive pools, interpolate)
 
 

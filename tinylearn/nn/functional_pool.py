@@ -1,5 +1,5 @@
-"""``F.max_pool2d``: the direct C++ pooling kernel (``_C.kernels.maxpool2d_forward/backward``) for the common case,
-the im2col pooling of tinylearn.conv for everything else.
+"""Max pooling for ``nn.MaxPool2d``: the direct C++ kernel (``_C.kernels.maxpool2d_forward/backward``) in the common
+case, the im2col pooling of tinylearn.conv (``F.max_pool2d``, which stays that function) for everything else.
 
     y[n, c, oh, ow] = max over in-bounds taps (oh*s_h - p_h + i*d_h, ow*s_w - p_w + j*d_w) of x[n, c]
     idx             = position h*W + w of the first maximum (row-major taps; a NaN wins, the first one)

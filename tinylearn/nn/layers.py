@@ -17,6 +17,7 @@ import numpy as np
 from ..autograd.tensor import Tensor
 from . import functional as F
 from . import init
+from .functional_pool import max_pool2d as _direct_max_pool2d
 from .module import Module
 from .parameter import Parameter
 
@@ -248,7 +249,7 @@ class MaxPool2d(Module):
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, x: Tensor) -> Any:
-        return F.max_pool2d(
+        return _direct_max_pool2d(  # the direct C++ kernel where it applies, F.max_pool2d (im2col) otherwise
             x,
             self.kernel_size,
             self.stride,
