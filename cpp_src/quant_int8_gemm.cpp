@@ -332,13 +332,14 @@ void mk_scalar(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t
 template <int R>
 __attribute__((target("avx2"))) void mk_madd16(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
                                                ssize_t k1, i32* ct) {
-  // bw: this K block of the panel already sign-extended to int16, [k1 - k0][64 columns][4 k] (widen_block).
+  // bw: this K block of the panel already sign-extended to int16, [8 column groups][k1 - k0][8 columns][4 k]
+  // (widen_block), so each group's K loop reads 64 contiguous bytes per step.
   // 8 columns per step: two ymm of (4 columns x 4 k) int16; lane pairs hold two partial sums per column
   for (int cb = 0; cb < NPW; cb += 8) {
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (ssize_t kq = k0; kq < k1; ++kq) {
-      const int16_t* b = bw + ((kq - k0) * NPW + cb) * 4;
+      const int16_t* b = bw + ((cb / 8) * (k1 - k0) + (kq - k0)) * 32;
       const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
       const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
       for (int r = 0; r < R; ++r) {
@@ -358,13 +359,19 @@ __attribute__((target("avx2"))) void mk_madd16(const int16_t* ap, ssize_t lda, c
   }
 }
 
-// sign-extend kq rows [k0, k1) of a packed B panel to int16 (once per block, reused by every row block)
+// sign-extend kq rows [k0, k1) of a packed B panel to int16 (once per block, reused by every row block), regrouped
+// as [8 column groups][k1 - k0][8 columns x 4 k] for mk_madd16
 __attribute__((target("avx2"))) void widen_block(const i8* bp, ssize_t k0, ssize_t k1, int16_t* bw) {
-  const i8* src = bp + k0 * NPW * 4;
-  const ssize_t n = (k1 - k0) * NPW * 4;
-  for (ssize_t t = 0; t < n; t += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bw + t),
-                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + t))));
+  const ssize_t kb = k1 - k0;
+  for (ssize_t kq = k0; kq < k1; ++kq)
+    for (int g = 0; g < NPW / 8; ++g) {
+      const i8* src = bp + (kq * NPW + 8 * g) * 4;
+      int16_t* dst = bw + (g * kb + (kq - k0)) * 32;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
+                          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
+    }
 }
 
 template <int R>
@@ -874,11 +881,17 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
         const i32 z = pzx[r];
         const float sxr = psx[r];
         float* yo = py_ + i * N + j0;
-        for (ssize_t c_ = 0; c_ < nj; ++c_) {
-          const ssize_t j = j0 + c_;
-          const float v = float(unoffset(s[c_], z, colsum[j])) * (sxr * (ws_per ? pws[j] : pws[0]));
-          yo[c_] = pb ? v + pb[j] : v;
+        const i32* cs = colsum + j0;
+        // branch-free inner loops (the compiler vectorises each): scale per channel or per tensor, bias or none
+        if (ws_per) {
+          const float* w = pws + j0;
+          for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] = float(unoffset(s[c_], z, cs[c_])) * (sxr * w[c_]);
+        } else {
+          const float m = sxr * pws[0];
+          for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] = float(unoffset(s[c_], z, cs[c_])) * m;
         }
+        if (pb)
+          for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] += pb[j0 + c_];
       });
     }
     if (!finite) {
