@@ -11,10 +11,11 @@
 //       test per row, memcpy of the valid span for stride 1, an indexed gather for other strides. col2im likewise.
 //       Measured weakness: libgomp workers spin after the region and fight the OpenBLAS threads of the GEMM that
 //       follows on a 2-core machine; in the KNL layout one plane's rows land N*L apart (scattered writes).
-//   v1  (default) streaming: threads (std::thread, no spin) over input channels; channel c owns the contiguous
-//       block of kh*kw rows of the column matrix and writes it front to back; valid (oh, ow) ranges hoisted out
-//       of the row loop (memset / copy / memset, no per-element index test); stride 1 and 2 are compile-time
-//       constants (memcpy, vectorised even-element gather). col2im v1 is the same loop nest with += .
+//   v1  (default) streaming: threads (std::thread, no spin) over input channels x kernel rows; item (c, i) owns
+//       the contiguous block of kw rows of the column matrix and writes it front to back; valid (oh, ow) ranges
+//       hoisted out of the row loop (memset / copy / memset, no per-element index test); stride 1 and 2 are
+//       compile-time constants (memcpy, vectorised even-element gather). col2im v1 is the same loop nest with +=,
+//       threaded over the (c, n) image planes.
 // Also here: transpose01 (swap the two leading axes of [A, B, L] with an optional bias per A: the KNL GEMM output
 // [OC, N, L] -> NCHW, and dY NCHW -> [OC, N*L]) and stream_copy (the STREAM "copy" kernel on the same threads,
 // the bandwidth roof im2col is compared against).
@@ -209,17 +210,19 @@ inline std::pair<ssize_t, ssize_t> valid_range(ssize_t off, ssize_t s, ssize_t s
   return {lo, hi};
 }
 
-// v1 im2col: one work item = one input channel c, which owns the kh*kw rows (c*kh+i)*kw+j of the column matrix.
-// In the KNL layout those rows are one contiguous block, so each thread streams its writes front to back; the
-// N input planes of channel c (N*H*W values, L2-resident for the layer sizes here) are re-read kh*kw times.
+// v1 im2col: one work item = (input channel c, kernel row i), which owns the kw rows (c*kh+i)*kw+j of the column
+// matrix. In the KNL layout those rows are one contiguous block, so each thread streams its writes front to back;
+// the N input planes of channel c (N*H*W values, L2-resident for the layer sizes here) are re-read per item. Items
+// are channels x kernel rows (not channels alone) so that a 1- or 3-channel input layer still splits evenly.
 // Per (i, j) the valid oh / ow ranges are computed once, so the loop over rows is memset / copy / memset with
 // no bounds test per element and no division anywhere inside it.
 template <int SW, typename T>
 void im2col_v1(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH, ssize_t OW,
                ssize_t bstride, ssize_t rstride) {
   const ssize_t KK = w.kh * w.kw, L = OH * OW;
-  run_over(C, N * C * KK * L, [&](ssize_t c) {
-    for (ssize_t i = 0; i < w.kh; ++i) {
+  run_over(C * w.kh, N * C * KK * L, [&](ssize_t ci) {
+    const ssize_t c = ci / w.kh, i = ci % w.kh;  // one item: channel c, kernel row i (kw contiguous rows)
+    {
       const auto [oh_lo, oh_hi] = valid_range(i * w.dh - w.ph, w.sh, H, OH);
       for (ssize_t j = 0; j < w.kw; ++j) {
         const ssize_t joff = j * w.dw - w.pw;
@@ -240,14 +243,15 @@ void im2col_v1(const T* x, T* cols, ssize_t N, ssize_t C, ssize_t H, ssize_t W, 
   });
 }
 
-// v1 col2im: the adjoint, threaded over channels like im2col_v1. Plane (n, c) is zeroed, then the kh*kw column
+// v1 col2im: the adjoint, threaded over image planes (c, n). Plane (n, c) is zeroed, then the kh*kw column
 // rows are added in ascending (i, j) order (torch's fold order: bit-identical fp32), each over its precomputed
 // valid (oh, ow) range only.
 template <int SW, typename T>
 void col2im_v1(const T* cols, T* x, ssize_t N, ssize_t C, ssize_t H, ssize_t W, const Win& w, ssize_t OH, ssize_t OW,
                ssize_t bstride, ssize_t rstride) {
-  run_over(C, N * C * w.kh * w.kw * OH * OW, [&](ssize_t c) {
-    for (ssize_t n = 0; n < N; ++n) {
+  run_over(C * N, N * C * w.kh * w.kw * OH * OW, [&](ssize_t cn) {
+    const ssize_t c = cn / N, n = cn % N;  // one item: plane (n, c), owned by one thread (no atomics)
+    {
       T* plane = x + (n * C + c) * H * W;
       std::memset(plane, 0, sizeof(T) * H * W);
       for (ssize_t i = 0; i < w.kh; ++i) {
@@ -460,7 +464,7 @@ void stream_copy(py::array& dst, const py::array& src) {
 
 TL_REGISTER(conv) {
   m.doc() = "im2col / col2im (layout of torch.nn.functional.unfold / fold), float32/float64, versions v0 (OpenMP "
-            "over N*C) and v1 (streaming, threads over channels); transpose01, stream_copy";
+            "over N*C) and v1 (streaming, threads over channels x kernel rows); transpose01, stream_copy";
   m.def("im2col", &im2col, py::arg("x"), py::arg("kernel_size"), py::arg("stride"), py::arg("padding"),
         py::arg("dilation"), py::arg("layout") = "NKL", py::arg("version") = "v1", py::arg("out") = py::none(),
         "x [N,C,H,W] C-contiguous -> cols [N, C*kh*kw, OH*OW] (NKL) or [C*kh*kw, N*OH*OW] (KNL)");

@@ -221,6 +221,13 @@ def test_cpp_im2col_large_threaded_and_out_workspace():
     assert np.array_equal(out, knl)
     back = C.col2im(np.ascontiguousarray(knl), (30, 31), (3, 3), (1, 1), (1, 1), (1, 1), "KNL", 3, "v1")
     assert np.array_equal(back, F.fold(torch.from_numpy(exp), (30, 31), 3, 1, 1, 1).numpy())
+    # a 1-channel input above the threading threshold: items are (channel, kernel row) / (channel, image) pairs
+    x1 = np.random.default_rng(7).standard_normal((8, 1, 64, 60)).astype(np.float32)
+    for k, s, p in [((3, 3), (1, 1), (1, 1)), ((7, 5), (2, 2), (3, 2))]:
+        e1 = F.unfold(torch.from_numpy(x1), k, 1, p, s).numpy()
+        assert np.array_equal(C.im2col(x1, k, s, p, (1, 1), "NKL", "v1"), e1)
+        f1 = F.fold(torch.from_numpy(e1), (64, 60), k, 1, p, s).numpy()
+        assert np.array_equal(C.col2im(e1, (64, 60), k, s, p, (1, 1), "NKL", 0, "v1"), f1)
     with pytest.raises(ValueError, match=r"out: .*float32.*shape \(153, 2790\)"):
         C.im2col(x, (3, 3), (1, 1), (1, 1), (1, 1), "KNL", "v1", np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError, match=r"out: "):

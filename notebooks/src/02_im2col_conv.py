@@ -519,11 +519,11 @@ assert FULL or all(3.5 < d["cols_mb"] < 14.5 for n, d in parts.items() if n.star
 #   span (stride 1) or an indexed gather. In the batch-folded `[K, N·L]` layout a plane's rows land `N·L` apart.
 #   Its hidden cost: after the parallel region libgomp's workers *spin*, and on a 2-core machine they fight the
 #   OpenBLAS threads of the GEMM that runs next.
-# - **v1** — threads over *input channels*: channel c owns the contiguous block of `kh·kw` rows of the column
-#   matrix and writes it front to back; the valid (oh, ow) ranges of each tap are computed once, so the row loop is
-#   `memset` / copy / `memset` with no per-element index test; stride 1 and 2 are compile-time constants (`memcpy`
-#   and a vectorised even-element gather). The threads are plain `std::thread`s that exit when the channels run out
-#   — nothing spins after the copy.
+# - **v1** — threads over *input channels × kernel rows*: item (c, i) owns a contiguous block of `kw` rows of the
+#   column matrix and writes it front to back (a 1- or 3-channel input layer still splits evenly); the valid
+#   (oh, ow) ranges of each tap are computed once, so the row loop is `memset` / copy / `memset` with no
+#   per-element index test; stride 1 and 2 are compile-time constants (`memcpy` and a vectorised even-element
+#   gather). The threads are plain `std::thread`s that exit when the items run out — nothing spins after the copy.
 #
 # Bytes moved by im2col: x read once plus the columns written once; GB/s = bytes / best time, compared with the
 # STREAM "copy" kernel (`dst = src`, 2 × bytes counted, 128 MiB, same threads). The columns of these layers
@@ -586,7 +586,7 @@ assert not tl.conv.cpp_available() or len(ladder) == 4
 # the copy runs, not what it computes: contiguous per-thread writes, no index tests inside rows, and no threads
 # left spinning against the GEMM's. The backward uses the same kernels: it keeps the forward's columns for
 # `dW = dYᵀ·colsᵀ` (one GEMM over the whole batch), computes `dX = col2im(Wᵀ·dYᵀ)` (one GEMM, then the adjoint
-# copy, threaded over channels the same way) and `db = Σ dY` — one GEMM per gradient.
+# copy, threaded over the image planes) and `db = Σ dY` — one GEMM per gradient.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -690,9 +690,10 @@ print(
 #   stem, §5), bounded by row-tiling to `N·K·R·OW`. Time: on the C ≥ 128 3×3 layers the GEMM does 256–512 FLOPs
 #   per copied element (§8), so the copy should be the smaller part — but a fresh buffer's page faults can make it
 #   as slow as the GEMM; what a GEMM-based conv loses to oneDNN is the data movement around the GEMM. Optimised
-#   im2col streams: threads over input channels, each writing its contiguous block of rows, tap ranges hoisted
-#   out of the row loop (memset / memcpy / memset), no spinning thread pool next to the BLAS threads; its roof is
-#   the STREAM copy bandwidth (§8 ladder v0 → v1). A 1×1 stride-1 conv needs no im2col: `y[n] = W·x[n]`.
+#   im2col streams: threads over input channels (× kernel rows), each writing its contiguous block of rows, tap
+#   ranges hoisted out of the row loop (memset / memcpy / memset), no spinning thread pool next to the BLAS
+#   threads; its roof is the STREAM copy bandwidth (§8 ladder v0 → v1). A 1×1 stride-1 conv needs no im2col:
+#   `y[n] = W·x[n]`.
 # - **[Q32] Conv optimisations.** Winograd F(2×2,3×3) does 16 instead of 36 multiplies per tile (2.25×) but is
 #   ~2× less accurate in fp16 (§6, asserted worse on every C); depthwise = `groups = C` (§3); BN folds into
 #   `W' = γW/√(σ²+ε)`, `b' = γ(b−μ)/√(σ²+ε)+β` (§7). Against oneDNN the cost is the materialised columns, the
