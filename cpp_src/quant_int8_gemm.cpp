@@ -460,6 +460,79 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni<4>(const uin
 #undef TL_ST
 }
 
+// 4-row AVX2 blocks with named accumulators (as for mk_vnni<4>: no register copies in the loop)
+template <>
+__attribute__((target("avx2"))) void mk_madd16<4>(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
+                                                  ssize_t k1, i32* ct) {
+  const int16_t* a0p = ap;
+  const int16_t* a1p = ap + lda;
+  const int16_t* a2p = ap + 2 * lda;
+  const int16_t* a3p = ap + 3 * lda;
+  for (int cb = 0; cb < NPW; cb += 8) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00;
+    const int16_t* b = bw + (cb / 8) * (k1 - k0) * 32;
+    for (ssize_t kq = k0; kq < k1; ++kq, b += 32) {
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      long long t;
+#define TL_ROW(r)                                                   \
+  std::memcpy(&t, a##r##p + 4 * kq, 8);                             \
+  {                                                                 \
+    const __m256i a = _mm256_set1_epi64x(t);                        \
+    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0));  \
+    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1));  \
+  }
+      TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
+#undef TL_ROW
+    }
+#define TL_RED(r)                                                                                    \
+  {                                                                                                  \
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r##0, c##r##1), 0xD8);          \
+    __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);                                      \
+    _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));                              \
+  }
+    TL_RED(0) TL_RED(1) TL_RED(2) TL_RED(3)
+#undef TL_RED
+  }
+}
+
+template <>
+__attribute__((target("avx2"))) void mk_u7<4>(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t k1,
+                                              i32* ct) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* a0p = ap;
+  const uint8_t* a1p = ap + lda;
+  const uint8_t* a2p = ap + 2 * lda;
+  const uint8_t* a3p = ap + 3 * lda;
+  for (int cb = 0; cb < NPW; cb += 16) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00;
+    for (ssize_t kq = k0; kq < k1; ++kq) {
+      const i8* b = bp + (kq * NPW + cb) * 4;
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+      i32 t;
+#define TL_ROW(r)                                                                                   \
+  std::memcpy(&t, a##r##p + 4 * kq, 4);                                                             \
+  {                                                                                                 \
+    const __m256i a = _mm256_set1_epi32(t);                                                         \
+    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), ones));      \
+    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), ones));      \
+  }
+      TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
+#undef TL_ROW
+    }
+#define TL_ST(r, v)                                                         \
+  {                                                                         \
+    __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb + 8 * v);     \
+    _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), c##r##v)); \
+  }
+    TL_ST(0, 0) TL_ST(0, 1) TL_ST(1, 0) TL_ST(1, 1) TL_ST(2, 0) TL_ST(2, 1) TL_ST(3, 0) TL_ST(3, 1)
+#undef TL_ST
+  }
+}
+
 // one (row block, K block) step of kernel `kern` for `rows` (1..MR) rows
 template <typename AT>
 void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const int16_t* bw, ssize_t k0, ssize_t k1,
