@@ -72,7 +72,9 @@ def stream_copy_gbs(nbytes: int = 1 << 27, repeat: int = 7) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
-def im2col_stats(x, w, s: int, p: int, backend: str, version: str | None = None, repeat: int = 5) -> dict[str, float]:
+def im2col_stats(
+    x: np.ndarray, w: np.ndarray, s: int, p: int, backend: str, version: str | None = None, repeat: int = 5
+) -> dict[str, float]:
     """Best-of-``repeat`` times (s) of im2col alone, the GEMM alone and the whole forward, and the derived figures:
     share (im2col / forward), im2col GB/s (x read + cols written) and GEMM GFLOP/s."""
     k, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
@@ -93,7 +95,7 @@ def im2col_stats(x, w, s: int, p: int, backend: str, version: str | None = None,
     }
 
 
-def im2col_share(x, w, s: int, p: int, backend: str, repeat: int = 5) -> float:
+def im2col_share(x: np.ndarray, w: np.ndarray, s: int, p: int, backend: str, repeat: int = 5) -> float:
     """Fraction of the forward time spent building the column matrix (best run of each)."""
     return im2col_stats(x, w, s, p, backend, repeat=repeat)["share"]
 
