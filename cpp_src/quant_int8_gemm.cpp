@@ -576,7 +576,8 @@ template <typename AT, typename EP>
 void run_packed(Kern kern, const AT* A, ssize_t lda, ssize_t M, ssize_t K4, const i8* P, ssize_t N, EP ep) {
   const ssize_t NP = (N + NPW - 1) / NPW, MP = (M + MR - 1) / MR;
   const ssize_t want = 4 * ssize_t(max_threads());
-  const ssize_t chunks = std::max<ssize_t>(1, std::min<ssize_t>(MP, (want + NP - 1) / NP));
+  // at most 8 row blocks (32 rows) per item: its int32 tile (8 KB) stays in L1 next to the 16 KB B block
+  const ssize_t chunks = std::max<ssize_t>({ssize_t(1), std::min<ssize_t>(MP, (want + NP - 1) / NP), (MP + 7) / 8});
   const ssize_t per = (MP + chunks - 1) / chunks;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (ssize_t p = 0; p < NP; ++p)
@@ -657,6 +658,14 @@ std::vector<std::string> packed_versions() {
   return out;
 }
 
+// Row stride (elements) of the A operand: K padded to 4, plus one cache line when the row length in bytes is a
+// multiple of 4 KB (K = 1024, 4096 ...): rows 4 KB apart share L1 sets and 4K-alias the tile stores, which halved
+// every kernel's rate at K = 4096.
+ssize_t a_stride(ssize_t K4, int elem_bytes) {
+  const ssize_t row = K4 * 4;
+  return (row * elem_bytes) % 4096 == 0 ? row + 64 / elem_bytes : row;
+}
+
 // A rows -> kernel operand: u8 codes (int8 A offset by 128) or int16 values for madd16; rows padded to MR.
 struct PreparedA {
   std::vector<uint8_t> u8;
@@ -669,7 +678,7 @@ template <typename T>  // T = int8_t or uint8_t source codes, row-major [M, K]
 PreparedA prepare_a(const T* A, ssize_t M, ssize_t K, Kern kern) {
   PreparedA pa;
   const ssize_t K4 = (K + 3) / 4, MP = (M + MR - 1) / MR;
-  pa.lda = K4 * 4;
+  pa.lda = a_stride(K4, kern == Kern::avx2_madd16 ? 2 : 1);
   const size_t n = size_t(MP) * MR * pa.lda;
   if (kern == Kern::avx2_madd16) {
     pa.s16.assign(n, 0);
@@ -937,15 +946,19 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
       // 2. quantize into the padded u8 operand (or int16 for madd16)
       const ssize_t K4 = (K + 3) / 4, MP = (M + MR - 1) / MR;
       PreparedA pa;
-      pa.lda = K4 * 4;
+      pa.lda = a_stride(K4, 1);
       pa.u8.assign(size_t(MP) * MR * pa.lda, 0);
 #pragma omp parallel for schedule(static) if (M * K > 65536)
       for (ssize_t i = 0; i < M; ++i) {
         const ssize_t r = per_row ? i : 0;
         quantize_row(px + i * K, pa.u8.data() + i * pa.lda, K, 1.f / psx[r], pzx[r], qmax);
       }
-      if (kern == Kern::avx2_madd16) {
-        pa.s16.assign(pa.u8.begin(), pa.u8.end());
+      if (kern == Kern::avx2_madd16) {  // int16 copy, rows re-spaced for the 2-byte stride
+        const ssize_t lda16 = a_stride(K4, 2);
+        pa.s16.assign(size_t(MP) * MR * lda16, 0);
+        for (ssize_t i = 0; i < M; ++i)
+          for (ssize_t k = 0; k < K; ++k) pa.s16[i * lda16 + k] = int16_t(pa.u8[i * pa.lda + k]);
+        pa.lda = lda16;
         pa.u8.clear();
       }
       // 3. GEMM with the fused epilogue: zero-point correction, scales, bias
