@@ -659,11 +659,11 @@ std::vector<std::string> packed_versions() {
 }
 
 // Row stride (elements) of the A operand: K padded to 4, plus one cache line when the row length in bytes is a
-// multiple of 4 KB (K = 1024, 4096 ...): rows 4 KB apart share L1 sets and 4K-alias the tile stores, which halved
-// every kernel's rate at K = 4096.
+// multiple of 512 (K = 1024, 4096 ...): the 4 rows a micro-kernel reads would otherwise sit a multiple of 4 KB
+// apart (or 2 of them would), sharing L1 sets and 4K-aliasing the tile stores -- that halved the rate at K = 4096.
 ssize_t a_stride(ssize_t K4, int elem_bytes) {
   const ssize_t row = K4 * 4;
-  return (row * elem_bytes) % 4096 == 0 ? row + 64 / elem_bytes : row;
+  return (row * elem_bytes) % 512 == 0 ? row + 64 / elem_bytes : row;
 }
 
 // A rows -> kernel operand: u8 codes (int8 A offset by 128) or int16 values for madd16; rows padded to MR.
