@@ -88,10 +88,11 @@ def _gemm_table(full: bool, progress: Callable[[str], None] | None) -> Table:
     for name in names:
         _speedups(table, name, {"speed-up vs numpy": "numpy fp32 sgemm", "vs torch fp32": "torch fp32 matmul"})
     cmp.note(
-        "speed-up vs numpy / vs torch fp32: fp32 GEMM time / this row's time, same shape (> 1 = faster). Goal (issue 18): "
-        ">= 1.5x numpy sgemm on AVX2 and on VNNI. avx2_u7 (vpmaddubsw) is exact only for 7-bit A; avx2_madd16 and "
-        "avx512vnni are exact for all int8. TINYLEARN_CPU_FEATURES=avx2 shows an AVX2-only CPU's paths; numpy's "
-        "sgemm still uses the CPU's best BLAS kernel. 2-core box shared with other jobs: timings are noisy."
+        "speed-up vs numpy / vs torch fp32: fp32 GEMM time / this row's time, same shape (> 1 = faster). "
+        "Goal (issue 18): >= 1.5x numpy sgemm on AVX2 and on VNNI. avx2_u7 (vpmaddubsw) is exact only for "
+        "7-bit A; avx2_madd16 and avx512vnni are exact for all int8. TINYLEARN_CPU_FEATURES=avx2 shows an "
+        "AVX2-only CPU's paths; numpy's sgemm still uses the CPU's best BLAS kernel. 2-core box shared with "
+        "other jobs: timings are noisy."
     )
     return table
 
