@@ -56,6 +56,12 @@ def kernel_paths() -> dict[str, str]:
         isa = C.kernels.vec_isa()
         for name in ("kernels.vec_math", "kernels.softmax.simd", "kernels.bias_gelu.simd", "kernels.layer_norm.simd"):
             out[name] = isa
+    if hasattr(C.kernels, "flash_attention_path"):
+        out["kernels.flash_attention"] = C.kernels.flash_attention_path(64)  # head dim 64; narrower dims differ
+    for sub, fn in (("quant_affine", "quant_affine_isa"), ("quant_fp8", "fp8_isa")):
+        mod = getattr(C, sub, None)
+        if mod is not None and hasattr(mod, fn):
+            out[sub.replace("_", ".", 1)] = getattr(mod, fn)()
     return out
 
 

@@ -6,7 +6,15 @@ Shaped like torch.ao.quantization: Observer -> calculate_qparams -> FakeQuantize
 
 from .affine import QRANGES, calculate_qparams, dequantize, qrange, quantize, quantize_dequantize
 from .fp8 import FORMATS, DelayedScaling, fp8_decode, fp8_encode, fp8_matmul, fp8_quantize, fp8_table
-from .gemm import PackedInt8Weight, int8_gemm, int8_gemm_paths, requantize
+from .gemm import (
+    PackedInt8Weight,
+    int8_gemm,
+    int8_gemm_paths,
+    int8_gemm_versions,
+    maddubs_reference,
+    packed_versions,
+    requantize,
+)
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
 from .observers import (
     HistogramObserver,
@@ -35,6 +43,9 @@ __all__ = [
     "fp8_table",
     "int8_gemm",
     "int8_gemm_paths",
+    "int8_gemm_versions",
+    "packed_versions",
+    "maddubs_reference",
     "requantize",
     "PackedInt8Weight",
     "pack_int4",
@@ -54,6 +65,7 @@ __all__ = [
 from .equalize import bias_correction, cross_layer_equalize, equalize_scales
 from .fake_quant import fake_quantize, fake_quantize_learnable
 from .modules import (
+    DynamicQuantizedLinear,
     FakeQuantize,
     FP8Linear,
     Int4WeightOnlyConv2d,
@@ -61,6 +73,7 @@ from .modules import (
     LearnableFakeQuantize,
     QuantizedConv2d,
     QuantizedLinear,
+    quantize_dynamic,
 )
 from .ptq import QConfig, calibrate, convert, default_qconfig, fuse_modules, model_size_bytes, prepare, prepare_qat
 
@@ -71,6 +84,8 @@ __all__ += [
     "LearnableFakeQuantize",
     "QuantizedLinear",
     "QuantizedConv2d",
+    "DynamicQuantizedLinear",
+    "quantize_dynamic",
     "Int4WeightOnlyLinear",
     "Int4WeightOnlyConv2d",
     "FP8Linear",

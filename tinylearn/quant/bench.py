@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..bench import Comparison, Table, tinygrad_jit
+from .bench_codec import codec_table
 
 
 def _speedups(table: Table, case: str, refs: dict[str, str]) -> None:
@@ -147,53 +148,22 @@ def _dynamic_table(full: bool, progress: Callable[[str], None] | None) -> Table:
     return cmp.table
 
 
-def _throughput_table(full: bool, progress: Callable[[str], None] | None) -> Table:
+def _per_channel_table(full: bool, progress: Callable[[str], None] | None) -> Table:
+    """Per-channel quantize (numpy); the per-tensor and FP8 codec ladder is tinylearn.quant.bench_codec."""
     import torch
 
-    from . import affine, fp8
+    from . import affine
 
-    cmp = Comparison("quantize / dequantize / FP8 throughput", baseline="torch", progress=progress)
+    cmp = Comparison("quantize per-channel int8", baseline="torch", progress=progress)
     n = 1 << (22 if full else 20)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal(n).astype(np.float32)
-    tx = torch.from_numpy(x)
-    s, z = affine.calculate_qparams(x.min(), x.max(), "int8")
-    q = affine.quantize(x, s, z, "int8")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tq = torch.quantize_per_tensor(tx, s, z, torch.qint8)
-    xc = x.reshape(256, -1)
+    xc = np.random.default_rng(1).standard_normal(n).astype(np.float32).reshape(256, -1)
     sc, zc = affine.calculate_qparams(xc.min(1), xc.max(1), "int8")
     txc = torch.from_numpy(xc)
     tsc, tzc = torch.from_numpy(sc.astype(np.float64)), torch.from_numpy(zc)
-    codes = fp8.fp8_encode(x, "e4m3")
-    t8 = tx.to(torch.float8_e4m3fn)
-    nbytes = 5.0 * n  # fp32 read + int8 write
-    with cmp.case(f"quantize per-tensor int8 ({n})", nbytes=nbytes) as c:
-        c.add("tinylearn", lambda: affine.quantize(x, s, z, "int8"))
-        c.add("torch", lambda: torch.quantize_per_tensor(tx, s, z, torch.qint8))
-
-        def build(tg: object) -> Callable[[], object]:
-            tx_ = tg.Tensor(x).realize()
-            f = tinygrad_jit(lambda v: (v * (1.0 / s) + z).round().clip(-128, 127).cast(tg.dtypes.int8))
-            return lambda: f(tx_)
-
-        c.add_tinygrad("tinygrad", build, note="TinyJit round/clip/cast")
-    with cmp.case(f"quantize per-channel int8 (256 ch, {n})", nbytes=nbytes) as c:
+    with cmp.case(f"quantize per-channel int8 (256 ch, {n})", nbytes=5.0 * n) as c:
         c.add("tinylearn", lambda: affine.quantize(xc, sc, zc, "int8", axis=0))
         c.add("torch", lambda: torch.quantize_per_channel(txc, tsc, tzc, 0, torch.qint8))
-    with cmp.case(f"dequantize int8 ({n})", nbytes=nbytes) as c:
-        c.add("tinylearn", lambda: affine.dequantize(q, s, z))
-        c.add("torch", lambda: tq.dequantize())
-    with cmp.case(f"fp8 e4m3 encode ({n})", nbytes=nbytes) as c:
-        c.add("tinylearn", lambda: fp8.fp8_encode(x, "e4m3"))
-        c.add("torch", lambda: tx.to(torch.float8_e4m3fn))
-    with cmp.case(f"fp8 e4m3 decode ({n})", nbytes=nbytes) as c:
-        c.add("tinylearn", lambda: fp8.fp8_decode(codes, "e4m3"))
-        c.add("torch", lambda: t8.float())
-    cmp.note(
-        "per-tensor quantize/dequantize: C++ (cpp_src/quant_affine.cpp); per-channel and FP8: numpy; all bit-exact."
-    )
+    cmp.note("per-channel quantize runs in numpy (bit-exact with torch); per-tensor and FP8: the codec table")
     return cmp.table
 
 
@@ -250,7 +220,8 @@ def run(full: bool = False, progress: Callable[[str], None] | None = None) -> li
     return [
         _gemm_table(full, progress),
         _dynamic_table(full, progress),
-        _throughput_table(full, progress),
+        codec_table(1 << 22 if full else None, progress),
+        _per_channel_table(full, progress),
         _model_table(full, progress),
     ]
 
