@@ -5,7 +5,12 @@
 //   need_ndim(a, nd, fn, name) ValueError "<fn>: <name> must be <nd>-D, got ndim <k>"
 //   need_same(a, b, fn, na, nb) ValueError when the shapes of a and b differ
 //   n_threads(), thread_id()   omp_get_max_threads() / omp_get_thread_num(), or 1 / 0 without OpenMP
+//   Rung, parse_rung(v, fn)    the v0_scalar / v1_simd / v2_threads versions ladder of an elementwise kernel
+//   run_chunks(n, grain, threads, body)  body(begin, end) over [0, n): one call, or one per OpenMP thread with
+//                                        at least `grain` elements each (small inputs stay on the calling thread)
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "registry.h"
@@ -49,6 +54,37 @@ inline int thread_id() {
   return omp_get_thread_num();
 #else
   return 0;
+#endif
+}
+
+// The versions ladder of an elementwise kernel (quant_affine.cpp, quant_fp8.cpp): v0 plain scalar, v1 SIMD at the
+// level cpu_features.h allows, v2 = v1 split over threads ('auto' is the best rung: v2).
+enum class Rung { scalar, simd, threads };
+
+inline Rung parse_rung(const std::string& v, const char* fn) {
+  if (v == "v0_scalar") return Rung::scalar;
+  if (v == "v1_simd") return Rung::simd;
+  if (v == "v2_threads" || v == "auto") return Rung::threads;
+  value_error(std::string(fn) + ": version must be 'v0_scalar', 'v1_simd', 'v2_threads' or 'auto', got '" + v + "'");
+}
+
+// body(begin, end) over [0, n): on the calling thread, or split evenly over min(threads, n / grain) OpenMP threads
+// (so each thread gets >= grain elements and inputs below 2 * grain never pay for a parallel region).
+template <typename F>
+void run_chunks(int64_t n, int64_t grain, bool threads, F body) {
+  const int64_t want = threads ? std::min<int64_t>(n_threads(), n / grain) : 1;
+  if (want < 2) {
+    body(int64_t(0), n);
+    return;
+  }
+#ifdef TINYLEARN_OPENMP
+  const int nt = int(want);
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = thread_id(), per = (n + nt - 1) / nt;
+    const int64_t b = std::min(n, t * per), e = std::min(n, b + per);
+    if (b < e) body(b, e);
+  }
 #endif
 }
 

@@ -21,19 +21,15 @@
 #include <string>
 #include <type_traits>
 
+#include "common.h"
 #include "cpu_features.h"
 #include "registry.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace py = pybind11;
 
 namespace {
 
 enum class AffIsa { scalar, avx2, avx512 };
-enum class AffVersion { scalar, simd, threads };
 
 constexpr int64_t kGrain = 1 << 16;  // elements per thread at least (~20 us of work on one core)
 
@@ -44,14 +40,6 @@ AffIsa affine_isa() {
 }
 
 const char* affine_isa_name(AffIsa i) { return i == AffIsa::avx512 ? "avx512" : i == AffIsa::avx2 ? "avx2" : "scalar"; }
-
-AffVersion parse_affine_version(const std::string& v, const char* fn) {
-  if (v == "v0_scalar") return AffVersion::scalar;
-  if (v == "v1_simd") return AffVersion::simd;
-  if (v == "v2_threads" || v == "auto") return AffVersion::threads;
-  tl::value_error(std::string(fn) + ": version must be 'v0_scalar', 'v1_simd', 'v2_threads' or 'auto', got '" + v +
-                  "'");
-}
 
 #if defined(__clang__)
 #define TL_NO_VECTORIZE
@@ -172,38 +160,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_avx512(cons
 }
 
 // ------------------------------------------------------------------------------------------------- drivers
-// Run body(begin, end) over [0, n): on the calling thread, or over OpenMP threads in chunks of >= kGrain.
-template <typename F>
-void run_chunks(int64_t n, bool threads, F body) {
-#ifdef _OPENMP
-  const int64_t want = threads ? std::min<int64_t>(omp_get_max_threads(), n / kGrain) : 1;
-  if (want >= 2) {
-    const int nt = int(want);
-#pragma omp parallel num_threads(nt)
-    {
-      const int64_t t = omp_get_thread_num(), per = (n + nt - 1) / nt;
-      const int64_t b = std::min(n, t * per), e = std::min(n, b + per);
-      if (b < e) body(b, e);
-    }
-    return;
-  }
-#else
-  (void)threads;
-#endif
-  body(0, n);
-}
-
 template <typename T>
 py::array_t<T> quantize_impl(py::array_t<float, py::array::c_style> x, float scale, int zp, int qmin, int qmax,
-                             AffVersion ver) {
+                             tl::Rung ver) {
   py::array_t<T> out(std::vector<ssize_t>(x.shape(), x.shape() + x.ndim()));
   const float* px = x.data();
   T* po = out.mutable_data();
   const int64_t n = x.size();
   const float inv = 1.0f / scale, fz = float(zp), lo = float(qmin), hi = float(qmax);
-  const AffIsa isa = ver == AffVersion::scalar ? AffIsa::scalar : affine_isa();
+  const AffIsa isa = ver == tl::Rung::scalar ? AffIsa::scalar : affine_isa();
   py::gil_scoped_release release;
-  run_chunks(n, ver == AffVersion::threads, [&](int64_t b, int64_t e) {
+  tl::run_chunks(n, kGrain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
     if (isa == AffIsa::avx512)
       quantize_avx512<T>(px + b, po + b, e - b, inv, fz, lo, hi);
     else if (isa == AffIsa::avx2)
@@ -216,7 +183,7 @@ py::array_t<T> quantize_impl(py::array_t<float, py::array::c_style> x, float sca
 
 py::array quantize_per_tensor(py::array_t<float, py::array::c_style> x, float scale, int zero_point, int qmin,
                               int qmax, const std::string& version) {
-  const AffVersion ver = parse_affine_version(version, "quantize_per_tensor");
+  const tl::Rung ver = tl::parse_rung(version, "quantize_per_tensor");
   if (!(scale > 0.0f) || !std::isfinite(scale))
     tl::value_error("quantize_per_tensor: scale must be finite and > 0, got " + std::to_string(scale));
   if (qmin > qmax) tl::value_error("quantize_per_tensor: qmin > qmax");
@@ -231,7 +198,7 @@ py::array quantize_per_tensor(py::array_t<float, py::array::c_style> x, float sc
 template <typename T>
 py::array_t<float> dequantize_impl(py::array_t<T, py::array::c_style> q, float scale, int zp,
                                    const std::string& version) {
-  const AffVersion ver = parse_affine_version(version, "dequantize_per_tensor");
+  const tl::Rung ver = tl::parse_rung(version, "dequantize_per_tensor");
   if (!(scale > 0.0f) || !std::isfinite(scale))
     tl::value_error("dequantize_per_tensor: scale must be finite and > 0, got " + std::to_string(scale));
   py::array_t<float> out(std::vector<ssize_t>(q.shape(), q.shape() + q.ndim()));
@@ -239,9 +206,9 @@ py::array_t<float> dequantize_impl(py::array_t<T, py::array::c_style> q, float s
   float* po = out.mutable_data();
   const int64_t n = q.size();
   const float fz = float(zp);
-  const AffIsa isa = ver == AffVersion::scalar ? AffIsa::scalar : affine_isa();
+  const AffIsa isa = ver == tl::Rung::scalar ? AffIsa::scalar : affine_isa();
   py::gil_scoped_release release;
-  run_chunks(n, ver == AffVersion::threads, [&](int64_t b, int64_t e) {
+  tl::run_chunks(n, kGrain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
     if (isa == AffIsa::avx512)
       dequantize_avx512<T>(pq + b, po + b, e - b, fz, scale);
     else if (isa == AffIsa::avx2)

@@ -26,19 +26,15 @@
 #include <cstring>
 #include <string>
 
+#include "common.h"
 #include "cpu_features.h"
 #include "registry.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace py = pybind11;
 
 namespace {
 
 enum class F8Isa { scalar, avx2, avx512 };
-enum class F8Version { scalar, simd, threads };
 
 constexpr int64_t kFp8Grain = 1 << 16;
 
@@ -49,14 +45,6 @@ F8Isa fp8_isa() {
 }
 
 const char* fp8_isa_name(F8Isa i) { return i == F8Isa::avx512 ? "avx512" : i == F8Isa::avx2 ? "avx2" : "scalar"; }
-
-F8Version parse_fp8_version(const std::string& v, const char* fn) {
-  if (v == "v0_scalar") return F8Version::scalar;
-  if (v == "v1_simd") return F8Version::simd;
-  if (v == "v2_threads" || v == "auto") return F8Version::threads;
-  tl::value_error(std::string(fn) + ": version must be 'v0_scalar', 'v1_simd', 'v2_threads' or 'auto', got '" + v +
-                  "'");
-}
 
 // Format constants.
 struct F8Fmt {
@@ -277,37 +265,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void decode_avx512(const ui
 }
 
 // ------------------------------------------------------------------------------------------------- drivers
-template <typename F>
-void fp8_chunks(int64_t n, bool threads, F body) {
-#ifdef _OPENMP
-  const int64_t want = threads ? std::min<int64_t>(omp_get_max_threads(), n / kFp8Grain) : 1;
-  if (want >= 2) {
-    const int nt = int(want);
-#pragma omp parallel num_threads(nt)
-    {
-      const int64_t t = omp_get_thread_num(), per = (n + nt - 1) / nt;
-      const int64_t b = std::min(n, t * per), e = std::min(n, b + per);
-      if (b < e) body(b, e);
-    }
-    return;
-  }
-#else
-  (void)threads;
-#endif
-  body(0, n);
-}
-
 py::array_t<uint8_t> fp8_encode(py::array_t<float, py::array::c_style> x, const std::string& fmt, bool saturate,
                                 const std::string& version) {
-  const F8Version ver = parse_fp8_version(version, "fp8_encode");
+  const tl::Rung ver = tl::parse_rung(version, "fp8_encode");
   const F8Fmt f = make_fmt(fmt, saturate);
   py::array_t<uint8_t> out(std::vector<ssize_t>(x.shape(), x.shape() + x.ndim()));
   const float* px = x.data();
   uint8_t* po = out.mutable_data();
   const int64_t n = x.size();
-  const F8Isa isa = ver == F8Version::scalar ? F8Isa::scalar : fp8_isa();
+  const F8Isa isa = ver == tl::Rung::scalar ? F8Isa::scalar : fp8_isa();
   py::gil_scoped_release release;
-  fp8_chunks(n, ver == F8Version::threads, [&](int64_t b, int64_t e) {
+  tl::run_chunks(n, kFp8Grain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
     if (isa == F8Isa::avx512)
       encode_avx512(px + b, po + b, e - b, f);
     else if (isa == F8Isa::avx2)
@@ -320,16 +288,16 @@ py::array_t<uint8_t> fp8_encode(py::array_t<float, py::array::c_style> x, const 
 
 py::array_t<float> fp8_decode(py::array_t<uint8_t, py::array::c_style> c, const std::string& fmt,
                               const std::string& version) {
-  const F8Version ver = parse_fp8_version(version, "fp8_decode");
+  const tl::Rung ver = tl::parse_rung(version, "fp8_decode");
   const bool e4m3 = make_fmt(fmt, false).e4m3;
   py::array_t<float> out(std::vector<ssize_t>(c.shape(), c.shape() + c.ndim()));
   const uint8_t* pc = c.data();
   float* po = out.mutable_data();
   const int64_t n = c.size();
-  const F8Isa isa = ver == F8Version::scalar ? F8Isa::scalar : fp8_isa();
+  const F8Isa isa = ver == tl::Rung::scalar ? F8Isa::scalar : fp8_isa();
   fp8_lut();  // build the table before threads start
   py::gil_scoped_release release;
-  fp8_chunks(n, ver == F8Version::threads, [&](int64_t b, int64_t e) {
+  tl::run_chunks(n, kFp8Grain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
     if (isa == F8Isa::avx512)
       decode_avx512(pc + b, po + b, e - b, e4m3);
     else if (isa == F8Isa::avx2)
