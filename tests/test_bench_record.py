@@ -38,7 +38,9 @@ def _record(times: dict[tuple[str, str], float], cpu: str = "AMD EPYC", simd: st
     ],
 )
 def test_cpu_slug(model: str, level: str, slug: str) -> None:
-    assert cpu_slug(model, level) == slug
+    assert cpu_slug(model, level, forced="") == slug
+    assert cpu_slug(model, level, forced=level) == slug  # forcing the CPU's own level changes nothing
+    assert cpu_slug(model, level, forced="scalar" if level != "scalar" else "avx2").startswith(slug + "-forced-")
 
 
 def test_default_record_path_names_cpu_date_and_topics(tmp_path: Path) -> None:
@@ -117,5 +119,6 @@ def test_saved_records_in_the_repo_are_valid() -> None:
     for f in files:
         data = load_record(f)
         assert data["schema"] >= 1, f
-        assert f.parent.name.endswith(("-avx2", "-avx512", "-scalar")), f"{f}: folder is not a cpu slug"
+        name = f.parent.name.split("-forced-")[0]
+        assert name.endswith(("-avx2", "-avx512", "-scalar")), f"{f}: folder is not a cpu slug"
         assert data["tables"], f

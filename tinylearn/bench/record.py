@@ -37,12 +37,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown-cpu"
 
 
-def simd_level() -> str:
-    """The widest SIMD level tinylearn's kernels use here: avx512, avx2 or scalar (after TINYLEARN_CPU_FEATURES)."""
+def simd_level(detected: bool = False) -> str:
+    """The widest SIMD level tinylearn's kernels use here: avx512, avx2 or scalar (after TINYLEARN_CPU_FEATURES;
+    ``detected=True``: what the CPU itself has)."""
     try:
         from tinylearn import cpu
 
-        feats = set(cpu.cpu_features())
+        feats = set(cpu.detected_features() if detected else cpu.cpu_features())
     except (ImportError, ValueError):
         return "unknown"
     if "avx512f" in feats:
@@ -52,18 +53,22 @@ def simd_level() -> str:
     return "scalar"
 
 
-def cpu_slug(model: str | None = None, level: str | None = None) -> str:
-    """A folder name for a CPU: lower-case model words joined by '-', plus the SIMD level (AMD EPYC -> amd-epyc-avx2).
+def cpu_slug(model: str | None = None, level: str | None = None, forced: str | None = None) -> str:
+    """A folder name for a CPU: lower-case model words joined by '-', plus the CPU's SIMD level
+    (AMD EPYC -> amd-epyc-avx2), plus ``-forced-<level>`` when TINYLEARN_CPU_FEATURES forced a lower path.
 
     The SIMD level is part of the name because the same model string ("AMD EPYC") covers AVX2-only and AVX-512
-    parts, whose numbers must not be compared with each other.
+    parts, whose numbers must not be compared with each other; a forced run is not an AVX2-only machine either
+    (torch/numpy/BLAS keep their own paths unless forced too).
     """
     model = cpu_model() if model is None else model
-    level = simd_level() if level is None else level
+    level = simd_level(detected=True) if level is None else level
+    forced = os.environ.get("TINYLEARN_CPU_FEATURES", "") if forced is None else forced
     words = re.sub(r"\((r|tm)\)", "", model.lower())
     words = re.sub(r"\b(processor|cpu|\d+-core)\b", " ", words)
     slug = "-".join(w for w in re.split(r"[^a-z0-9.]+", words) if w and w != "@")
-    return f"{slug or 'unknown-cpu'}-{level}"
+    tail = f"-forced-{forced}" if forced and forced != level else ""
+    return f"{slug or 'unknown-cpu'}-{level}{tail}"
 
 
 def machine_info() -> dict[str, Any]:
@@ -73,6 +78,7 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu_model": cpu_model(),
         "simd": simd_level(),
+        "simd_detected": simd_level(detected=True),
         "cores": os.cpu_count(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": platform.python_version(),
