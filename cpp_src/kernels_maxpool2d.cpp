@@ -53,40 +53,43 @@ std::tuple<Arr<T>, Arr<int64_t>> maxpool2d_forward(Arr<T> x, ssize_t kh, ssize_t
   T* py_ = y.mutable_data();
   int64_t* pi = idx.mutable_data();
   const ssize_t planes = N * C;
-  py::gil_scoped_release release;
-  for (ssize_t p = 0; p < planes; ++p) {
-    const T* xp = px + p * H * W;
-    T* yp = py_ + p * OH * OW;
-    int64_t* ip = pi + p * OH * OW;
-    for (ssize_t oh = 0; oh < OH; ++oh) {
-      const ssize_t h0 = oh * sh - ph;
-      for (ssize_t ow = 0; ow < OW; ++ow) {
-        const ssize_t w0 = ow * sw - pw;
-        T best = -std::numeric_limits<T>::infinity();
-        int64_t bi = -1;
-        bool nan = false;
-        for (ssize_t i = 0; i < kh && !nan; ++i) {
-          const ssize_t h = h0 + i * dh;
-          if (h < 0 || h >= H) continue;
-          for (ssize_t j = 0; j < kw; ++j) {
-            const ssize_t w = w0 + j * dw;
-            if (w < 0 || w >= W) continue;
-            const T v = xp[h * W + w];
-            if (bi < 0) bi = h * W + w;  // the first in-bounds tap (kept when every tap is -inf)
-            if (std::isnan(v)) {
-              best = v;
-              bi = h * W + w;
-              nan = true;
-              break;
-            }
-            if (v > best) {
-              best = v;
-              bi = h * W + w;
+  {
+    // the GIL is released for the loops only: returning y and idx copies Python handles (inc_ref needs the GIL)
+    py::gil_scoped_release release;
+    for (ssize_t p = 0; p < planes; ++p) {
+      const T* xp = px + p * H * W;
+      T* yp = py_ + p * OH * OW;
+      int64_t* ip = pi + p * OH * OW;
+      for (ssize_t oh = 0; oh < OH; ++oh) {
+        const ssize_t h0 = oh * sh - ph;
+        for (ssize_t ow = 0; ow < OW; ++ow) {
+          const ssize_t w0 = ow * sw - pw;
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t bi = -1;
+          bool nan = false;
+          for (ssize_t i = 0; i < kh && !nan; ++i) {
+            const ssize_t h = h0 + i * dh;
+            if (h < 0 || h >= H) continue;
+            for (ssize_t j = 0; j < kw; ++j) {
+              const ssize_t w = w0 + j * dw;
+              if (w < 0 || w >= W) continue;
+              const T v = xp[h * W + w];
+              if (bi < 0) bi = h * W + w;  // the first in-bounds tap (kept when every tap is -inf)
+              if (std::isnan(v)) {
+                best = v;
+                bi = h * W + w;
+                nan = true;
+                break;
+              }
+              if (v > best) {
+                best = v;
+                bi = h * W + w;
+              }
             }
           }
+          yp[oh * OW + ow] = best;
+          ip[oh * OW + ow] = bi;
         }
-        yp[oh * OW + ow] = best;
-        ip[oh * OW + ow] = bi;
       }
     }
   }
