@@ -122,3 +122,33 @@ def test_gemm_micro_kernel_follows_the_level(monkeypatch: pytest.MonkeyPatch):
     assert G.isa_paths() == ["scalar"]
     with pytest.raises(ValueError, match=r"does not support avx2 \(TINYLEARN_CPU_FEATURES=scalar\)"):
         G.matmul(a, b, "simd", "avx2")
+
+
+def _env_after_imports(code: str, timeout_env: str | None) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if timeout_env is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = timeout_env
+    probe = code + "; import os, tinylearn.cpu as c; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT')); "
+    probe += "print(c.blas_thread_timeout())"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize(
+    "code, preset, want_env, want_text",
+    [
+        ("import tinylearn, numpy", None, "16", "2^16 cycles (OPENBLAS_THREAD_TIMEOUT=16)"),
+        ("import tinylearn, numpy", "20", "20", "2^20 cycles (OPENBLAS_THREAD_TIMEOUT=20)"),  # a user's value wins
+        ("import numpy, tinylearn", None, "None", "2^28 cycles (default)"),  # too late: OpenBLAS read it already
+        ("import numpy, tinylearn", "40", "40", "2^30 cycles (OPENBLAS_THREAD_TIMEOUT=40, numpy was imported"),
+    ],
+)
+def test_openblas_spin_timeout_is_set_only_before_numpy_loads(code, preset, want_env, want_text):
+    env_line, text = _env_after_imports(code, preset).splitlines()
+    assert env_line == want_env
+    assert text.startswith(want_text)

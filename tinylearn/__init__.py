@@ -6,16 +6,28 @@ Topic subpackages load on first access (``tl.conv``, ``tl.quant`` ...) so ``impo
 On a machine with no NVIDIA device node, importing tinylearn sets ``TRITON_INTERPRET=1`` (unless already set):
 Triton kernels can only run in its interpreter there, and triton reads the knob when it is first imported — which
 torch may do lazily (optimizer steps, torch.compile) before ``tl.kernels`` is used.
+
+Importing tinylearn before numpy also sets ``OPENBLAS_THREAD_TIMEOUT=16`` (unless already set). OpenBLAS reads it
+when numpy loads; by default its worker threads busy-wait 2^28 cycles (~0.1 s) after every BLAS call, and on a
+small machine that spinning thread takes a core from the next OpenMP region — tinylearn's own kernels and torch's
+alike (measured on 2 cores: torch conv2d 7 ms alone, 13.9 ms right after a numpy matmul; 7.2 ms with the timeout at
+2^16 cycles). 2^16 cycles (~25 us) keeps back-to-back BLAS calls as fast as before. ``tinylearn.cpu.numeric_paths()``
+reports the value in effect. Import numpy first, or set the variable yourself, to keep OpenBLAS's default.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 if "TRITON_INTERPRET" not in os.environ and not any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/dxg")):
     os.environ["TRITON_INTERPRET"] = "1"
+
+_NUMPY_LOADED_FIRST = "numpy" in sys.modules  # then OpenBLAS already read its environment
+if not _NUMPY_LOADED_FIRST:
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 __version__ = "0.1.0"
 

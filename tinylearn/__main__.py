@@ -265,6 +265,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 f"BLAS       {b['internal_api']} {b['version']}: core type {b['architecture']}, "
                 f"{b['num_threads']} threads ({Path(str(b['filepath'])).name})"
             )
+        print(f"BLAS spin  workers busy-wait {cpu.blas_thread_timeout()} after a call")
         simd = cpu.numpy_simd()
         print(f"numpy SIMD dispatch targets: {' '.join(simd['dispatch']) or 'baseline only'}")
     except ImportError as e:

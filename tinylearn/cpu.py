@@ -99,6 +99,26 @@ def numpy_simd() -> dict[str, list[str]]:
     }
 
 
+def blas_thread_timeout() -> str:
+    """How long numpy's OpenBLAS workers busy-wait after a call, as OpenBLAS read it (see ``tinylearn.__init__``).
+
+    ``"2^16 cycles (OPENBLAS_THREAD_TIMEOUT=16)"``, or the OpenBLAS default ``"2^28 cycles (default)"`` when the
+    variable is unset. When numpy was imported before tinylearn the value shown is today's environment, which is what
+    OpenBLAS read unless it was changed after numpy loaded.
+    """
+    import tinylearn
+
+    v = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "").strip()
+    if not v:
+        return "2^28 cycles (default)"
+    try:
+        n = min(max(int(v), 4), 30)  # OpenBLAS clamps the exponent to [4, 30]
+    except ValueError:
+        return f"2^28 cycles (default; OPENBLAS_THREAD_TIMEOUT={v!r} is not an integer)"
+    tail = ", numpy was imported before tinylearn" if tinylearn._NUMPY_LOADED_FIRST else ""
+    return f"2^{n} cycles (OPENBLAS_THREAD_TIMEOUT={v}{tail})"
+
+
 def numeric_paths() -> dict[str, Any]:
     """One dict describing every numeric path the process uses (printed by tools/portable.py)."""
     return {
@@ -107,5 +127,6 @@ def numeric_paths() -> dict[str, Any]:
         "tinylearn_kernels": kernel_paths(),
         "torch_capability": torch_capability(),
         "blas": blas_info(),
+        "blas_thread_timeout": blas_thread_timeout(),
         "numpy_simd": numpy_simd(),
     }

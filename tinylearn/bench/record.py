@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..cpu import blas_thread_timeout
 from .table import Row, Table
 
 SCHEMA = 1
@@ -83,6 +84,7 @@ def machine_info() -> dict[str, Any]:
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": platform.python_version(),
         "forced_features": os.environ.get("TINYLEARN_CPU_FEATURES", ""),
+        "blas_thread_timeout": blas_thread_timeout(),
     }
     for pkg in ("tinylearn", "numpy", "torch", "tinygrad"):
         try:
