@@ -197,6 +197,14 @@ struct FaCtx {
   bool causal;
   float scale;
 };
+struct FbCtx {  // the backward (flash_attention_simd.inc: bwd_item, pack_head)
+  const float *q, *k, *v, *o, *lse, *dout;
+  float *qt, *dot, *L, *Dr;  // packed per head: [BH][D][Nqp], [BH][Dv][Nqp], [BH][Nqp], [BH][Nqp]
+  float *dk, *dv;
+  ssize_t Nq, Nk, D, Dv, Nqp, Br, Brp, Bc;
+  bool causal;
+  float scale;
+};
 
 namespace fa_scalar {
 using vf = float;
@@ -312,9 +320,85 @@ py::tuple flash_attention_dispatch(carr<T> q, carr<T> k, carr<T> v, bool causal,
   return flash_attention_forward(q, k, v, causal, block);
 }
 
+using FbItemFn = void (*)(const FbCtx&, ssize_t, ssize_t, float*, float*);
+using FbPackFn = void (*)(const FbCtx&, ssize_t);
+struct FbPath {
+  FbItemFn item;
+  FbPackFn pack;
+  ssize_t W;
+  const char* name;
+};
+
+// The backward's path: the widest vector width that divides both D and Dv (dK/dQ rows and dV rows are whole vectors).
+FbPath flash_bwd_path(ssize_t D, ssize_t Dv) {
+  const vm::Isa isa = vm::best_isa();
+  if (isa == vm::Isa::avx512 && D % 16 == 0 && Dv % 16 == 0) return {fa_avx512::bwd_item, fa_avx512::pack_head, 16, "avx512"};
+  if (isa != vm::Isa::scalar && vm::isa_available(vm::Isa::avx2) && D % 8 == 0 && Dv % 8 == 0)
+    return {fa_avx2::bwd_item, fa_avx2::pack_head, 8, "avx2"};
+  return {fa_scalar::bwd_item, fa_scalar::pack_head, 1, "scalar"};
+}
+
+// Blocked SIMD backward (float32): pack every head once (QT, dO^T, L, rowsum(dO O): as big as q and dout, O(N)),
+// then OpenMP over (key block, head) items, each owning its dK/dV rows; dQ goes to one buffer per thread
+// (thread 0 writes the output itself), summed and scaled at the end. Extra memory O(N): packed q, dout plus
+// (threads - 1) dQ buffers plus 2 Bc x Br tiles per thread.
+py::tuple flash_backward_blocked(const carr<float>& q, const carr<float>& k, const carr<float>& v, const carr<float>& o,
+                                 const carr<float>& lse, const carr<float>& dout, const AttnDims& a, bool causal,
+                                 ssize_t block, bool threaded) {
+  const ssize_t BH = a.BH, Nq = a.Nq, Nk = a.Nk, D = a.D, Dv = a.Dv;
+  carr<float> dq({BH, Nq, D}), dk({BH, Nk, D}), dv({BH, Nk, Dv});
+  const FbPath path = flash_bwd_path(D, Dv);
+  const ssize_t W = path.W;
+  const ssize_t Nqp = (Nq + W - 1) / W * W;
+  const ssize_t Br = (std::min(block, Nqp) + W - 1) / W * W;  // query rows per tile: a whole number of vectors
+  std::vector<float> packed(static_cast<size_t>(BH * Nqp * (D + Dv + 2)));
+  float* pk = packed.data();
+  const FbCtx c{q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), pk, pk + BH * D * Nqp,
+                pk + BH * (D + Dv) * Nqp, pk + BH * (D + Dv + 1) * Nqp, dk.mutable_data(), dv.mutable_data(), Nq, Nk,
+                D, Dv, Nqp, Br, Br, kFlashBc, causal, 1.0f / std::sqrt(static_cast<float>(D))};
+  const ssize_t nkb = (Nk + kFlashBc - 1) / kFlashBc, items = BH * nkb;
+  int nth = threaded ? tl::n_threads() : 1;
+  if (static_cast<double>(BH) * Nq * Nk * (D + Dv) < 1 << 19) nth = 1;
+  nth = static_cast<int>(std::max<ssize_t>(1, std::min<ssize_t>(nth, items)));
+  const ssize_t per = 2 * kFlashBc * Br;
+  std::vector<float> scratch(static_cast<size_t>(per) * nth);
+  std::vector<float> dq_extra(static_cast<size_t>(BH * Nq * D) * (nth - 1));  // all allocated outside the region
+  {
+    py::gil_scoped_release release;
+    float* pdq = dq.mutable_data();
+    const ssize_t nq_all = BH * Nq * D;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+      const int tid = tl::thread_id();
+      float* mydq = tid == 0 ? pdq : dq_extra.data() + (tid - 1) * nq_all;
+      std::fill(mydq, mydq + nq_all, 0.0f);
+#pragma omp for schedule(static)
+      for (ssize_t bh = 0; bh < BH; ++bh) path.pack(c, bh);
+      // items key-block major: kb = 0 first (under causal the heaviest: the first keys are seen by every query)
+#pragma omp for schedule(dynamic, 1)
+      for (ssize_t t = 0; t < items; ++t) path.item(c, t % BH, t / BH, scratch.data() + per * tid, mydq);
+      // dq = scale (dq_0 + dq_1 + ...), split over the team (the for's barrier above: every buffer is complete)
+      const float s = c.scale;
+#pragma omp for schedule(static)
+      for (ssize_t r = 0; r < BH * Nq; ++r) {
+        float* out = pdq + r * D;
+        for (int u = 0; u + 1 < nth; ++u) {
+          const float* src = dq_extra.data() + u * nq_all + r * D;
+          for (ssize_t d = 0; d < D; ++d) out[d] += src[d];
+        }
+        for (ssize_t d = 0; d < D; ++d) out[d] *= s;
+      }
+    }
+  }
+  return py::make_tuple(dq, dk, dv);
+}
+
 template <typename T>
 py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, carr<T> lse, carr<T> dout, bool causal,
-                                   ssize_t block) {
+                                   ssize_t block, const std::string& version) {
+  if (version != "tiled" && version != "blocked_simd" && version != "blocked_simd_omp")
+    tl::value_error("flash_attention_backward: version must be 'tiled', 'blocked_simd' or 'blocked_simd_omp', got '" +
+                    version + "'");
   const AttnDims a = check_attn(q, k, v, "flash_attention_backward");
   if (block < 1) tl::value_error("flash_attention_backward: block_size must be >= 1, got " + std::to_string(block));
   const ssize_t BH = a.BH, Nq = a.Nq, Nk = a.Nk, D = a.D, Dv = a.Dv;
@@ -323,6 +407,10 @@ py::tuple flash_attention_backward(carr<T> q, carr<T> k, carr<T> v, carr<T> o, c
     tl::value_error("flash_attention_backward: o shape " + shape_str(o) + " does not match q/v");
   if (lse.ndim() != 2 || lse.shape(0) != BH || lse.shape(1) != Nq)
     tl::value_error("flash_attention_backward: lse shape " + shape_str(lse) + " must be (BH, Nq)");
+  if constexpr (std::is_same_v<T, float>) {
+    if (version != "tiled")
+      return flash_backward_blocked(q, k, v, o, lse, dout, a, causal, block, version == "blocked_simd_omp");
+  }
   carr<T> dq({BH, Nq, D}), dk({BH, Nk, D}), dv({BH, Nk, Dv});
   const T *pq = q.data(), *pk = k.data(), *pv = v.data(), *po = o.data(), *pl = lse.data(), *pg = dout.data();
   T *pdq = dq.mutable_data(), *pdk = dk.mutable_data(), *pdv = dv.mutable_data();
@@ -440,7 +528,8 @@ void def_flash_attention(py::module_& m) {
   m.def("flash_attention_forward", &flash_attention_dispatch<T>, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("causal") = false, py::arg("block_size") = 64, py::arg("version") = "blocked_simd_omp");
   m.def("flash_attention_backward", &flash_attention_backward<T>, py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("o"), py::arg("lse"), py::arg("dout"), py::arg("causal") = false, py::arg("block_size") = 64);
+        py::arg("o"), py::arg("lse"), py::arg("dout"), py::arg("causal") = false, py::arg("block_size") = 64,
+        py::arg("version") = "blocked_simd_omp");
 }
 
 }  // namespace
@@ -449,6 +538,10 @@ TL_REGISTER(kernels) {
   m.def(
       "flash_attention_path", [](ssize_t dv) { return std::string(flash_path(dv).name); }, py::arg("dv"),
       "the instruction set the blocked_simd rungs take now for value head dim dv ('avx512' | 'avx2' | 'scalar')");
+  m.def(
+      "flash_attention_backward_path", [](ssize_t d, ssize_t dv) { return std::string(flash_bwd_path(d, dv).name); },
+      py::arg("d"), py::arg("dv"),
+      "the instruction set the blocked_simd backward takes now for head dims d, dv ('avx512' | 'avx2' | 'scalar')");
   def_flash_attention<float>(m);
   def_flash_attention<double>(m);
 }
