@@ -3,7 +3,8 @@ blocked_simd_omp) on every CPU path this machine has (TINYLEARN_CPU_FEATURES = s
 torch's scaled_dot_product_attention: causal and not, sequence lengths that are not a multiple of any tile (and
 N = 1), head dims 32/64/80/128 (and odd ones that fall back to a narrower path), Nq != Nk, non-contiguous inputs,
 batch and head dims; the log-sum-exp the backward uses; the backward fed by the blocked forward, and fp64 gradcheck;
-thread-count independence; O(N) extra memory (peak resident set in a subprocess)."""
+thread-count independence; O(N) extra memory (peak resident set in a subprocess). The backward rungs (tiled,
+blocked_simd, blocked_simd_omp: FlashAttention-2 recomputation) on every path against torch autograd of SDPA."""
 
 from __future__ import annotations
 
@@ -226,3 +227,124 @@ def test_extra_memory_is_linear_in_n() -> None:
     for version, grew in mb.items():
         assert grew < out_mb + 4, (version, grew)  # output + lse + tiles; an N x N buffer would add 32 MB
         assert grew < scores_mb / 8, (version, grew)
+
+
+# ---- backward rungs ------------------------------------------------------------------------------------------
+def torch_grads(q, k, v, do, causal: bool) -> tuple[torch.Tensor, ...]:
+    """torch autograd of SDPA in float64 (the reference the float32 rungs are compared with)."""
+    tq, tk, tv = (_t(a).double().requires_grad_() for a in (q, k, v))
+    F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(_t(do).double())
+    return tq.grad, tk.grad, tv.grad
+
+
+def c_backward(q, k, v, do, causal: bool, version: str, block: int = 64) -> tuple[np.ndarray, ...]:
+    """The C++ backward on [BH, N, D] arrays, fed by the default forward's (o, lse)."""
+    o, lse = C.flash_attention_forward(q, k, v, causal, 64, "blocked_simd_omp")
+    return tuple(C.flash_attention_backward(q, k, v, o, lse, do, causal, block, version))
+
+
+def test_backward_path_reported(path: str) -> None:
+    """The backward needs whole vectors in dQ/dK rows (D) and dV rows (Dv): the widest width dividing both."""
+    assert C.flash_attention_backward_path(64, 64) == path
+    assert C.flash_attention_backward_path(64, 24) == ("scalar" if path == "scalar" else "avx2")
+    assert C.flash_attention_backward_path(20, 64) == "scalar"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("bh", "nq", "nk", "d", "dv"),
+    [
+        (3, 130, 130, 64, 64),
+        (2, 1, 1, 32, 32),
+        (2, 70, 33, 32, 32),
+        (1, 33, 70, 64, 16),
+        (2, 17, 200, 20, 20),
+        (1, 9, 9, 8, 24),
+        (2, 65, 65, 128, 128),
+    ],
+)
+def test_backward_rungs_vs_torch(path: str, version: str, causal: bool, bh: int, nq: int, nk: int, d: int, dv: int):
+    """dq, dk, dv of every rung on every path against torch autograd (odd N, N = 1, Nq != Nk, odd / mixed D)."""
+    rng = np.random.default_rng(nq * 31 + nk + d)
+    q, k = (rng.uniform(-2, 2, (bh, n, d)).astype(np.float32) for n in (nq, nk))
+    v, do = rng.uniform(-2, 2, (bh, nk, dv)).astype(np.float32), rng.uniform(-1, 1, (bh, nq, dv)).astype(np.float32)
+    grads = c_backward(q, k, v, do, causal, version)
+    for name, g, tg in zip("qkv", grads, torch_grads(q, k, v, do, causal), strict=True):
+        assert g.dtype == np.float32 and g.shape == tg.shape
+        assert_close(g, tg.float(), "float32", reduction_size=max(nq, nk) * max(d, dv), msg=f"d{name}")
+
+
+@pytest.mark.parametrize("version", BLOCKED)
+@pytest.mark.parametrize("block", [1, 5, 16, 100, 1000])
+def test_backward_block_sizes(path: str, version: str, block: int) -> None:
+    """block_size is the query rows per tile (rounded up to whole vectors by the blocked rungs)."""
+    rng = np.random.default_rng(block)
+    q, k, v, do = (rng.uniform(-2, 2, (2, 131, 64)).astype(np.float32) for _ in range(4))
+    for causal in (False, True):
+        grads = c_backward(q, k, v, do, causal, version, block)
+        for g, tg in zip(grads, torch_grads(q, k, v, do, causal), strict=True):
+            assert_close(g, tg.float(), "float32", reduction_size=131 * 64)
+
+
+def test_backward_large_logits_and_masked_rows() -> None:
+    """Scores far beyond exp's range are handled by the saved lse; a fully masked row (lse = -inf, made by hand:
+    causal never masks a whole row) gets P = 0, hence zero gradients, never NaN."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.uniform(-6, 6, (2, 70, 64)).astype(np.float32) for _ in range(3))
+    do = rng.uniform(-1, 1, (2, 70, 64)).astype(np.float32)
+    for version in BLOCKED:
+        for causal in (False, True):
+            grads = c_backward(q, k, v, do, causal, version)
+            assert all(np.isfinite(g).all() for g in grads)
+            for g, tg in zip(grads, torch_grads(q, k, v, do, causal), strict=True):
+                assert_close(g, tg.float(), "float32", reduction_size=70 * 64)
+        o, lse = C.flash_attention_forward(q, k, v, False, 64, "blocked_simd")
+        lse[:, 3] = -np.inf
+        dq, dk, dv = C.flash_attention_backward(q, k, v, o, lse, do, False, 64, version)
+        assert np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+        assert not dq[:, 3].any()
+
+
+def test_backward_threads() -> None:
+    """dK and dV rows belong to one (key block, head) item each: identical at any thread count; dQ sums the
+    per-thread buffers, so only its last bits depend on the thread count."""
+    rng = np.random.default_rng(3)
+    q, k, v, do = (rng.uniform(-2, 2, (4, 300, 64)).astype(np.float32) for _ in range(4))
+    for causal in (False, True):
+        one = c_backward(q, k, v, do, causal, "blocked_simd")
+        for n in (1, 2, 3):
+            with threadpool_limits(n):
+                dq, dk, dv = c_backward(q, k, v, do, causal, "blocked_simd_omp")
+            np.testing.assert_array_equal(dk, one[1])
+            np.testing.assert_array_equal(dv, one[2])
+            assert_close(dq, one[0], "float32", reduction_size=300 * 64)
+
+
+def test_backward_float64_runs_the_scalar_path() -> None:
+    """float64 runs the tiled (scalar) backward under every version name; it is what fp64 gradcheck exercises."""
+    rng = np.random.default_rng(8)
+    q, k, v, do = (rng.standard_normal((2, 23, 16)) for _ in range(4))
+    for causal in (False, True):
+        o, lse = C.flash_attention_forward(q, k, v, causal, 8, "tiled")
+        ref = torch_grads(q, k, v, do, causal)
+        for version in VERSIONS:
+            grads = C.flash_attention_backward(q, k, v, o, lse, do, causal, 8, version)
+            for g, tg in zip(grads, ref, strict=True):
+                assert g.dtype == np.float64
+                assert_close(g, tg, "float64", reduction_size=23)
+    q64 = torch.randn(1, 3, 9, 8, dtype=torch.float64, requires_grad=True)
+    k64, v64 = (torch.randn(1, 3, 11, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    for causal in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda a, b, c, causal=causal: torch_ops.flash_attention(a, b, c, causal, 4), (q64, k64, v64)
+        )
+
+
+def test_backward_bad_version() -> None:
+    q = np.zeros((1, 4, 8), np.float32)
+    lse = np.zeros((1, 4), np.float32)
+    with pytest.raises(ValueError, match="version"):
+        C.flash_attention_backward(q, q, q, q, lse, q, False, 16, "fastest")
+    with pytest.raises(ValueError, match="block_size"):
+        C.flash_attention_backward(q, q, q, q, lse, q, False, 0, "blocked_simd")
