@@ -180,15 +180,18 @@ def crossover_points(
 
 # ------------------------------------------------------------------------- contention: p ranks sharing c cores
 # On one box the "network" is the CPU: a loopback TCP message is two memcpys done by the kernel on behalf of the
-# sender and the receiver, and the reduction is an add on the receiver's core. With p ranks on c < p cores every
-# rank gets c/p of a core, so every byte term slows by the share factor s = max(1, p/c); and a message whose
-# receiver is not running waits for the scheduler to run it, a latency that grows with the oversubscription
-# o = max(0, p/c - 1) (0 while every rank has its own core):
+# sender and the receiver, and the reduction is an add on the receiver's core. A rank blocked in wait() sleeps and
+# takes no core, so what shares the c cores in a step are the ranks *active* in it (sending or receiving), a_t of
+# them: every byte term of that step slows by s_t = max(1, a_t / c), and a message whose receiver is not running
+# waits for the scheduler, a latency that grows with the step's oversubscription o_t = max(0, a_t / c - 1):
 #
-#     T(alg, n, p; c) = L (alpha + o * sched) + s * (B n beta + R n gamma)        (L, B, R = coefficients(alg, p))
+#     T(alg, n, p; c) = sum over steps t of  L_t (alpha + o_t sched) + s_t (B_t n beta + R_t n gamma)
 #
-# i.e. predict(alg, n, p, alpha + o * sched, s * beta, s * gamma). alpha, sched, beta, gamma are single-rank
-# constants; fit_contended fits them per algorithm family from measured all-reduce times at several p.
+# (L_t, B_t, R_t: the step's messages on the critical path, bytes sent and reduced per input byte). Ring,
+# halving-doubling and recursive doubling keep all p ranks busy every step (a_t = p: the whole formula scales by
+# s = max(1, p/c)); a binomial tree does not: at p = 4 its middle rounds move one message between two ranks, which
+# then have a core each (a_t = 2). alpha, sched, beta, gamma are single-rank constants; fit_contended fits them
+# per algorithm family from measured all-reduce times at several p. ``contended_coefficients`` gives the sums.
 
 PARAM_NAMES = ("alpha_s", "sched_s", "beta_s_per_byte", "gamma_s_per_byte")
 
@@ -218,16 +221,56 @@ class ContendedParams:
         return np.array([self.alpha_s, self.sched_s, self.beta_s_per_byte, self.gamma_s_per_byte])
 
 
+def _tree_round_pairs(world_size: int) -> list[int]:
+    """Messages in each of the ceil(log2 p) rounds of a binomial reduce (and, mirrored, of the broadcast)."""
+    p = world_size
+    return [sum(1 for r in range(p) if r & ((2 << k) - 1) == (1 << k)) for k in range(math.ceil(math.log2(p)))]
+
+
+def contended_coefficients(
+    algorithm: str, world_size: int, cores: int, *, node_size: int | None = None
+) -> tuple[float, float, float, float]:
+    """(L, O, SB, SR) with T = L alpha + O sched + SB n beta + SR n gamma: sums over the algorithm's steps of the
+    latency count, o_t x latency count, s_t x bytes sent and s_t x bytes reduced (see the comment above).
+
+    With every rank active in every step this is (L, L o, s B, s R) of ``coefficients``; the tree and the fold
+    steps of recursive doubling / halving-doubling for p not a power of two have steps with fewer active ranks.
+    Hierarchical with unequal nodes uses the largest node (like ``predict``)."""
+    lat, bcoef, rcoef = coefficients(algorithm, world_size, node_size=node_size)
+    p = int(world_size)
+    core_share(p, cores)  # validates cores
+    if p == 1:
+        return 0.0, 0.0, 0.0, 0.0
+
+    def s_o(active: int) -> tuple[float, float]:
+        return max(1.0, active / cores), max(0.0, active / cores - 1.0)
+
+    if algorithm == "tree":
+        L = O = SB = SR = 0.0
+        for cnt in _tree_round_pairs(p):
+            s, o = s_o(2 * cnt)
+            L, O, SB, SR = L + 2, O + 2 * o, SB + 2 * s, SR + s  # a reduce round and its broadcast round
+        return L, O, SB, SR
+    if algorithm in ("recursive_doubling", "halving_doubling"):
+        p2 = 1 << (p.bit_length() - 1)
+        sc, oc = s_o(p2)
+        fl, fb, fr = (2.0, 2.0, 1.0) if p != p2 else (0.0, 0.0, 0.0)  # fold in (reduce) + result back out
+        cl, cb, cr = lat - fl, bcoef - fb, rcoef - fr
+        sf, of = s_o(2 * (p - p2))
+        return cl + fl, cl * oc + fl * of, sc * cb + sf * fb, sc * cr + sf * fr
+    s, o = s_o(p)
+    return lat, lat * o, s * bcoef, s * rcoef
+
+
 def contended_features(
     algorithm: str, nbytes: float, world_size: int, cores: int, *, node_size: int | None = None
 ) -> np.ndarray:
-    """x with T = x . (alpha, sched, beta, gamma): [L, L o, s B n, s R n] (the model is linear in its constants)."""
+    """x with T = x . (alpha, sched, beta, gamma): [L, O, SB n, SR n] (the model is linear in its constants)."""
     n = check_nonneg("nbytes", nbytes)
-    lat, bcoef, rcoef = coefficients(algorithm, world_size, node_size=node_size)
+    L, O, SB, SR = contended_coefficients(algorithm, world_size, cores, node_size=node_size)
     if n == 0:
         return np.zeros(4)
-    s, o = core_share(world_size, cores), oversubscription(world_size, cores)
-    return np.array([lat, lat * o, s * bcoef * n, s * rcoef * n])
+    return np.array([L, O, SB * n, SR * n])
 
 
 def predict_contended(
@@ -240,16 +283,8 @@ def predict_contended(
     node_size: int | None = None,
 ) -> float:
     """Predicted all-reduce seconds with p ranks on ``cores`` cores (== ``simulate(..., cores=, sched_s=)``)."""
-    s, o = core_share(world_size, cores), oversubscription(world_size, cores)
-    return predict(
-        algorithm,
-        nbytes,
-        world_size,
-        params.alpha_s + o * params.sched_s,
-        s * params.beta_s_per_byte,
-        s * params.gamma_s_per_byte,
-        node_size=node_size,
-    )
+    _check(algorithm, nbytes, world_size, params.alpha_s, params.beta_s_per_byte)
+    return float(contended_features(algorithm, nbytes, world_size, cores, node_size=node_size) @ params.as_array())
 
 
 def fit_contended(

@@ -177,9 +177,10 @@ def simulate(
     a dict of its fields) overrides the link constants per message (intra/inter node) and sets the hierarchical
     node size. ``node_size`` (hierarchical on uniform links) defaults to ``default_node_size(p)``.
 
-    ``cores``: the p ranks share this many cores (``cost_model.predict_contended``'s model): every byte cost
-    (beta, gamma) is multiplied by the core share s = max(1, p / cores) and every message waits
-    o * ``sched_s`` more for the scheduler, o = max(0, p / cores - 1). None: a core (or GPU) per rank.
+    ``cores``: the ranks share this many cores (``cost_model.predict_contended``'s model): in each step the a
+    ranks that send or receive share them (blocked ranks sleep), so the step's byte costs (beta, gamma) are
+    multiplied by s = max(1, a / cores) and its messages wait o * ``sched_s`` more for the scheduler,
+    o = max(0, a / cores - 1). None: a core (or GPU) per rank.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
@@ -194,10 +195,15 @@ def simulate(
     p = int(world_size)
     if topology is not None:
         node_size = topology.node_size
-    share, extra = (1.0, 0.0) if cores is None else (core_share(p, cores), oversubscription(p, cores) * sched_s)
+    if cores is not None:
+        core_share(p, cores)  # validates cores
     T = np.zeros(p)
-    g = float(gamma_s_per_byte) * share
     for src, dst, nb, red in schedule(algorithm, p, nbytes, node_size):
+        share, extra = 1.0, 0.0
+        if cores is not None:  # the ranks active in this step share the cores; blocked ranks sleep
+            active = len(np.unique(np.concatenate([src, dst])))
+            share, extra = core_share(active, cores), oversubscription(active, cores) * sched_s
+        g = float(gamma_s_per_byte) * share
         if topology is None:
             a = np.full(len(src), float(alpha_s))
             b = np.full(len(src), float(beta_s_per_byte))
