@@ -191,6 +191,38 @@ def test_calibrate_fits_on_calibration_sizes_and_validates_on_the_rest() -> None
     assert "halving_doubling" in text and " cal " not in text
 
 
+@pytest.mark.parametrize("statistic", bench.STATISTICS)
+def test_calibrate_statistic_mean_or_median(statistic: str) -> None:
+    m = _synthetic_measurement((2, 4), 2, 0.0)
+    # a bimodal point (the scheduler's slow mode): 4 of 9 samples +3 ms. The median stays in the fast mode, the
+    # mean moves by 4/9 of the wait
+    nb = 256 << 10
+    fast = m[2]["samples"][(nb, "ring")][0]
+    m[2]["samples"][(nb, "ring")] = [fast] * 5 + [fast + 3e-3] * 4
+    res = bench.calibrate(m, ["ring"], SIZES, 2, statistic=statistic)
+    assert res["statistic"] == statistic
+    row = next(r for r in res["rows"] if r["p"] == 2 and r["nbytes"] == nb)
+    assert row["slow_frac"] == pytest.approx(4 / 9) and row["n"] == 9
+    assert row["err_median"] == pytest.approx(0.0, abs=1e-9)
+    assert row["err_mean"] == pytest.approx(4 / 9 * 3e-3 / row["pred_s"], rel=1e-9)
+    assert row["err"] == (row["err_mean"] if statistic == "mean" else row["err_median"])
+    assert row["err_lo"] <= row["err"] <= row["err_hi"]
+    summ = bench.error_summary(res)
+    assert summ[("ring", 4)]["within"] == 2 and summ[("ring", 4)]["worst"] < 1e-9
+    assert summ[("ring", 2)]["n"] == 2
+    with pytest.raises(ValueError, match="statistic"):
+        bench.calibrate(m, ["ring"], SIZES, 2, statistic="mode")
+
+
+def test_mean_ci_and_slow_fraction() -> None:
+    x = [1.0, 1.1, 0.9, 1.0, 5.0, 1.05]
+    lo, hi = bench.mean_ci(x)
+    assert lo < np.mean(x) < hi and lo >= min(x) and hi <= max(x)
+    assert bench.mean_ci(x) == (lo, hi)  # deterministic
+    assert bench.slow_fraction(x) == pytest.approx(1 / 6)
+    assert bench.slow_fraction([2.0, 2.0]) == 0.0
+
+
 def test_calibrate_never_uses_validation_points() -> None:
     m = _synthetic_measurement((2, 4), 2, 0.0)
     ref = bench.calibrate(m, ["ring"], SIZES, 2)["fits"]["ring"]

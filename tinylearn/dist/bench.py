@@ -5,12 +5,14 @@ Measurement (``measure_job``, one launched job per world size): every sample of 
 each timed between barriers as the slowest rank's time, implementations taking turns sample by sample so load
 hits them alike; plus gamma, an fp32 add timed on all ranks at once.
 
-Model (``cost_model.predict_contended``): p ranks share c cores, so byte costs are scaled by s = max(1, p/c) and
-every message pays o * sched more latency, o = max(0, p/c - 1). Per implementation ("family": gloo and the p2p
-ring floor use the ring formula, the floor with gamma = 0) alpha, sched and beta are fitted by least squares on
-relative error to the medians at the *calibration* sizes of both world sizes (every other size, from the
-smallest); the other sizes are *validation* points, never fitted. Reported per (implementation, p, size): median
-measured time, its IQR, the prediction, and the relative error (t - pred) / pred at the median and quartiles.
+Model (``cost_model.predict_contended``): the ranks active in a step share c cores, so that step's byte costs are
+scaled by s = max(1, a/c) and its messages pay o * sched more latency, o = max(0, a/c - 1). Per implementation
+("family": gloo and the p2p ring floor use the ring formula, the floor with gamma = 0) alpha, sched and beta are
+fitted by least squares on relative error to the means (``statistic="mean"``; or the medians) at the
+*calibration* sizes of both world sizes (every other size, from the smallest); the other sizes are *validation*
+points, never fitted. Reported per (implementation, p, size): median with IQR, mean with a bootstrap 90%
+interval, the slow fraction (samples > 2x the fastest: calls that waited for the scheduler), the prediction, and
+the relative error (t - pred) / pred of the fitted statistic with its interval, and of the median.
 
 tinygrad: no column — tinygrad has no multi-process collectives (no all-reduce across processes on CPU), and
 torch.compile does not apply to communication.
@@ -146,23 +148,56 @@ def split_sizes(sizes: Sequence[int]) -> tuple[list[int], list[int]]:
     return s[0::2], s[1::2]
 
 
+STATISTICS = ("mean", "median")
+
+
+def mean_ci(samples: Sequence[float], level: float = 0.9, resamples: int = 400) -> tuple[float, float]:
+    """Bootstrap ``level`` confidence interval of the mean (fixed seed: the same samples give the same interval)."""
+    x = np.asarray(samples, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def slow_fraction(samples: Sequence[float], factor: float = 2.0) -> float:
+    """Fraction of samples slower than ``factor`` x the fastest one: the share of calls that hit a scheduler wait
+    (a rank that was not running when its message arrived). Near 0 or 1 the median is stable; near 0.5 it jumps
+    between the fast and the slow mode from run to run."""
+    x = np.asarray(samples, dtype=np.float64)
+    return float(np.mean(x > factor * x.min()))
+
+
 def calibrate(
-    measured: dict[int, dict[str, Any]], impls: Sequence[str], sizes: Sequence[int], cores: int
+    measured: dict[int, dict[str, Any]],
+    impls: Sequence[str],
+    sizes: Sequence[int],
+    cores: int,
+    statistic: str = "mean",
 ) -> dict[str, Any]:
     """Fit each implementation's (alpha, sched, beta) on the calibration sizes, predict every point.
 
+    ``statistic``: what is fitted and judged per point, "mean" (default) or "median" of the samples. The model's
+    latency term L (alpha + o sched) is an *expected* wait, and under load the samples of one point are a mixture
+    of a fast mode and a slow mode (+ a scheduler time slice): the mean moves smoothly with the mixture, the median
+    jumps from one mode to the other when the slow share crosses 1/2.
     gamma is the contended add measured at the smallest world size, divided by its core share (single-rank).
-    Returns {"cal", "val", "gamma", "fits": {impl: ContendedParams}, "rows": [dict per (impl, p, size)]};
-    a row holds median / q25 / q75 seconds, pred seconds and err / err_q25 / err_q75 = (t - pred) / pred.
+    Returns {"cal", "val", "gamma", "statistic", "fits": {impl: ContendedParams}, "rows": [dict per (impl, p,
+    size)]}; a row holds median / q25 / q75 / mean seconds, the mean's bootstrap 90% interval, the slow fraction,
+    pred seconds, err = (statistic - pred) / pred, err_lo / err_hi (the statistic's spread: the mean's interval or
+    the quartiles), err_median / err_mean, and err_q25 / err_q75 (quartiles vs pred).
     """
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic: expected one of {STATISTICS}, got {statistic!r}")
     cal, val = split_sizes(sizes)
     p0 = min(measured)
     gamma = measured[p0]["gamma"] / cost_model.core_share(p0, cores)
+    stat = np.mean if statistic == "mean" else np.median
     fits, rows = {}, []
     for impl in impls:
         alg = MODEL_ALGORITHM.get(impl, impl)
         g = 0.0 if impl == "p2p ring floor" else gamma
-        pts = [(nb, p, float(np.median(measured[p]["samples"][(nb, impl)]))) for p in measured for nb in cal]
+        pts = [(nb, p, float(stat(measured[p]["samples"][(nb, impl)]))) for p in measured for nb in cal]
         fit = cost_model.fit_contended(
             alg, [x[0] for x in pts], [x[1] for x in pts], [x[2] for x in pts], cores, gamma_s_per_byte=g
         )
@@ -172,7 +207,10 @@ def calibrate(
                 s = measured[p]["samples"][(nb, impl)]
                 pred = cost_model.predict_contended(alg, nb, p, fit, cores)
                 q25, med, q75 = (float(v) for v in np.percentile(s, [25, 50, 75]))
+                mean = float(np.mean(s))
+                lo, hi = mean_ci(s)
                 e = cost_model.relative_errors([pred], [s])[0]
+                err_mean = (mean - pred) / pred
                 rows.append(
                     {
                         "impl": impl,
@@ -183,26 +221,53 @@ def calibrate(
                         "median_s": med,
                         "q25_s": q25,
                         "q75_s": q75,
+                        "mean_s": mean,
+                        "mean_lo_s": lo,
+                        "mean_hi_s": hi,
+                        "slow_frac": slow_fraction(s),
                         "pred_s": pred,
-                        "err": float(e[0]),
+                        "err": err_mean if statistic == "mean" else float(e[0]),
+                        "err_lo": (lo - pred) / pred if statistic == "mean" else float(e[1]),
+                        "err_hi": (hi - pred) / pred if statistic == "mean" else float(e[2]),
+                        "err_mean": err_mean,
+                        "err_median": float(e[0]),
                         "err_q25": float(e[1]),
                         "err_q75": float(e[2]),
                     }
                 )
-    return {"cal": cal, "val": val, "gamma": gamma, "fits": fits, "rows": rows}
+    return {"cal": cal, "val": val, "gamma": gamma, "statistic": statistic, "fits": fits, "rows": rows}
+
+
+def error_summary(result: dict[str, Any], subset: str = "val") -> dict[tuple[str, int], dict[str, float]]:
+    """Per (impl, p): how many ``subset`` points are within +-25%, the median and worst |err| (the statistic's)."""
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for r in result["rows"]:
+        if r["set"] != subset:
+            continue
+        out.setdefault((r["impl"], r["p"]), {"errs": []})["errs"].append(r["err"])  # type: ignore[arg-type]
+    for v in out.values():
+        e = np.abs(np.asarray(v.pop("errs")))
+        v.update(n=float(e.size), within=float(np.sum(e <= 0.25)), median_abs=float(np.median(e)), worst=float(e.max()))
+    return out
 
 
 def error_table(result: dict[str, Any], subset: str | None = None) -> str:
-    """Text table: one line per (impl, p, size): set, median / IQR measured, predicted, relative error [IQR]."""
-    lines = [f"{'impl':18s} {'p':>2s} {'size':>6s} {'set':4s} {'measured ms [IQR]':>24s} {'pred ms':>8s}  err [IQR]"]
+    """Text table: one line per (impl, p, size): set, median [IQR] and mean [90% CI] measured, slow fraction,
+    predicted, relative error of the fitted statistic with its spread, and the median's error."""
+    stat = result.get("statistic", "median")
+    lines = [
+        f"{'impl':18s} {'p':>2s} {'size':>6s} {'set':4s} {'median ms [IQR]':>22s} {'mean ms [90% CI]':>22s} "
+        f"{'slow':>4s} {'pred ms':>8s}  err({stat}) [spread]   err(median)"
+    ]
     for r in result["rows"]:
         if subset is not None and r["set"] != subset:
             continue
-        meas = f"{r['median_s'] * 1e3:.3g} [{r['q25_s'] * 1e3:.3g}, {r['q75_s'] * 1e3:.3g}]"
-        err = f"{r['err']:+.0%} [{r['err_q25']:+.0%}, {r['err_q75']:+.0%}]"
+        med = f"{r['median_s'] * 1e3:.3g} [{r['q25_s'] * 1e3:.3g}, {r['q75_s'] * 1e3:.3g}]"
+        mean = f"{r['mean_s'] * 1e3:.3g} [{r['mean_lo_s'] * 1e3:.3g}, {r['mean_hi_s'] * 1e3:.3g}]"
+        err = f"{r['err']:+.0%} [{r['err_lo']:+.0%}, {r['err_hi']:+.0%}]"
         lines.append(
-            f"{r['impl']:18s} {r['p']:2d} {_label(r['nbytes']):>6s} {r['set']:4s} {meas:>24s} "
-            f"{r['pred_s'] * 1e3:8.3g}  {err}"
+            f"{r['impl']:18s} {r['p']:2d} {_label(r['nbytes']):>6s} {r['set']:4s} {med:>22s} {mean:>22s} "
+            f"{r['slow_frac']:4.0%} {r['pred_s'] * 1e3:8.3g}  {err:22s} {r['err_median']:+.0%}"
         )
     return "\n".join(lines)
 
@@ -242,8 +307,11 @@ def run(
                             "busbw GB/s": round(cost_model.bus_bandwidth(nb, sec, p) / 1e9, 3),
                             "IQR ms": f"{r['q25_s'] * 1e3:.3g}-{r['q75_s'] * 1e3:.3g}",
                             "pred ms": round(r["pred_s"] * 1e3, 3),
+                            "mean ms": round(r["mean_s"] * 1e3, 3),
                             "model err": f"{r['err']:+.0%}",
-                            "err IQR": f"{r['err_q25']:+.0%}..{r['err_q75']:+.0%}",
+                            "err 90% CI": f"{r['err_lo']:+.0%}..{r['err_hi']:+.0%}",
+                            "median err": f"{r['err_median']:+.0%}",
+                            "slow": f"{r['slow_frac']:.0%}",
                             "set": "calibration" if r["set"] == "cal" else "validation",
                         },
                     )
@@ -260,14 +328,18 @@ def run(
         val = [r for r in res["rows"] if r["p"] == p and r["set"] == "val"]
         within = sum(abs(r["err"]) <= 0.25 for r in val)
         t.notes.append(
-            f"model = cost_model.predict_contended (= simulate(topology=None, cores={cores})): byte terms x "
-            f"s = max(1, p/c) = {cost_model.core_share(p, cores):g}, latency + o*sched with o = "
-            f"{cost_model.oversubscription(p, cores):g}; alpha, sched, beta fitted per impl on the calibration "
+            f"model = cost_model.predict_contended (= simulate(topology=None, cores={cores})): per step, byte terms "
+            f"x s = max(1, a/c), latency + o*sched with o = max(0, a/c - 1), a = ranks active in the step (all p "
+            f"but in the tree); alpha, sched, beta fitted per impl to the {res['statistic']}s at the calibration "
             f"sizes {[_label(n) for n in res['cal']]} of p={list(world_sizes)} (relative least squares), "
             f"gamma = contended fp32 add {1 / res['gamma'] / 1e9:.2f} GB/s; validation sizes "
             f"{[_label(n) for n in res['val']]} are never fitted"
         )
-        t.notes.append(f"p={p}: {within} of {len(val)} validation points within +-25% at the median")
+        within_med = sum(abs(r["err_median"]) <= 0.25 for r in val)
+        t.notes.append(
+            f"p={p}: {within} of {len(val)} validation {res['statistic']}s within +-25% ({within_med} medians); "
+            f"median slow fraction {np.median([r['slow_frac'] for r in val]):.0%}"
+        )
         for impl, f in res["fits"].items():
             t.notes.append(
                 f"fit {impl}: alpha={f.alpha_s * 1e6:.0f} us, sched={f.sched_s * 1e6:.0f} us, "
