@@ -15,12 +15,19 @@
 //                      softmax statistics of W queries are one vector and need no horizontal reduction,
 //                      register-tiled 6 x (4 x 16) micro-kernels for S = K Q^T and acc += P V reading K and V in
 //                      place, the vector exp of vec_math.h, causal key tiles past the block's last query skipped.
-//   blocked_simd_omp   v2 (default): blocked_simd + OpenMP over (head, query block) work items, heaviest (causal:
-//                      last) query blocks first, dynamic schedule.
+//   blocked_simd_omp   v2 (default): blocked_simd + OpenMP over (head, query block) work items, dynamic schedule,
+//                      head-major (a thread's next item mostly reuses the same head's K, V from its L2), within a
+//                      head the heaviest (causal: last) query blocks first so the team ends on short items.
+//                      [1,8,512,64] gives 64 items of 64 queries: no unbalanced last wave on 2 threads.
 // Extra memory: per thread QT (D x Br) + S (64 x Br) + acc (Br x Dv) floats, plus lse (N per head): O(N).
 //
-//   flash_attention_backward       recompute P = exp(S - lse) tile by tile: pass A over (head, key block) -> dK, dV;
-//                                  pass B over (head, query block) -> dQ (no atomics, S recomputed twice)
+// Backward (flash_attention_backward, same version names):
+//   tiled              recompute P = exp(S - lse) tile by tile: pass A over (head, key block) -> dK, dV; pass B over
+//                      (head, query block) -> dQ (no atomics, S recomputed twice). float64 runs it under every name.
+//   blocked_simd(_omp) FlashAttention-2 backward (flash_attention_simd.inc: pack_head, bwd_item): every head packed
+//                      once (QT, dO^T, lse, rowsum(dO O)), then OpenMP over (key block, head) items that own their
+//                      dK/dV rows; dQ accumulates in one buffer per thread, summed and scaled at the end. Five
+//                      register-tiled GEMMs per tile (S, dP, dV, dK, dQ) instead of the tiled rung's seven.
 #include "kernels_math.h"
 
 namespace py = pybind11;
@@ -300,7 +307,9 @@ py::tuple flash_forward_blocked(const carr<float>& q, const carr<float>& k, cons
     float* base = scratch.data();
 #pragma omp parallel for num_threads(nth) schedule(dynamic, 1) if (nth > 1)
     for (ssize_t t = 0; t < items; ++t) {
-      const ssize_t qb = nqb - 1 - t / BH, bh = t % BH;  // last query blocks first: the longest under causal
+      // head-major (a thread's consecutive items reuse the head's K, V from its L2), within a head the last query
+      // blocks first (the longest under causal), so the team ends on the shortest items
+      const ssize_t bh = t / nqb, qb = nqb - 1 - t % nqb;
       path.fn(c, bh, qb, base + per * tl::thread_id());
     }
   }
