@@ -24,6 +24,7 @@
 // tests/test_conv_im2col.py.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "common.h"
+#include "gemm_ukr.h"
 
 namespace py = pybind11;
 
@@ -460,6 +462,231 @@ void stream_copy(py::array& dst, const py::array& src) {
   });
 }
 
+
+// ------------------------------------------------------------------------------------- v2: implicit-GEMM conv2d
+// The forward without a column matrix. Per group g the conv is Y_n[OCg, L] = W_g[OCg, Kg] @ cols_n[Kg, L]; the GEMM
+// runs on the packed micro-kernels of gemm.cpp (gemm_ukr.h) and B is packed straight from the image: a tile of NC
+// output positions of one image, KC kernel rows at a time, goes into NR-column micro-panels (the layout pack_b
+// produces) by the same memset / copy / gather row segments as im2col v1, so the "columns" only ever exist as one
+// L2-resident KC x NC block per thread. A (the weights) is packed once per call into MR-row micro-panels per KC
+// block, shared by all threads. The micro-kernel accumulates into y[n] itself (ldc = L, NCHW: no transpose), whose
+// tile starts as the bias. One OpenMP team does everything (A packing, then tiles (n, g, jc) dynamically): no
+// OpenBLAS threads, no std::threads, so nothing spins against anything else between the stages of one conv.
+struct FreeDeleter {
+  void operator()(void* q) const { std::free(q); }
+};
+template <class T>
+std::unique_ptr<T[], FreeDeleter> aligned_array(size_t n) {  // 64-byte aligned (the micro-kernel loads B aligned)
+  void* q = std::aligned_alloc(64, ((n * sizeof(T) + 63) / 64) * 64 + 64);
+  if (!q) throw std::bad_alloc();
+  return std::unique_ptr<T[], FreeDeleter>(static_cast<T*>(q));
+}
+
+template <class T>
+struct ImplicitRows {  // per kernel row k = (c, i, j) of one group: where it reads
+  std::vector<ssize_t> coff, ioff, joff, lo, hi;  // channel offset (c*H*W), i*dh - ph, j*dw - pw, valid ow range
+};
+
+template <int SW, class T>
+void pack_b_implicit(const T* xg, ssize_t xs, const Win& w, ssize_t H, ssize_t W, ssize_t OH, ssize_t OW,
+                     const ImplicitRows<T>& rows, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, T* Bp) {
+  const ssize_t npan = (nc + NR - 1) / NR, ncp = npan * NR;
+  for (ssize_t kk = 0; kk < kc; ++kk) {
+    const ssize_t k = p0 + kk;
+    const ssize_t ioff = rows.ioff[k], joff = rows.joff[k], lo = rows.lo[k], hi = rows.hi[k];
+    T* base = Bp + kk * NR;
+    // put cnt values of tile positions [pos, pos+cnt) (src == nullptr: zeros; else src[q*SW]) into the panels
+    auto put = [&](ssize_t pos, ssize_t cnt, const T* src, ssize_t sw) {
+      while (cnt > 0) {
+        const ssize_t q = pos / NR, off = pos - q * NR, m = std::min(cnt, NR - off);
+        T* d = base + q * kc * NR + off;
+        if (src == nullptr) {
+          std::memset(d, 0, sizeof(T) * m);
+        } else if constexpr (SW == 1) {
+          std::memcpy(d, src, sizeof(T) * m);
+          src += m;
+        } else {
+          const ssize_t st = SW > 0 ? SW : sw;
+          for (ssize_t t = 0; t < m; ++t) d[t] = src[t * st];
+          src += m * st;
+        }
+        pos += m;
+        cnt -= m;
+      }
+    };
+    const ssize_t L = OH * OW;
+    ssize_t n = j0 / L, oh = (j0 % L) / OW, ow = (j0 % L) % OW, pos = 0;
+    const T* plane = xg + n * xs + rows.coff[k];
+    while (pos < nc) {
+      const ssize_t seg = std::min(OW - ow, nc - pos);  // positions ow .. ow+seg-1 of output row oh
+      const ssize_t ih = oh * w.sh + ioff;
+      if (ih < 0 || ih >= H) {
+        put(pos, seg, nullptr, 0);
+      } else {
+        const ssize_t a = std::clamp(lo, ow, ow + seg), b = std::clamp(hi, a, ow + seg);
+        if (a > ow) put(pos, a - ow, nullptr, 0);
+        if (b > a) put(pos + (a - ow), b - a, plane + ih * W + a * w.sw + joff, w.sw);
+        if (ow + seg > b) put(pos + (b - ow), ow + seg - b, nullptr, 0);
+      }
+      pos += seg;
+      ow = 0;
+      if (++oh == OH) {  // the tile continues in the next image of the batch
+        oh = 0;
+        plane += xs;
+      }
+    }
+    if (ncp > nc) put(nc, ncp - nc, nullptr, 0);  // zero columns of the last panel
+  }
+}
+
+template <class T>
+tl::GemmMicroKernel<T> micro_kernel();
+template <>
+tl::GemmMicroKernel<float> micro_kernel<float>() { return tl::gemm_micro_kernel_f32(); }
+template <>
+tl::GemmMicroKernel<double> micro_kernel<double>() { return tl::gemm_micro_kernel_f64(); }
+
+// Below this many multiply-adds the conv runs on the calling thread (a team costs more than it saves).
+constexpr double kParallelMinMacs = 4e6;
+
+template <class T>
+void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ssize_t C, ssize_t H, ssize_t W,
+                     ssize_t OC, ssize_t G, const Win& w, ssize_t OH, ssize_t OW) {
+  const tl::GemmMicroKernel<T> kn = micro_kernel<T>();
+  const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, Cg = C / G, OCg = OC / G, Kg = Cg * KK, L = OH * OW;
+  // KC: at most 256 kernel rows per block, the blocks balanced (K = 576 -> 2 x 288, not 256 + 256 + 64)
+  const ssize_t KC = Kg <= 0 ? 1 : (Kg + (Kg + 255) / 256 - 1) / ((Kg + 255) / 256);
+  const ssize_t OCp = (OCg + MR - 1) / MR * MR;
+  // tile width: up to 8 NR-panels (a KC x NC block of B: 256 KB fp32 on AVX-512, in L2), no wider than the image
+  // Columns: the whole batch side by side (N*L per group, as in the KNL layout), cut into tiles of up to 8
+  // NR-panels (a KC x NC block of B: 256 KB fp32 on AVX-512, in L2). A tile or panel may span two images: only
+  // a panel that does (or a ragged edge) goes through the scratch tile, so a 14x14 map wastes no half-empty panel.
+  const ssize_t NL = N * L;
+  const ssize_t NC = std::min<ssize_t>(8 * NR, (NL + NR - 1) / NR * NR);
+  const ssize_t ntj = (NL + NC - 1) / NC, ntiles = G * ntj;
+  ImplicitRows<T> rows;
+  for (auto* v : {&rows.coff, &rows.ioff, &rows.joff, &rows.lo, &rows.hi}) v->resize(size_t(Kg));
+  for (ssize_t k = 0; k < Kg; ++k) {
+    const ssize_t c = k / KK, i = (k % KK) / w.kw, j = k % w.kw;
+    rows.coff[k] = c * H * W;
+    rows.ioff[k] = i * w.dh - w.ph;
+    rows.joff[k] = j * w.dw - w.pw;
+    const auto [lo, hi] = valid_range(rows.joff[k], w.sw, W, OW);
+    rows.lo[k] = lo;
+    rows.hi[k] = hi;
+  }
+  auto Ap = aligned_array<T>(size_t(G * OCp * Kg));  // [g][pc block][OCp/MR panels][kc][MR]
+  const double macs = double(N) * OC * L * Kg;
+  const int nt = macs >= kParallelMinMacs ? tl::n_threads() : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    // pack A: panel (g, pc, ir) at g*OCp*Kg + pc*OCp + ir*kc holds W[g*OCg + ir + r, pc + kk] at [kk*MR + r]
+    const ssize_t nkb = (Kg + KC - 1) / KC, npa = OCp / MR;
+#pragma omp for schedule(static)
+    for (ssize_t t = 0; t < G * nkb * npa; ++t) {
+      const ssize_t g = t / (nkb * npa), pb = (t / npa) % nkb, ir = (t % npa) * MR;
+      const ssize_t pc = pb * KC, kc = std::min(KC, Kg - pc), rows_v = std::min(MR, OCg - ir);
+      T* d = Ap.get() + g * OCp * Kg + pc * OCp + ir * kc;
+      const T* src = wt + (g * OCg + ir) * Kg + pc;
+      for (ssize_t kk = 0; kk < kc; ++kk, d += MR) {
+        for (ssize_t r = 0; r < rows_v; ++r) d[r] = src[r * Kg + kk];
+        for (ssize_t r = rows_v; r < MR; ++r) d[r] = T(0);
+      }
+    }
+    auto Bp = aligned_array<T>(size_t(std::min(KC, Kg) * NC));
+    alignas(64) T tile[6 * 32];
+#pragma omp for schedule(dynamic, 1)
+    for (ssize_t t = 0; t < ntiles; ++t) {
+      const ssize_t g = t / ntj, j0 = (t % ntj) * NC, nc = std::min(NC, NL - j0);
+      const T* xg = x + g * Cg * H * W;
+      T* yg = y + g * OCg * L;  // column j of the group: y[n, g*OCg + o, l] at yg + o*L + (j/L)*OC*L + j%L
+      auto col_off = [&](ssize_t j) { return (j / L) * OC * L + j % L; };
+      for (ssize_t j = j0; j < j0 + nc;) {  // the tile starts as the bias, one image segment at a time
+        const ssize_t m = std::min(j0 + nc - j, L - j % L);
+        T* yt = yg + col_off(j);
+        for (ssize_t o = 0; o < OCg; ++o) std::fill(yt + o * L, yt + o * L + m, bias ? bias[g * OCg + o] : T(0));
+        j += m;
+      }
+      for (ssize_t pc = 0; pc < Kg; pc += KC) {
+        const ssize_t kc = std::min(KC, Kg - pc);
+        if (w.sw == 1)
+          pack_b_implicit<1>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp.get());
+        else if (w.sw == 2)
+          pack_b_implicit<2>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp.get());
+        else
+          pack_b_implicit<0>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp.get());
+        const T* Ab = Ap.get() + g * OCp * Kg + pc * OCp;
+        for (ssize_t jr = 0; jr < nc; jr += NR) {
+          const ssize_t nr = std::min(NR, nc - jr), j = j0 + jr;
+          const bool one_image = j / L == (j + nr - 1) / L;
+          T* c0 = yg + col_off(j);
+          const T* b = Bp.get() + jr * kc;
+          for (ssize_t ir = 0; ir < OCg; ir += MR) {
+            const ssize_t mr = std::min(MR, OCg - ir);
+            const T* a = Ab + ir * kc;
+            if (mr == MR && nr == NR && one_image) {
+              kn.ukr(kc, a, b, c0 + ir * L, L);
+            } else {  // edge or image-spanning panel: the full MR x NR into scratch, add the valid part
+              std::fill(tile, tile + MR * NR, T(0));
+              kn.ukr(kc, a, b, tile, NR);
+              for (ssize_t q = 0; q < nr; ++q) {
+                T* c = yg + col_off(j + q) + ir * L;
+                for (ssize_t i = 0; i < mr; ++i) c[i * L] += tile[i * NR + q];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// conv2d forward (v2): x [N, C, H, W], weight [OC, C/groups, kh, kw], bias [OC] or None -> y [N, OC, OH, OW].
+py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::object& bias,
+                            std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
+                            std::pair<ssize_t, ssize_t> d, ssize_t groups) {
+  if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
+  if (wt.ndim() != 4) tl::value_error("weight: expected a 4-D [OC, C/groups, kh, kw] array, got shape " + shape_str(wt));
+  check_dtype(x, "x");
+  check_dtype(wt, "weight");
+  if (wt.dtype().not_equal(x.dtype()))
+    throw py::type_error("weight: dtype " + std::string(py::str(wt.dtype())) + " differs from x's " +
+                         std::string(py::str(x.dtype())));
+  const ssize_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3), OC = wt.shape(0);
+  if (groups < 1 || C % groups != 0 || OC % groups != 0 || wt.shape(1) * groups != C)
+    tl::value_error("groups: " + std::to_string(groups) + " does not fit x shape " + shape_str(x) +
+                    " and weight shape " + shape_str(wt));
+  const Win w = make_win({wt.shape(2), wt.shape(3)}, s, p, d);
+  auto [OH, OW] = out_size(w, H, W, "input");
+  py::array b_arr;
+  if (!bias.is_none()) {
+    if (!py::isinstance<py::array>(bias)) throw py::type_error("bias: expected a numpy array or None");
+    b_arr = py::reinterpret_borrow<py::array>(bias);
+    check_dtype(b_arr, "bias");
+    if (b_arr.ndim() != 1 || b_arr.shape(0) != OC || b_arr.dtype().not_equal(x.dtype()))
+      tl::value_error("bias: expected shape (" + std::to_string(OC) + ",) and dtype " +
+                      std::string(py::str(x.dtype())) + ", got shape " + shape_str(b_arr) + " dtype " +
+                      std::string(py::str(b_arr.dtype())));
+  }
+  const bool f32 = py::isinstance<py::array_t<float>>(x);
+  py::array y = f32 ? py::array(py::array_t<float>({N, OC, OH, OW})) : py::array(py::array_t<double>({N, OC, OH, OW}));
+  if (N == 0 || OC == 0 || OH * OW == 0) return y;
+  const void *xp = x.data(), *wp = wt.data(), *bp = bias.is_none() ? nullptr : b_arr.data();
+  void* yp = y.mutable_data();
+  {
+    py::gil_scoped_release release;
+    if (f32)
+      conv2d_implicit(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
+                      static_cast<float*>(yp), N, C, H, W, OC, groups, w, OH, OW);
+    else
+      conv2d_implicit(static_cast<const double*>(xp), static_cast<const double*>(wp), static_cast<const double*>(bp),
+                      static_cast<double*>(yp), N, C, H, W, OC, groups, w, OH, OW);
+  }
+  return y;
+}
+
+std::string micro_kernel_isa() { return tl::gemm_micro_kernel_f32().isa; }
+
 }  // namespace
 
 TL_REGISTER(conv) {
@@ -474,6 +701,11 @@ TL_REGISTER(conv) {
         "cols [N, C*kh*kw, L] (NKL) or [C*kh*kw, batch*L] (KNL) -> x [N,C,H,W], overlaps summed");
   m.def("transpose01", &transpose01, py::arg("a"), py::arg("bias") = py::none(),
         "a [A, B, L] C-contiguous -> [B, A, L] (+ bias[A] broadcast), threaded row copies");
+  m.def("conv2d_forward", &conv2d_forward_v2, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"),
+        py::arg("padding"), py::arg("dilation"), py::arg("groups") = 1,
+        "v2 implicit-GEMM conv2d forward: x [N,C,H,W], weight [OC,C/g,kh,kw] C-contiguous -> y [N,OC,OH,OW] "
+        "(packed gemm.cpp micro-kernels, B packed from the image, one OpenMP team)");
+  m.def("micro_kernel_isa", &micro_kernel_isa, "the ISA of the GEMM micro-kernel conv2d_forward uses now");
   m.def("stream_copy", &stream_copy, py::arg("dst"), py::arg("src"),
         "dst[:] = src (same byte size, C-contiguous), threaded 64 KiB memcpy chunks: STREAM copy");
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "gemm_ukr.h"
 #include "registry.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -590,6 +591,25 @@ py::dict fma_peak(long iters, int threads, int repeat, const std::string& isa_re
 }
 
 }  // namespace
+
+// The micro-kernel of gemm.matmul(version="simd", isa="auto") for other translation units (gemm_ukr.h).
+namespace tl {
+namespace {
+const char* isa_name(const std::string& isa) { return isa == "avx512" ? "avx512" : isa == "avx2" ? "avx2" : "scalar"; }
+}  // namespace
+
+GemmMicroKernel<float> gemm_micro_kernel_f32() {
+  const std::string isa = pick_isa("auto");
+  const Kernel<float> k = kernel_for<float>("simd", isa);
+  return {k.ukr, k.MR, k.NR, isa_name(isa)};
+}
+
+GemmMicroKernel<double> gemm_micro_kernel_f64() {
+  const std::string isa = pick_isa("auto");
+  const Kernel<double> k = kernel_for<double>("simd", isa);
+  return {k.ukr, k.MR, k.NR, isa_name(isa)};
+}
+}  // namespace tl
 
 TL_REGISTER(gemm) {
   m.doc() = "fp32/fp64 GEMM ladder: naive, ikj, blocked, packed, simd (AVX2/AVX-512 FMA micro-kernel), parallel";

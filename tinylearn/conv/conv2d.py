@@ -18,8 +18,19 @@ A pointwise conv (1x1, stride 1, no padding) needs no im2col and no transpose at
 [C, H*W] block already *is* its column matrix, so y[n] = W @ x[n] is a batched matmul straight into y's memory, and
 dX[n] = Wᵀ @ dy[n] likewise; only dW (one GEMM over the whole batch) transposes x and dy to the KNL layout.
 
-GEMMs: numpy's matmul (OpenBLAS sgemm/dgemm). The project's own C++ GEMM (tinylearn.gemm, backend cpp) is correct
-but 1.5-4x slower than OpenBLAS on these shapes (see notebook 02), so conv2d uses OpenBLAS.
+The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
+
+    v1   im2col (C++ v1, or v0 with version="v0") + one OpenBLAS GEMM (np.matmul) + the transpose01 row copies
+    v2   (default) implicit GEMM in C++ (``_C.conv.conv2d_forward``): no column matrix; the packed micro-kernels of
+         the project GEMM (cpp_src/gemm.cpp) with B packed straight from the image, a KC x NC block per thread,
+         accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads spinning
+         against ours between stages). Returns cols=None: the backward builds the columns it needs for dW.
+
+Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
+W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
+dcols GEMM. Other strides take col2im(Wᵀ @ dYᵀ). dW = dYᵀ @ colsᵀ stays one OpenBLAS GEMM over the im2col columns.
+
+GEMMs of the v1 path and of dW: numpy's matmul (OpenBLAS sgemm/dgemm).
 """
 
 from __future__ import annotations
@@ -59,6 +70,19 @@ def _check_conv_args(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, grou
 
 def _is_pointwise(k, s, p, d) -> bool:
     return k == (1, 1) and s == (1, 1) and p == (0, 0)
+
+
+FWD_VERSIONS: tuple[str, ...] = ("v0", "v1", "v2")  # cpp forward ladder: v0/v1 = im2col rung + OpenBLAS, v2 default
+
+
+def _check_version(version: str | None) -> None:
+    if version is not None and version not in FWD_VERSIONS:
+        raise ValueError(f"version: expected one of {FWD_VERSIONS} or None, got {version!r}")
+
+
+def _implicit(backend: str | None, version: str | None, a: np.ndarray) -> bool:
+    """Whether the v2 implicit-GEMM kernel serves this call (cpp backend or None, float32/64, version v2/None)."""
+    return version in (None, "v2") and _fast_cpp(backend, a)
 
 
 def _fast_cpp(backend: str | None, a: np.ndarray) -> bool:
@@ -109,9 +133,11 @@ def conv2d(
     dilation: Any = 1,
     groups: int = 1,
     backend: str | None = "numpy",
+    version: str | None = None,
 ) -> np.ndarray:
-    """2-D cross-correlation like ``torch.nn.functional.conv2d`` (NCHW), computed as im2col + GEMM."""
-    y, _ = conv2d_forward(x, w, bias, stride, padding, dilation, groups, backend)
+    """2-D cross-correlation like ``torch.nn.functional.conv2d`` (NCHW), computed as im2col + GEMM (or, for the
+    cpp backend, the v2 implicit GEMM; ``version`` picks a rung of ``FWD_VERSIONS``)."""
+    y, _ = conv2d_forward(x, w, bias, stride, padding, dilation, groups, backend, version)
     return y
 
 
@@ -124,13 +150,22 @@ def conv2d_forward(
     dilation: Any = 1,
     groups: int = 1,
     backend: str | None = "numpy",
+    version: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass.
-    A pointwise conv (1x1, stride 1, no padding) takes the direct path and returns cols=None (x is the columns)."""
+    A pointwise conv (1x1, stride 1, no padding) takes the direct path and returns cols=None (x is the columns);
+    so does the cpp v2 implicit GEMM (``version`` None or "v2" with backend None/"cpp"), which builds no columns.
+    ``version`` "v0"/"v1" pins the cpp im2col rung of the im2col + OpenBLAS path."""
+    _check_version(version)
     x, w, b, g, k, s, p, d, (OH, OW) = _prepare(x, w, bias, stride, padding, dilation, groups, backend)
     N, C = x.shape[:2]
     OC = w.shape[0]
     L = OH * OW
+    if _implicit(backend, version, x):
+        y = backends.load_C("conv").conv2d_forward(
+            np.ascontiguousarray(x), np.ascontiguousarray(w), None if b is None else np.ascontiguousarray(b), s, p, d, g
+        )
+        return y, None
     if _is_pointwise(k, s, p, d):  # direct: y[n] = W @ x[n], batched matmul written straight into y
         y = np.empty((N, g, OC // g, L), dtype=x.dtype)
         np.matmul(w.reshape(g, OC // g, C // g), np.ascontiguousarray(x).reshape(N, g, C // g, L), out=y)
@@ -138,7 +173,7 @@ def conv2d_forward(
         if b is not None:
             y += b[None, :, None, None]
         return y, None
-    cols = conv_cols(x, k, s, p, d, (OH, OW), backend)
+    cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version == "v2" else version)
     if g == 1:
         y2 = w.reshape(OC, -1) @ cols  # [OC, N*L]: one GEMM for the whole batch (OpenBLAS)
     else:
@@ -158,12 +193,15 @@ def conv2d_backward(
     backend: str | None = "numpy",
     cols: np.ndarray | None = None,
     needs: tuple[bool, bool, bool] = (True, True, True),
+    version: str | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Gradients (dx, dw, db) of ``y = conv2d(x, w, b, ...)`` given dL/dy; entries not in ``needs`` are None.
 
     dw = dYᵀ·colsᵀ (one GEMM per group over the whole batch), dx = col2im(Wᵀ·dYᵀ), db = dY summed over batch and
-    space. ``cols`` (from conv2d_forward) avoids recomputing im2col.
+    space. ``cols`` (from conv2d_forward) avoids recomputing im2col. With the cpp v2 kernel (``version`` None/"v2")
+    and stride 1, dx is the implicit-GEMM convolution of dy with the flipped, transposed weights (no col2im).
     """
+    _check_version(version)
     x, w, _, g, k, s, p, d, (OH, OW) = _prepare(x, w, None, stride, padding, dilation, groups, backend)
     N, C, H, W = x.shape
     OC = w.shape[0]
@@ -175,17 +213,31 @@ def conv2d_backward(
     pointwise = _is_pointwise(k, s, p, d)
     dx = dw = db = None
     dyT = None
-    if needs[1] or (needs[0] and not pointwise):
+    dx_conv = needs[0] and s == (1, 1) and _implicit(backend, version, x)  # dX = conv(dY, W~) on the v2 kernel
+    if needs[1] or (needs[0] and not pointwise and not dx_conv):
         dyT = transpose01(dy3, None, backend).reshape(g, OC // g, N * L)  # [g, OC/g, N*L]
     if needs[1]:
         if cols is None:
-            cols = conv_cols(x, k, s, p, d, (OH, OW), backend)
+            cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version == "v2" else version)
         # dWᵀ = cols @ dYᵀᵀ: OpenBLAS runs this orientation faster than dY @ colsᵀ (long K = N*L reduction)
         Kg = (C // g) * k[0] * k[1]
         dw = np.matmul(cols.reshape(g, Kg, N * L), dyT.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(w.shape)
     if needs[0]:
         wg = w.reshape(g, OC // g, -1)
-        if pointwise:  # direct: dx[n] = Wᵀ @ dy[n], no col2im, no transpose
+        if dx_conv:
+            # W~[g*Cg + c, o, i, j] = W[g*OCg + o, c, kh-1-i, kw-1-j]; padding d*(k-1) - p restores H x W
+            wt = w.reshape(g, OC // g, C // g, k[0], k[1])[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+            wt = np.ascontiguousarray(wt).reshape(C, OC // g, k[0], k[1])
+            pt = (d[0] * (k[0] - 1) - p[0], d[1] * (k[1] - 1) - p[1])
+            dy4 = dy3.reshape(N, OC, OH, OW)
+            if min(pt) >= 0:
+                dx = backends.load_C("conv").conv2d_forward(dy4, wt, None, (1, 1), pt, d, g)
+            else:  # padding larger than the dilated kernel: the full correlation, then crop
+                p0 = (max(pt[0], 0), max(pt[1], 0))
+                big = backends.load_C("conv").conv2d_forward(dy4, wt, None, (1, 1), p0, d, g)
+                ch, cw = max(-pt[0], 0), max(-pt[1], 0)
+                dx = np.ascontiguousarray(big[:, :, ch : ch + H, cw : cw + W])
+        elif pointwise:  # direct: dx[n] = Wᵀ @ dy[n], no col2im, no transpose
             dx = np.empty((N, g, C // g, L), dtype=x.dtype)
             np.matmul(wg.transpose(0, 2, 1), dy3.reshape(N, g, OC // g, L), out=dx)
             dx = dx.reshape(N, C, H, W)
@@ -212,4 +264,4 @@ def conv2d_flops(
     return 2 * N * w_shape[0] * OH * OW * w_shape[1] * k[0] * k[1]
 
 
-__all__ = ["conv2d", "conv2d_forward", "conv2d_backward", "conv2d_flops", "conv_cols"]
+__all__ = ["FWD_VERSIONS", "conv2d", "conv2d_forward", "conv2d_backward", "conv2d_flops", "conv_cols"]

@@ -1,0 +1,143 @@
+"""The cpp conv2d forward ladder (v0/v1 = im2col rung + OpenBLAS, v2 = implicit GEMM on the project's packed
+micro-kernels) and the v2 backward (dX as a convolution for stride 1) vs torch, at every CPU level."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tinylearn as tl
+from tinylearn.conv import cpp_available
+from tinylearn.conv.conv2d import FWD_VERSIONS
+from tinylearn.cpu import LEVELS, detected_features
+from tinylearn.testing import assert_close, make_layouts
+
+pytestmark = pytest.mark.skipif(not cpp_available(), reason="tinylearn._C.conv not built")
+
+
+def _supported_levels() -> list[str]:
+    have = set(detected_features()) if cpp_available() else set()
+    ok = {"scalar": True, "avx2": {"avx2", "fma"} <= have, "avx512": "avx512f" in have}
+    return [lv for lv in LEVELS if ok[lv]]
+
+
+@pytest.fixture(params=_supported_levels())
+def level(request, monkeypatch):
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", request.param)
+    return request.param
+
+
+# (N, C, H, W, OC, kernel, stride, padding, dilation, groups)
+CASES = [
+    (2, 4, 9, 7, 6, 3, 1, 1, 1, 1),
+    (3, 5, 14, 14, 13, 3, 1, 1, 1, 1),  # 14x14 = 196 columns: panels span two images; OC not a multiple of MR
+    (2, 4, 9, 7, 6, (2, 3), (2, 1), (1, 0), (1, 2), 2),
+    (3, 6, 8, 8, 6, 3, 1, 1, 1, 6),  # depthwise
+    (2, 4, 8, 8, 8, 3, 2, 1, 1, 4),  # channel multiplier 2, stride 2
+    (2, 4, 5, 6, 8, 1, 1, 0, 1, 1),  # pointwise
+    (1, 3, 15, 15, 4, 7, 2, 3, 1, 1),  # 7x7/2 stem
+    (2, 3, 9, 8, 4, 3, 3, 2, 2, 1),  # stride 3 with dilation: the generic-stride gather
+    (2, 3, 6, 7, 4, 3, 1, 3, 1, 1),  # padding 3 > k-1: the dX convolution crops
+    (2, 3, 7, 6, 5, 3, 1, 2, 2, 1),  # dilation 2, stride 1: dX conv with dilated flipped kernel
+    (2, 300, 5, 4, 7, 1, 1, 0, 1, 1),  # K = 300 > 256: two balanced K blocks
+    (1, 2, 2, 3, 3, 2, 1, 0, 1, 1),  # tiny output (2x2 map): one panel spans both images... and more
+]
+
+
+def _case(c, dtype, seed=0):
+    N, C, H, W, OC, k, s, p, d, g = c
+    kk = (k, k) if isinstance(k, int) else k
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, W)).astype(dtype)
+    w = (rng.standard_normal((OC, C // g) + kk) / np.sqrt(C // g * kk[0] * kk[1])).astype(dtype)
+    b = rng.standard_normal(OC).astype(dtype)
+    return x, w, b, s, p, d, g
+
+
+def _torch(x, w, b, s, p, d, g, gy):
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    y = F.conv2d(tx, tw, tb, s, p, d, g)
+    y.backward(torch.from_numpy(gy))
+    return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()
+
+
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ladder_vs_torch(level, version, case, dtype):
+    x, w, b, s, p, d, g = _case(case, dtype)
+    y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version=version)
+    assert y.shape[:2] == (x.shape[0], w.shape[0]) and y.dtype == np.dtype(dtype) and y.flags.c_contiguous
+    gy = np.random.default_rng(3).standard_normal(y.shape).astype(dtype)
+    ey, edx, edw, edb = _torch(x, w, b, s, p, d, g, gy)
+    K = w.shape[1] * w.shape[2] * w.shape[3]
+    assert_close(y, ey, dtype, reduction_size=K, msg=f"{level} {version}")
+    if version == "v2":
+        assert cols is None  # the implicit GEMM builds no column matrix
+    dx, dw, db = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", cols=cols, version=version)
+    red = gy.size // gy.shape[1]
+    assert_close(dx, edx, dtype, reduction_size=w.shape[0] // g * w.shape[2] * w.shape[3], msg=f"{level} dx")
+    assert_close(dw, edw, dtype, reduction_size=red, msg=f"{level} dw")
+    assert_close(db, edb, dtype, reduction_size=red, msg=f"{level} db")
+
+
+def test_v2_noncontiguous_and_broadcast_inputs(level):
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    for name, x in make_layouts((2, 3, 7, 8), "float32"):
+        got = tl.conv.conv2d(x, w[:, :, ::-1], None, 1, (1, 0), 1, backend="cpp", version="v2")
+        exp = F.conv2d(
+            torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(w[:, :, ::-1].copy()), None, 1, (1, 0)
+        )
+        assert_close(got, exp, reduction_size=18, msg=name)
+    xb = np.broadcast_to(rng.standard_normal((1, 3, 1, 8)).astype(np.float32), (2, 3, 7, 8))  # stride-0 axes
+    got = tl.conv.conv2d(xb, w, None, 1, 1, backend="cpp", version="v2")
+    exp = F.conv2d(torch.from_numpy(np.ascontiguousarray(xb)), torch.from_numpy(w), None, 1, 1)
+    assert_close(got, exp, reduction_size=18)
+
+
+def test_v2_matches_v1_large_layer():
+    """A ResNet-like layer with several K blocks, column tiles and both threads busy: v2 == im2col + OpenBLAS."""
+    x, w, b, s, p, d, g = _case((2, 96, 20, 20, 70, 3, 1, 1, 1, 1), "float32", seed=4)
+    y2, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v2")
+    y1, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v1")
+    ey = F.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), s, p, d, g).numpy()
+    assert_close(y2, ey, reduction_size=96 * 9)
+    assert_close(y2, y1, reduction_size=96 * 9)
+
+
+def test_v2_raw_kernel_validates():
+    C = tl.backends.load_C("conv")
+    x = np.zeros((1, 4, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="groups"):
+        C.conv2d_forward(x, np.zeros((6, 3, 3, 3), np.float32), None, (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(ValueError, match="bias"):
+        C.conv2d_forward(x, np.zeros((6, 4, 3, 3), np.float32), np.zeros(5, np.float32), (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(ValueError, match="kernel_size"):
+        C.conv2d_forward(x, np.zeros((6, 4, 7, 7), np.float32), None, (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(TypeError, match="weight"):
+        C.conv2d_forward(x, np.zeros((6, 4, 3, 3), np.float64), None, (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(ValueError, match="version"):
+        tl.conv.conv2d(x, np.zeros((6, 4, 3, 3), np.float32), backend="cpp", version="v9")
+
+
+def test_v2_micro_kernel_follows_level(level):
+    isa = tl.backends.load_C("conv").micro_kernel_isa()
+    assert isa == level  # the best path at the forced level (levels the CPU lacks are not parametrized)
+
+
+def test_gradcheck_fp64_v2():
+    from tinylearn.conv import functional as CF
+
+    old = CF.get_backend()
+    CF.set_backend("cpp")
+    try:
+        rng = np.random.default_rng(1)
+        x, w, b = (tl.Tensor(rng.standard_normal(sh), requires_grad=True) for sh in ((2, 4, 6, 5), (4, 2, 3, 2), (4,)))
+        fn = tl.nn.functional.conv2d
+        assert tl.autograd.gradcheck(lambda a, ww, bb: fn(a, ww, bb, 1, 1, (1, 2), 2), [x, w, b])  # dX as a conv
+        assert tl.autograd.gradcheck(lambda a, ww, bb: fn(a, ww, bb, (2, 1), 1, 1, 2), [x, w, b])  # col2im path
+    finally:
+        CF.set_backend(old)
