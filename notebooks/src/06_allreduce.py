@@ -135,24 +135,26 @@ print(
 # out of a socket buffer, and the receiving rank must be *running* to take them. Fitting α and β to an idle
 # ping-pong and predicting 4 ranks with them missed badly (issue 18 records by how much). Two effects were missing:
 #
-# * **core share** — p ranks on c cores each get c/p of a core, so every byte term (copy β, add γ) runs
-#   s = max(1, p/c) times slower;
-# * **scheduling latency** — when ranks outnumber cores, a message often waits for its receiver to be scheduled:
-#   each of the L messages on the critical path pays o·sched more, with o = max(0, p/c − 1) runnable ranks per
-#   core beyond the first.
+# * **core share** — a rank blocked in `wait()` sleeps, so in each step t the a_t ranks that send or receive share
+#   the c cores: every byte term of the step (copy β, add γ) runs s_t = max(1, a_t/c) times slower;
+# * **scheduling latency** — when active ranks outnumber cores, a message often waits for its receiver to be
+#   scheduled: each message on the critical path pays o_t·sched more, o_t = max(0, a_t/c − 1).
 #
-# $$T(\text{alg}, n, p; c) = L\,(\alpha + o\,\text{sched}) + s\,(B\,n\beta + R\,n\gamma)$$
+# $$T(\text{alg}, n, p; c) = \sum_t L_t\,(\alpha + o_t\,\text{sched}) + s_t\,(B_t\,n\beta + R_t\,n\gamma)$$
 #
-# where (L, B, R) are each algorithm's latency count, bytes sent and bytes reduced per input byte — the closed
-# forms above (`cost_model.coefficients`). The model is linear in (α, sched, β, γ), so `cost_model.fit_contended`
+# where (L_t, B_t, R_t) are the step's messages on the critical path, bytes sent and bytes reduced per input byte.
+# Ring, halving-doubling and recursive doubling keep all p ranks busy in every step, so for them this is the
+# closed form of §4 with α + o·sched, sβ, sγ (s = max(1, p/c)). A binomial **tree** does not: at p = 4 its middle
+# rounds move one message between two ranks, which then have a core each — 6nβ on 2 cores, not 2·8nβ/2 = 8nβ
+# (`cost_model.contended_coefficients`). The model is linear in (α, sched, β, γ), so `cost_model.fit_contended`
 # fits them by non-negative least squares on *relative* error (a 64 KB point weighs as much as a 16 MB one).
 # For one algorithm β and γ multiply the same n (ring sends twice what it reduces at every p), so γ is measured
 # directly — an fp32 add timed on all ranks at once — and α, sched, β are fitted **per algorithm** (gloo and
 # the bare p2p pattern are modelled by the ring formula). `tl.dist.simulate(..., cores=c, sched_s=...)` replays
-# the same model message by message.
+# the same model message by message, counting the active ranks of each step.
 #
 # First the machinery, on synthetic times generated from known constants: the fit must give them back, and the
-# simulator must agree with the closed form for every algorithm and p ∈ {2, 4, 8}.
+# simulator must agree with the closed form for every algorithm and p = 2 … 8.
 
 # %%
 # NBVAL_IGNORE_OUTPUT  (least-squares and float sums: last bits depend on the BLAS/SIMD path; asserted)
@@ -164,25 +166,38 @@ fit_all = cost_model.fit_contended([x[0] for x in pts], [x[1] for x in pts], [x[
 print("recovered (alpha, sched, beta, gamma) / true:", fit_all.as_array() / true.as_array())
 assert np.allclose(fit_all.as_array(), true.as_array(), rtol=1e-6)  # ring + rec. doubling separate beta from gamma
 assert all(cost_model.coefficients("ring", p)[1] == 2 * cost_model.coefficients("ring", p)[2] for p in (2, 4, 8))
+print("tree on 2 cores, (L, O, SB, SR): p=2", cost_model.contended_coefficients("tree", 2, 2),
+      "p=4", cost_model.contended_coefficients("tree", 4, 2))  # fmt: skip
+assert cost_model.contended_coefficients("tree", 4, 2) == (4.0, 2.0, 6.0, 3.0)  # 6 n beta, not s * 8 n beta
 worst = 0.0
 for alg in tl.dist.ALGORITHMS:
-    for p in (2, 4, 8):
+    for p in (2, 3, 4, 5, 6, 8):
+        if alg == "hierarchical" and p % tl.dist.default_node_size(p):
+            continue  # unequal nodes: the closed form is the largest-node approximation
         sim = tl.dist.simulate(
             alg, p, 4 << 20, true.alpha_s, true.beta_s_per_byte,
             gamma_s_per_byte=true.gamma_s_per_byte, cores=2, sched_s=true.sched_s,
         )  # fmt: skip
         worst = max(worst, abs(sim / cost_model.predict_contended(alg, 4 << 20, p, true, 2) - 1))
-print(f"simulate(cores=2) vs predict_contended, 5 algorithms x p in (2, 4, 8): max relative gap {worst:.1e}")
+print(f"simulate(cores=2) vs predict_contended, 5 algorithms x p = 2..8: max relative gap {worst:.1e}")
 assert worst < 1e-12
 
 # %% [markdown]
 # Now the real thing: p = 2 and 4 ranks, sizes 64 KB – 16 MB, every tinylearn algorithm and gloo's own
-# `dist.all_reduce`. Each point is sampled 9 times; the rounds visit the (size, algorithm) pairs in random order and
-# alternate between p = 2 and p = 4 launches, so a burst of load from elsewhere on the box does not land on one
+# `dist.all_reduce`. Each point is sampled 12 times; the rounds visit the (size, algorithm) pairs in random order
+# and alternate between p = 2 and p = 4 launches, so a burst of load from elsewhere on the box does not land on one
 # point. **Calibration** sizes (64 KB, 1 MB, 16 MB) are fitted; **validation** sizes (256 KB, 4 MB) are never
-# fitted — they test the model. The table: median measured time with its interquartile range (IQR), the
-# prediction, and the relative error (t − pred)/pred at the median and at the quartiles. tinygrad has no
-# multi-process collectives (no all-reduce across processes on CPU), so it has no column.
+# fitted — they test the model.
+#
+# **Which statistic.** The samples of one point are not bell-shaped. A call either runs in its *fast mode* or one of
+# its messages finds its receiver descheduled and waits for a scheduler time slice (the *slow mode*, milliseconds).
+# At p = 4 on 2 cores nearly every call waits (o = 1); at p = 2 the ranks have a core each (o = 0) and only the
+# load of *other* jobs on the box makes them wait, for a random share of the calls (the `slow` column: samples
+# slower than 2× the fastest). That was why p = 2 missed: the median of a two-mode sample sits in whichever mode
+# holds more than half the samples, and jumps by a whole time slice from run to run — no choice of α, β or a
+# per-p fit can follow it (fitting α and β separately per p, tried on the same data, did not fix p = 2). The
+# model's latency term is an *expected* wait, so it is fitted to and judged on the **mean**, with a bootstrap 90%
+# interval as error bar; the median's error is printed beside it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -193,8 +208,9 @@ from tinylearn.dist import bench as dist_bench  # noqa: E402
 meas_sizes = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 meas_impls = ["gloo", "ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical"]
 cores = dist_bench.cores_available()
-measured = dist_bench.measure((2, 4), meas_sizes, meas_impls, rounds=9, chunks=3)
-calib = dist_bench.calibrate(measured, meas_impls, meas_sizes, cores)
+measured = dist_bench.measure((2, 4), meas_sizes, meas_impls, rounds=12, chunks=3)
+calib = dist_bench.calibrate(measured, meas_impls, meas_sizes, cores, statistic="mean")
+calib_med = dist_bench.calibrate(measured, meas_impls, meas_sizes, cores, statistic="median")
 print(f"{cores} cores; gamma (contended fp32 add) = {1 / calib['gamma'] / 1e9:.1f} GB/s")
 for impl, f in calib["fits"].items():
     print(
@@ -202,18 +218,24 @@ for impl, f in calib["fits"].items():
         f"1/beta {1 / f.beta_s_per_byte / 1e9 if f.beta_s_per_byte else float('inf'):5.2f} GB/s"
     )
 print(dist_bench.error_table(calib))
+print("\nvalidation points within +-25%, per algorithm (fitted to means | fitted to medians):")
+s_mean, s_med = dist_bench.error_summary(calib), dist_bench.error_summary(calib_med)
 for p in (2, 4):
-    for subset in ("cal", "val"):
-        errs = np.array([r["err"] for r in calib["rows"] if r["p"] == p and r["set"] == subset])
-        print(
-            f"p={p} {subset}: {np.sum(np.abs(errs) <= 0.25)} of {errs.size} medians within +-25%, "
-            f"median |error| {np.median(np.abs(errs)):.0%}, worst {errs[np.argmax(np.abs(errs))]:+.0%}"
-        )
-all_errs = np.array([[r["err"], r["err_q25"], r["err_q75"]] for r in calib["rows"]])
+    print(f"  p={p}: " + "  ".join(f"{i[:10]} {s_mean[(i, p)]['within']:.0f}|{s_med[(i, p)]['within']:.0f}"
+                                   f"/{s_mean[(i, p)]['n']:.0f}" for i in meas_impls))  # fmt: skip
+val_err = {p: np.array([r["err"] for r in calib["rows"] if r["p"] == p and r["set"] == "val"]) for p in (2, 4)}
+for p in (2, 4):
+    slow = np.median([r["slow_frac"] for r in calib["rows"] if r["p"] == p])
+    print(f"p={p}: mean |validation error| median {np.median(np.abs(val_err[p])):.0%}, typical slow share {slow:.0%}")
+all_errs = np.array([[r["err"], r["err_lo"], r["err_hi"], r["err_median"]] for r in calib["rows"]])
 assert np.all(np.isfinite(all_errs)) and all(r["pred_s"] > 0 for r in calib["rows"])
 assert calib["cal"] == [64 << 10, 1 << 20, 16 << 20] and calib["val"] == [256 << 10, 4 << 20]
-assert all(len(v) == 9 for m in measured.values() for v in m["samples"].values())  # 9 samples per point
-assert all(np.all(np.isfinite(f.as_array())) and np.all(f.as_array() >= 0) for f in calib["fits"].values())
+assert all(len(v) == 12 for m in measured.values() for v in m["samples"].values())  # 12 samples per point
+for f in calib["fits"].values():  # positive, physically plausible constants: a loopback copy runs at 0.05-100 GB/s,
+    a = f.as_array()  # latency per message (alpha + sched) between 1 us and 50 ms
+    assert np.all(np.isfinite(a)) and np.all(a >= 0) and 1e-2 < 1 / f.beta_s_per_byte / 1e9 < 100
+    assert 1e-6 < f.alpha_s + f.sched_s < 50e-3
+assert np.median(np.abs(np.concatenate(list(val_err.values())))) < 0.5  # loose: holds under load; typical 10-20%
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -225,10 +247,10 @@ for ax, impl in zip(axes.ravel(), meas_impls):
         rows = [r for r in calib["rows"] if r["impl"] == impl and r["p"] == p]
         for subset, face in (("cal", f"C{j}"), ("val", "white")):
             rs = [r for r in rows if r["set"] == subset]
-            med = np.array([r["median_s"] for r in rs]) * 1e3
-            yerr = [med - np.array([r["q25_s"] for r in rs]) * 1e3, np.array([r["q75_s"] for r in rs]) * 1e3 - med]
+            mean = np.array([r["mean_s"] for r in rs]) * 1e3
+            yerr = [mean - np.array([r["mean_lo_s"] for r in rs]) * 1e3, np.array([r["mean_hi_s"] for r in rs]) * 1e3 - mean]
             ax.errorbar(
-                [r["nbytes"] for r in rs], med, yerr=yerr, fmt="o", mfc=face, mec=f"C{j}", ecolor=f"C{j}", capsize=2,
+                [r["nbytes"] for r in rs], mean, yerr=yerr, fmt="o", mfc=face, mec=f"C{j}", ecolor=f"C{j}", capsize=2,
                 label=f"p={p} {'calibration' if subset == 'cal' else 'validation'}",
             )  # fmt: skip
         fit = calib["fits"][impl]
@@ -237,17 +259,17 @@ for ax, impl in zip(axes.ravel(), meas_impls):
     ax.set_xlabel("bytes per rank")
     ax.set_ylabel("ms")
 axes[0, 0].legend(fontsize=6)
-fig.suptitle("all-reduce: measured median with IQR (filled = calibration, hollow = validation) vs model (lines)")
+fig.suptitle("all-reduce: measured mean with 90% CI (filled = calibration, hollow = validation) vs model (lines)")
 fig.tight_layout()
 
 fig, ax = plt.subplots(figsize=(9, 3.5))
-labels = []
 for i, r in enumerate(calib["rows"]):
     x = i + 0.5 * (i // len(meas_sizes))  # small gaps between (impl, p) groups
     ax.errorbar(
-        x, r["err"] * 100, yerr=[[(r["err"] - r["err_q25"]) * 100], [(r["err_q75"] - r["err"]) * 100]],
+        x, r["err"] * 100, yerr=[[(r["err"] - r["err_lo"]) * 100], [(r["err_hi"] - r["err"]) * 100]],
         fmt="o" if r["set"] == "cal" else "s", mfc="C0" if r["set"] == "cal" else "white", mec="C0", ecolor="C0",
     )  # fmt: skip
+    ax.plot(x, r["err_median"] * 100, "x", color="C3", ms=4, label="median" if i == 0 else None)
 ax.axhspan(-25, 25, color="C2", alpha=0.15, label="+-25%")
 ax.axhline(0, color="k", lw=0.5)
 ax.set_yscale("symlog", linthresh=100)
@@ -255,21 +277,21 @@ groups = [(impl, p) for impl in meas_impls for p in (2, 4)]
 ax.set_xticks([k * (len(meas_sizes) + 0.5) + 2 for k in range(len(groups))], [f"{i[:8]}\np={p}" for i, p in groups])
 ax.tick_params(axis="x", labelsize=6)
 ax.set_ylabel("(measured - predicted) / predicted, %")
-ax.set_title("relative error per size (64 KB .. 16 MB); circles = calibration, squares = validation; bars = IQR")
+ax.set_title("relative error of the mean per size (64 KB .. 16 MB); circles = calibration, squares = validation; "
+             "bars = 90% CI; x = median", fontsize=8)  # fmt: skip
 ax.legend(fontsize=7)
 fig.tight_layout()
 assert len(ax.collections) >= 1 and len(calib["rows"]) == len(meas_impls) * 2 * len(meas_sizes)
 
 # %% [markdown]
-# **Reading it.** The printed table is this run's answer; the numbers move from run to run, so none is asserted
-# beyond being finite. What to look at: (1) one set of constants per algorithm now covers *both* p = 2 and
-# p = 4 — the core share and the scheduling term carry the difference, which a per-rank α-β cannot; (2) the
-# validation points (hollow) are predictions, not fits; (3) the IQR is the honest error bar. Where a point misses
-# ±25%, look at its IQR: the samples split into a fast mode (the receiver was running) and a slow mode (the
-# receiver waited for a scheduler time slice because something else held the core). On a box shared with
-# other jobs that happens at p = 2 too (the model's o = 0 there assumes the 2 cores are ours), and the median of a
-# two-mode sample jumps between the modes from run to run. No α-β-style model can predict which mode a sample
-# lands in; it can only describe the mixture, which is why the goal is stated on medians with their IQR.
+# **Reading it.** The printed table is this run's answer; the numbers move from run to run, so the asserts only
+# check that the fitted constants are positive and plausible and that the typical validation error (the median of
+# |error| over all validation points) stays below 50% under load. What to look at: (1) one set of constants per
+# algorithm covers *both* p = 2 and p = 4 — the active-rank core share and the scheduling term carry the
+# difference, which a per-rank α-β cannot; (2) the validation points (hollow) are predictions, not fits; (3) the
+# 90% interval of the mean is the honest error bar: with a dozen samples of a two-mode distribution it is wide at
+# the small sizes, where one time slice is most of the call, and a point whose interval reaches into the ±25% band
+# is not evidence against the model; (4) compare the median's error (×): at p = 2 it is the one that jumps.
 
 # %% [markdown]
 # ### 4b. The transport: TCP loopback here, RDMA in a cluster [Q20]
@@ -611,12 +633,14 @@ assert done["adaptive"] < 0.7 * done["one chunk"] and done["adaptive"] < 0.7 * f
 #   per all-reduce (§1).
 # * **[Q25] Ring vs tree.** Small messages are latency-bound (log-round tree / recursive doubling win), large ones
 #   bandwidth-bound (ring / halving-doubling win); `cost_model.crossover_points` finds the switch (§4).
-# * **[Q25] Calibrating the model on a shared box.** When p ranks share c cores, scale the byte terms by
-#   s = max(1, p/c) and add a scheduling latency o·sched per message (o = max(0, p/c − 1)); fit α, sched, β per
-#   algorithm by relative least squares on calibration sizes, measure γ with all ranks adding at once, and judge
-#   the model only on held-out sizes, with the IQR as error bar. The fit recovers synthetic constants and the
-#   simulator equals the closed form (asserted); the real errors are printed per (algorithm, p, size) in §4 —
-#   scheduler noise makes medians bimodal, so they are not asserted.
+# * **[Q25] Calibrating the model on a shared box.** The ranks active in a step share the c cores: scale that
+#   step's byte terms by s = max(1, a/c) and add a scheduling latency o·sched per message (o = max(0, a/c − 1));
+#   blocked ranks sleep, so a tree's one-message rounds run uncontended. Fit α, sched, β per algorithm by relative
+#   least squares on calibration sizes, measure γ with all ranks adding at once, judge the model only on held-out
+#   sizes. Loaded samples are a fast/slow mixture (a scheduler time slice); the latency term is an expected wait,
+#   so fit and judge the **mean** with a bootstrap interval — the median flips between modes (why p = 2 missed).
+#   The fit recovers synthetic constants and the simulator equals the closed form (asserted); real errors are
+#   printed per (algorithm, p, size) in §4, with only a loose bound asserted (timings vary with load).
 # * **[Q20] RDMA** bypasses the kernel: registered buffers, user-space queue pairs, one-sided writes, GPUDirect; it
 #   lowers α and β, not the algorithm (§4b).
 # * **[Q85] Hierarchical** (reduce-scatter in the node, all-reduce across nodes on 1/k of the data, all-gather in
