@@ -348,3 +348,20 @@ def test_backward_bad_version() -> None:
         C.flash_attention_backward(q, q, q, q, lse, q, False, 16, "fastest")
     with pytest.raises(ValueError, match="block_size"):
         C.flash_attention_backward(q, q, q, q, lse, q, False, 0, "blocked_simd")
+
+
+def test_bench_fwd_bwd_rows() -> None:
+    """`tinylearn bench kernels`' fwd+bwd attention table: every row runs (no timed assert), and every row's callable
+    returns the same gradients as torch SDPA's autograd."""
+    from tinylearn.kernels import bench
+
+    t = bench.attention_backward_table([40], heads=2, d=16, causal=True)
+    assert t.impls() == list(bench.ATTENTION_BWD_IMPLS)
+    assert all(r.median_ms is not None and r.median_ms > 0 for r in t.rows)
+    q, k, v = bench._attention_inputs(40, 2, 16)
+    do = make_array(q.shape, seed=4)
+    fns = bench._attention_bwd_fns(q, k, v, do, True)
+    ref = [g.numpy().copy() for g in fns["torch sdpa"]()]
+    for name in bench.ATTENTION_BWD_IMPLS:
+        for g, r in zip(fns[name](), ref, strict=True):
+            assert_close(np.asarray(g).reshape(r.shape), r, "float32", reduction_size=40, msg=name)

@@ -17,7 +17,9 @@ roofline from STREAM and SGEMM peak measured with the same ``n`` threads: on a l
 library gives the steadiest numbers.
 
 Attention runs causal and non-causal at N = 512, 1024 (``full=True``: also 2048, 4096); the ``ratio`` column of the
-``tinylearn flash`` row is the issue-17 figure (time / torch SDPA's time).
+``tinylearn flash`` row is the issue-17 figure (time / torch SDPA's time). The ``attention fwd+bwd`` tables time a
+training step of the layer: forward + backward of the C++ kernel (tiled rung, and the default blocked SIMD rungs)
+against torch naive and SDPA through autograd.
 
 Default sizes finish in about 1-2 minutes on 2 cores (after torch.compile's cache is warm; the very first
 compile in a fresh environment can take a minute more); ``full=True`` adds larger shapes and N up to 4096.
@@ -300,6 +302,95 @@ def attention_sweep(
     return rows
 
 
+ATTENTION_BWD_IMPLS = ("tinylearn tiled", "tinylearn flash", "torch naive", "torch sdpa")
+
+
+def _attention_bwd_fns(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, causal: bool
+) -> dict[str, Callable[[], Any]]:
+    """Forward + backward of ATTENTION_BWD_IMPLS as no-argument callables: the C++ kernel's tiled rung (forward and
+    backward), its default blocked SIMD rungs (through tinylearn.kernels), torch naive and torch SDPA through
+    autograd (gradients of q, k, v; each call recomputes the forward as training does)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .._C import kernels as ck
+
+    n, d = q.shape[-2], q.shape[-1]
+    q3, k3, v3, do3 = (a.reshape((-1,) + a.shape[-2:]) for a in (q, k, v, do))
+    tq, tk, tv = (torch.from_numpy(a).clone().requires_grad_() for a in (q, k, v))
+    tdo = torch.from_numpy(do)
+    mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+
+    def tiled() -> Any:
+        o, lse = ck.flash_attention_forward(q3, k3, v3, causal, 64, "tiled")
+        return ck.flash_attention_backward(q3, k3, v3, o, lse, do3, causal, 64, "tiled")
+
+    def flash() -> Any:
+        o, lse = ops.flash_attention(q, k, v, causal, backend="cpu", return_lse=True)
+        return ops.flash_attention_backward(q, k, v, o, lse, do, causal, backend="cpu")
+
+    def torch_autograd(f: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            for t in (tq, tk, tv):
+                t.grad = None
+            f().backward(tdo)
+            return tq.grad, tk.grad, tv.grad
+
+        return run
+
+    def naive() -> Any:
+        s = (tq @ tk.transpose(-1, -2)) / d**0.5
+        if causal:
+            s = s.masked_fill(mask, float("-inf"))
+        return torch.softmax(s, -1) @ tv
+
+    return {
+        "tinylearn tiled": tiled,
+        "tinylearn flash": flash,
+        "torch naive": torch_autograd(naive),
+        "torch sdpa": torch_autograd(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)),
+    }
+
+
+def attention_backward_table(
+    ns: list[int],
+    heads: int = 8,
+    d: int = 64,
+    causal: bool = False,
+    progress: Callable[[str], None] | None = None,
+    threads: int | None = None,
+) -> Table:
+    """Forward + backward (training step of one attention layer) at each N, [1, heads, N, d] float32; ratio to torch
+    SDPA's forward + autograd backward. The ``tinylearn flash`` row is the blocked SIMD forward + backward."""
+    cmp = Comparison(
+        f"attention fwd+bwd fp32 [1, {heads}, N, {d}]{' causal' if causal else ''}",
+        baseline="torch sdpa",
+        repeat=5,
+        progress=progress,
+    )
+    with limited_threads(threads):
+        for n in ns:
+            q, k, v = _attention_inputs(n, heads, d)
+            do = np.random.default_rng(n + 1).standard_normal(q.shape, dtype=np.float32)
+            tm = traffic.attention_traffic(heads, n, d, causal=causal)
+            with cmp.case(f"N={n}", flops=3.5 * tm.flops) as c:  # 2 forward + 5 backward GEMMs vs the forward's 2
+                for name, fn in _attention_bwd_fns(q, k, v, do, causal).items():
+                    c.add(name, fn)
+    cmp.note("GFLOP/s counts 3.5x the forward's flops (7 N x N x D GEMMs: 2 forward, 5 backward, vs the forward's 2).")
+    cmp.note(
+        f"tinylearn flash: cpu rung {cpu.ATTENTION_VERSION} forward + blocked_simd_omp backward "
+        f"({_k_bwd_path(d)} path); tinylearn tiled: the scalar-tiled rung both ways"
+    )
+    return cmp.table
+
+
+def _k_bwd_path(d: int) -> str:
+    from .._C import kernels as ck
+
+    return str(ck.flash_attention_backward_path(d, d))
+
+
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -477,6 +568,8 @@ def run(full: bool = False, progress: Callable[[str], None] | None = None) -> li
     ns = [512, 1024] + ([2048, 4096] if full else [])
     tables.append(attention_table(ns, progress=progress))
     tables.append(attention_table(ns, causal=True, progress=progress))
+    tables.append(attention_backward_table(ns, progress=progress))
+    tables.append(attention_backward_table(ns, causal=True, progress=progress))
     return tables
 
 
