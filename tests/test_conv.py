@@ -318,11 +318,16 @@ def test_bench_im2col_stats_and_v0_forward():
     from tinylearn.conv import bench
 
     x, w, b = bench.layer_arrays(3, 4, 9, 3, batch=2)
-    st = bench.im2col_stats(x, w, 2, 1, "cpp", repeat=1)
+    st = bench.im2col_stats(x, w, 2, 1, "cpp", "v1", repeat=1)
     assert 0.0 <= st["share"] <= 1.0 and st["gbs"] > 0 and st["gemm_gflops"] > 0
     cols_bytes = 4 * (3 * 9) * (2 * 5 * 5)  # [C*kh*kw, N*OH*OW] fp32 for 9x9, stride 2, pad 1 -> 5x5
     assert np.isclose(st["gbs"] * st["t_cols"] * 1e9, x.nbytes + cols_bytes)
-    y_v0 = bench._forward_with_version(x, w, b, 2, 1, "v0")()
-    assert_close(y_v0.reshape(2, 4, 5, 5), tl.conv.conv2d(x, w, b, 2, 1), "float32")
-    pw = bench.im2col_stats(*bench.layer_arrays(4, 6, 5, 1, batch=1)[:2], 1, 0, "cpp", repeat=1)
+    v2 = bench.im2col_stats(x, w, 2, 1, "cpp", repeat=1)  # the implicit GEMM: no columns, GFLOP/s of the forward
+    assert v2["share"] == 0.0 and v2["gbs"] is None and v2["gemm_gflops"] > 0
+    flops = 2 * 4 * 27 * 2 * 25
+    assert np.isclose(v2["gemm_gflops"] * v2["t_all"] * 1e9, flops)
+    for ver in ("v0", "v1", "v2"):
+        y = tl.conv.conv2d(x, w, b, 2, 1, backend="cpp", version=ver)
+        assert_close(y, tl.conv.conv2d(x, w, b, 2, 1), "float32", reduction_size=27)
+    pw = bench.im2col_stats(*bench.layer_arrays(4, 6, 5, 1, batch=1)[:2], 1, 0, "cpp", "v1", repeat=1)
     assert pw["share"] == 0.0  # the 1x1 layer's forward builds no columns

@@ -131,8 +131,31 @@ def test_nn_conv2d_training_matches_torch():
         assert_close(p.data, q, "float32", atol=1e-4, rtol=1e-3, msg=n)
 
 
-def test_functional_conv_is_the_im2col_path():
-    assert F.conv2d is CF.conv2d and F.max_pool2d is CF.max_pool2d and F.avg_pool2d is CF.avg_pool2d
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_max_pool2d_every_entry_point_vs_torch(backend, dtype):
+    """F.max_pool2d, nn.MaxPool2d and tinylearn.conv.functional.max_pool2d are one function: direct C++ kernel for
+    backend None/cpp, im2col windows for a pinned numpy/numba; all give torch's values and gradients."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 4, (2, 3, 9, 10)).astype(dtype)  # ties: the first maximum takes the gradient, like torch
+    gy = rng.standard_normal((2, 3, 5, 5)).astype(dtype)
+    X = torch.tensor(x, requires_grad=True)
+    Y = TF.max_pool2d(X, 3, 2, 1)
+    Y.backward(torch.from_numpy(gy))
+    fp = pytest.importorskip("tinylearn.nn.functional_pool")
+    for fn in (F.max_pool2d, CF.max_pool2d, fp.max_pool2d, lambda a, *ar: tl.nn.MaxPool2d(*ar)(a)):
+        tx = _t(x)
+        y = fn(tx, 3, 2, 1)
+        y.backward(tl.Tensor(gy))
+        np.testing.assert_array_equal(y.data, Y.detach().numpy())  # a max selects an input value: exact
+        assert_close(tx.grad.data, X.grad, dtype, reduction_size=4)  # a pixel in up to 2x2 windows: order of sums
+        direct = backend == "cpp" and CF._direct_pool_kernels() is not None
+        assert isinstance(y.grad_fn, CF.MaxPool2dDirect if direct else CF.MaxPool2dFunction)
+    t2 = _t(x)
+    y2 = CF.max_pool2d_im2col(t2, 3, 2, 1)  # the im2col rung whatever the backend
+    y2.backward(tl.Tensor(gy))
+    assert isinstance(y2.grad_fn, CF.MaxPool2dFunction)
+    np.testing.assert_array_equal(y2.data, Y.detach().numpy())
+    assert_close(t2.grad.data, X.grad, dtype, reduction_size=4)
 
 
 def test_bad_input_through_autograd():

@@ -10,7 +10,9 @@ figure on a shared machine), GFLOP/s (forward 2·N·OC·OH·OW·C·kh·kw; forwa
 one forward). For the tinylearn rows of the forward table: "im2col %" = share of the forward spent building the
 column matrix (best of each), "im2col GB/s" = (bytes of x read + bytes of cols written) / best im2col time and
 "% copy" = that as a share of the STREAM copy bandwidth measured here (``stream_copy_gbs``), "GEMM GFLOP/s" = the
-[OC, K] x [K, N*L] GEMM alone (OpenBLAS via np.matmul). "cpp v0" is the old rung of the C++ im2col ladder.
+[OC, K] x [K, N*L] GEMM alone (OpenBLAS via np.matmul). The "cpp" row is the v2 implicit GEMM (no column matrix:
+its "GEMM GFLOP/s" is the whole forward's, im2col columns empty); "cpp v1" / "cpp v0" are the older rungs (C++ im2col
+v1 / v0 + OpenBLAS + transpose). In forward+backward, "cpp" = v2 forward and dX as a conv for stride 1.
 """
 
 from __future__ import annotations
@@ -79,11 +81,22 @@ def im2col_stats(
     share (im2col / forward), im2col GB/s (x read + cols written) and GEMM GFLOP/s."""
     k, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
     OC = w.shape[0]
+    if backend == "cpp" and version in (None, "v2"):  # implicit GEMM: no column matrix, no separate GEMM
+        t_all = measure(lambda: conv2d(x, w, None, s, p, backend="cpp", version="v2"), warmup=1, repeat=repeat).min
+        flops = 2.0 * OC * w[0].size * x.shape[0] * out[0] * out[1]
+        return {
+            "t_cols": 0.0,
+            "t_gemm": t_all,
+            "t_all": t_all,
+            "share": 0.0,
+            "gbs": None,
+            "gemm_gflops": flops / t_all / 1e9,
+        }
     cols = conv_cols(x, k, s2, p2, d2, out, backend, version)
     w2 = w.reshape(OC, -1)
     t_cols = measure(lambda: conv_cols(x, k, s2, p2, d2, out, backend, version), warmup=1, repeat=repeat).min
     t_gemm = measure(lambda: w2 @ cols, warmup=1, repeat=repeat).min
-    t_all = measure(lambda: conv2d(x, w, None, s, p, backend=backend), warmup=1, repeat=repeat).min
+    t_all = measure(lambda: conv2d(x, w, None, s, p, backend=backend, version=version), warmup=1, repeat=repeat).min
     direct = _is_pointwise(k, s2, p2, d2)  # the forward builds no columns at all (batched matmul on x)
     return {
         "t_cols": t_cols,
@@ -100,10 +113,10 @@ def im2col_share(x: np.ndarray, w: np.ndarray, s: int, p: int, backend: str, rep
     return im2col_stats(x, w, s, p, backend, repeat=repeat)["share"]
 
 
-def _fwd_bwd(x, w, b, gy, s, p, backend) -> Callable[[], object]:
+def _fwd_bwd(x, w, b, gy, s, p, backend, version: str | None = None) -> Callable[[], object]:
     def run():
-        y, cols = conv2d_forward(x, w, b, s, p, backend=backend)
-        return conv2d_backward(gy, x, w, s, p, backend=backend, cols=cols)
+        y, cols = conv2d_forward(x, w, b, s, p, backend=backend, version=version)
+        return conv2d_backward(gy, x, w, s, p, backend=backend, cols=cols, version=version)
 
     return run
 
@@ -120,8 +133,9 @@ def run(
     fb = Comparison(f"conv2d forward+backward (dX, dW, db), fp32, batch {batch}", repeat=repeat, progress=progress)
     fwd.note(f"torch {torch.__version__} with {torch.get_num_threads()} threads (oneDNN/mkldnn conv kernels)")
     fwd.note(
-        "tinylearn = im2col (backend) + one OpenBLAS GEMM per group over the whole batch (np.matmul) + a row-copy "
-        "transpose to NCHW; 1x1 = direct batched matmul (no im2col)"
+        "tinylearn numpy/numba/cpp v1/cpp v0 = im2col (backend) + one OpenBLAS GEMM per group over the whole batch "
+        "(np.matmul) + a row-copy transpose to NCHW; 1x1 = direct batched matmul (no im2col). cpp = v2 implicit GEMM "
+        "(gemm.cpp micro-kernels, B packed from the image, one OpenMP team)"
     )
     fwd.note(f"STREAM copy here: {copy_gbs:.1f} GB/s (128 MiB, 2 x bytes counted); '% copy' = im2col GB/s / that")
     fb.note("backward: dW = dYᵀ @ colsᵀ (cols reused from forward), dX = col2im(Wᵀ @ dYᵀ), db = sum dY: 1 GEMM each")
@@ -162,29 +176,28 @@ def _bench_layer(
     tx, tw, tb, tgy = (torch.from_numpy(a) for a in (x, w, b, gy))
     impls: list[tuple[str, str, str | None]] = [(be, be, None) for be in backends()]
     if "cpp" in backends():
-        impls.append(("cpp v0", "cpp", "v0"))
+        impls += [("cpp v1", "cpp", "v1"), ("cpp v0", "cpp", "v0")]
     with fwd.case(name, flops=flops) as c:
         for label, be, ver in impls:
             st = im2col_stats(x, w, s, p, be, ver)
+            gbs = st["gbs"]
             extra = {
                 "im2col %": round(100 * st["share"]),
-                "im2col GB/s": round(st["gbs"], 1),
-                "% copy": round(100 * st["gbs"] / copy_gbs),
+                "im2col GB/s": None if gbs is None else round(gbs, 1),
+                "% copy": None if gbs is None else round(100 * gbs / copy_gbs),
                 "GEMM GFLOP/s": round(st["gemm_gflops"], 1),
                 "cols MB": round(ws_mb, 1),
             }
-            if ver is None:
-                c.add(label, lambda be=be: conv2d(x, w, b, s, p, backend=be), **extra)
-            else:  # the old rung: same GEMM and transpose, only the im2col differs
-                c.add(label, _forward_with_version(x, w, b, s, p, ver), **extra)
+            c.add(label, lambda be=be, ver=ver: conv2d(x, w, b, s, p, backend=be, version=ver), **extra)
         c.add("torch", lambda: F.conv2d(tx, tw, tb, s, p))
         if compile_torch:
             c.add_torch_compile("torch.compile", lambda a, ww, bb: F.conv2d(a, ww, bb, s, p), tx, tw, tb)
         if tinygrad:
             c.add_tinygrad("tinygrad", lambda tg: _tg_fwd(tg, x, w, b, s, p))
     with fb.case(name, flops=3 * flops) as c:
-        for be in backends():
-            c.add(be, _fwd_bwd(x, w, b, gy, s, p, be))
+        for label, be, ver in impls:
+            if ver != "v0":
+                c.add(label, _fwd_bwd(x, w, b, gy, s, p, be, ver))
         txg, twg, tbg = (t.clone().requires_grad_(True) for t in (tx, tw, tb))
 
         def torch_fb():
@@ -194,20 +207,6 @@ def _bench_layer(
         c.add("torch", torch_fb)
         if tinygrad:
             c.add_tinygrad("tinygrad", lambda tg: _tg_fwd_bwd(tg, x, w, b, gy, s, p))
-
-
-def _forward_with_version(x, w, b, s, p, version: str) -> Callable[[], object]:
-    from .conv2d import transpose01
-
-    k, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
-    OC, N, L = w.shape[0], x.shape[0], out[0] * out[1]
-    w2 = w.reshape(OC, -1)
-
-    def run():
-        cols = conv_cols(x, k, s2, p2, d2, out, "cpp", version)
-        return transpose01((w2 @ cols).reshape(OC, N, L), b, "cpp")
-
-    return run
 
 
 def cnn_table(repeat: int = 5, progress: Callable[[str], None] | None = None, tinygrad: bool = True) -> Table:

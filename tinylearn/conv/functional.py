@@ -2,7 +2,9 @@
 
     Conv2d     forward: y = W @ im2col(x) + b  (cols kept for backward)
                backward: dW = dY @ colsᵀ, dX = col2im(Wᵀ @ dY), db = sum dY         (tinylearn.conv.conv2d)
-    MaxPool2d  forward keeps the window argmax; backward scatters dY to it through col2im
+    MaxPool2d  direct C++ kernel (``_C.kernels.maxpool2d_forward/backward``: one pass over each window, int64
+               argmax positions saved) for 4-D float32/float64 floor-mode pools when _C is built and the pinned
+               backend is None/"cpp"; otherwise im2col windows + argmax, backward scatters dY through col2im
     AvgPool2d  backward spreads dY / divisor over the window through col2im
 
 max_pool2d(ceil_mode=/return_indices=), avg_pool2d(ceil_mode=/divisor_override=) and unbatched inputs go through
@@ -21,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ._params import check_backend
 from .conv2d import conv2d_backward, conv2d_forward
+from .pooling import _pool_params, avg_pool2d_backward, max_pool2d_backward
 from .pooling import avg_pool2d as _avg_pool2d
-from .pooling import avg_pool2d_backward, max_pool2d_backward
 from .pooling import max_pool2d as _max_pool2d
 
 _STATE: dict[str, str | None] = {"backend": None}
@@ -97,6 +100,47 @@ class MaxPool2dFunction(Function):
         return max_pool2d_backward(grad_out, idx, shape, k, s, p, d, backend=be).astype(dtype, copy=False)
 
 
+_kernels: Any = None
+
+
+def _direct_pool_kernels() -> Any:
+    """_C.kernels when it has the direct max-pooling kernels, else None (checked once)."""
+    global _kernels
+    if _kernels is None:
+        k = backends.load_C("kernels") if backends.C_available("kernels") else None
+        _kernels = k if k is not None and hasattr(k, "maxpool2d_forward") else False
+    return _kernels or None
+
+
+class MaxPool2dDirect(Function):
+    """Max pooling through the direct C++ kernels (cpp_src/kernels_maxpool2d.cpp): y and the flat h*W + w argmax
+    of each window in one pass, no window copy; only the int64 positions are saved for backward."""
+
+    @staticmethod
+    def forward(ctx, x, k, s, p, d, out):
+        x = np.ascontiguousarray(x)
+        y, idx = _direct_pool_kernels().maxpool2d_forward(x, k[0], k[1], s[0], s[1], p[0], p[1], d[0], d[1], *out)
+        ctx.save_for_backward(idx)
+        ctx.hw = x.shape[2:]
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        dx = _direct_pool_kernels().maxpool2d_backward(np.ascontiguousarray(g), idx, *ctx.hw)
+        return dx, None, None, None, None, None
+
+
+def _use_direct_pool(x: Any) -> bool:
+    return (
+        isinstance(x, Tensor)
+        and x.ndim == 4
+        and x.dtype in (np.float32, np.float64)
+        and get_backend() in (None, "cpp")
+        and _direct_pool_kernels() is not None
+    )
+
+
 class AvgPool2dFunction(Function):
     @staticmethod
     def forward(ctx, x, kernel_size, stride=None, padding=0, count_include_pad=True):
@@ -137,12 +181,23 @@ def max_pool2d(
     return_indices: bool = False,
 ) -> Any:
     """Differentiable max pooling (torch.nn.functional.max_pool2d signature); the gradient flows to the first
-    maximum of each window (like torch). ceil_mode / return_indices / unbatched input go through the n-d kernels
-    of ``functional_nd`` (indices are flat h*W + w positions, as torch returns them)."""
+    maximum of each window (like torch). A 4-D float32/float64 Tensor in floor mode takes the direct C++ kernel
+    (``MaxPool2dDirect``) unless a non-cpp backend is pinned (``set_backend``), then the im2col Function.
+    ceil_mode / return_indices / unbatched input go through the n-d kernels of ``functional_nd`` (indices are
+    flat h*W + w positions, as torch returns them)."""
     if ceil_mode or return_indices or not isinstance(x, Tensor) or x.ndim != 4:
         from .functional_nd import max_pool2d_nd
 
         return max_pool2d_nd(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    if _use_direct_pool(x):
+        k, s, p, d, out = _pool_params(x.shape, kernel_size, stride, padding, dilation)
+        return MaxPool2dDirect.apply(x, k, s, p, d, out)
+    return max_pool2d_im2col(x, kernel_size, stride, padding, dilation)
+
+
+def max_pool2d_im2col(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
+    """Max pooling through the im2col windows + argmax (``MaxPool2dFunction``) whatever the backend: the rung
+    before the direct kernel (floor mode, 4-D; the same values as ``max_pool2d``)."""
     return MaxPool2dFunction.apply(x, kernel_size, stride=stride, padding=padding, dilation=dilation)
 
 
