@@ -809,9 +809,10 @@ assert tiles_visited(n_tiles, blk, 256) <= nb_ * (256 // blk + 1)  # window: O(N
 #   $acc \mathrel{+}= PV$ run in 6×(4×16) register tiles (24 accumulators, each loaded vector feeds 6 FMAs), reading
 #   $K$ and $V$ in place; $e^x$ is the vector `exp` of `vec_math.h`; causal key tiles past the block's last query are
 #   never visited.
-# - **`blocked_simd_omp`** (v2, the default): v1 + OpenMP over (head, query block) work items, the longest (last, under
-#   causal) first. Each item is computed by one thread in a fixed order, so the result is bit-identical at any thread
-#   count (tested).
+# - **`blocked_simd_omp`** (v2, the default): v1 + OpenMP over (head, query block) work items, head-major (a thread's
+#   next item reuses the same head's $K$, $V$ from its L2), the longest (last, under causal) query block of a head
+#   first. Each item is computed by one thread in a fixed order, so the result is bit-identical at any thread count
+#   (tested).
 #
 # Time and peak memory vs $N$ ([1, 4, N, 64] fp32, one thread per library like §11; the peak is the resident-set
 # growth of one call in a worker subprocess): numpy naive, every rung, torch SDPA with its math and its CPU flash
@@ -890,6 +891,85 @@ plt.show()
 # (within two orders of magnitude is all that is asserted: on a shared 2-core box the ordering of implementations
 # within 2× of each other depends on the load). The causal/non-causal line compares the measured time with the
 # fraction of key tiles the kernel visits, $(n_b+1)/(2n_b)$ for $n_b$ query blocks.
+
+# %% [markdown]
+# #### The backward on the CPU: FlashAttention-2 [Q31] [Q17]
+#
+# The backward gets $Q, K, V, O, \mathrm{lse}$ and $dO$, never $P$. With $S = QK^\top/\sqrt D$ and
+# $P = \mathrm{softmax}(S)$ row-wise, the chain rule gives (row $i$, key $j$):
+#
+# $$dV = P^\top dO,\qquad dP = dO\,V^\top,\qquad dS_{ij} = P_{ij}\,(dP_{ij} - \delta_i),\ \
+#   \delta_i = \textstyle\sum_j P_{ij} dP_{ij} = dO_i\cdot O_i,\qquad dQ = dS\,K/\sqrt D,\qquad
+#   dK = dS^\top Q/\sqrt D .$$
+#
+# ($\delta_i = dO_i \cdot O_i$ because $O_i = \sum_j P_{ij} V_j$: one dot product per row instead of a row sum over
+# $N$ keys.) Every tile of $P$ is recomputed as $e^{S_{ij} - \mathrm{lse}_i}$ — exactly normalised, no running max
+# needed. The `blocked_simd` backward (`cpp_src/flash_attention_simd.inc`) packs each head once ($Q^\top$ pre-scaled,
+# $dO^\top$, lse, $\delta$), then loops over **key blocks**: the item that owns keys $j_0..j_0{+}63$ accumulates their
+# $dK$, $dV$ rows in place (no atomics), visiting every query block (under causal only those at or below the
+# diagonal); $dQ$ rows are shared by all key blocks, so each thread adds into its own $dQ$ buffer and the buffers are
+# summed once at the end (O(threads · N · D) extra memory, still linear in $N$). Per tile that is five register-tiled
+# GEMMs ($S^\top$, $dP^\top$, $dV$, $dK$, $dQ$) and one vector `exp`; the `tiled` rung needs seven (its $dQ$ pass
+# recomputes $S$ and $dP$). Below: the gradients of both rungs against torch autograd (DESIGN.md fp32 tolerance),
+# then one training step of the layer (forward + backward) timed against SDPA + autograd.
+
+# %%
+tq_b, tk_b, tv_b = (torch.from_numpy(rng.uniform(-2, 2, (2, 3, 77, 64)).astype(np.float32)) for _ in range(3))
+do_b = rng.uniform(-1, 1, (2, 3, 77, 64)).astype(np.float32)
+for causal_b in (False, True):
+    ref_g = [t.double().requires_grad_() for t in (tq_b, tk_b, tv_b)]
+    F.scaled_dot_product_attention(*ref_g, is_causal=causal_b).backward(torch.from_numpy(do_b).double())
+    o_b, lse_b = K.flash_attention(tq_b.numpy(), tk_b.numpy(), tv_b.numpy(), causal_b, backend="cpu", return_lse=True)
+    grads_b = K.flash_attention_backward(
+        tq_b.numpy(), tk_b.numpy(), tv_b.numpy(), o_b, lse_b, do_b, causal_b, backend="cpu"
+    )
+    for name_b, g_b, r_b in zip("qkv", grads_b, ref_g, strict=True):
+        assert_close(g_b, r_b.grad.float(), "float32", reduction_size=77 * 64, msg=f"d{name_b}")
+    print(f"causal={causal_b}: dq, dk, dv of the default (blocked SIMD) backward match torch autograd")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ns_bw = [256, 512] + ([1024, 2048] if FULL else [])
+tab_bw = {}
+with kbench.limited_threads(THREADS):
+    for n in ns_bw:
+        qb_, kb_, vb_ = kbench._attention_inputs(n, H_SW, 64)
+        dob_ = rng.standard_normal(qb_.shape).astype(np.float32)
+        for causal_b in (False, True):
+            for impl, fn in kbench._attention_bwd_fns(qb_, kb_, vb_, dob_, causal_b).items():
+                tab_bw[(impl, n, causal_b)] = measure(fn, warmup=1, repeat=3).median * 1e3
+print(f"forward + backward, [1, {H_SW}, N, 64] fp32, {THREADS} thread(s), median ms (loaded machine)")
+print(f"{'impl':<18}" + "".join(f"{f'N={n}' + (' causal' if c else ''):>18}" for n in ns_bw for c in (False, True)))
+for impl in kbench.ATTENTION_BWD_IMPLS:
+    print(f"{impl:<18}" + "".join(f"{tab_bw[(impl, n, c)]:>18.1f}" for n in ns_bw for c in (False, True)))
+for n in ns_bw:
+    for c in (False, True):
+        sd_b = tab_bw[("torch sdpa", n, c)]
+        r_tiled, r_simd = (tab_bw[(i, n, c)] / sd_b for i in ("tinylearn tiled", "tinylearn flash"))
+        print(f"N={n}{' causal' if c else ''}: time / SDPA+autograd: tiled {r_tiled:.2f}x, blocked SIMD {r_simd:.2f}x")
+# timing: orders of magnitude only (on a shared 2-core box rows within 2x of each other swap with the load)
+assert all(t > 0 for t in tab_bw.values())
+for n in ns_bw:
+    for c in (False, True):
+        assert all(0.02 < tab_bw[(i, n, c)] / tab_bw[("torch sdpa", n, c)] < 50 for i in kbench.ATTENTION_BWD_IMPLS)
+
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+for impl in kbench.ATTENTION_BWD_IMPLS:
+    for c, style in ((False, "-"), (True, ":")):
+        ax.plot(ns_bw, [tab_bw[(impl, n, c)] for n in ns_bw], style, marker="o", label=impl + (" causal" if c else ""))
+ax.set(xscale="log", yscale="log", xlabel="N", ylabel=f"median ms ({THREADS} thread)")
+ax.set_xticks(ns_bw, [str(n) for n in ns_bw])
+ax.set_title(f"attention forward + backward [1, {H_SW}, N, 64] fp32")
+ax.legend(fontsize=6, ncol=2)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Reading: the gradients match torch's autograd of SDPA within the fp32 tolerance (asserted above, causal and not; the
+# full matrix of rungs × CPU paths × odd shapes is in `tests/test_flash_cpu.py`). The times are printed as ratios to
+# SDPA + autograd; only "within two orders of magnitude" is asserted, because on a shared 2-core machine rows within
+# 2× of each other trade places with the load. `tinylearn bench kernels` prints the same rows as its
+# `attention fwd+bwd` tables.
 
 # %% [markdown]
 # ## 8. Dropping the fused ops into torch [Q69]
@@ -1173,7 +1253,10 @@ plt.show()
 #   Causal skips ≈half the tiles, a 256-token window makes the work O(NW). On a CPU (§7b): keep the score tile
 #   transposed so the softmax statistics of 16 queries are one AVX-512 register (vertical max/add, no horizontal
 #   reductions), 6×64 register-tiled micro-kernels for $KQ^\top$ and $PV$, a vector `exp`, OpenMP over (head, query
-#   block); its extra memory stays linear in $N$ (asserted) and its time is printed next to SDPA's.
+#   block); its extra memory stays linear in $N$ (asserted) and its time is printed next to SDPA's. Backward
+#   (FlashAttention-2): recompute $P = e^{S-\mathrm{lse}}$, $dV = P^\top dO$, $dS = P\circ(dO V^\top - \delta)$ with
+#   $\delta_i = dO_i\cdot O_i$, $dQ = dSK/\sqrt D$, $dK = dS^\top Q/\sqrt D$; parallel over key blocks so $dK, dV$ need
+#   no atomics, $dQ$ per thread summed once (checked against torch autograd above).
 # - **[Q69] Custom fused op in PyTorch.** Kernel (C++/pybind11 + OpenMP, CUDA via NVRTC or
 #   `torch.utils.cpp_extension`), a binding that validates and allocates, and an `autograd.Function` that saves
 #   the minimum (y, mean/rstd, lse); verify with fp64 `gradcheck` (all four pass above); `torch.library.custom_op`
