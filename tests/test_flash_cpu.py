@@ -365,3 +365,44 @@ def test_bench_fwd_bwd_rows() -> None:
     for name in bench.ATTENTION_BWD_IMPLS:
         for g, r in zip(fns[name](), ref, strict=True):
             assert_close(np.asarray(g).reshape(r.shape), r, "float32", reduction_size=40, msg=name)
+
+
+_RSS_BWD_CODE = """
+import json, sys, numpy as np
+from tinylearn._C import kernels as C
+from tinylearn.kernels.bench import peak_rss_growth_mb
+n, heads = int(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(0)
+q, k, v, do = (rng.standard_normal((heads, n, 64), dtype=np.float32) for _ in range(4))
+out = {}
+for version in sys.argv[3].split(","):
+    o, lse = C.flash_attention_forward(q, k, v, True, 64, "blocked_simd")
+    f = lambda: C.flash_attention_backward(q, k, v, o, lse, do, True, 64, version)
+    f()
+    out[version] = peak_rss_growth_mb(f)
+print(json.dumps(out))
+"""
+
+
+def test_backward_extra_memory_is_linear_in_n() -> None:
+    """Peak RSS growth of one backward call: dq, dk, dv (3 x q) plus the packed QT, dO^T (2 x q) and one dQ buffer
+    per extra thread — a few times the inputs, far below one [heads, N, N] score matrix."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux /proc/self/clear_refs to reset the peak RSS")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
+    env["OMP_NUM_THREADS"] = "2"  # the dQ buffers scale with the thread count: pin it
+    n, heads = 2048, 2
+    r = subprocess.run(
+        [sys.executable, "-c", _RSS_BWD_CODE, str(n), str(heads), ",".join(VERSIONS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    mb = json.loads(r.stdout.strip().splitlines()[-1])
+    scores_mb = heads * n * n * 4 / 2**20  # 32 MB
+    q_mb = heads * n * 64 * 4 / 2**20  # 1 MB
+    for version, grew in mb.items():
+        assert grew < (5 + 1) * q_mb + 4, (version, grew)  # 2 threads: one extra dQ buffer
+        assert grew < scores_mb / 2, (version, grew)
