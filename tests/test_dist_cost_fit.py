@@ -78,6 +78,12 @@ def test_contended_coefficients_count_only_the_active_ranks() -> None:
         assert cm.contended_coefficients(alg, 6, 64) == (lat, 0.0, b, r)
     with pytest.raises(ValueError, match="cores"):
         cm.contended_coefficients("ring", 4, 0)
+    # one background thread of another job: 2 ranks + 1 on 2 cores -> s = 1.5, o = 0.5 in every step
+    assert cm.contended_coefficients("ring", 2, 2, background=1.0) == (2.0, 1.0, 1.5, 0.75)
+    # tree p=4: rounds of 4 + 1 and 2 + 1 active threads -> s = 2.5, 1.5
+    assert cm.contended_coefficients("tree", 4, 2, background=1.0) == (4.0, 2 * 1.5 + 2 * 0.5, 2 * 2.5 + 2 * 1.5, 4.0)
+    with pytest.raises(ValueError, match="background"):
+        cm.contended_coefficients("ring", 4, 2, background=-1.0)
 
 
 @pytest.mark.parametrize("algorithm", cm.ALGORITHMS)
@@ -85,7 +91,7 @@ def test_contended_coefficients_count_only_the_active_ranks() -> None:
 def test_simulator_equals_contended_model_on_uniform_links(algorithm: str, p: int) -> None:
     if algorithm == "hierarchical" and p % tl.dist.default_node_size(p):
         pytest.skip("unequal nodes: the closed form is the largest-node approximation")
-    for cores in (1, 2, 16):
+    for cores, bg in ((1, 0.0), (2, 0.0), (16, 0.0), (2, 0.7), (4, 3.0)):
         for n in (1 << 16, 5 << 20):
             sim = tl.dist.simulate(
                 algorithm,
@@ -96,9 +102,10 @@ def test_simulator_equals_contended_model_on_uniform_links(algorithm: str, p: in
                 gamma_s_per_byte=TRUE.gamma_s_per_byte,
                 cores=cores,
                 sched_s=TRUE.sched_s,
+                background=bg,
             )
-            model = cm.predict_contended(algorithm, n, p, TRUE, cores)
-            assert math.isclose(sim, model, rel_tol=1e-12), (algorithm, p, cores, n, sim, model)
+            model = cm.predict_contended(algorithm, n, p, TRUE, cores, background=bg)
+            assert math.isclose(sim, model, rel_tol=1e-12), (algorithm, p, cores, bg, n, sim, model)
 
 
 def test_coefficients_match_the_closed_forms() -> None:
@@ -142,6 +149,25 @@ def test_fit_without_oversubscribed_points_sets_sched_to_zero() -> None:
     assert fit.beta_s_per_byte == pytest.approx(TRUE.beta_s_per_byte, rel=1e-6)
 
 
+def test_fit_with_background_load() -> None:
+    rows = [(a, n, p) for a in ("ring", "tree") for p in (2, 4) for n in SIZES]
+    t = [cm.predict_contended(a, n, p, TRUE, 2, background=0.8) for a, n, p in rows]
+    fit = cm.fit_contended(*zip(*rows), t, 2, gamma_s_per_byte=TRUE.gamma_s_per_byte, background=0.8)
+    np.testing.assert_allclose(fit.as_array(), TRUE.as_array(), rtol=1e-6)
+    # the wrong background cannot reproduce both world sizes
+    wrong = cm.fit_contended(*zip(*rows), t, 2, gamma_s_per_byte=TRUE.gamma_s_per_byte, background=0.0)
+    pred = [cm.predict_contended(a, n, p, wrong, 2) for a, n, p in rows]
+    assert max(abs(q / x - 1) for q, x in zip(pred, t)) > 0.02
+
+
+def test_fit_one_oversubscription_level_leaves_sched_zero() -> None:
+    # only p = 2 with a background thread: every message has o = 0.5, so alpha and sched are one number
+    rows = [("ring", n, 2) for n in SIZES]
+    t = [cm.predict_contended(a, n, p, TRUE, 2, background=1.0) for a, n, p in rows]
+    fit = cm.fit_contended(*zip(*rows), t, 2, gamma_s_per_byte=TRUE.gamma_s_per_byte, background=1.0)
+    assert fit.sched_s == 0.0 and fit.alpha_s == pytest.approx(TRUE.alpha_s + 0.5 * TRUE.sched_s, rel=1e-6)
+
+
 def test_fit_bad_input() -> None:
     a, n, p, t = _synthetic(["ring"], [2, 4], SIZES, cores=2)
     with pytest.raises(ValueError, match="cannot separate"):  # one algorithm: beta and gamma are collinear
@@ -159,7 +185,7 @@ def test_relative_errors_median_and_quartiles() -> None:
     np.testing.assert_allclose(e, [[0.5, 0.0, 1.0]])
 
 
-def _synthetic_measurement(world_sizes: tuple[int, ...], cores: int, noise: float) -> dict:
+def _synthetic_measurement(world_sizes: tuple[int, ...], cores: int, noise: float, background: float = 0.0) -> dict:
     rng = np.random.default_rng(3)
     out = {}
     for p in world_sizes:
@@ -168,7 +194,7 @@ def _synthetic_measurement(world_sizes: tuple[int, ...], cores: int, noise: floa
             alg = bench.MODEL_ALGORITHM.get(impl, impl)
             params = TRUE if impl != "p2p ring floor" else cm.ContendedParams(*TRUE.as_array()[:3], 0.0)
             for nb in SIZES:
-                t = cm.predict_contended(alg, nb, p, params, cores)
+                t = cm.predict_contended(alg, nb, p, params, cores, background=background)
                 samples[(nb, impl)] = list(t * np.exp(noise * rng.standard_normal(9)))
         out[p] = {"gamma": TRUE.gamma_s_per_byte * cm.core_share(p, cores), "samples": samples}
     return out
@@ -212,6 +238,19 @@ def test_calibrate_statistic_mean_or_median(statistic: str) -> None:
     assert summ[("ring", 2)]["n"] == 2
     with pytest.raises(ValueError, match="statistic"):
         bench.calibrate(m, ["ring"], SIZES, 2, statistic="mode")
+
+
+def test_calibrate_fits_the_background_load() -> None:
+    m = _synthetic_measurement((2, 4), 2, 0.0, background=1.3)
+    res = bench.calibrate(m, bench.IMPLS, SIZES, 2)
+    assert res["background"] == pytest.approx(1.3)
+    assert max(abs(r["err"]) for r in res["rows"]) < 1e-6
+    assert bench.calibrate(m, ["ring"], SIZES, 2, background=0.5)["background"] == 0.5
+    with pytest.raises(ValueError, match="background"):
+        bench.calibrate(m, ["ring"], SIZES, 2, background="auto")
+    # one world size: nothing separates the background from alpha and beta
+    one = {2: m[2]}
+    assert bench.calibrate(one, ["ring"], SIZES, 2)["background"] == 0.0
 
 
 def test_mean_ci_and_slow_fraction() -> None:

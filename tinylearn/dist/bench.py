@@ -174,6 +174,7 @@ def calibrate(
     sizes: Sequence[int],
     cores: int,
     statistic: str = "mean",
+    background: float | str = "fit",
 ) -> dict[str, Any]:
     """Fit each implementation's (alpha, sched, beta) on the calibration sizes, predict every point.
 
@@ -182,10 +183,13 @@ def calibrate(
     of a fast mode and a slow mode (+ a scheduler time slice): the mean moves smoothly with the mixture, the median
     jumps from one mode to the other when the slow share crosses 1/2.
     gamma is the contended add measured at the smallest world size, divided by its core share (single-rank).
-    Returns {"cal", "val", "gamma", "statistic", "fits": {impl: ContendedParams}, "rows": [dict per (impl, p,
-    size)]}; a row holds median / q25 / q75 / mean seconds, the mean's bootstrap 90% interval, the slow fraction,
-    pred seconds, err = (statistic - pred) / pred, err_lo / err_hi (the statistic's spread: the mean's interval or
-    the quartiles), err_median / err_mean, and err_q25 / err_q75 (quartiles vs pred).
+    ``background``: runnable threads of other jobs sharing the cores (``cost_model.contended_coefficients``); "fit"
+    picks the value in 0, 0.1, ..., 4 that minimises the summed relative residual of all implementations' fits at
+    the calibration points (one number for the box, the validation points never enter).
+    Returns {"cal", "val", "gamma", "statistic", "background", "fits": {impl: ContendedParams}, "rows": [dict per
+    (impl, p, size)]}; a row holds median / q25 / q75 / mean seconds, the mean's bootstrap 90% interval, the slow
+    fraction, pred seconds, err = (statistic - pred) / pred, err_lo / err_hi (the statistic's spread: the mean's
+    interval or the quartiles), err_median / err_mean, and err_q25 / err_q75 (quartiles vs pred).
     """
     if statistic not in STATISTICS:
         raise ValueError(f"statistic: expected one of {STATISTICS}, got {statistic!r}")
@@ -193,19 +197,40 @@ def calibrate(
     p0 = min(measured)
     gamma = measured[p0]["gamma"] / cost_model.core_share(p0, cores)
     stat = np.mean if statistic == "mean" else np.median
-    fits, rows = {}, []
+    pts = {
+        impl: [(nb, p, float(stat(measured[p]["samples"][(nb, impl)]))) for p in measured for nb in cal]
+        for impl in impls
+    }
+
+    def fit_all(bg: float) -> tuple[dict[str, cost_model.ContendedParams], float]:
+        fits, resid = {}, 0.0
+        for impl in impls:
+            alg, x = MODEL_ALGORITHM.get(impl, impl), pts[impl]
+            g = 0.0 if impl == "p2p ring floor" else gamma
+            f = cost_model.fit_contended(
+                alg, [v[0] for v in x], [v[1] for v in x], [v[2] for v in x], cores, gamma_s_per_byte=g, background=bg
+            )
+            fits[impl] = f
+            pred = [cost_model.predict_contended(alg, nb, p, f, cores, background=bg) for nb, p, _ in x]
+            resid += sum((q / v[2] - 1) ** 2 for q, v in zip(pred, x))
+        return fits, resid
+
+    if background == "fit" and len(measured) < 2:
+        background = 0.0  # one world size: the background cannot be told apart from alpha and beta
+    if background == "fit":
+        grid = [k / 10 for k in range(41)]
+        background = grid[int(np.argmin([fit_all(b)[1] for b in grid]))]
+    elif isinstance(background, str):
+        raise ValueError(f"background: expected a number >= 0 or 'fit', got {background!r}")
+    bg = cost_model.check_nonneg("background", background)
+    fits, rows = fit_all(bg)[0], []
     for impl in impls:
         alg = MODEL_ALGORITHM.get(impl, impl)
-        g = 0.0 if impl == "p2p ring floor" else gamma
-        pts = [(nb, p, float(stat(measured[p]["samples"][(nb, impl)]))) for p in measured for nb in cal]
-        fit = cost_model.fit_contended(
-            alg, [x[0] for x in pts], [x[1] for x in pts], [x[2] for x in pts], cores, gamma_s_per_byte=g
-        )
-        fits[impl] = fit
+        fit = fits[impl]
         for p in sorted(measured):
             for nb in sorted(set(sizes)):
                 s = measured[p]["samples"][(nb, impl)]
-                pred = cost_model.predict_contended(alg, nb, p, fit, cores)
+                pred = cost_model.predict_contended(alg, nb, p, fit, cores, background=bg)
                 q25, med, q75 = (float(v) for v in np.percentile(s, [25, 50, 75]))
                 mean = float(np.mean(s))
                 lo, hi = mean_ci(s)
@@ -235,7 +260,15 @@ def calibrate(
                         "err_q75": float(e[2]),
                     }
                 )
-    return {"cal": cal, "val": val, "gamma": gamma, "statistic": statistic, "fits": fits, "rows": rows}
+    return {
+        "cal": cal,
+        "val": val,
+        "gamma": gamma,
+        "statistic": statistic,
+        "background": bg,
+        "fits": fits,
+        "rows": rows,
+    }
 
 
 def error_summary(result: dict[str, Any], subset: str = "val") -> dict[tuple[str, int], dict[str, float]]:
@@ -330,7 +363,8 @@ def run(
         t.notes.append(
             f"model = cost_model.predict_contended (= simulate(topology=None, cores={cores})): per step, byte terms "
             f"x s = max(1, a/c), latency + o*sched with o = max(0, a/c - 1), a = ranks active in the step (all p "
-            f"but in the tree); alpha, sched, beta fitted per impl to the {res['statistic']}s at the calibration "
+            f"but in the tree) + {res['background']:g} background threads of other jobs (fitted); alpha, sched, "
+            f"beta fitted per impl to the {res['statistic']}s at the calibration "
             f"sizes {[_label(n) for n in res['cal']]} of p={list(world_sizes)} (relative least squares), "
             f"gamma = contended fp32 add {1 / res['gamma'] / 1e9:.2f} GB/s; validation sizes "
             f"{[_label(n) for n in res['val']]} are never fitted"

@@ -228,22 +228,24 @@ def _tree_round_pairs(world_size: int) -> list[int]:
 
 
 def contended_coefficients(
-    algorithm: str, world_size: int, cores: int, *, node_size: int | None = None
+    algorithm: str, world_size: int, cores: int, *, node_size: int | None = None, background: float = 0.0
 ) -> tuple[float, float, float, float]:
     """(L, O, SB, SR) with T = L alpha + O sched + SB n beta + SR n gamma: sums over the algorithm's steps of the
     latency count, o_t x latency count, s_t x bytes sent and s_t x bytes reduced (see the comment above).
 
     With every rank active in every step this is (L, L o, s B, s R) of ``coefficients``; the tree and the fold
     steps of recursive doubling / halving-doubling for p not a power of two have steps with fewer active ranks.
-    Hierarchical with unequal nodes uses the largest node (like ``predict``)."""
+    Hierarchical with unequal nodes uses the largest node (like ``predict``). ``background``: runnable threads of
+    other jobs on the same cores (load average beyond ours); they count as active in every step."""
     lat, bcoef, rcoef = coefficients(algorithm, world_size, node_size=node_size)
     p = int(world_size)
     core_share(p, cores)  # validates cores
+    b = check_nonneg("background", background)
     if p == 1:
         return 0.0, 0.0, 0.0, 0.0
 
     def s_o(active: int) -> tuple[float, float]:
-        return max(1.0, active / cores), max(0.0, active / cores - 1.0)
+        return max(1.0, (active + b) / cores), max(0.0, (active + b) / cores - 1.0)
 
     if algorithm == "tree":
         L = O = SB = SR = 0.0
@@ -263,11 +265,17 @@ def contended_coefficients(
 
 
 def contended_features(
-    algorithm: str, nbytes: float, world_size: int, cores: int, *, node_size: int | None = None
+    algorithm: str,
+    nbytes: float,
+    world_size: int,
+    cores: int,
+    *,
+    node_size: int | None = None,
+    background: float = 0.0,
 ) -> np.ndarray:
     """x with T = x . (alpha, sched, beta, gamma): [L, O, SB n, SR n] (the model is linear in its constants)."""
     n = check_nonneg("nbytes", nbytes)
-    L, O, SB, SR = contended_coefficients(algorithm, world_size, cores, node_size=node_size)
+    L, O, SB, SR = contended_coefficients(algorithm, world_size, cores, node_size=node_size, background=background)
     if n == 0:
         return np.zeros(4)
     return np.array([L, O, SB * n, SR * n])
@@ -281,10 +289,13 @@ def predict_contended(
     cores: int,
     *,
     node_size: int | None = None,
+    background: float = 0.0,
 ) -> float:
-    """Predicted all-reduce seconds with p ranks on ``cores`` cores (== ``simulate(..., cores=, sched_s=)``)."""
+    """Predicted all-reduce seconds with p ranks on ``cores`` cores (== ``simulate(..., cores=, sched_s=,
+    background=)``); ``background`` runnable threads of other jobs share the cores too."""
     _check(algorithm, nbytes, world_size, params.alpha_s, params.beta_s_per_byte)
-    return float(contended_features(algorithm, nbytes, world_size, cores, node_size=node_size) @ params.as_array())
+    x = contended_features(algorithm, nbytes, world_size, cores, node_size=node_size, background=background)
+    return float(x @ params.as_array())
 
 
 def fit_contended(
@@ -296,6 +307,7 @@ def fit_contended(
     *,
     gamma_s_per_byte: float | None = None,
     node_size: int | None = None,
+    background: float = 0.0,
 ) -> ContendedParams:
     """Fit (alpha, sched, beta[, gamma]) >= 0 to measured all-reduce times by least squares on relative error.
 
@@ -304,7 +316,9 @@ def fit_contended(
     64 KB point counts as much as a 64 MB one. ``gamma_s_per_byte``: fixed (measured) gamma; None fits it too,
     which needs points whose bytes-sent / bytes-reduced ratios differ (e.g. ring with recursive doubling: for one
     algorithm, beta and gamma multiply the same n and cannot be told apart — ValueError). sched is 0 when no
-    point is oversubscribed (nothing to fit it from).
+    point is oversubscribed or all share one oversubscription (alpha and sched cannot be told apart).
+    ``background``: other jobs' runnable threads (see ``contended_coefficients``), held fixed here;
+    ``tinylearn.dist.bench.calibrate`` fits it by a 1-D search.
     """
     from scipy.optimize import nnls
 
@@ -319,7 +333,10 @@ def fit_contended(
     if not np.all(np.isfinite(t)) or np.any(t <= 0):
         raise ValueError("seconds: all times must be finite and > 0")
     X = np.stack(
-        [contended_features(a, n, p, cores, node_size=node_size) for a, n, p in zip(algs, nbytes, world_sizes)]
+        [
+            contended_features(a, n, p, cores, node_size=node_size, background=background)
+            for a, n, p in zip(algs, nbytes, world_sizes)
+        ]
     )
     y = t.copy()
     free = [0, 1, 2, 3]
@@ -328,8 +345,9 @@ def fit_contended(
         fixed[3] = check_nonneg("gamma_s_per_byte", gamma_s_per_byte)
         y = y - X[:, 3] * fixed[3]
         free.remove(3)
-    if not np.any(X[:, 1]):
-        free.remove(1)  # no oversubscribed point: sched stays 0
+    lat_cols = X[:, :2] / np.where(X[:, :2].max(axis=0) > 0, X[:, :2].max(axis=0), 1.0)
+    if not np.any(X[:, 1]) or np.linalg.matrix_rank(lat_cols, tol=1e-9) < 2:
+        free.remove(1)  # no oversubscribed point, or one oversubscription level: alpha absorbs it, sched stays 0
     A = X[:, free] / t[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0

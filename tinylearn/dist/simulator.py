@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .collectives import bounds, default_node_size, hierarchical_layout
-from .cost_model import ALGORITHMS, check_nonneg, core_share, oversubscription
+from .cost_model import ALGORITHMS, check_nonneg, core_share
 
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # src, dst, bytes, reduce (0/1)
 
@@ -170,6 +170,7 @@ def simulate(
     node_size: int | None = None,
     cores: int | None = None,
     sched_s: float = 0.0,
+    background: float = 0.0,
 ) -> float:
     """Replay ``algorithm``'s schedule for ``world_size`` ranks and ``nbytes`` per rank; returns seconds.
 
@@ -180,7 +181,8 @@ def simulate(
     ``cores``: the ranks share this many cores (``cost_model.predict_contended``'s model): in each step the a
     ranks that send or receive share them (blocked ranks sleep), so the step's byte costs (beta, gamma) are
     multiplied by s = max(1, a / cores) and its messages wait o * ``sched_s`` more for the scheduler,
-    o = max(0, a / cores - 1). None: a core (or GPU) per rank.
+    o = max(0, a / cores - 1); ``background`` runnable threads of other jobs add to a in every step.
+    None: a core (or GPU) per rank.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
@@ -188,6 +190,7 @@ def simulate(
         check_nonneg(name, v)
     check_nonneg("gamma_s_per_byte", gamma_s_per_byte)
     check_nonneg("sched_s", sched_s)
+    bg = check_nonneg("background", background)
     if isinstance(topology, dict):
         topology = two_level_from_dict(topology)
     if topology is not None and not isinstance(topology, TwoLevel):
@@ -201,8 +204,8 @@ def simulate(
     for src, dst, nb, red in schedule(algorithm, p, nbytes, node_size):
         share, extra = 1.0, 0.0
         if cores is not None:  # the ranks active in this step share the cores; blocked ranks sleep
-            active = len(np.unique(np.concatenate([src, dst])))
-            share, extra = core_share(active, cores), oversubscription(active, cores) * sched_s
+            active = len(np.unique(np.concatenate([src, dst]))) + bg
+            share, extra = max(1.0, active / cores), max(0.0, active / cores - 1.0) * sched_s
         g = float(gamma_s_per_byte) * share
         if topology is None:
             a = np.full(len(src), float(alpha_s))
