@@ -533,7 +533,105 @@ __attribute__((target("avx2"))) void mk_u7<4>(const uint8_t* ap, ssize_t lda, co
   }
 }
 
-// one (row block, K block) step of kernel `kern` for `rows` (1..MR) rows
+// 6-row blocks (the default for vnni and madd16): 24 zmm / 12 ymm accumulators. The B vectors of a K step are
+// loaded once into registers and reused by all 6 rows; the empty asm pins them there -- left to itself GCC folds
+// the loads into every dpbusd/madd (a memory operand per row), and on Zen 4 (two 256-bit loads per cycle) those
+// loads, not the multiply units, then set the pace (the 4-row kernels above run at about half of peak).
+#define TL_PIN(x) __asm__("" : "+v"(x))
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni6(const uint8_t* ap, ssize_t lda, const i8* bp,
+                                                                    ssize_t k0, ssize_t k1, i32* ct) {
+#define TL_LD(r, v) __m512i c##r##v = _mm512_loadu_si512(ct + r * NPW + 16 * v);
+#define TL_ROW(r) TL_LD(r, 0) TL_LD(r, 1) TL_LD(r, 2) TL_LD(r, 3)
+  TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
+#undef TL_ROW
+#undef TL_LD
+  const uint8_t* a0p = ap;
+  const uint8_t* a1p = ap + lda;
+  const uint8_t* a2p = ap + 2 * lda;
+  const uint8_t* a3p = ap + 3 * lda;
+  const uint8_t* a4p = ap + 4 * lda;
+  const uint8_t* a5p = ap + 5 * lda;
+  const i8* b = bp + k0 * NPW * 4;
+  for (ssize_t kq = k0; kq < k1; ++kq, b += NPW * 4) {
+    __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128),
+            b3 = _mm512_loadu_si512(b + 192);
+    TL_PIN(b0);
+    TL_PIN(b1);
+    TL_PIN(b2);
+    TL_PIN(b3);
+    i32 t;
+#define TL_ROW(r)                                  \
+  std::memcpy(&t, a##r##p + 4 * kq, 4);            \
+  {                                                \
+    const __m512i a = _mm512_set1_epi32(t);        \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0); \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1); \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, b2); \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, b3); \
+  }
+    TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
+#undef TL_ROW
+  }
+#define TL_ST(r, v) _mm512_storeu_si512(ct + r * NPW + 16 * v, c##r##v);
+#define TL_ROW(r) TL_ST(r, 0) TL_ST(r, 1) TL_ST(r, 2) TL_ST(r, 3)
+  TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
+#undef TL_ROW
+#undef TL_ST
+}
+
+// 6 rows x 8 columns per step: 12 ymm accumulators + 2 B + A + the madd result = all 16 ymm registers
+__attribute__((target("avx2"))) void mk_madd16_6(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
+                                                 ssize_t k1, i32* ct) {
+  const int16_t* a0p = ap;
+  const int16_t* a1p = ap + lda;
+  const int16_t* a2p = ap + 2 * lda;
+  const int16_t* a3p = ap + 3 * lda;
+  const int16_t* a4p = ap + 4 * lda;
+  const int16_t* a5p = ap + 5 * lda;
+  for (int cb = 0; cb < NPW; cb += 8) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const int16_t* b = bw + (cb / 8) * (k1 - k0) * 32;
+    for (ssize_t kq = k0; kq < k1; ++kq, b += 32) {
+      __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      TL_PIN(b0);
+      TL_PIN(b1);
+      long long t;
+#define TL_ROW(r)                                                  \
+  std::memcpy(&t, a##r##p + 4 * kq, 8);                            \
+  {                                                                \
+    const __m256i a = _mm256_set1_epi64x(t);                       \
+    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0)); \
+    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1)); \
+  }
+      TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
+#undef TL_ROW
+      // pin the accumulators too: without this GCC renames them every step and adds 12 register moves per
+      // iteration, which on its own exceeds the 6-wide dispatch budget of the 24 madd/add
+      __asm__("" : "+v"(c00), "+v"(c01), "+v"(c10), "+v"(c11), "+v"(c20), "+v"(c21));
+      __asm__("" : "+v"(c30), "+v"(c31), "+v"(c40), "+v"(c41), "+v"(c50), "+v"(c51));
+    }
+#define TL_RED(r)                                                                           \
+  {                                                                                         \
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r##0, c##r##1), 0xD8); \
+    __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);                             \
+    _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));                     \
+  }
+    TL_RED(0) TL_RED(1) TL_RED(2) TL_RED(3) TL_RED(4) TL_RED(5)
+#undef TL_RED
+  }
+}
+#undef TL_PIN
+
+// rows of A per micro-kernel block: 6 for vnni and madd16 (the register-blocked kernels above), 4 otherwise.
+// A operands are padded to a multiple of MRP rows (zeros) so a block may read past M.
+constexpr int MRP = 12;
+inline int kern_mr(Kern k) { return (k == Kern::vnni || k == Kern::avx2_madd16) ? 6 : 4; }
+inline ssize_t padded_rows(ssize_t M) { return (M + MRP - 1) / MRP * MRP; }
+
+// one (row block, K block) step of kernel `kern` for `rows` (1..kern_mr(kern)) rows; 5 or 6 rows run the 6-row
+// kernel (the padded sixth row is zero and never written back)
 template <typename AT>
 void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const int16_t* bw, ssize_t k0, ssize_t k1,
            i32* ct) {
@@ -547,11 +645,17 @@ void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const i
   if constexpr (std::is_same_v<AT, int16_t>) {
     (void)kern;
     (void)bp;
-    TL_MK_CASES(mk_madd16, bw)
+    if (rows > 4)
+      mk_madd16_6(ap, lda, bw, k0, k1, ct);
+    else
+      TL_MK_CASES(mk_madd16, bw)
   } else {
     (void)bw;
     if (kern == Kern::vnni) {
-      TL_MK_CASES(mk_vnni, bp)
+      if (rows > 4)
+        mk_vnni6(ap, lda, bp, k0, k1, ct);
+      else
+        TL_MK_CASES(mk_vnni, bp)
     } else if (kern == Kern::avx2_u7) {
       TL_MK_CASES(mk_u7, bp)
     } else {
@@ -569,15 +673,18 @@ int max_threads() {
 #endif
 }
 
-// S = A' @ B for the packed B, A' rows of stride lda (rows padded to MR); ep(i, j0, nj, s_row) writes row i's
-// columns [j0, j0 + nj) from the int32 sums s_row. Work items: (64-column panel, chunk of row blocks), each with
+// S = A' @ B for the packed B, A' rows of stride lda (rows padded to MRP); ep(i, j0, nj, s_row) writes row i's
+// columns [j0, j0 + nj) from the int32 sums s_row. Work items: (64-column panel, chunk of mr-row blocks), each with
 // its own int32 tile, K blocked by KCB (a 16 KB B block stays in L1 while the chunk's rows stream past it).
 template <typename AT, typename EP>
 void run_packed(Kern kern, const AT* A, ssize_t lda, ssize_t M, ssize_t K4, const i8* P, ssize_t N, EP ep) {
-  const ssize_t NP = (N + NPW - 1) / NPW, MP = (M + MR - 1) / MR;
+  const int mr = kern_mr(kern);
+  const ssize_t NP = (N + NPW - 1) / NPW, MP = (M + mr - 1) / mr;
   const ssize_t want = 4 * ssize_t(max_threads());
-  // at most 8 row blocks (32 rows) per item: its int32 tile (8 KB) stays in L1 next to the 16 KB B block
-  const ssize_t chunks = std::max<ssize_t>({ssize_t(1), std::min<ssize_t>(MP, (want + NP - 1) / NP), (MP + 7) / 8});
+  // at most 48 rows per item: its int32 tile (12 KB) stays in L1 next to the 16 KB B block
+  const ssize_t maxb = 48 / mr;
+  const ssize_t chunks =
+      std::max<ssize_t>({ssize_t(1), std::min<ssize_t>(MP, (want + NP - 1) / NP), (MP + maxb - 1) / maxb});
   const ssize_t per = (MP + chunks - 1) / chunks;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (ssize_t p = 0; p < NP; ++p)
@@ -585,25 +692,25 @@ void run_packed(Kern kern, const AT* A, ssize_t lda, ssize_t M, ssize_t K4, cons
       const ssize_t ib0 = ch * per, ib1 = std::min(MP, ib0 + per);
       if (ib0 >= ib1) continue;
       const i8* bp = P + p * K4 * NPW * 4;
-      std::vector<i32> tile(size_t(ib1 - ib0) * MR * NPW, 0);
-      // madd16: each K block of B is sign-extended to int16 once (KCB/2 rows: 16 KB, in L1) per work item
+      std::vector<i32> tile(size_t(ib1 - ib0) * mr * NPW, 0);
+      // madd16: each K block of B is sign-extended to int16 once per work item
       const bool wide = std::is_same_v<AT, int16_t>;
-      const ssize_t kcb = wide ? KCB / 2 : KCB;
+      const ssize_t kcb = KCB;  // madd16: the int16 block is 32 KB (L1-sized; its 8-column strips stream)
       std::vector<int16_t> bw(wide ? size_t(kcb) * NPW * 4 : 0);
       for (ssize_t k0 = 0; k0 < K4; k0 += kcb) {
         const ssize_t k1 = std::min(K4, k0 + kcb);
         if (wide) widen_block(bp, k0, k1, bw.data());
         for (ssize_t ib = ib0; ib < ib1; ++ib) {
-          const int rows = int(std::min<ssize_t>(MR, M - ib * MR));
-          micro<AT>(kern, rows, A + ib * MR * lda, lda, bp, bw.data(), k0, k1, tile.data() + (ib - ib0) * MR * NPW);
+          const int rows = int(std::min<ssize_t>(mr, M - ib * mr));
+          micro<AT>(kern, rows, A + ib * mr * lda, lda, bp, bw.data(), k0, k1, tile.data() + (ib - ib0) * mr * NPW);
         }
       }
       const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
       for (ssize_t ib = ib0; ib < ib1; ++ib)
-        for (int r = 0; r < MR; ++r) {
-          const ssize_t i = ib * MR + r;
+        for (int r = 0; r < mr; ++r) {
+          const ssize_t i = ib * mr + r;
           if (i >= M) break;
-          ep(i, j0, nj, tile.data() + ((ib - ib0) * MR + r) * NPW);
+          ep(i, j0, nj, tile.data() + ((ib - ib0) * mr + r) * NPW);
         }
     }
 }
@@ -677,9 +784,9 @@ struct PreparedA {
 template <typename T>  // T = int8_t or uint8_t source codes, row-major [M, K]
 PreparedA prepare_a(const T* A, ssize_t M, ssize_t K, Kern kern) {
   PreparedA pa;
-  const ssize_t K4 = (K + 3) / 4, MP = (M + MR - 1) / MR;
+  const ssize_t K4 = (K + 3) / 4;
   pa.lda = a_stride(K4, kern == Kern::avx2_madd16 ? 2 : 1);
-  const size_t n = size_t(MP) * MR * pa.lda;
+  const size_t n = size_t(padded_rows(M)) * pa.lda;
   if (kern == Kern::avx2_madd16) {
     pa.s16.assign(n, 0);
 #pragma omp parallel for schedule(static) if (M * K > 65536)
@@ -824,19 +931,25 @@ void choose_qparams(float mn, float mx, int qmax, float& scale, int& zp) {
   zp = int(std::min<double>(qmax, std::max<double>(0, std::nearbyint(z0))));
 }
 
+// 32 floats per step straight to 32 bytes: cvtps (round to nearest even, the MXCSR default, = nearbyint),
+// saturating packs to int16, + zero point (saturating), packus to u8 (clamps at 0 and 255), min with qmax; the
+// two packs interleave 128-bit lanes, one dword permute puts the bytes back in order. |x * inv| <= qmax + 1 here
+// (the scale comes from this data's range), so cvtps never meets its out-of-range value.
 __attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* x, uint8_t* q, ssize_t K, float inv,
                                                           int zp, int qmax) {
   const __m256 vi = _mm256_set1_ps(inv);
-  const __m256i vz = _mm256_set1_epi32(zp), lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(qmax);
+  const __m256i vz = _mm256_set1_epi16(int16_t(zp)), vmax = _mm256_set1_epi8(char(uint8_t(qmax)));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   ssize_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vi), _MM_FROUND_TO_NEAREST_INT |
-                                                                                  _MM_FROUND_NO_EXC);
-    __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(r), vz);
-    v = _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
-    alignas(32) i32 t[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
-    for (int u = 0; u < 8; ++u) q[k + u] = uint8_t(t[u]);
+  for (; k + 32 <= K; k += 32) {
+    const __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), vi));
+    const __m256i v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vi));
+    const __m256i v2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 16), vi));
+    const __m256i v3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 24), vi));
+    const __m256i p01 = _mm256_adds_epi16(_mm256_packs_epi32(v0, v1), vz);
+    const __m256i p23 = _mm256_adds_epi16(_mm256_packs_epi32(v2, v3), vz);
+    const __m256i u = _mm256_min_epu8(_mm256_permutevar8x32_epi32(_mm256_packus_epi16(p01, p23), perm), vmax);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), u);
   }
   for (; k < K; ++k) q[k] = uint8_t(std::min(qmax, std::max(0, int(std::nearbyint(x[k] * inv)) + zp)));
 }
@@ -933,9 +1046,25 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
     // 1. qparams: min/max per tensor or per row
     std::vector<float> mn(R), mx(R);
     bool finite = true;
-    for (ssize_t r = 0; r < R && finite; ++r) {
-      const ssize_t cnt = per_row ? K : M * K;
-      finite = min_max(px + (per_row ? r * K : 0), cnt, mn[r], mx[r]);
+    if (per_row) {
+      for (ssize_t r = 0; r < R && finite; ++r) finite = min_max(px + r * K, K, mn[r], mx[r]);
+    } else {
+      // per tensor: chunks of the flat array in parallel, then a serial reduction of the partial ranges
+      const ssize_t n = M * K, nch = n > 65536 ? std::min<ssize_t>(4 * max_threads(), n / 16384) : 1;
+      std::vector<float> cmn(nch), cmx(nch);
+      std::vector<char> cok(nch);
+#pragma omp parallel for schedule(static) if (nch > 1)
+      for (ssize_t c = 0; c < nch; ++c) {
+        const ssize_t t0 = n * c / nch, t1 = n * (c + 1) / nch;
+        cok[c] = min_max(px + t0, t1 - t0, cmn[c], cmx[c]);
+      }
+      mn[0] = cmn[0];
+      mx[0] = cmx[0];
+      for (ssize_t c = 0; c < nch; ++c) {
+        finite = finite && cok[c];
+        mn[0] = std::min(mn[0], cmn[c]);
+        mx[0] = std::max(mx[0], cmx[c]);
+      }
     }
     if (finite) {
       for (ssize_t r = 0; r < R; ++r) {
@@ -944,10 +1073,10 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
         pzx[r] = z;
       }
       // 2. quantize into the padded u8 operand (or int16 for madd16)
-      const ssize_t K4 = (K + 3) / 4, MP = (M + MR - 1) / MR;
+      const ssize_t K4 = (K + 3) / 4;
       PreparedA pa;
       pa.lda = a_stride(K4, 1);
-      pa.u8.assign(size_t(MP) * MR * pa.lda, 0);
+      pa.u8.assign(size_t(padded_rows(M)) * pa.lda, 0);
 #pragma omp parallel for schedule(static) if (M * K > 65536)
       for (ssize_t i = 0; i < M; ++i) {
         const ssize_t r = per_row ? i : 0;
@@ -955,7 +1084,7 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
       }
       if (kern == Kern::avx2_madd16) {  // int16 copy, rows re-spaced for the 2-byte stride
         const ssize_t lda16 = a_stride(K4, 2);
-        pa.s16.assign(size_t(MP) * MR * lda16, 0);
+        pa.s16.assign(size_t(padded_rows(M)) * lda16, 0);
         for (ssize_t i = 0; i < M; ++i)
           for (ssize_t k = 0; k < K; ++k) pa.s16[i * lda16 + k] = int16_t(pa.u8[i * pa.lda + k]);
         pa.lda = lda16;

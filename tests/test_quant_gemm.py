@@ -441,3 +441,76 @@ def test_packed_k_limit_and_wrapping_offset():
     for v in Q.gemm.packed_versions():
         if v != "avx2_u7":
             np.testing.assert_array_equal(pk2.matmul(a, version=v), _ref(a, b), err_msg=v)
+
+
+# ------------------------------------------------------------------------------------------ micro-kernel tails
+# The vnni and avx2_madd16 kernels work on 6-row x 64-column blocks (avx2_u7 and scalar on 4 rows), K in 4-deep
+# quads blocked by 64 quads (256 k): M around and below the block rows, K not a multiple of 2 / 4 / 32 / 256, N
+# not a multiple of 8 / 16 / 64 exercise every tail (padded rows, zero K padding, partial column panels).
+TAIL_M = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 25]
+TAIL_KN = [(1, 1), (3, 17), (33, 65), (257, 63), (515, 130)]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("k, n", TAIL_KN)
+def test_packed_versions_row_and_k_tails(level, k, n, monkeypatch):
+    rng = np.random.default_rng(k * 31 + n)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    b[0] = -128  # an extreme row: -128 * 255 pairs
+    pk = Q.PackedInt8Weight(b)
+    versions = _versions_at(level, monkeypatch)
+    for m in TAIL_M:
+        a8 = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        au = rng.integers(0, 256, (m, k), dtype=np.uint8)
+        au[:, 0] = 255
+        a7 = rng.integers(0, 128, (m, k), dtype=np.uint8)
+        for v in versions:
+            msg = f"{v} m={m} k={k} n={n}"
+            if v != "avx2_u7":
+                np.testing.assert_array_equal(pk.matmul(a8, version=v), _ref(a8, b), err_msg=msg)
+                np.testing.assert_array_equal(pk.matmul(au, 200, v), _ref(au.astype(np.int64) - 200, b), err_msg=msg)
+            np.testing.assert_array_equal(pk.matmul(a7, 64, v), _ref(a7.astype(np.int64) - 64, b), err_msg=msg)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("mkn", [(7, 31, 9), (13, 257, 65), (6, 515, 1), (25, 66, 130)])
+def test_int8_gemm_every_version_odd_shapes(level, mkn, monkeypatch):
+    """The per-call int8_gemm versions (incl. avx2_madd16 on the packed layout) on odd M / K / N at every level."""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    m, k, n = mkn
+    rng = np.random.default_rng(m + k + n)
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    a[0], b[:, 0] = -128, -128
+    for v in Q.gemm.int8_gemm_versions():
+        np.testing.assert_array_equal(Q.int8_gemm(a, b, version=v), _ref(a, b), err_msg=f"{v} {mkn}")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("reduce_range, per_row", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("m, k", [(1, 37), (5, 64), (97, 1024), (300, 301)])
+def test_dynamic_linear_codes_match_numpy(level, reduce_range, per_row, m, k, monkeypatch):
+    """The fused C++ activation pass (parallel min/max over chunks, 32-wide quantize with a scalar tail) picks the
+    same qparams and codes as the numpy reference, on row counts that cross the parallel threshold (m * k >
+    65536) and K with tails; ties x / s = n + 0.5 round to even in both. Checked through the exact accumulators:
+    the C++ forward equals the numpy epilogue on the numpy codes."""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    from tinylearn.quant.modules import DynamicQuantizedLinear
+
+    rng = np.random.default_rng(m * k)
+    n = 70
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    mod = DynamicQuantizedLinear(w, rng.standard_normal(n).astype(np.float32), False, reduce_range, per_row)
+    x = rng.standard_normal((m, k)).astype(np.float32) * 2
+    x.flat[-1] = 9.0  # the range's extreme in the last chunk
+    x.flat[0] = -3.0
+    y = mod(x).data
+    q, s, z = mod.quantize_input(x)
+    np.testing.assert_array_equal(s, mod.last_act_qparams[0])
+    np.testing.assert_array_equal(z, mod.last_act_qparams[1])
+    y_ref = mod._forward_numpy(x)[0]
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=1e-6)
+    # a NaN in the last element (last chunk of the parallel min/max) is refused
+    x.flat[-1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        mod(x)
