@@ -412,7 +412,10 @@ def flash_attention_backward(
     block_size: int = 64,
     backend: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dq, dk, dv) by recomputation: P = exp(S - lse) tile by tile, never stored whole (cpu backend)."""
+    """(dq, dk, dv) by recomputation: P = exp(S - lse) tile by tile, never stored whole.
+
+    cpu backend: float32 runs the blocked SIMD FlashAttention-2 backward (OpenMP over key blocks, each owning its dK
+    and dV rows; dQ summed from per-thread buffers), float64 the tiled scalar one; extra memory O(N)."""
     q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
     mod = _kernel("attention_backward", backend)
     q3, k3, v3, lead, ct = _attn_prep(q, k, v, block_size, mod)
