@@ -685,6 +685,162 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
   return y;
 }
 
+
+// dW of the v2 path (groups == 1): dW[OC, K] = sum over the N*L output positions j of dY[OC, j] * cols[K, j], a GEMM
+// whose reduction is the long axis. The threads split the reduction (contiguous ranges of j, private OC x K
+// accumulators summed at the end); per block of KR positions: A = dY's OC rows packed into MR-row panels (reads
+// along l, contiguous), B = the KR columns of the column matrix generated in cache by pack_b_implicit (rows of
+// cols, contiguous segments of x) and transposed into NR-wide k panels. No column matrix, no transposed dY, no
+// OpenBLAS call.
+inline int team_size() {
+#ifdef TINYLEARN_OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
+template <class T>
+void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t C, ssize_t H, ssize_t W, ssize_t OC,
+                             const Win& w, ssize_t OH, ssize_t OW) {
+  const tl::GemmMicroKernel<T> kn = micro_kernel<T>();
+  const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, K = C * KK, L = OH * OW, NL = N * L;
+  const ssize_t KR = 256, NK = std::min<ssize_t>(8 * NR, (K + NR - 1) / NR * NR);
+  const ssize_t OCp = (OC + MR - 1) / MR * MR;
+  ImplicitRows<T> rows;
+  for (auto* v : {&rows.coff, &rows.ioff, &rows.joff, &rows.lo, &rows.hi}) v->resize(size_t(K));
+  for (ssize_t k = 0; k < K; ++k) {
+    const ssize_t c = k / KK, i = (k % KK) / w.kw, j = k % w.kw;
+    rows.coff[k] = c * H * W;
+    rows.ioff[k] = i * w.dh - w.ph;
+    rows.joff[k] = j * w.dw - w.pw;
+    const auto [lo, hi] = valid_range(rows.joff[k], w.sw, W, OW);
+    rows.lo[k] = lo;
+    rows.hi[k] = hi;
+  }
+  const ssize_t nblk = (NL + KR - 1) / KR;
+  const double macs = double(NL) * OC * K;
+  const int nt = int(std::min<ssize_t>(macs >= kParallelMinMacs ? tl::n_threads() : 1, nblk));
+  std::vector<std::unique_ptr<T[], FreeDeleter>> acc(size_t(std::max(nt, 1)));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int tid = tl::thread_id(), nth = team_size();
+    acc[size_t(tid)] = aligned_array<T>(size_t(OC * K));
+    T* Cacc = acc[size_t(tid)].get();
+    std::fill(Cacc, Cacc + OC * K, T(0));
+    auto Ap = aligned_array<T>(size_t(OCp * KR));
+    auto Bp = aligned_array<T>(size_t(NK * KR));
+    auto rowsbuf = aligned_array<T>(size_t(NK * KR));
+    alignas(64) T tile[6 * 32];
+    // this thread's blocks: a contiguous range (each block of dY / x is read by one thread only)
+    const ssize_t b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
+    for (ssize_t blk = b0; blk < b1; ++blk) {
+      const ssize_t j0 = blk * KR, kr = std::min(KR, NL - j0);
+      // A: panel ir holds dY[n(j), ir + r, l(j)] at [jj*MR + r]
+      for (ssize_t ir = 0; ir < OCp; ir += MR) {
+        T* a = Ap.get() + ir * kr;
+        for (ssize_t r = 0; r < MR; ++r) {
+          const ssize_t o = ir + r;
+          if (o >= OC) {
+            for (ssize_t jj = 0; jj < kr; ++jj) a[jj * MR + r] = T(0);
+            continue;
+          }
+          for (ssize_t jj = 0; jj < kr;) {  // one image segment at a time: contiguous along l
+            const ssize_t j = j0 + jj, n = j / L, l = j % L, m = std::min(kr - jj, L - l);
+            const T* src = dy + (n * OC + o) * L + l;
+            for (ssize_t q = 0; q < m; ++q) a[(jj + q) * MR + r] = src[q];
+            jj += m;
+          }
+        }
+      }
+      for (ssize_t kb = 0; kb < K; kb += NK) {
+        const ssize_t nk = std::min(NK, K - kb), npan = (nk + NR - 1) / NR;
+        // rows kb .. kb+nk of the column matrix over positions j0 .. j0+kr, row-major [nk][kr] (one "panel")
+        if (w.sw == 1)
+          pack_b_implicit<1>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf.get());
+        else if (w.sw == 2)
+          pack_b_implicit<2>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf.get());
+        else
+          pack_b_implicit<0>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf.get());
+        // transpose into NR-wide k panels: panel q holds cols[kb + q*NR + t, j0 + jj] at [jj*NR + t]
+        for (ssize_t q = 0; q < npan; ++q) {
+          T* bq = Bp.get() + q * kr * NR;
+          for (ssize_t t = 0; t < NR; ++t) {
+            const ssize_t kk = q * NR + t;
+            if (kk >= nk) {
+              for (ssize_t jj = 0; jj < kr; ++jj) bq[jj * NR + t] = T(0);
+            } else {
+              const T* src = rowsbuf.get() + kk * kr;
+              for (ssize_t jj = 0; jj < kr; ++jj) bq[jj * NR + t] = src[jj];
+            }
+          }
+        }
+        for (ssize_t q = 0; q < npan; ++q) {
+          const ssize_t nr = std::min(NR, nk - q * NR);
+          const T* b = Bp.get() + q * kr * NR;
+          for (ssize_t ir = 0; ir < OC; ir += MR) {
+            const ssize_t mr = std::min(MR, OC - ir);
+            T* c = Cacc + ir * K + kb + q * NR;
+            if (mr == MR && nr == NR) {
+              kn.ukr(kr, Ap.get() + ir * kr, b, c, K);
+            } else {
+              std::fill(tile, tile + MR * NR, T(0));
+              kn.ukr(kr, Ap.get() + ir * kr, b, tile, NR);
+              for (ssize_t i = 0; i < mr; ++i)
+                for (ssize_t jj = 0; jj < nr; ++jj) c[i * K + jj] += tile[i * NR + jj];
+            }
+          }
+        }
+      }
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (ssize_t e = 0; e < OC * K; ++e) {
+      T v = acc[0][size_t(e)];
+      for (int t = 1; t < nth; ++t) v += acc[size_t(t)][size_t(e)];
+      dw[e] = v;
+    }
+  }
+}
+
+// dW of conv2d (groups = 1) without a column matrix: x [N, C, H, W], dy [N, OC, OH, OW] -> dw [OC, C, kh, kw].
+py::array conv2d_backward_weight_v2(const py::array& x, const py::array& dy, std::pair<ssize_t, ssize_t> k,
+                                    std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
+                                    std::pair<ssize_t, ssize_t> d) {
+  if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
+  if (dy.ndim() != 4) tl::value_error("grad_out: expected a 4-D [N, OC, OH, OW] array, got shape " + shape_str(dy));
+  check_dtype(x, "x");
+  check_dtype(dy, "grad_out");
+  if (dy.dtype().not_equal(x.dtype()))
+    throw py::type_error("grad_out: dtype " + std::string(py::str(dy.dtype())) + " differs from x's " +
+                         std::string(py::str(x.dtype())));
+  const Win w = make_win(k, s, p, d);
+  const ssize_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3), OC = dy.shape(1);
+  auto [OH, OW] = out_size(w, H, W, "input");
+  if (dy.shape(0) != N || dy.shape(2) != OH || dy.shape(3) != OW)
+    tl::value_error("grad_out: expected shape (" + std::to_string(N) + ", OC, " + std::to_string(OH) + ", " +
+                    std::to_string(OW) + ") for x shape " + shape_str(x) + ", got " + shape_str(dy));
+  const bool f32 = py::isinstance<py::array_t<float>>(x);
+  py::array dw = f32 ? py::array(py::array_t<float>({OC, C, w.kh, w.kw}))
+                     : py::array(py::array_t<double>({OC, C, w.kh, w.kw}));
+  void* dp = dw.mutable_data();
+  if (N * OH * OW == 0 || OC * C == 0) {
+    std::memset(dp, 0, size_t(dw.nbytes()));
+    return dw;
+  }
+  const void *xp = x.data(), *gp = dy.data();
+  {
+    py::gil_scoped_release release;
+    if (f32)
+      conv2d_dweight_implicit(static_cast<const float*>(xp), static_cast<const float*>(gp), static_cast<float*>(dp), N,
+                              C, H, W, OC, w, OH, OW);
+    else
+      conv2d_dweight_implicit(static_cast<const double*>(xp), static_cast<const double*>(gp),
+                              static_cast<double*>(dp), N, C, H, W, OC, w, OH, OW);
+  }
+  return dw;
+}
+
 std::string micro_kernel_isa() { return tl::gemm_micro_kernel_f32().isa; }
 
 }  // namespace
@@ -705,6 +861,10 @@ TL_REGISTER(conv) {
         py::arg("padding"), py::arg("dilation"), py::arg("groups") = 1,
         "v2 implicit-GEMM conv2d forward: x [N,C,H,W], weight [OC,C/g,kh,kw] C-contiguous -> y [N,OC,OH,OW] "
         "(packed gemm.cpp micro-kernels, B packed from the image, one OpenMP team)");
+  m.def("conv2d_backward_weight", &conv2d_backward_weight_v2, py::arg("x"), py::arg("grad_out"),
+        py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        "v2 dW of conv2d (groups=1) without a column matrix: x [N,C,H,W], grad_out [N,OC,OH,OW] C-contiguous -> "
+        "dW [OC,C,kh,kw] (reduction over N*OH*OW split across the OpenMP team)");
   m.def("micro_kernel_isa", &micro_kernel_isa, "the ISA of the GEMM micro-kernel conv2d_forward uses now");
   m.def("stream_copy", &stream_copy, py::arg("dst"), py::arg("src"),
         "dst[:] = src (same byte size, C-contiguous), threaded 64 KiB memcpy chunks: STREAM copy");

@@ -141,3 +141,24 @@ def test_gradcheck_fp64_v2():
         assert tl.autograd.gradcheck(lambda a, ww, bb: fn(a, ww, bb, (2, 1), 1, 1, 2), [x, w, b])  # col2im path
     finally:
         CF.set_backend(old)
+
+
+def test_v2_dweight_kernel_vs_torch_and_validates(level):
+    """_C.conv.conv2d_backward_weight alone (the reduction over N*OH*OW split across threads) vs torch's dW."""
+    C = tl.backends.load_C("conv")
+    for case in [(4, 70, 20, 20, 40, 3, 1, 1, 1, 1), (2, 3, 30, 30, 8, 7, 2, 3, 1, 1), (2, 5, 9, 8, 6, 3, 3, 2, 2, 1)]:
+        for dtype in ("float32", "float64"):
+            x, w, b, s, p, d, g = _case(case, dtype, seed=2)
+            tx, tw = torch.tensor(x), torch.tensor(w, requires_grad=True)
+            y = F.conv2d(tx, tw, None, s, p, d)
+            gy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(0))
+            y.backward(gy)
+            pair = lambda v: (v, v) if isinstance(v, int) else v
+            dw = C.conv2d_backward_weight(x, gy.numpy(), w.shape[2:], pair(s), pair(p), pair(d))
+            assert dw.shape == w.shape and dw.dtype == np.dtype(dtype)
+            assert_close(dw, tw.grad, dtype, reduction_size=y.numel() // y.shape[1], msg=f"{level} {case}")
+    x = np.zeros((2, 3, 6, 6), np.float32)
+    with pytest.raises(ValueError, match="grad_out"):
+        C.conv2d_backward_weight(x, np.zeros((2, 4, 5, 5), np.float32), (3, 3), (1, 1), (1, 1), (1, 1))
+    with pytest.raises(TypeError, match="grad_out"):
+        C.conv2d_backward_weight(x, np.zeros((2, 4, 6, 6), np.float64), (3, 3), (1, 1), (1, 1), (1, 1))

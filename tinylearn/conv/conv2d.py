@@ -28,7 +28,9 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
-dcols GEMM. Other strides take col2im(Wᵀ @ dYᵀ). dW = dYᵀ @ colsᵀ stays one OpenBLAS GEMM over the im2col columns.
+dcols GEMM. Other strides take col2im(Wᵀ @ dYᵀ). dW (groups=1) also runs on the micro-kernels without a column
+matrix (``_C.conv.conv2d_backward_weight``: the N*L reduction split over the threads, cols blocks generated in
+cache); with groups > 1, and on the v1 path, dW = dYᵀ @ colsᵀ is one OpenBLAS GEMM per group.
 
 GEMMs of the v1 path and of dW: numpy's matmul (OpenBLAS sgemm/dgemm).
 """
@@ -213,10 +215,16 @@ def conv2d_backward(
     pointwise = _is_pointwise(k, s, p, d)
     dx = dw = db = None
     dyT = None
-    dx_conv = needs[0] and s == (1, 1) and _implicit(backend, version, x)  # dX = conv(dY, W~) on the v2 kernel
-    if needs[1] or (needs[0] and not pointwise and not dx_conv):
+    impl = _implicit(backend, version, x)
+    dx_conv = needs[0] and s == (1, 1) and impl  # dX = conv(dY, W~) on the v2 kernel
+    dw_impl = needs[1] and g == 1 and impl  # dW on the v2 kernel, no column matrix
+    if (needs[1] and not dw_impl) or (needs[0] and not pointwise and not dx_conv):
         dyT = transpose01(dy3, None, backend).reshape(g, OC // g, N * L)  # [g, OC/g, N*L]
-    if needs[1]:
+    if dw_impl:
+        dw = backends.load_C("conv").conv2d_backward_weight(
+            np.ascontiguousarray(x), dy3.reshape(N, OC, OH, OW), k, s, p, d
+        )
+    elif needs[1]:
         if cols is None:
             cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version == "v2" else version)
         # dWᵀ = cols @ dYᵀᵀ: OpenBLAS runs this orientation faster than dY @ colsᵀ (long K = N*L reduction)
