@@ -199,10 +199,10 @@ assert worst < 1e-12
 # At p = 4 on 2 cores most calls wait (o ≥ 1); at p = 2 the ranks have a core each and only the load of *other*
 # jobs on the box (b) makes them wait, for a random share of the calls (the `slow` column: samples
 # slower than 2× the fastest). That was why p = 2 missed: the median of a two-mode sample sits in whichever mode
-# holds more than half the samples, and jumps by a whole time slice from run to run — no choice of α, β or a
-# per-p fit can follow it (fitting α and β separately per p, tried on the same data, did not fix p = 2). The
-# model's latency term is an *expected* wait, so it is fitted to and judged on the **mean**, with a bootstrap 90%
-# interval as error bar; the median's error is printed beside it.
+# holds more than half the samples, and jumps by a whole time slice from run to run — no choice of α, β, nor a
+# separate fit per p, can follow it: the jump is in the data, not in the fit (the cell prints per-p median fits
+# to check). The model's latency term is an *expected* wait, so it is fitted to and judged on the **mean**, with
+# a bootstrap 90% interval as error bar; the median's error is printed beside it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -229,6 +229,10 @@ s_mean, s_med = dist_bench.error_summary(calib), dist_bench.error_summary(calib_
 for p in (2, 4):
     print(f"  p={p}: " + "  ".join(f"{i[:10]} {s_mean[(i, p)]['within']:.0f}|{s_med[(i, p)]['within']:.0f}"
                                    f"/{s_mean[(i, p)]['n']:.0f}" for i in meas_impls))  # fmt: skip
+per_p = {p: dist_bench.calibrate({p: measured[p]}, meas_impls, meas_sizes, cores, "median") for p in (2, 4)}
+for p in (2, 4):
+    e = np.array([r["err"] for r in per_p[p]["rows"] if r["set"] == "val"])
+    print(f"  p={p}, medians fitted on p={p} alone: {np.sum(np.abs(e) <= 0.25)} of {e.size} within +-25%")
 val_err = {p: np.array([r["err"] for r in calib["rows"] if r["p"] == p and r["set"] == "val"]) for p in (2, 4)}
 for p in (2, 4):
     slow = np.median([r["slow_frac"] for r in calib["rows"] if r["p"] == p])
