@@ -58,6 +58,8 @@ def kernel_paths() -> dict[str, str]:
             out[name] = isa
     if hasattr(C.kernels, "flash_attention_path"):
         out["kernels.flash_attention"] = C.kernels.flash_attention_path(64)  # head dim 64; narrower dims differ
+    if hasattr(C.kernels, "flash_attention_backward_path"):
+        out["kernels.flash_attention_backward"] = C.kernels.flash_attention_backward_path(64, 64)
     for sub, fn in (("quant_affine", "quant_affine_isa"), ("quant_fp8", "fp8_isa")):
         mod = getattr(C, sub, None)
         if mod is not None and hasattr(mod, fn):
