@@ -6,11 +6,13 @@
 //   need_same(a, b, fn, na, nb) ValueError when the shapes of a and b differ
 //   n_threads(), thread_id()   omp_get_max_threads() / omp_get_thread_num(), or 1 / 0 without OpenMP
 //   Rung, parse_rung(v, fn)    the v0_scalar / v1_simd / v2_threads versions ladder of an elementwise kernel
+//   stream_output(bytes), head_to(p, align)  when to use non-temporal stores for an output; scalar head length
 //   run_chunks(n, grain, threads, body)  body(begin, end) over [0, n): one call, or one per OpenMP thread with
 //                                        at least `grain` elements each (small inputs stay on the calling thread)
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "registry.h"
@@ -66,6 +68,22 @@ inline Rung parse_rung(const std::string& v, const char* fn) {
   if (v == "v1_simd") return Rung::simd;
   if (v == "v2_threads" || v == "auto") return Rung::threads;
   value_error(std::string(fn) + ": version must be 'v0_scalar', 'v1_simd', 'v2_threads' or 'auto', got '" + v + "'");
+}
+
+// Non-temporal ("streaming") stores for outputs larger than kStreamMinBytes: a normal store to a line that is not
+// in cache first reads it (read-for-ownership), so an output that does not stay in cache costs 3 streams of memory
+// traffic (read x, read y's old line, write y); _mm*_stream_ps writes around the cache (2 streams). Small outputs
+// keep normal stores: their consumer reads them from cache. TINYLEARN_STREAM_MIN_BYTES (bytes, read on every call)
+// overrides the threshold: 0 streams everything (the tests use it), a huge value turns streaming off.
+constexpr int64_t kStreamMinBytes = int64_t(8) << 20;
+inline bool stream_output(int64_t bytes) {
+  const char* e = std::getenv("TINYLEARN_STREAM_MIN_BYTES");
+  const int64_t min = (e && *e) ? static_cast<int64_t>(std::atoll(e)) : kStreamMinBytes;
+  return bytes > min;
+}
+// elements of float before p reaches an `align`-byte boundary (p itself 4-byte aligned, as numpy's float32 is)
+inline int64_t head_to(const float* p, unsigned align) {
+  return static_cast<int64_t>(((align - (reinterpret_cast<uintptr_t>(p) & (align - 1))) & (align - 1)) / 4);
 }
 
 // body(begin, end) over [0, n): on the calling thread, or split evenly over min(threads, n / grain) OpenMP threads

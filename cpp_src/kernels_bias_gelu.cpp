@@ -14,7 +14,9 @@
 //                                  v2 simd      explicit vector erf / tanh of vec_math.h (<= 2.4 ulp; AVX-512 /
 //                                               AVX2 / scalar by tl::cpu_has): h = u/2, y = h + h erf(u/sqrt2)
 //                                               (one FMA), one thread. Elementwise, so every path gives the same bits
-//                                  v3 simd_omp  v2 + OpenMP over rows, threads_for(R*C) threads
+//                                  v3 simd_omp  v2 + OpenMP over rows, threads_for(R*C) threads; v2/v3 write
+//                                               an output above 8 MiB with non-temporal stores (common.h; neutral
+//                                               here within noise: the 8-lane erf makes this op compute-bound)
 //                                  float64 runs v1's code for v2/v3; the backward pass is v1 for every version
 #include <type_traits>
 
@@ -61,7 +63,7 @@ void check_bias(const carr<T>& x, const carr<T>& b, const char* fn) {
 // ---- float32 v2/v3 rows (vec_math.h) --------------------------------------------------------------------------
 constexpr float kRsqrt2 = 0.70710678118654752440f, kK = 0.79788456080286535588f, kC = 0.044715f;
 
-void gelu_row_scalar(const float* x, const float* b, float* y, ssize_t C, bool tanh_form) {
+void gelu_row_scalar(const float* x, const float* b, float* y, ssize_t C, bool tanh_form, bool /*stream*/) {
   for (ssize_t c = 0; c < C; ++c) {
     const float u = x[c] + b[c];
     const float h = 0.5f * u;
@@ -69,7 +71,7 @@ void gelu_row_scalar(const float* x, const float* b, float* y, ssize_t C, bool t
       const float inner = std::fma(kC * (u * u), u, u) * kK;
       y[c] = std::fma(h, vm::scalar::tanh(inner), h);
     } else {
-      y[c] = std::fma(h, vm::scalar::erf(u * kRsqrt2), h);
+      y[c] = std::fma(h, vm::scalar::erf_core(u * kRsqrt2), h);
     }
   }
 }
@@ -81,10 +83,15 @@ TL_AVX2 inline __m256 gelu8(__m256 u, bool tanh_form) {
     const __m256 inner = _mm256_mul_ps(_mm256_fmadd_ps(c3, u, u), _mm256_set1_ps(kK));
     return _mm256_fmadd_ps(h, vm::avx2::tanh(inner), h);
   }
-  return _mm256_fmadd_ps(h, vm::avx2::erf(_mm256_mul_ps(u, _mm256_set1_ps(kRsqrt2))), h);
+  return _mm256_fmadd_ps(h, vm::avx2::erf_core(_mm256_mul_ps(u, _mm256_set1_ps(kRsqrt2))), h);
 }
-TL_AVX2 void gelu_row_avx2(const float* x, const float* b, float* y, ssize_t C, bool tanh_form) {
+TL_AVX2 void gelu_row_avx2(const float* x, const float* b, float* y, ssize_t C, bool tanh_form, bool stream) {
   ssize_t c = 0;
+  if (stream) {  // scalar-path head up to a 32-byte boundary of y, then non-temporal stores (kernels_math.h)
+    gelu_row_scalar(x, b, y, std::min(C, head_to(y, 32)), tanh_form, false);
+    for (c = std::min(C, head_to(y, 32)); c + 8 <= C; c += 8)
+      _mm256_stream_ps(y + c, gelu8(_mm256_add_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(b + c)), tanh_form));
+  }
   for (; c + 8 <= C; c += 8)
     _mm256_storeu_ps(y + c, gelu8(_mm256_add_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(b + c)), tanh_form));
   if (c < C) {
@@ -101,10 +108,15 @@ TL_AVX512 inline __m512 gelu16(__m512 u, bool tanh_form) {
     const __m512 inner = _mm512_mul_ps(_mm512_fmadd_ps(c3, u, u), _mm512_set1_ps(kK));
     return _mm512_fmadd_ps(h, vm::avx512::tanh(inner), h);
   }
-  return _mm512_fmadd_ps(h, vm::avx512::erf(_mm512_mul_ps(u, _mm512_set1_ps(kRsqrt2))), h);
+  return _mm512_fmadd_ps(h, vm::avx512::erf_core(_mm512_mul_ps(u, _mm512_set1_ps(kRsqrt2))), h);
 }
-TL_AVX512 void gelu_row_avx512(const float* x, const float* b, float* y, ssize_t C, bool tanh_form) {
+TL_AVX512 void gelu_row_avx512(const float* x, const float* b, float* y, ssize_t C, bool tanh_form, bool stream) {
   ssize_t c = 0;
+  if (stream) {
+    gelu_row_scalar(x, b, y, std::min(C, head_to(y, 64)), tanh_form, false);
+    for (c = std::min(C, head_to(y, 64)); c + 16 <= C; c += 16)
+      _mm512_stream_ps(y + c, gelu16(_mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(b + c)), tanh_form));
+  }
   for (; c + 16 <= C; c += 16)
     _mm512_storeu_ps(y + c, gelu16(_mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(b + c)), tanh_form));
   if (c < C) {
@@ -132,8 +144,13 @@ carr<T> bias_gelu_forward(carr<T> x, carr<T> b, bool tanh_form, const std::strin
     float* fy = reinterpret_cast<float*>(py);
     {
       py::gil_scoped_release release;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-      for (ssize_t r = 0; r < R; ++r) row(fx + r * C, fb, fy + r * C, C, tanh_form);
+      const bool stream = stream_output(R * C * ssize_t(sizeof(float)));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+      {
+#pragma omp for schedule(static)
+        for (ssize_t r = 0; r < R; ++r) row(fx + r * C, fb, fy + r * C, C, tanh_form, stream);
+        if (stream) _mm_sfence();  // order this thread's non-temporal stores before the region ends
+      }
     }
     return y;
   }

@@ -226,6 +226,27 @@ def test_simd_rungs_forced_paths_agree(monkeypatch: pytest.MonkeyPatch, shape: t
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("shape", [(3, 15), (4, 16), (5, 17), (3, 33), (3, 4099), (64, 768)])
+def test_streaming_stores_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int]) -> None:
+    """Outputs above the threshold are written with non-temporal stores after a scalar head up to the vector
+    alignment (odd row lengths start rows at every alignment): the same bits as normal stores, on every path."""
+    x = make_array(shape, seed=21, low=-8, high=8)
+    w, b = make_array(shape[-1:], seed=22), make_array(shape[-1:], seed=23)
+    for level in LEVELS:
+        monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+        out = {}
+        for mode, min_bytes in (("stream", "0"), ("normal", str(2**62))):
+            monkeypatch.setenv("TINYLEARN_STREAM_MIN_BYTES", min_bytes)
+            assert C.stream_output(x.nbytes) == (mode == "stream")
+            res = [a for v in ("simd", "simd_omp") for a in cpu_k.layer_norm(x, w, b, 1e-5, v)]
+            res += [cpu_k.bias_gelu(x, b, a, v) for v in ("simd", "simd_omp") for a in ("none", "tanh")]
+            out[mode] = res
+        for got, want in zip(out["stream"], out["normal"]):
+            np.testing.assert_array_equal(got, want, err_msg=f"{level} {shape}")
+    monkeypatch.delenv("TINYLEARN_STREAM_MIN_BYTES")
+    assert not C.stream_output(8 << 20) and C.stream_output((8 << 20) + 4)  # the default threshold: 8 MiB
+
+
 def test_simd_versions_errors() -> None:
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match="'simd_omp' or 'online_simd', got 'simd2'"):
