@@ -162,3 +162,14 @@ def test_v2_dweight_kernel_vs_torch_and_validates(level):
         C.conv2d_backward_weight(x, np.zeros((2, 4, 5, 5), np.float32), (3, 3), (1, 1), (1, 1), (1, 1))
     with pytest.raises(TypeError, match="grad_out"):
         C.conv2d_backward_weight(x, np.zeros((2, 4, 6, 6), np.float64), (3, 3), (1, 1), (1, 1), (1, 1))
+
+
+def test_default_version_picks_v2_from_32_channels():
+    x, w, b, s, p, d, g = _case((2, 3, 8, 8, 8, 3, 1, 1, 1, 1), "float32")
+    _, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp")
+    assert cols is not None  # 8 output channels: v1 (im2col + OpenBLAS), its columns kept for dW
+    x, w, b, s, p, d, g = _case((2, 3, 8, 8, 32, 3, 1, 1, 1, 1), "float32")
+    y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp")
+    assert cols is None  # 32 output channels: v2
+    ey = F.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), s, p, d, g)
+    assert_close(y, ey, reduction_size=27)

@@ -21,10 +21,10 @@ dX[n] = Wᵀ @ dy[n] likewise; only dW (one GEMM over the whole batch) transpose
 The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
 
     v1   im2col (C++ v1, or v0 with version="v0") + one OpenBLAS GEMM (np.matmul) + the transpose01 row copies
-    v2   (default) implicit GEMM in C++ (``_C.conv.conv2d_forward``): no column matrix; the packed micro-kernels of
-         the project GEMM (cpp_src/gemm.cpp) with B packed straight from the image, a KC x NC block per thread,
-         accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads spinning
-         against ours between stages). Returns cols=None: the backward builds the columns it needs for dW.
+    v2   implicit GEMM in C++ (``_C.conv.conv2d_forward``; the default from 32 output channels per group): no
+         column matrix; the packed micro-kernels of the project GEMM (cpp_src/gemm.cpp) with B packed straight from
+         the image, a KC x NC block per thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP
+         team (no OpenBLAS threads spinning against ours between stages). Returns cols=None.
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
@@ -82,9 +82,18 @@ def _check_version(version: str | None) -> None:
         raise ValueError(f"version: expected one of {FWD_VERSIONS} or None, got {version!r}")
 
 
-def _implicit(backend: str | None, version: str | None, a: np.ndarray) -> bool:
-    """Whether the v2 implicit-GEMM kernel serves this call (cpp backend or None, float32/64, version v2/None)."""
-    return version in (None, "v2") and _fast_cpp(backend, a)
+# version=None picks v2 only where it measured faster than v1: at least this many GEMM rows (output
+# channels per group; the 6-row micro-panels of a smaller OC are part edge tiles) and, for dW, this many columns
+# (C/g*kh*kw; the 16-32 wide panels). Smaller layers (the digits CNN: 8 and 16 channels) keep v1: im2col + OpenBLAS.
+_V2_MIN_ROWS, _V2_MIN_COLS = 32, 32
+
+
+def _implicit(backend: str | None, version: str | None, a: np.ndarray, rows: int = _V2_MIN_ROWS) -> bool:
+    """Whether the v2 implicit-GEMM kernel serves this call: cpp backend or None, float32/64, and version "v2", or
+    version None with a GEMM of at least ``_V2_MIN_ROWS`` rows (``rows``)."""
+    if version not in (None, "v2") or not _fast_cpp(backend, a):
+        return False
+    return version == "v2" or rows >= _V2_MIN_ROWS
 
 
 def _fast_cpp(backend: str | None, a: np.ndarray) -> bool:
@@ -156,14 +165,15 @@ def conv2d_forward(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass.
     A pointwise conv (1x1, stride 1, no padding) takes the direct path and returns cols=None (x is the columns);
-    so does the cpp v2 implicit GEMM (``version`` None or "v2" with backend None/"cpp"), which builds no columns.
+    so does the cpp v2 implicit GEMM (backend None/"cpp" with ``version`` "v2", or None for layers with at least
+    ``_V2_MIN_ROWS`` output channels per group), which builds no columns.
     ``version`` "v0"/"v1" pins the cpp im2col rung of the im2col + OpenBLAS path."""
     _check_version(version)
     x, w, b, g, k, s, p, d, (OH, OW) = _prepare(x, w, bias, stride, padding, dilation, groups, backend)
     N, C = x.shape[:2]
     OC = w.shape[0]
     L = OH * OW
-    if _implicit(backend, version, x):
+    if _implicit(backend, version, x, OC // g):
         y = backends.load_C("conv").conv2d_forward(
             np.ascontiguousarray(x), np.ascontiguousarray(w), None if b is None else np.ascontiguousarray(b), s, p, d, g
         )
@@ -215,9 +225,10 @@ def conv2d_backward(
     pointwise = _is_pointwise(k, s, p, d)
     dx = dw = db = None
     dyT = None
-    impl = _implicit(backend, version, x)
-    dx_conv = needs[0] and s == (1, 1) and impl  # dX = conv(dY, W~) on the v2 kernel
-    dw_impl = needs[1] and g == 1 and impl  # dW on the v2 kernel, no column matrix
+    Kg = (C // g) * k[0] * k[1]
+    # dX = conv(dY, W~) on the v2 kernel (its GEMM rows: C/g); dW on the v2 kernel, no column matrix (rows OC)
+    dx_conv = needs[0] and s == (1, 1) and _implicit(backend, version, x, C // g)
+    dw_impl = needs[1] and g == 1 and _implicit(backend, version, x, OC if Kg >= _V2_MIN_COLS else 0)
     if (needs[1] and not dw_impl) or (needs[0] and not pointwise and not dx_conv):
         dyT = transpose01(dy3, None, backend).reshape(g, OC // g, N * L)  # [g, OC/g, N*L]
     if dw_impl:
@@ -228,7 +239,6 @@ def conv2d_backward(
         if cols is None:
             cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version == "v2" else version)
         # dWᵀ = cols @ dYᵀᵀ: OpenBLAS runs this orientation faster than dY @ colsᵀ (long K = N*L reduction)
-        Kg = (C // g) * k[0] * k[1]
         dw = np.matmul(cols.reshape(g, Kg, N * L), dyT.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(w.shape)
     if needs[0]:
         wg = w.reshape(g, OC // g, -1)
