@@ -4,8 +4,10 @@
 //   Bump(capacity, alignment)                FreeList(capacity, alignment, best_fit)
 //   Buddy(capacity, min_block)               Slab(sizes, capacity, slab_size, alignment)
 //   Caching(capacity, round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large,
-//           max_split_size, fast_path)  -- thread-safe; malloc/free/replay release the GIL;
+//           max_split_size, fast_path, thread_cache, thread_cache_bytes)
+//           -- thread-safe; malloc/free/replay release the GIL;
 //           fast_counters() -> dict (memo hits, tree lookups/updates, cancelled/materialized lazy splits);
+//           thread_cache_stats() -> dict, flush_thread_cache(): the per-thread cache (thread_cache > 0);
 //           fast_calls(fallback_malloc, fallback_free) -> (malloc, free): raw METH_FASTCALL builtins for the
 //           Python hot path (no pybind11 dispatch; the GIL is kept unless the allocator's mutex is contended;
 //           anything but plain int arguments goes to the fallbacks, which give the exact Python-side errors)
@@ -36,7 +38,7 @@ using tl::mem::i64;
 
 namespace {
 
-py::dict stats_dict(const tl::mem::Stats& s, bool caching) {
+py::dict stats_dict(const tl::mem::Stats& s, bool caching, i64 thread_cached = -1) {
   py::dict d;
   d["capacity"] = s.capacity;
   d["allocated"] = s.allocated;
@@ -59,6 +61,7 @@ py::dict stats_dict(const tl::mem::Stats& s, bool caching) {
     d["num_alloc_retries"] = s.num_alloc_retries;
     d["num_ooms"] = s.num_ooms;
     d["inactive_split"] = s.inactive_split;
+    if (thread_cached >= 0) d["thread_cached"] = thread_cached;  // only with a per-thread cache
   }
   return d;
 }
@@ -99,7 +102,17 @@ void bind_common(Cls& cls, bool caching) {
   cls.def_property_readonly("capacity", &A::capacity)
       .def_property_readonly("alignment", &A::alignment)
       .def(
-          "stats", [caching](A& a) { return stats_dict(a.stats(), caching); }, "counters and metrics (dict)")
+          "stats",
+          [caching](A& a) {
+            if constexpr (std::is_same_v<A, tl::mem::Caching>) {
+              i64 tc = 0;
+              tl::mem::Stats s = a.stats(&tc);
+              return stats_dict(s, caching, a.thread_cache() > 0 ? tc : -1);
+            } else {
+              return stats_dict(a.stats(), caching);
+            }
+          },
+          "counters and metrics (dict)")
       .def("block_size", &A::block_size, py::arg("offset"))
       .def("live_blocks", &A::live_blocks, "[(offset, size, requested)] sorted by offset")
       .def("free_blocks", &A::free_blocks, "[(offset, size)] sorted by offset")
@@ -221,7 +234,16 @@ PyObject* fast_malloc(PyObject* self, PyObject* const* args, Py_ssize_t nargsf, 
     return PyObject_Vectorcall(ctx->fb_malloc, args, nargs, kwnames);  // exact checks and messages
   }
   i64 off = 0;
-  if (!run_locked(*ctx->c, [&] { off = ctx->c->malloc_locked(n, stream); })) return nullptr;
+  tl::mem::Caching* c = ctx->c;
+  if (c->tc_on()) {  // per-thread cache: a hit takes no lock; the first call of a thread registers its cache
+    if (c->tc_pop(n, stream, off)) return PyLong_FromLongLong(off);
+    if (c->tc_cacheable(n, stream) && !c->tc_registered()) {
+      Py_BEGIN_ALLOW_THREADS;  // tc_register takes the allocator's mutex: never wait for it holding the GIL
+      c->tc_register();
+      Py_END_ALLOW_THREADS;
+    }
+  }
+  if (!run_locked(*c, [&] { off = c->malloc_locked(n, stream); })) return nullptr;
   return PyLong_FromLongLong(off);
 }
 
@@ -233,7 +255,16 @@ PyObject* fast_free(PyObject* self, PyObject* arg) {
     PyErr_Clear();
     return PyObject_CallOneArg(ctx->fb_free, arg);
   }
-  if (!run_locked(*ctx->c, [&] { ctx->c->free_locked(off); })) return nullptr;
+  tl::mem::Caching* c = ctx->c;
+  if (c->tc_on()) {
+    if (c->tc_push(off)) Py_RETURN_NONE;
+    if (c->tc_user_block(off) && !c->tc_registered()) {
+      Py_BEGIN_ALLOW_THREADS;
+      c->tc_register();
+      Py_END_ALLOW_THREADS;
+    }
+  }
+  if (!run_locked(*c, [&] { c->free_locked(off); })) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -297,15 +328,38 @@ TL_REGISTER(memory) {
   py::class_<Caching> caching(m, "Caching");
   caching
       .def(py::init([](i64 capacity, i64 round_to, i64 small_size, i64 small_buffer, i64 large_buffer,
-                       i64 min_large_alloc, i64 round_large, i64 max_split_size, bool fast_path) {
-             CachingConfig c{round_to,        small_size,  small_buffer,   large_buffer,
-                             min_large_alloc, round_large, max_split_size, fast_path};
+                       i64 min_large_alloc, i64 round_large, i64 max_split_size, bool fast_path, i64 thread_cache,
+                       i64 thread_cache_bytes) {
+             CachingConfig c{round_to,        small_size,  small_buffer,   large_buffer, min_large_alloc,
+                             round_large,     max_split_size, fast_path, thread_cache, thread_cache_bytes};
              return new Caching(capacity, c);
            }),
            py::arg("capacity"), py::arg("round_to") = 512, py::arg("small_size") = 1 << 20,
            py::arg("small_buffer") = 2 << 20, py::arg("large_buffer") = 20 << 20, py::arg("min_large_alloc") = 10 << 20,
-           py::arg("round_large") = 2 << 20, py::arg("max_split_size") = -1, py::arg("fast_path") = true)
+           py::arg("round_large") = 2 << 20, py::arg("max_split_size") = -1, py::arg("fast_path") = true,
+           py::arg("thread_cache") = 0, py::arg("thread_cache_bytes") = 1 << 20)
       .def_property_readonly("fast_path", &Caching::fast_path)
+      .def_property_readonly("thread_cache", &Caching::thread_cache, "blocks per size class cached per thread (0: off)")
+      .def_property_readonly("thread_cache_max_size", &Caching::thread_cache_max_size,
+                             "largest rounded size served by the per-thread cache (0: off)")
+      .def(
+          "thread_cache_stats",
+          [](Caching& c) {
+            Caching::TcStats t = c.thread_cache_stats();
+            py::dict d;
+            d["thread_cached"] = t.thread_cached;
+            d["thread_cached_blocks"] = t.thread_cached_blocks;
+            d["hits_alloc"] = t.hits_alloc;
+            d["hits_free"] = t.hits_free;
+            d["refills"] = t.refills;
+            d["flushes"] = t.flushes;
+            d["threads"] = t.threads;
+            return d;
+          },
+          "per-thread cache: bytes/blocks held in thread caches, lock-free mallocs/frees, blocks refilled from / "
+          "flushed to the pool, threads with a cache")
+      .def("flush_thread_cache", &Caching::flush_thread_cache, py::call_guard<py::gil_scoped_release>(),
+           "return the calling thread's cached blocks to the pool (thread exit does the same)")
       .def(
           "fast_counters",
           [](Caching& c) {
@@ -336,8 +390,8 @@ TL_REGISTER(memory) {
                  b["offset"] = o;
                  b["size"] = sz;
                  b["requested"] = req;
-                 b["state"] = a ? "active_allocated" : "inactive";
-                 if (a) alloc += sz;
+                 b["state"] = a == 1 ? "active_allocated" : a == 2 ? "thread_cached" : "inactive";
+                 if (a == 1) alloc += sz;
                  blocks.append(b);
                }
                py::dict d;

@@ -18,10 +18,33 @@
 //   Anything else (a second malloc, freeing another block, stats(), empty_cache()) first materializes the pending
 //   split, i.e. does the tree work the old path did, once. fast_counters() counts memo hits and tree operations.
 //
+// Per-thread cache (cfg.thread_cache = blocks per size class, 0 = off, the default): small blocks of stream 0
+// (rounded size <= min(small_size, 64 * round_to, thread_cache_bytes)) are served from a thread_local array per
+// size class in front of the locked pool, so the common malloc/free pair takes no lock and no atomic
+// read-modify-write (plain loads/stores; counters are single-writer relaxed atomics):
+//   * malloc pops the bin of its size class; an empty bin is refilled under the lock with a batch of
+//     max(1, thread_cache / 2) blocks carved from cached free blocks (only the first may create a segment);
+//   * free pushes the block on the freeing thread's bin (a block freed by another thread than the one that
+//     allocated it goes to the freeing thread's cache); a full bin first flushes half of itself to the pool under
+//     the lock; a thread holds at most thread_cache blocks per class and thread_cache_bytes in all (no hoarding);
+//   * from the pool's point of view a cached block is allocated (flag tc_held); the user's view is recovered
+//     exactly in stats(): allocated/requested/n_alloc/n_free/n_live subtract what sits in thread caches and add
+//     the per-thread hit counters; stats()["thread_cached"] = bytes held in thread caches, so
+//     reserved = allocated + total_free + thread_cached; peak / peak_reserved are the pool's (an upper bound);
+//   * thread exit flushes the thread's caches back to their pools (a thread_local owner's destructor); the
+//     allocator's destructor detaches the caches of live threads; empty_cache() flushes the calling thread's
+//     cache and asks every other thread to flush at its next call (a relaxed flag it reads on the hot path);
+//   * with a thread cache, offsets differ from the tree path / Python reference (cached blocks are not free for
+//     best fit); everything else (errors, double-free detection, stats identities) holds. Two threads freeing the
+//     same block at the same moment is undefined, as in every malloc.
+//
 // Units are bytes. Bad input throws std::invalid_argument (-> ValueError) or tl::mem::OutOfMemory (-> MemoryError)
 // before any state changes.
 #pragma once
 #include "base.h"
+#include <atomic>
+#include <memory>
+
 #include "freelist.h"  // the "device" a caching allocator carves its segments from
 
 namespace tl {
@@ -31,6 +54,8 @@ struct CachingConfig {
   i64 round_to = 512, small_size = 1 << 20, small_buffer = 2 << 20, large_buffer = 20 << 20, min_large_alloc = 10 << 20,
       round_large = 2 << 20, max_split_size = -1;  // -1: unlimited
   bool fast_path = true;  // memo + lazy split (same decisions as the tree path, see the header comment)
+  i64 thread_cache = 0;   // per-thread cache: blocks per size class (0: off; at most 64)
+  i64 thread_cache_bytes = 1 << 20;  // per-thread cap on cached bytes (all classes of one allocator)
 };
 
 // fast path counters (not part of Stats: the Python reference has one path and the same stats keys)
@@ -42,7 +67,63 @@ struct CBlock {
   i64 offset, size, stream, segment, requested = 0;
   bool small, allocated = false;
   CBlock *prev = nullptr, *next = nullptr;
+  bool tc_held = false;  // taken from the pool by a thread cache (allocated for the pool; see tc_tab_ for the user)
 };
+
+// ---- per-thread cache plumbing (see the header comment) ----
+class Caching;
+// a counter written by one thread only (plain load + store, no read-modify-write), read by others under the lock
+struct TcCount {
+  std::atomic<i64> v{0};
+  void add(i64 d) { v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed); }
+  i64 get() const { return v.load(std::memory_order_relaxed); }
+};
+struct TcCounters {
+  TcCount hits_alloc, hits_free;  // mallocs / frees served by a thread cache
+};
+// (a live cache counts only its pops; its pushes follow from held = refilled - flushed - pops + pushes)
+// one thread's cache for one allocator: bins of offsets per size class (round_to, 2 round_to, ...), LIFO
+struct TCache {
+  Caching* alloc;  // nullptr once the allocator is destroyed (guarded by tc_global_mu())
+  uint64_t id;     // the allocator's id (never reused, unlike its address)
+  int cap, ncls;
+  i64 held_bytes = 0;                  // owner only: bytes in the bins (the byte cap)
+  size_t last_k = 0;                   // owner only: the size class of the last pop (see tc_push)
+  uintptr_t hint_tp = 0;               // the allocator's hint slot this thread claimed (0: none)
+  i64 refilled = 0, flushed = 0;       // blocks moved from / to the pool (under the allocator's mutex)
+  std::atomic<bool> flush_req{false};  // set by empty_cache() of another thread, read by the owner
+  TcCounters c;
+  std::atomic<int> n[64];              // blocks in each bin (written by the owner, read by stats())
+  std::unique_ptr<i64[]> slots;        // class k: slots[k * cap, k * cap + n[k])
+  TCache(Caching* a, uint64_t i, int cap_, int ncls_)
+      : alloc(a), id(i), cap(cap_), ncls(ncls_), slots(new i64[size_t(cap_) * size_t(ncls_)]) {
+    for (auto& x : n) x.store(0, std::memory_order_relaxed);
+  }
+  int count(size_t k) const { return n[k].load(std::memory_order_relaxed); }
+  void set_count(size_t k, int v) { n[k].store(v, std::memory_order_relaxed); }
+};
+struct TcTls {
+  uint64_t id = 0;
+  TCache* t = nullptr;
+};
+inline thread_local TcTls tc_tls;          // the last (allocator id, cache) this thread used: trivially destructible
+inline thread_local bool tc_exiting = false;  // set when this thread's caches were flushed at exit
+struct TcOwner {  // this thread's caches; the destructor (thread exit) flushes them back
+  std::vector<TCache*> list;
+  ~TcOwner();
+};
+inline TcOwner& tc_owner() {
+  static thread_local TcOwner o;
+  return o;
+}
+inline std::mutex& tc_global_mu() {  // lock order: tc_global_mu() before an allocator's mutex
+  static std::mutex m;
+  return m;
+}
+inline uint64_t tc_new_id() {
+  static std::atomic<uint64_t> n{0};
+  return n.fetch_add(1) + 1;
+}
 
 struct CBlockLess {
   bool operator()(const CBlock* a, const CBlock* b) const {
@@ -55,7 +136,7 @@ struct CBlockLess {
 struct SegmentInfo {
   i64 offset, total_size, stream;
   bool small;
-  std::vector<std::tuple<i64, i64, i64, bool>> blocks;  // offset, size, requested, allocated
+  std::vector<std::tuple<i64, i64, i64, int>> blocks;  // offset, size, requested, state (0 free, 1 allocated, 2 thread cached)
 };
 
 class Caching {
@@ -68,11 +149,30 @@ class Caching {
                                                   {"round_large", cfg.round_large}};
     for (auto& [name, v] : checks)
       if (v <= 0) throw std::invalid_argument(std::string(name) + ": must be positive, got " + S(v));
+    if (cfg.thread_cache < 0 || cfg.thread_cache > 64)
+      throw std::invalid_argument("thread_cache: expected 0 (off) to 64 blocks per size class, got " +
+                                  S(cfg.thread_cache));
+    if (cfg.thread_cache > 0 && cfg.thread_cache_bytes < cfg.round_to)
+      throw std::invalid_argument("thread_cache_bytes: must be >= round_to (" + S(cfg.round_to) + "), got " +
+                                  S(cfg.thread_cache_bytes));
     max_split_ = cfg.max_split_size < 0 ? (i64(1) << 62) : cfg.max_split_size;
     live_tab_.assign(size_t(capacity / cfg.round_to + 1), nullptr);
     while ((i64(1) << shift_) < cfg.round_to) ++shift_;  // round_to is a power of two (checked by device_)
+    if (cfg.thread_cache > 0) {
+      tc_on_ = true;
+      tc_max_ = std::min({cfg.small_size, 64 * cfg.round_to, cfg.thread_cache_bytes}) & ~(cfg.round_to - 1);
+      tc_ncls_ = int(tc_max_ >> shift_);
+      tc_on_ = tc_ncls_ > 0;
+      tc_tab_n_ = live_tab_.size();
+      tc_tab_.reset(new std::atomic<i64>[tc_tab_n_]);
+      for (size_t i = 0; i < tc_tab_n_; ++i) tc_tab_[i].store(0, std::memory_order_relaxed);
+    }
   }
   ~Caching() {
+    if (tc_on_) {  // threads still alive keep their (now detached) caches until they exit
+      std::lock_guard<std::mutex> g(tc_global_mu());
+      for (TCache* t : tc_reg_) t->alloc = nullptr;
+    }
     for (auto& [o, seg] : segments_)
       for (CBlock* b = seg.second; b;) {
         CBlock* nx = b->next;
@@ -89,10 +189,19 @@ class Caching {
   uint8_t* data() const { return device_.data(); }
 
   i64 malloc(i64 nbytes, i64 stream) {
+    i64 off;
+    if (tc_on_) {
+      if (tc_pop(nbytes, stream, off)) return off;  // no lock, no atomic read-modify-write
+      if (tc_cacheable(nbytes, stream)) tc_register();
+    }
     std::lock_guard<std::mutex> g(mu_);
     return malloc_locked(nbytes, stream);
   }
   void free(i64 off) {
+    if (tc_on_) {
+      if (tc_push(off)) return;
+      if (tc_user_block(off)) tc_register();
+    }
     std::lock_guard<std::mutex> g(mu_);
     free_locked(off);
   }
@@ -101,10 +210,276 @@ class Caching {
   std::mutex& mutex() { return mu_; }
 
   i64 malloc_locked(i64 nbytes, i64 stream) {
+    if (tc_on_) {
+      i64 off;
+      if (tc_pop(nbytes, stream, off)) return off;
+      if (tc_cacheable(nbytes, stream))
+        if (TCache* t = tc_mine()) return tc_refill_pop(t, nbytes);
+    }
+    return pool_malloc(nbytes, stream);
+  }
+
+  void free_locked(i64 off) {
+    if (tc_on_) {
+      if (tc_push(off)) return;
+      if (tc_user_block(off)) {  // a live block handed out by a thread cache that the lock-free push could not take
+        size_t i = size_t(off >> shift_);
+        i64 r = tc_tab_[i].load(std::memory_order_relaxed);
+        i64 size = round(r);
+        if (TCache* t = tc_mine()) {
+          if (t->flush_req.load(std::memory_order_relaxed)) tc_flush_all(t);
+          int k = int(size >> shift_) - 1;
+          if (t->count(size_t(k)) == t->cap) tc_flush_bin(t, k, std::max(1, t->cap / 2));
+          if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_all(t);
+          tc_push_block(t, off, size_t(k));
+          return;
+        }
+        // no cache in this thread (not registered, or exiting): straight back to the pool (the pool's n_free
+        // counts this free; its requested drops by the block size, which stats() accounts for)
+        tc_tab_[i].store(0, std::memory_order_relaxed);
+        live_tab_[i]->tc_held = false;
+        pool_free(off);
+        return;
+      }
+      CBlock* b = live_find(off);
+      if (b && b->tc_held) throw_not_live(off);  // sits in a thread cache: freed twice
+    }
+    pool_free(off);
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (tc_on_) {
+      TCache* mine = tc_mine();
+      for (TCache* t : tc_reg_) {
+        if (t == mine)
+          tc_flush_all(t);
+        else
+          t->flush_req.store(true, std::memory_order_relaxed);  // the owner flushes at its next call
+      }
+    }
+    if (pend_) materialize();
+    release_cached();
+  }
+  // flush the calling thread's cache of this allocator back to the pool (what thread exit does)
+  void flush_thread_cache() {
+    if (!tc_on_) return;
+    std::lock_guard<std::mutex> g(mu_);
+    if (TCache* t = tc_mine()) tc_flush_all(t);
+  }
+
+  FastCounters fast_counters() {
+    std::lock_guard<std::mutex> g(mu_);
+    return fc_;
+  }
+  bool fast_path() const { return cfg_.fast_path; }
+  i64 thread_cache() const { return tc_on_ ? cfg_.thread_cache : 0; }
+  i64 thread_cache_max_size() const { return tc_on_ ? tc_max_ : 0; }
+
+  struct TcStats {
+    i64 thread_cached = 0, thread_cached_blocks = 0, hits_alloc = 0, hits_free = 0, refills = 0, flushes = 0,
+        threads = 0, slack = 0;
+  };
+  TcStats thread_cache_stats() {
+    std::lock_guard<std::mutex> g(mu_);
+    TcStats s = tc_sum();
+    s.refills = refill_n_;
+    s.flushes = flush_n_;
+    s.threads = i64(tc_reg_.size());
+    return s;
+  }
+
+  i64 block_size(i64 off) {
+    std::lock_guard<std::mutex> g(mu_);
+    CBlock* b = user_live_find(off);
+    if (b == nullptr) throw std::invalid_argument("offset=" + S(off) + ": not a live allocation");
+    return b->size;
+  }
+  i64 requested_size(i64 off) {
+    std::lock_guard<std::mutex> g(mu_);
+    CBlock* b = user_live_find(off);
+    if (b == nullptr) throw std::invalid_argument("offset=" + S(off) + ": not a live allocation");
+    return b->tc_held ? tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed) : b->requested;
+  }
+
+  // thread_cached (optional): bytes held in thread caches; reserved = allocated + total_free + thread_cached.
+  // Exact when no other thread is inside malloc/free (their hit counters are read as they are).
+  Stats stats(i64* thread_cached = nullptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (pend_) materialize();
+    Stats s = st_;
+    s.capacity = capacity();
+    s.reserved = reserved_;
+    s.n_live = n_live_;
+    s.total_free = reserved_ - st_.allocated;
+    for (auto* p : {&small_pool_, &large_pool_})
+      for (CBlock* b : *p) {
+        s.largest_free = std::max(s.largest_free, b->size);
+        if (b->prev || b->next) s.inactive_split += b->size;
+      }
+    s.segments = i64(segments_.size());
+    if (tc_on_) {  // the user's view: blocks in thread caches are not allocated; hits count as calls
+      TcStats t = tc_sum(true);
+      s.allocated -= t.thread_cached;
+      s.requested -= t.thread_cached + t.slack;
+      s.n_alloc += t.hits_alloc - refill_n_;
+      s.n_free += t.hits_free - flush_n_;
+      s.n_live -= t.thread_cached_blocks;
+      if (thread_cached) *thread_cached = t.thread_cached;
+    } else if (thread_cached) {
+      *thread_cached = 0;
+    }
+    return s;
+  }
+
+  std::vector<std::tuple<i64, i64, i64>> live_blocks() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::tuple<i64, i64, i64>> out;
+    for (size_t i = 0; i < live_tab_.size(); ++i) {
+      CBlock* b = live_tab_[i];
+      if (!b) continue;
+      if (b->tc_held) {
+        i64 r = tc_tab_[i].load(std::memory_order_relaxed);
+        if (r > 0) out.emplace_back(b->offset, b->size, r);
+      } else {
+        out.emplace_back(b->offset, b->size, b->requested);
+      }
+    }
+    return out;
+  }
+  std::vector<std::pair<i64, i64>> free_blocks() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (pend_) materialize();
+    std::vector<std::pair<i64, i64>> out;
+    for (auto* p : {&small_pool_, &large_pool_})
+      for (CBlock* b : *p) out.emplace_back(b->offset, b->size);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::vector<SegmentInfo> snapshot() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (pend_) materialize();
+    std::vector<SegmentInfo> out;
+    for (auto& [off, seg] : segments_) {
+      CBlock* b = seg.second;
+      SegmentInfo si{off, seg.first, b->stream, b->small, {}};
+      for (; b; b = b->next) {
+        if (b->tc_held) {
+          i64 r = tc_tab_[size_t(b->offset >> shift_)].load(std::memory_order_relaxed);
+          si.blocks.emplace_back(b->offset, b->size, r > 0 ? r : 0, r > 0 ? 1 : 2);
+        } else {
+          si.blocks.emplace_back(b->offset, b->size, b->requested, b->allocated ? 1 : 0);
+        }
+      }
+      out.push_back(std::move(si));
+    }
+    return out;
+  }
+
+  // ---- per-thread cache, lock-free part (public for the Python fast calls) ----
+  bool tc_on() const { return tc_on_; }
+  bool tc_cacheable(i64 nbytes, i64 stream) const { return tc_on_ && stream == 0 && nbytes > 0 && nbytes <= tc_max_; }
+  // serve malloc from this thread's cache: false when the bin is empty / not cacheable / no cache yet
+  bool tc_pop(i64 nbytes, i64 stream, i64& off) {
+    if (!tc_cacheable(nbytes, stream)) return false;
+    TCache* t = tc_mine();
+    if (t == nullptr || t->flush_req.load(std::memory_order_relaxed)) return false;
+    size_t k = size_t((nbytes - 1) >> shift_);  // size class: rounded size = (k + 1) * round_to
+    int n = t->count(k);
+    if (n == 0) return false;
+    t->set_count(k, --n);
+    t->last_k = k;
+    off = t->slots[k * size_t(t->cap) + size_t(n)];
+    tc_tab_[size_t(off >> shift_)].store(nbytes, std::memory_order_relaxed);
+    t->held_bytes -= i64(k + 1) << shift_;
+    t->c.hits_alloc.add(1);
+    return true;
+  }
+  // take a freed block into this thread's cache: false when it is not a thread-cache block or the bin is full
+  bool tc_push(i64 off) {
+    if (!tc_user_block(off)) return false;
+    TCache* t = tc_mine();
+    if (t == nullptr || t->flush_req.load(std::memory_order_relaxed)) return false;
+    i64 r = tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed);
+    size_t k = size_t((r - 1) >> shift_);
+    // The common case frees a block of the class this thread popped last. Taking k from last_k (behind a branch
+    // the CPU predicts) instead of from r lets the bin update start without waiting for the tc_tab_ load, which
+    // waits for the offset: a malloc/free pair is then two short dependency chains instead of one long one.
+    if (k == t->last_k) {
+      k = t->last_k;
+      asm("" : "+r"(k));  // keep the compiler from substituting the (equal) value computed from r
+    }
+    if (t->count(k) == t->cap || t->held_bytes + (i64(k + 1) << shift_) > cfg_.thread_cache_bytes) return false;
+    tc_push_block(t, off, k);
+    return true;
+  }
+  // a live block handed out by some thread cache (requested bytes recorded in tc_tab_)
+  bool tc_user_block(i64 off) const {
+    return tc_on_ && off >= 0 && !(off & (cfg_.round_to - 1)) && size_t(off >> shift_) < tc_tab_n_ &&
+           tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed) > 0;
+  }
+  bool tc_registered() const { return tc_mine() != nullptr; }
+  // give the calling thread a cache for this allocator (takes tc_global_mu() then the mutex: call it unlocked)
+  void tc_register() {
+    if (!tc_on_ || tc_exiting || tc_mine()) return;
+    std::lock_guard<std::mutex> g(tc_global_mu());
+    std::lock_guard<std::mutex> l(mu_);
+    TcOwner& own = tc_owner();
+    for (auto it = own.list.begin(); it != own.list.end();) {  // drop caches of destroyed allocators
+      if ((*it)->alloc == nullptr) {
+        if (tc_tls.t == *it) tc_tls = TcTls{};
+        delete *it;
+        it = own.list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto* t = new TCache(this, id_, int(cfg_.thread_cache), tc_ncls_);
+    own.list.push_back(t);
+    tc_reg_.push_back(t);
+    tc_tls = TcTls{id_, t};
+    uintptr_t tp = thread_pointer();
+    Hint& h = hint_[hint_slot(tp)];
+    if (tp != 0 && h.tp.load(std::memory_order_relaxed) == 0) {  // claim the slot (cleared again at thread exit)
+      h.t.store(t, std::memory_order_relaxed);
+      h.tp.store(tp, std::memory_order_relaxed);
+      t->hint_tp = tp;
+    }
+  }
+  // thread exit (tc_global_mu() held): flush t back to the pool, keep its counters, forget it
+  void tc_retire(TCache* t) {
+    std::lock_guard<std::mutex> l(mu_);
+    tc_flush_all(t);
+    if (t->hint_tp) {  // this (exiting) thread's slot; its thread pointer may be reused by a new thread
+      Hint& h = hint_[hint_slot(t->hint_tp)];
+      h.tp.store(0, std::memory_order_relaxed);
+      h.t.store(nullptr, std::memory_order_relaxed);
+    }
+    tc_pool_.hits_alloc.add(t->c.hits_alloc.get());
+    tc_pool_.hits_free.add(t->flushed - t->refilled + t->c.hits_alloc.get());  // pushes (nothing held now)
+    tc_reg_.erase(std::find(tc_reg_.begin(), tc_reg_.end(), t));
+  }
+
+ private:
+  using Pool = std::pmr::set<CBlock*, CBlockLess>;
+  i64 round(i64 nbytes) const {
+    return nbytes < cfg_.round_to ? cfg_.round_to : (nbytes + cfg_.round_to - 1) & ~(cfg_.round_to - 1);
+  }
+  [[noreturn]] static void throw_not_live(i64 off) {
+    throw std::invalid_argument("free(offset=" + S(off) + "): not a live allocation (double free or never allocated)");
+  }
+  // the live block the user sees at off (nullptr for a block sitting in a thread cache)
+  CBlock* user_live_find(i64 off) const {
+    CBlock* b = live_find(off);
+    if (b && b->tc_held && tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed) == 0) return nullptr;
+    return b;
+  }
+
+  i64 pool_malloc(i64 nbytes, i64 stream) {
     if (nbytes <= 0) throw std::invalid_argument("nbytes: must be positive, got " + S(nbytes));
     if (nbytes > capacity())
       throw OutOfMemory("nbytes=" + S(nbytes) + " exceeds the arena capacity of " + S(capacity()) + " bytes");
-    i64 size = nbytes < cfg_.round_to ? cfg_.round_to : (nbytes + cfg_.round_to - 1) & ~(cfg_.round_to - 1);
+    i64 size = round(nbytes);
     bool small = size <= cfg_.small_size;
     CBlock* b;
     if (cfg_.fast_path) {
@@ -127,15 +502,7 @@ class Caching {
     } else {
       pool_erase(b);
     }
-    if (should_split(b, size)) {
-      CBlock* rest = make_block(b->offset + size, b->size - size, stream, small, b->segment);
-      rest->prev = b;
-      rest->next = b->next;
-      if (b->next) b->next->prev = rest;
-      b->next = rest;
-      b->size = size;
-      pool_insert(rest);
-    }
+    if (should_split(b, size)) split_block(b, size);
     b->allocated = true;
     b->requested = nbytes;
     live_tab_[size_t(b->offset >> shift_)] = b;
@@ -148,11 +515,9 @@ class Caching {
     return b->offset;
   }
 
-  void free_locked(i64 off) {
+  void pool_free(i64 off) {
     CBlock* b = live_find(off);
-    if (b == nullptr)
-      throw std::invalid_argument("free(offset=" + S(off) +
-                                  "): not a live allocation (double free or never allocated)");
+    if (b == nullptr) throw_not_live(off);
     if (b == &pend_blk_) {  // the pending block comes back: cancel the lazy split, no tree work at all
       live_tab_[size_t(off >> shift_)] = nullptr;
       n_live_ -= 1;
@@ -188,79 +553,141 @@ class Caching {
     pool_insert(b);
   }
 
-  void empty_cache() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (pend_) materialize();
-    release_cached();
+  // b (out of the tree) keeps its first `size` bytes; the rest becomes a free block of the same segment, inserted
+  // in the pool. The one place a block is split (tree path malloc and the deferred split of the fast path).
+  void split_block(CBlock* b, i64 size) {
+    CBlock* rest = make_block(b->offset + size, b->size - size, b->stream, b->small, b->segment);
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    pool_insert(rest);
   }
 
-  FastCounters fast_counters() {
-    std::lock_guard<std::mutex> g(mu_);
-    return fc_;
+  // ---- per-thread cache, locked part (mu_ held, called by the owning thread) ----
+  // The calling thread's cache. First a table in this allocator indexed by the thread pointer (x86-64: %fs:0 is
+  // the thread's own TCB address, unique among live threads, read without a call), written only by the thread it
+  // names (register / exit, so a thread that finds its own pointer reads its own writes), then the thread_local
+  // (in a shared library every thread_local access is a __tls_get_addr call), then this thread's list.
+  static uintptr_t thread_pointer() {
+#if defined(__x86_64__)
+    uintptr_t tp;
+    asm("mov %%fs:0, %0" : "=r"(tp));
+    return tp;
+#else
+    return 0;
+#endif
   }
-  bool fast_path() const { return cfg_.fast_path; }
-
-  i64 block_size(i64 off) {
-    std::lock_guard<std::mutex> g(mu_);
-    CBlock* b = live_find(off);
-    if (b == nullptr) throw std::invalid_argument("offset=" + S(off) + ": not a live allocation");
-    return b->size;
+  static size_t hint_slot(uintptr_t tp) { return size_t((uint64_t(tp) * 0x9E3779B97F4A7C15ull) >> 60); }
+  TCache* tc_mine() const {
+    uintptr_t tp = thread_pointer();
+    const Hint& h = hint_[hint_slot(tp)];
+    if (__builtin_expect(tp != 0 && h.tp.load(std::memory_order_relaxed) == tp, 1))
+      return h.t.load(std::memory_order_relaxed);
+    return tc_mine_slow();
   }
-  i64 requested_size(i64 off) {
-    std::lock_guard<std::mutex> g(mu_);
-    CBlock* b = live_find(off);
-    if (b == nullptr) throw std::invalid_argument("offset=" + S(off) + ": not a live allocation");
-    return b->requested;
-  }
-
-  Stats stats() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (pend_) materialize();
-    Stats s = st_;
-    s.capacity = capacity();
-    s.reserved = reserved_;
-    s.n_live = n_live_;
-    s.total_free = reserved_ - st_.allocated;
-    for (auto* p : {&small_pool_, &large_pool_})
-      for (CBlock* b : *p) {
-        s.largest_free = std::max(s.largest_free, b->size);
-        if (b->prev || b->next) s.inactive_split += b->size;
+  __attribute__((noinline)) TCache* tc_mine_slow() const {
+    const TcTls& s = tc_tls;
+    if (s.id == id_) return s.t;
+    if (!tc_on_ || tc_exiting) return nullptr;
+    for (TCache* t : tc_owner().list)
+      if (t->id == id_) {
+        tc_tls = TcTls{id_, t};
+        return t;
       }
-    s.segments = i64(segments_.size());
+    return nullptr;
+  }
+  // slack (with_slack): sum of block size - requested over the live blocks thread caches handed out (the pool
+  // counts them at their block size): a scan of tc_tab_, so only stats() asks for it
+  TcStats tc_sum(bool with_slack = false) const {
+    TcStats s;
+    s.hits_alloc = tc_pool_.hits_alloc.get();
+    s.hits_free = tc_pool_.hits_free.get();
+    for (const TCache* t : tc_reg_) {
+      i64 held = 0, pops = t->c.hits_alloc.get();
+      for (int k = 0; k < t->ncls; ++k) {
+        i64 n = t->count(size_t(k));
+        held += n;
+        s.thread_cached += n * (i64(k + 1) << shift_);
+      }
+      s.thread_cached_blocks += held;
+      s.hits_alloc += pops;
+      s.hits_free += held - t->refilled + t->flushed + pops;
+    }
+    if (with_slack)
+      for (size_t i = 0; i < tc_tab_n_; ++i) {
+        i64 r = tc_tab_[i].load(std::memory_order_relaxed);
+        if (r > 0) s.slack += round(r) - r;
+      }
     return s;
   }
-
-  std::vector<std::tuple<i64, i64, i64>> live_blocks() {
-    std::lock_guard<std::mutex> g(mu_);
-    std::vector<std::tuple<i64, i64, i64>> out;
-    for (CBlock* b : live_tab_)
-      if (b) out.emplace_back(b->offset, b->size, b->requested);
-    return out;
+  void tc_push_block(TCache* t, i64 off, size_t k) {
+    tc_tab_[size_t(off >> shift_)].store(0, std::memory_order_relaxed);
+    int n = t->count(k);
+    t->slots[k * size_t(t->cap) + size_t(n)] = off;
+    t->set_count(k, n + 1);
+    t->held_bytes += i64(k + 1) << shift_;
   }
-  std::vector<std::pair<i64, i64>> free_blocks() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (pend_) materialize();
-    std::vector<std::pair<i64, i64>> out;
-    for (auto* p : {&small_pool_, &large_pool_})
-      for (CBlock* b : *p) out.emplace_back(b->offset, b->size);
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-  std::vector<SegmentInfo> snapshot() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (pend_) materialize();
-    std::vector<SegmentInfo> out;
-    for (auto& [off, seg] : segments_) {
-      CBlock* b = seg.second;
-      SegmentInfo si{off, seg.first, b->stream, b->small, {}};
-      for (; b; b = b->next) si.blocks.emplace_back(b->offset, b->size, b->requested, b->allocated);
-      out.push_back(std::move(si));
+  // return the `count` oldest blocks of bin k to the pool
+  void tc_flush_bin(TCache* t, int k, int count) {
+    int n = t->count(size_t(k));
+    count = std::min(count, n);
+    if (count == 0) return;
+    i64* bin = &t->slots[size_t(k) * size_t(t->cap)];
+    for (int j = 0; j < count; ++j) {
+      live_tab_[size_t(bin[j] >> shift_)]->tc_held = false;
+      pool_free(bin[j]);
     }
-    return out;
+    std::copy(bin + count, bin + n, bin);
+    t->set_count(size_t(k), n - count);
+    flush_n_ += count;
+    t->flushed += count;
+    t->held_bytes -= i64(count) * (i64(k + 1) << shift_);
+  }
+  void tc_flush_all(TCache* t) {
+    for (int k = 0; k < tc_ncls_; ++k) tc_flush_bin(t, k, t->count(size_t(k)));
+    t->flush_req.store(false, std::memory_order_relaxed);
+  }
+  // an empty bin: carve a batch of blocks of this class from the pool (only the first may create a segment),
+  // keep all but one in the bin, hand that one out
+  i64 tc_refill_pop(TCache* t, i64 nbytes) {
+    if (t->flush_req.load(std::memory_order_relaxed)) tc_flush_all(t);
+    i64 size = round(nbytes);
+    size_t k = size_t(size >> shift_) - 1;
+    if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_all(t);
+    i64 room = (cfg_.thread_cache_bytes - t->held_bytes) / size;
+    i64 want = std::max<i64>(1, std::min<i64>({std::max(1, t->cap / 2), room, t->cap - t->count(k)}));
+    i64 got = 0;
+    for (; got < want; ++got) {
+      i64 off;
+      if (got == 0) {
+        try {
+          off = pool_malloc(size, 0);
+        } catch (const OutOfMemory&) {
+          if (t->held_bytes == 0) throw;
+          st_.num_ooms -= 1;  // not an OOM yet: this thread's cached blocks go back first
+          tc_flush_all(t);  // release what this thread hoards, then the pool's own release-and-retry
+          off = pool_malloc(size, 0);
+        }
+      } else {
+        if (pend_) materialize();
+        if (find_free(true, 0, size) == nullptr) break;  // no segment growth for the extra blocks
+        off = pool_malloc(size, 0);
+      }
+      if (pend_) materialize();
+      live_tab_[size_t(off >> shift_)]->tc_held = true;
+      t->slots[k * size_t(t->cap) + size_t(t->count(k))] = off;
+      t->set_count(k, t->count(k) + 1);
+    }
+    refill_n_ += got;
+    t->refilled += got;
+    t->held_bytes += got * size;
+    i64 off = -1;
+    tc_pop(nbytes, 0, off);  // cannot fail: the bin has >= 1 block and no flush is requested
+    return off;
   }
 
- private:
-  using Pool = std::pmr::set<CBlock*, CBlockLess>;
   // hi (the block right after lo) joins lo
   void absorb(CBlock* lo, CBlock* hi) {
     lo->size += hi->size;
@@ -302,16 +729,7 @@ class Caching {
     CBlock* b = pend_;
     pend_ = nullptr;
     pool_erase(b);
-    if (pend_split_) {
-      i64 size = pend_blk_.size;
-      CBlock* rest = make_block(b->offset + size, b->size - size, b->stream, b->small, b->segment);
-      rest->prev = b;
-      rest->next = b->next;
-      if (b->next) b->next->prev = rest;
-      b->next = rest;
-      b->size = size;
-      pool_insert(rest);
-    }
+    if (pend_split_) split_block(b, pend_blk_.size);
     b->allocated = true;
     b->requested = pend_blk_.requested;
     live_tab_[size_t(b->offset >> shift_)] = b;
@@ -431,7 +849,34 @@ class Caching {
   bool pend_split_ = false;
   i64 pend_state_ = 0;
   FastCounters fc_;
+  // per-thread cache
+  const uint64_t id_ = tc_new_id();
+  bool tc_on_ = false;
+  int tc_ncls_ = 0;  // size classes round_to, 2 round_to, ..., tc_max_
+  i64 tc_max_ = 0;
+  std::unique_ptr<std::atomic<i64>[]> tc_tab_;  // offset / round_to -> requested bytes of a block a thread cache
+  size_t tc_tab_n_ = 0;                         // handed out and the user holds (0: none)
+  std::vector<TCache*> tc_reg_;                 // caches of live threads (changed under tc_global_mu() and mu_)
+  TcCounters tc_pool_;                          // hit counters of exited threads (mu_)
+  struct Hint {
+    std::atomic<uintptr_t> tp{0};
+    std::atomic<TCache*> t{nullptr};
+  };
+  Hint hint_[16];  // thread pointer -> cache, see tc_mine()
+  i64 refill_n_ = 0, flush_n_ = 0;              // pool mallocs into / frees out of thread caches
 };
+
+// thread exit: flush every cache of this thread back to its allocator (if it still exists)
+inline TcOwner::~TcOwner() {
+  tc_exiting = true;
+  tc_tls = TcTls{};
+  std::lock_guard<std::mutex> g(tc_global_mu());
+  for (TCache* t : list) {
+    if (t->alloc) t->alloc->tc_retire(t);
+    delete t;
+  }
+  list.clear();
+}
 
 }  // namespace mem
 }  // namespace tl

@@ -26,6 +26,14 @@ tree until another operation needs the exact tree; freeing it right away cancels
 previous state. The decisions (offsets, stats, snapshots) are those of the tree path and of this reference;
 ``fast_counters()`` counts memo hits and tree operations. ``fast_path=False`` runs the tree path on every call.
 
+Per-thread cache (C++ core, ``thread_cache=N`` blocks per size class; 0 = off, the default): small blocks of
+stream 0 are served from a thread-local array per size class in front of the locked pool, refilled from / flushed to
+it in batches, so the common malloc/free pair takes no lock and no atomic read-modify-write (glibc's tcache idea).
+A block freed by another thread goes to the freeing thread's cache; thread exit flushes a thread's cache back;
+``empty_cache()`` flushes the caller's cache and asks the other threads to flush at their next call. Cached blocks
+are not free for best fit, so offsets differ from the reference; ``stats()`` is the user's view (cached blocks are
+not allocated) plus ``thread_cached`` bytes: reserved = allocated + total_free + thread_cached.
+
 Streams: every block belongs to the stream it was allocated on and is only reused for that stream
 (``malloc(nbytes, stream=s)``), as blocks are in PyTorch's per-stream pools.
 """
@@ -313,7 +321,14 @@ class PyCaching:
         }
 
 
-def _cpp_caching(C: Any, capacity: int, c: CachingConfig, fast_path: bool = True) -> Any:
+def _cpp_caching(
+    C: Any,
+    capacity: int,
+    c: CachingConfig,
+    fast_path: bool = True,
+    thread_cache: int = 0,
+    thread_cache_bytes: int = MiB,
+) -> Any:
     m = -1 if c.max_split_size is None else c.max_split_size
     return C.Caching(
         capacity,
@@ -325,6 +340,8 @@ def _cpp_caching(C: Any, capacity: int, c: CachingConfig, fast_path: bool = True
         c.round_large,
         m,
         fast_path,
+        thread_cache,
+        thread_cache_bytes,
     )
 
 
@@ -335,7 +352,8 @@ class CachingAllocator(Allocator):
     """PyTorch-style caching allocator over an arena of ``capacity`` bytes; see the module docstring.
 
     ``malloc(nbytes, stream=0)``; ``empty_cache()``; ``memory_snapshot()``; ``memory_stats()`` (= stats()).
-    The C++ backend is thread-safe (one mutex; the GIL is released inside malloc/free).
+    The C++ backend is thread-safe (one mutex; the GIL is released inside malloc/free); ``thread_cache=N`` (C++
+    only) puts a per-thread cache of N blocks per small size class in front of it (see the module docstring).
     """
 
     def __init__(
@@ -350,18 +368,27 @@ class CachingAllocator(Allocator):
         max_split_size: int | None = DEFAULT.max_split_size,
         backend: str = "python",
         fast_path: bool = True,
+        thread_cache: int = 0,
+        thread_cache_bytes: int = MiB,
     ) -> None:
         if not isinstance(fast_path, bool):
             raise TypeError(f"fast_path: expected a bool, got {type(fast_path).__name__} {fast_path!r}")
+        if not 0 <= check_int("thread_cache", thread_cache) <= 64:
+            raise ValueError(f"thread_cache: expected 0 (off) to 64 blocks per size class, got {thread_cache}")
+        if check_int("thread_cache_bytes", thread_cache_bytes) < round_to:
+            raise ValueError(f"thread_cache_bytes: must be >= round_to ({round_to}), got {thread_cache_bytes}")
         config = CachingConfig(
             round_to, small_size, small_buffer, large_buffer, min_large_alloc, round_large, max_split_size
         )
         core, name = make_core("Caching", backend, capacity, config)
-        if name == "cpp" and not fast_path:
-            core = _cpp_caching(load_cpp(), capacity, config, fast_path=False)
+        if name != "cpp" and thread_cache:
+            raise ValueError(f"thread_cache: only the C++ core has a per-thread cache (backend={backend!r})")
+        if name == "cpp" and (not fast_path or thread_cache):
+            core = _cpp_caching(load_cpp(), capacity, config, fast_path, thread_cache, thread_cache_bytes)
         super().__init__(core, name)
         self.round_to = int(round_to)
         self.fast_path = fast_path and name == "cpp"
+        self.thread_cache = int(thread_cache)
 
     def malloc(self, nbytes: int, stream: int = 0) -> int:  # replaced per instance in __init__
         """Allocate ``nbytes`` on ``stream`` (blocks are only reused by the stream they were made on)."""
@@ -377,6 +404,18 @@ class CachingAllocator(Allocator):
         if self.backend == "cpp":
             return {k: int(v) for k, v in self._core.fast_counters().items()}
         return dict.fromkeys(("memo_hits", "tree_lookups", "tree_updates", "cancels", "materialized"), 0)
+
+    def thread_cache_stats(self) -> dict[str, int]:
+        """Per-thread cache (C++ core with ``thread_cache > 0``): bytes / blocks held in thread caches, mallocs and
+        frees served without the lock, blocks refilled from and flushed to the pool, threads with a cache."""
+        if self.backend != "cpp":
+            raise ValueError("thread_cache_stats: only the C++ core has a per-thread cache (backend='python')")
+        return {k: int(v) for k, v in self._core.thread_cache_stats().items()}
+
+    def flush_thread_cache(self) -> None:
+        """Return the calling thread's cached blocks to the pool (what thread exit does); no-op without a cache."""
+        if self.backend == "cpp":
+            self._core.flush_thread_cache()
 
     def memory_stats(self) -> dict[str, Any]:
         return self.stats()
