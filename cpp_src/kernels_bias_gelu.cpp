@@ -15,7 +15,7 @@
 //                                               AVX2 / scalar by tl::cpu_has): h = u/2, y = h + h erf(u/sqrt2)
 //                                               (one FMA), one thread. Elementwise, so every path gives the same bits
 //                                  v3 simd_omp  v2 + OpenMP over rows, threads_for(R*C) threads; v2/v3 write
-//                                               an output above 8 MiB with non-temporal stores (common.h; neutral
+//                                               an output above 4 MiB with non-temporal stores (common.h; neutral
 //                                               here within noise: the 8-lane erf makes this op compute-bound)
 //                                  float64 runs v1's code for v2/v3; the backward pass is v1 for every version
 #include <type_traits>

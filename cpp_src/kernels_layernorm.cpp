@@ -14,7 +14,7 @@
 //                                   FMA. One thread. The scalar path emulates the 8 lanes: scalar and avx2 agree bit
 //                                   for bit (AVX-512: to rounding of the sums)
 //                      v4 simd_omp  v3 + OpenMP over rows, threads_for(R*C) threads (small inputs: one thread);
-//                                   v3/v4 write an output above 8 MiB with non-temporal stores (common.h
+//                                   v3/v4 write an output above 4 MiB with non-temporal stores (common.h
 //                                   stream_output: no read-for-ownership of y, x stays in cache; 1024x4096 fp32,
 //                                   1 thread, loaded box: 2.1 -> 1.4 ms AVX-512, 2.4 -> 1.4 ms AVX2)
 //                      float64 runs v1's code for v3/v4
@@ -321,5 +321,5 @@ TL_REGISTER(kernels) {
   m.def(
       "stream_output", [](int64_t nbytes) { return tl::stream_output(nbytes); }, py::arg("nbytes"),
       "whether the simd_omp LayerNorm / bias+GELU rungs write an output of nbytes with non-temporal stores "
-      "(above 8 MiB; TINYLEARN_STREAM_MIN_BYTES overrides, see cpp_src/common.h)");
+      "(above 4 MiB; TINYLEARN_STREAM_MIN_BYTES overrides, see cpp_src/common.h)");
 }

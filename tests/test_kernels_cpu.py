@@ -244,7 +244,7 @@ def test_streaming_stores_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, sh
         for got, want in zip(out["stream"], out["normal"]):
             np.testing.assert_array_equal(got, want, err_msg=f"{level} {shape}")
     monkeypatch.delenv("TINYLEARN_STREAM_MIN_BYTES")
-    assert not C.stream_output(8 << 20) and C.stream_output((8 << 20) + 4)  # the default threshold: 8 MiB
+    assert not C.stream_output(4 << 20) and C.stream_output((4 << 20) + 4)  # the default threshold: 4 MiB
 
 
 def test_simd_versions_errors() -> None:
