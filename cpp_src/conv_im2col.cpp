@@ -16,6 +16,8 @@
 //       hoisted out of the row loop (memset / copy / memset, no per-element index test); stride 1 and 2 are
 //       compile-time constants (memcpy, vectorised even-element gather). col2im v1 is the same loop nest with +=,
 //       threaded over the (c, n) image planes.
+//   v2  (conv2d_forward, conv2d_backward_weight) implicit GEMM: no column matrix at all; gemm.cpp's packed
+//       micro-kernels (gemm_ukr.h) with B panels packed straight from the image, one OpenMP team. See below.
 // Also here: transpose01 (swap the two leading axes of [A, B, L] with an optional bias per A: the KNL GEMM output
 // [OC, N, L] -> NCHW, and dY NCHW -> [OC, N*L]) and stream_copy (the STREAM "copy" kernel on the same threads,
 // the bandwidth roof im2col is compared against).
@@ -578,6 +580,9 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
   auto Ap = aligned_array<T>(size_t(G * OCp * Kg));  // [g][pc block][OCp/MR panels][kc][MR]
   const double macs = double(N) * OC * L * Kg;
   const int nt = macs >= kParallelMinMacs ? tl::n_threads() : 1;
+  // per-thread B blocks, allocated here: an exception must not leave an OpenMP region
+  std::vector<std::unique_ptr<T[], FreeDeleter>> Bps;
+  for (int t = 0; t < nt; ++t) Bps.push_back(aligned_array<T>(size_t(std::min(KC, Kg) * NC)));
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     // pack A: panel (g, pc, ir) at g*OCp*Kg + pc*OCp + ir*kc holds W[g*OCg + ir + r, pc + kk] at [kk*MR + r]
@@ -593,7 +598,7 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
         for (ssize_t r = rows_v; r < MR; ++r) d[r] = T(0);
       }
     }
-    auto Bp = aligned_array<T>(size_t(std::min(KC, Kg) * NC));
+    T* const Bp = Bps[size_t(tl::thread_id())].get();
     alignas(64) T tile[6 * 32];
 #pragma omp for schedule(dynamic, 1)
     for (ssize_t t = 0; t < ntiles; ++t) {
@@ -610,17 +615,17 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
       for (ssize_t pc = 0; pc < Kg; pc += KC) {
         const ssize_t kc = std::min(KC, Kg - pc);
         if (w.sw == 1)
-          pack_b_implicit<1>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp.get());
+          pack_b_implicit<1>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp);
         else if (w.sw == 2)
-          pack_b_implicit<2>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp.get());
+          pack_b_implicit<2>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp);
         else
-          pack_b_implicit<0>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp.get());
+          pack_b_implicit<0>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp);
         const T* Ab = Ap.get() + g * OCp * Kg + pc * OCp;
         for (ssize_t jr = 0; jr < nc; jr += NR) {
           const ssize_t nr = std::min(NR, nc - jr), j = j0 + jr;
           const bool one_image = j / L == (j + nr - 1) / L;
           T* c0 = yg + col_off(j);
-          const T* b = Bp.get() + jr * kc;
+          const T* b = Bp + jr * kc;
           for (ssize_t ir = 0; ir < OCg; ir += MR) {
             const ssize_t mr = std::min(MR, OCg - ir);
             const T* a = Ab + ir * kc;
@@ -646,7 +651,8 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
                             std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
                             std::pair<ssize_t, ssize_t> d, ssize_t groups) {
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
-  if (wt.ndim() != 4) tl::value_error("weight: expected a 4-D [OC, C/groups, kh, kw] array, got shape " + shape_str(wt));
+  if (wt.ndim() != 4)
+    tl::value_error("weight: expected a 4-D [OC, C/groups, kh, kw] array, got shape " + shape_str(wt));
   check_dtype(x, "x");
   check_dtype(wt, "weight");
   if (wt.dtype().not_equal(x.dtype()))
@@ -721,16 +727,22 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
   const ssize_t nblk = (NL + KR - 1) / KR;
   const double macs = double(NL) * OC * K;
   const int nt = int(std::min<ssize_t>(macs >= kParallelMinMacs ? tl::n_threads() : 1, nblk));
-  std::vector<std::unique_ptr<T[], FreeDeleter>> acc(size_t(std::max(nt, 1)));
+  // per-thread accumulators and packing buffers, allocated here: an exception must not leave an OpenMP region
+  std::vector<std::unique_ptr<T[], FreeDeleter>> acc, Aps, Bps, Rbs;
+  for (int t = 0; t < std::max(nt, 1); ++t) {
+    acc.push_back(aligned_array<T>(size_t(OC * K)));
+    Aps.push_back(aligned_array<T>(size_t(OCp * KR)));
+    Bps.push_back(aligned_array<T>(size_t(NK * KR)));
+    Rbs.push_back(aligned_array<T>(size_t(NK * KR)));
+  }
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     const int tid = tl::thread_id(), nth = team_size();
-    acc[size_t(tid)] = aligned_array<T>(size_t(OC * K));
     T* Cacc = acc[size_t(tid)].get();
     std::fill(Cacc, Cacc + OC * K, T(0));
-    auto Ap = aligned_array<T>(size_t(OCp * KR));
-    auto Bp = aligned_array<T>(size_t(NK * KR));
-    auto rowsbuf = aligned_array<T>(size_t(NK * KR));
+    T* const Ap = Aps[size_t(tid)].get();
+    T* const Bp = Bps[size_t(tid)].get();
+    T* const rowsbuf = Rbs[size_t(tid)].get();
     alignas(64) T tile[6 * 32];
     // this thread's blocks: a contiguous range (each block of dY / x is read by one thread only)
     const ssize_t b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
@@ -738,7 +750,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
       const ssize_t j0 = blk * KR, kr = std::min(KR, NL - j0);
       // A: panel ir holds dY[n(j), ir + r, l(j)] at [jj*MR + r]
       for (ssize_t ir = 0; ir < OCp; ir += MR) {
-        T* a = Ap.get() + ir * kr;
+        T* a = Ap + ir * kr;
         for (ssize_t r = 0; r < MR; ++r) {
           const ssize_t o = ir + r;
           if (o >= OC) {
@@ -757,35 +769,35 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
         const ssize_t nk = std::min(NK, K - kb), npan = (nk + NR - 1) / NR;
         // rows kb .. kb+nk of the column matrix over positions j0 .. j0+kr, row-major [nk][kr] (one "panel")
         if (w.sw == 1)
-          pack_b_implicit<1>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf.get());
+          pack_b_implicit<1>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf);
         else if (w.sw == 2)
-          pack_b_implicit<2>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf.get());
+          pack_b_implicit<2>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf);
         else
-          pack_b_implicit<0>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf.get());
+          pack_b_implicit<0>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf);
         // transpose into NR-wide k panels: panel q holds cols[kb + q*NR + t, j0 + jj] at [jj*NR + t]
         for (ssize_t q = 0; q < npan; ++q) {
-          T* bq = Bp.get() + q * kr * NR;
+          T* bq = Bp + q * kr * NR;
           for (ssize_t t = 0; t < NR; ++t) {
             const ssize_t kk = q * NR + t;
             if (kk >= nk) {
               for (ssize_t jj = 0; jj < kr; ++jj) bq[jj * NR + t] = T(0);
             } else {
-              const T* src = rowsbuf.get() + kk * kr;
+              const T* src = rowsbuf + kk * kr;
               for (ssize_t jj = 0; jj < kr; ++jj) bq[jj * NR + t] = src[jj];
             }
           }
         }
         for (ssize_t q = 0; q < npan; ++q) {
           const ssize_t nr = std::min(NR, nk - q * NR);
-          const T* b = Bp.get() + q * kr * NR;
+          const T* b = Bp + q * kr * NR;
           for (ssize_t ir = 0; ir < OC; ir += MR) {
             const ssize_t mr = std::min(MR, OC - ir);
             T* c = Cacc + ir * K + kb + q * NR;
             if (mr == MR && nr == NR) {
-              kn.ukr(kr, Ap.get() + ir * kr, b, c, K);
+              kn.ukr(kr, Ap + ir * kr, b, c, K);
             } else {
               std::fill(tile, tile + MR * NR, T(0));
-              kn.ukr(kr, Ap.get() + ir * kr, b, tile, NR);
+              kn.ukr(kr, Ap + ir * kr, b, tile, NR);
               for (ssize_t i = 0; i < mr; ++i)
                 for (ssize_t jj = 0; jj < nr; ++jj) c[i * K + jj] += tile[i * NR + jj];
             }
@@ -847,7 +859,8 @@ std::string micro_kernel_isa() { return tl::gemm_micro_kernel_f32().isa; }
 
 TL_REGISTER(conv) {
   m.doc() = "im2col / col2im (layout of torch.nn.functional.unfold / fold), float32/float64, versions v0 (OpenMP "
-            "over N*C) and v1 (streaming, threads over channels x kernel rows); transpose01, stream_copy";
+            "over N*C) and v1 (streaming, threads over channels x kernel rows); transpose01, stream_copy; "
+            "conv2d_forward / conv2d_backward_weight: the v2 implicit GEMM (no column matrix)";
   m.def("im2col", &im2col, py::arg("x"), py::arg("kernel_size"), py::arg("stride"), py::arg("padding"),
         py::arg("dilation"), py::arg("layout") = "NKL", py::arg("version") = "v1", py::arg("out") = py::none(),
         "x [N,C,H,W] C-contiguous -> cols [N, C*kh*kw, OH*OW] (NKL) or [C*kh*kw, N*OH*OW] (KNL)");
