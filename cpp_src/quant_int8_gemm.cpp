@@ -538,9 +538,14 @@ __attribute__((target("avx2"))) void mk_u7<4>(const uint8_t* ap, ssize_t lda, co
 // the loads into every dpbusd/madd (a memory operand per row), and on Zen 4 (two 256-bit loads per cycle) those
 // loads, not the multiply units, then set the pace (the 4-row kernels above run at about half of peak).
 #define TL_PIN(x) __asm__("" : "+v"(x))
+// R = 1..6 rows: one template, every row's code under `if constexpr (r < R)` so unused accumulators vanish and
+// short tail blocks (M % 6) cost in proportion to their rows (the 4-row array kernels above were slower per row)
+template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni6(const uint8_t* ap, ssize_t lda, const i8* bp,
                                                                     ssize_t k0, ssize_t k1, i32* ct) {
-#define TL_LD(r, v) __m512i c##r##v = _mm512_loadu_si512(ct + r * NPW + 16 * v);
+  static_assert(R >= 1 && R <= 6, "rows");
+  const __m512i z = _mm512_setzero_si512();
+#define TL_LD(r, v) __m512i c##r##v = (r < R) ? _mm512_loadu_si512(ct + r * NPW + 16 * v) : z;
 #define TL_ROW(r) TL_LD(r, 0) TL_LD(r, 1) TL_LD(r, 2) TL_LD(r, 3)
   TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
 #undef TL_ROW
@@ -560,19 +565,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni6(const uint8
     TL_PIN(b2);
     TL_PIN(b3);
     i32 t;
-#define TL_ROW(r)                                  \
-  std::memcpy(&t, a##r##p + 4 * kq, 4);            \
-  {                                                \
-    const __m512i a = _mm512_set1_epi32(t);        \
-    c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0); \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1); \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, b2); \
-    c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, b3); \
+#define TL_ROW(r)                                    \
+  if constexpr (r < R) {                             \
+    std::memcpy(&t, a##r##p + 4 * kq, 4);            \
+    const __m512i a = _mm512_set1_epi32(t);          \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0);   \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1);   \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, b2);   \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, b3);   \
   }
     TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
 #undef TL_ROW
   }
-#define TL_ST(r, v) _mm512_storeu_si512(ct + r * NPW + 16 * v, c##r##v);
+#define TL_ST(r, v) \
+  if constexpr (r < R) _mm512_storeu_si512(ct + r * NPW + 16 * v, c##r##v);
 #define TL_ROW(r) TL_ST(r, 0) TL_ST(r, 1) TL_ST(r, 2) TL_ST(r, 3)
   TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
 #undef TL_ROW
@@ -580,8 +586,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni6(const uint8
 }
 
 // 6 rows x 8 columns per step: 12 ymm accumulators + 2 B + A + the madd result = all 16 ymm registers
+template <int R>
 __attribute__((target("avx2"))) void mk_madd16_6(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
                                                  ssize_t k1, i32* ct) {
+  static_assert(R >= 1 && R <= 6, "rows");
   const int16_t* a0p = ap;
   const int16_t* a1p = ap + lda;
   const int16_t* a2p = ap + 2 * lda;
@@ -598,25 +606,26 @@ __attribute__((target("avx2"))) void mk_madd16_6(const int16_t* ap, ssize_t lda,
       TL_PIN(b0);
       TL_PIN(b1);
       long long t;
-#define TL_ROW(r)                                                  \
-  std::memcpy(&t, a##r##p + 4 * kq, 8);                            \
-  {                                                                \
-    const __m256i a = _mm256_set1_epi64x(t);                       \
-    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0)); \
-    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1)); \
+#define TL_ROW(r)                                                    \
+  if constexpr (r < R) {                                             \
+    std::memcpy(&t, a##r##p + 4 * kq, 8);                            \
+    const __m256i a = _mm256_set1_epi64x(t);                         \
+    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0));   \
+    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1));   \
   }
       TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3) TL_ROW(4) TL_ROW(5)
 #undef TL_ROW
-      // pin the accumulators too: without this GCC renames them every step and adds 12 register moves per
-      // iteration, which on its own exceeds the 6-wide dispatch budget of the 24 madd/add
+      // pin the accumulators at the end of the step too: without it GCC renames them every step and adds up to
+      // 12 register moves per iteration, which on its own exceeds the 6-wide dispatch budget of the 24 madd/add
+      // (pinning per row instead of here brings the moves back)
       __asm__("" : "+v"(c00), "+v"(c01), "+v"(c10), "+v"(c11), "+v"(c20), "+v"(c21));
       __asm__("" : "+v"(c30), "+v"(c31), "+v"(c40), "+v"(c41), "+v"(c50), "+v"(c51));
     }
-#define TL_RED(r)                                                                           \
-  {                                                                                         \
-    const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r##0, c##r##1), 0xD8); \
-    __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);                             \
-    _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));                     \
+#define TL_RED(r)                                                                             \
+  if constexpr (r < R) {                                                                      \
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r##0, c##r##1), 0xD8);   \
+    __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);                               \
+    _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));                       \
   }
     TL_RED(0) TL_RED(1) TL_RED(2) TL_RED(3) TL_RED(4) TL_RED(5)
 #undef TL_RED
@@ -630,8 +639,7 @@ constexpr int MRP = 12;
 inline int kern_mr(Kern k) { return (k == Kern::vnni || k == Kern::avx2_madd16) ? 6 : 4; }
 inline ssize_t padded_rows(ssize_t M) { return (M + MRP - 1) / MRP * MRP; }
 
-// one (row block, K block) step of kernel `kern` for `rows` (1..kern_mr(kern)) rows; 5 or 6 rows run the 6-row
-// kernel (the padded sixth row is zero and never written back)
+// one (row block, K block) step of kernel `kern` for `rows` (1..kern_mr(kern)) rows
 template <typename AT>
 void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const int16_t* bw, ssize_t k0, ssize_t k1,
            i32* ct) {
@@ -642,26 +650,30 @@ void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const i
     case 3: FN<3>(ap, lda, BPTR, k0, k1, ct); break;   \
     default: FN<4>(ap, lda, BPTR, k0, k1, ct); break;  \
   }
+#define TL_MK6_CASES(FN, BPTR)                            \
+  switch (rows) {                                         \
+    case 1: FN<1>(ap, lda, BPTR, k0, k1, ct); break;      \
+    case 2: FN<2>(ap, lda, BPTR, k0, k1, ct); break;      \
+    case 3: FN<3>(ap, lda, BPTR, k0, k1, ct); break;      \
+    case 4: FN<4>(ap, lda, BPTR, k0, k1, ct); break;      \
+    case 5: FN<5>(ap, lda, BPTR, k0, k1, ct); break;      \
+    default: FN<6>(ap, lda, BPTR, k0, k1, ct); break;     \
+  }
   if constexpr (std::is_same_v<AT, int16_t>) {
     (void)kern;
     (void)bp;
-    if (rows > 4)
-      mk_madd16_6(ap, lda, bw, k0, k1, ct);
-    else
-      TL_MK_CASES(mk_madd16, bw)
+    TL_MK6_CASES(mk_madd16_6, bw)
   } else {
     (void)bw;
     if (kern == Kern::vnni) {
-      if (rows > 4)
-        mk_vnni6(ap, lda, bp, k0, k1, ct);
-      else
-        TL_MK_CASES(mk_vnni, bp)
+      TL_MK6_CASES(mk_vnni6, bp)
     } else if (kern == Kern::avx2_u7) {
       TL_MK_CASES(mk_u7, bp)
     } else {
       TL_MK_CASES(mk_scalar, bp)
     }
   }
+#undef TL_MK6_CASES
 #undef TL_MK_CASES
 }
 
