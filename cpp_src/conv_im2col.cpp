@@ -563,8 +563,16 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
   // Columns: the whole batch side by side (N*L per group, as in the KNL layout), cut into tiles of up to 8
   // NR-panels (a KC x NC block of B: 256 KB fp32 on AVX-512, in L2). A tile or panel may span two images: only
   // a panel that does (or a ragged edge) goes through the scratch tile, so a 14x14 map wastes no half-empty panel.
+  // With few columns (256->256 @14: 784 per group) the tiles shrink to give each thread >= 4 of them: 3 tiles of
+  // 256 on 2 threads would leave one thread idle a third of the time.
   const ssize_t NL = N * L;
-  const ssize_t NC = std::min<ssize_t>(8 * NR, (NL + NR - 1) / NR * NR);
+  const double macs = double(N) * OC * L * Kg;
+  const int nt = macs >= kParallelMinMacs ? tl::n_threads() : 1;
+  ssize_t NC = std::min<ssize_t>(8 * NR, (NL + NR - 1) / NR * NR);
+  if (nt > 1 && G * ((NL + NC - 1) / NC) < 4 * nt) {
+    const ssize_t per_group = (4 * nt + G - 1) / G;  // tiles wanted per group
+    NC = std::max(NR, ((NL + per_group - 1) / per_group + NR - 1) / NR * NR);
+  }
   const ssize_t ntj = (NL + NC - 1) / NC, ntiles = G * ntj;
   ImplicitRows<T> rows;
   for (auto* v : {&rows.coff, &rows.ioff, &rows.joff, &rows.lo, &rows.hi}) v->resize(size_t(Kg));
@@ -578,8 +586,6 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
     rows.hi[k] = hi;
   }
   auto Ap = aligned_array<T>(size_t(G * OCp * Kg));  // [g][pc block][OCp/MR panels][kc][MR]
-  const double macs = double(N) * OC * L * Kg;
-  const int nt = macs >= kParallelMinMacs ? tl::n_threads() : 1;
   // per-thread B blocks, allocated here: an exception must not leave an OpenMP region
   std::vector<std::unique_ptr<T[], FreeDeleter>> Bps;
   for (int t = 0; t < nt; ++t) Bps.push_back(aligned_array<T>(size_t(std::min(KC, Kg) * NC)));
@@ -711,7 +717,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
                              const Win& w, ssize_t OH, ssize_t OW) {
   const tl::GemmMicroKernel<T> kn = micro_kernel<T>();
   const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, K = C * KK, L = OH * OW, NL = N * L;
-  const ssize_t KR = 256, NK = std::min<ssize_t>(8 * NR, (K + NR - 1) / NR * NR);
+  const ssize_t NK = std::min<ssize_t>(8 * NR, (K + NR - 1) / NR * NR);
   const ssize_t OCp = (OC + MR - 1) / MR * MR;
   ImplicitRows<T> rows;
   for (auto* v : {&rows.coff, &rows.ioff, &rows.joff, &rows.lo, &rows.hi}) v->resize(size_t(K));
@@ -724,9 +730,13 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
     rows.lo[k] = lo;
     rows.hi[k] = hi;
   }
-  const ssize_t nblk = (NL + KR - 1) / KR;
+  // reduction blocks of at most 256 positions, their count a multiple of the threads (equal shares: 784 positions
+  // on 2 threads = 4 x 196, not 256 + 256 | 256 + 16)
   const double macs = double(NL) * OC * K;
+  ssize_t nblk = (NL + 255) / 256;
   const int nt = int(std::min<ssize_t>(macs >= kParallelMinMacs ? tl::n_threads() : 1, nblk));
+  if (nt > 1) nblk = (nblk + nt - 1) / nt * nt;
+  const ssize_t KR = (NL + nblk - 1) / nblk;
   // per-thread accumulators and packing buffers, allocated here: an exception must not leave an OpenMP region
   std::vector<std::unique_ptr<T[], FreeDeleter>> acc, Aps, Bps, Rbs;
   for (int t = 0; t < std::max(nt, 1); ++t) {
@@ -748,6 +758,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
     const ssize_t b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
     for (ssize_t blk = b0; blk < b1; ++blk) {
       const ssize_t j0 = blk * KR, kr = std::min(KR, NL - j0);
+      if (kr <= 0) break;
       // A: panel ir holds dY[n(j), ir + r, l(j)] at [jj*MR + r]
       for (ssize_t ir = 0; ir < OCp; ir += MR) {
         T* a = Ap + ir * kr;
