@@ -33,7 +33,7 @@
 //     reserved = allocated + total_free + thread_cached; peak / peak_reserved are the pool's (an upper bound);
 //   * thread exit flushes the thread's caches back to their pools (a thread_local owner's destructor); the
 //     allocator's destructor detaches the caches of live threads; empty_cache() flushes the calling thread's
-//     cache and asks every other thread to flush at its next call (a relaxed flag it reads on the hot path);
+//     cache and asks every other thread to flush at its next push or refill (a relaxed limit its push reads);
 //   * with a thread cache, offsets differ from the tree path / Python reference (cached blocks are not free for
 //     best fit); everything else (errors, double-free detection, stats identities) holds. Two threads freeing the
 //     same block at the same moment is undefined, as in every malloc.
@@ -91,12 +91,13 @@ struct TCache {
   size_t last_k = 0;                   // owner only: the size class of the last pop (see tc_push)
   uintptr_t hint_tp = 0;               // the allocator's hint slot this thread claimed (0: none)
   i64 refilled = 0, flushed = 0;       // blocks moved from / to the pool (under the allocator's mutex)
-  std::atomic<bool> flush_req{false};  // set by empty_cache() of another thread, read by the owner
+  std::atomic<bool> flush_req{false};  // set by empty_cache() of another thread (with lim = 0), read by the owner
+  std::atomic<int> lim;                // cap, or 0 while a flush is requested: the next push fails into the slow path
   TcCounters c;
   std::atomic<int> n[64];              // blocks in each bin (written by the owner, read by stats())
   std::unique_ptr<i64[]> slots;        // class k: slots[k * cap, k * cap + n[k])
   TCache(Caching* a, uint64_t i, int cap_, int ncls_)
-      : alloc(a), id(i), cap(cap_), ncls(ncls_), slots(new i64[size_t(cap_) * size_t(ncls_)]) {
+      : alloc(a), id(i), cap(cap_), ncls(ncls_), lim(cap_), slots(new i64[size_t(cap_) * size_t(ncls_)]) {
     for (auto& x : n) x.store(0, std::memory_order_relaxed);
   }
   int count(size_t k) const { return n[k].load(std::memory_order_relaxed); }
@@ -189,18 +190,20 @@ class Caching {
   uint8_t* data() const { return device_.data(); }
 
   i64 malloc(i64 nbytes, i64 stream) {
-    i64 off;
-    if (tc_on_) {
+    if (tc_cacheable(nbytes, stream)) {
+      i64 off;
       if (tc_pop(nbytes, stream, off)) return off;  // no lock, no atomic read-modify-write
-      if (tc_cacheable(nbytes, stream)) tc_register();
+      tc_register();                                // no-op once this thread has a cache
+      std::lock_guard<std::mutex> g(mu_);
+      return malloc_locked(nbytes, stream);
     }
     std::lock_guard<std::mutex> g(mu_);
-    return malloc_locked(nbytes, stream);
+    return pool_malloc(nbytes, stream);
   }
   void free(i64 off) {
-    if (tc_on_) {
+    if (tc_user_block(off)) {
       if (tc_push(off)) return;
-      if (tc_user_block(off)) tc_register();
+      tc_register();
     }
     std::lock_guard<std::mutex> g(mu_);
     free_locked(off);
@@ -254,8 +257,10 @@ class Caching {
       for (TCache* t : tc_reg_) {
         if (t == mine)
           tc_flush_all(t);
-        else
-          t->flush_req.store(true, std::memory_order_relaxed);  // the owner flushes at its next call
+        else {  // the owner flushes at its next push or refill
+          t->flush_req.store(true, std::memory_order_relaxed);
+          t->lim.store(0, std::memory_order_relaxed);
+        }
       }
     }
     if (pend_) materialize();
@@ -383,7 +388,7 @@ class Caching {
   bool tc_pop(i64 nbytes, i64 stream, i64& off) {
     if (!tc_cacheable(nbytes, stream)) return false;
     TCache* t = tc_mine();
-    if (t == nullptr || t->flush_req.load(std::memory_order_relaxed)) return false;
+    if (t == nullptr) return false;  // (a requested flush happens at the next push or refill, see TCache::lim)
     size_t k = size_t((nbytes - 1) >> shift_);  // size class: rounded size = (k + 1) * round_to
     int n = t->count(k);
     if (n == 0) return false;
@@ -399,7 +404,7 @@ class Caching {
   bool tc_push(i64 off) {
     if (!tc_user_block(off)) return false;
     TCache* t = tc_mine();
-    if (t == nullptr || t->flush_req.load(std::memory_order_relaxed)) return false;
+    if (t == nullptr) return false;
     i64 r = tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed);
     size_t k = size_t((r - 1) >> shift_);
     // The common case frees a block of the class this thread popped last. Taking k from last_k (behind a branch
@@ -409,7 +414,9 @@ class Caching {
       k = t->last_k;
       asm("" : "+r"(k));  // keep the compiler from substituting the (equal) value computed from r
     }
-    if (t->count(k) == t->cap || t->held_bytes + (i64(k + 1) << shift_) > cfg_.thread_cache_bytes) return false;
+    if (t->count(k) >= t->lim.load(std::memory_order_relaxed) ||
+        t->held_bytes + (i64(k + 1) << shift_) > cfg_.thread_cache_bytes)
+      return false;
     tc_push_block(t, off, k);
     return true;
   }
@@ -648,6 +655,7 @@ class Caching {
   void tc_flush_all(TCache* t) {
     for (int k = 0; k < tc_ncls_; ++k) tc_flush_bin(t, k, t->count(size_t(k)));
     t->flush_req.store(false, std::memory_order_relaxed);
+    t->lim.store(t->cap, std::memory_order_relaxed);
   }
   // an empty bin: carve a batch of blocks of this class from the pool (only the first may create a segment),
   // keep all but one in the bin, hand that one out
