@@ -377,12 +377,13 @@ print(
 # %% [markdown]
 # ## 8. Speed vs torch and tinygrad: what really costs, and the roofline [Q22] [Q32]
 #
-# The forward of five ResNet layers in tinylearn (C++ im2col v1 + one OpenBLAS GEMM over the whole batch via
-# `np.matmul`, then a row-copy transpose to NCHW with the bias fused; the 1×1 layer takes the direct path: a batched
-# matmul on x itself, no im2col), torch (oneDNN's direct/implicit-GEMM kernels) and tinygrad (TinyJit on its CPU
-# device, clang-compiled). Then tinylearn's forward taken apart: the im2col copy, the GEMM alone, and the GEMM's
-# GFLOP/s against the machine's measured SGEMM peak. (`python -m tinylearn bench conv` adds forward+backward, the
-# im2col GB/s against STREAM copy and the small-CNN training step.)
+# The forward of five ResNet layers in tinylearn, torch (oneDNN's direct/implicit-GEMM kernels) and tinygrad
+# (TinyJit on its CPU device, clang-compiled). tinylearn appears as two rungs of its C++ forward ladder:
+# **v1** = C++ im2col + one OpenBLAS GEMM over the whole batch via `np.matmul`, then a row-copy transpose to NCHW
+# with the bias fused (the 1×1 layer: a batched matmul on x itself, no im2col), and **v2** (the default) = the
+# implicit GEMM described after the ladder below. Then the v1 forward taken apart: the im2col copy, the GEMM alone,
+# and the GEMM's GFLOP/s against the machine's measured SGEMM peak. (`python -m tinylearn bench conv` adds
+# forward+backward, the im2col GB/s against STREAM copy and the small-CNN training step.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -395,7 +396,9 @@ from tinylearn.conv.conv2d import conv_cols  # noqa: E402
 
 batch = 8 if FULL else 2
 bench_be = "cpp" if tl.conv.cpp_available() else "numpy"
-ours = f"tinylearn ({bench_be})"
+v1 = "v1" if bench_be == "cpp" else None  # the im2col + OpenBLAS rung (numpy: its only path)
+ours = f"tinylearn ({bench_be} v1)"
+ours2 = "tinylearn (cpp v2)"
 cmp = tl.bench.Comparison(f"conv2d forward, fp32, batch {batch}", repeat=3 if not FULL else 10)
 points, parts = [], {}
 sq = rng.standard_normal((768, 768), dtype=np.float32)
@@ -404,7 +407,9 @@ for name, C, OC, H, k, s, p in tqdm(LAYERS, desc="conv layers", leave=False):
     flops = tl.conv.conv2d_flops(x.shape, w.shape, s, p)
     y = tl.conv.conv2d(x, w, b, s, p)
     with cmp.case(name, flops=flops) as c:
-        r = c.add(ours, lambda x=x, w=w, b=b, s=s, p=p: tl.conv.conv2d(x, w, b, s, p, backend=bench_be))
+        r = c.add(ours, lambda x=x, w=w, b=b, s=s, p=p: tl.conv.conv2d(x, w, b, s, p, backend=bench_be, version=v1))
+        if bench_be == "cpp":
+            r2 = c.add(ours2, lambda x=x, w=w, b=b, s=s, p=p: tl.conv.conv2d(x, w, b, s, p, backend="cpp"))
         tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
         rt = c.add("torch", lambda tx=tx, tw=tw, tb=tb, s=s, p=p: F.conv2d(tx, tw, tb, s, p))
         c.add_tinygrad("tinygrad", lambda tg, x=x, w=w, b=b, s=s, p=p: _tg_fwd(tg, x, w, b, s, p))
@@ -430,7 +435,7 @@ for name, C, OC, H, k, s, p in tqdm(LAYERS, desc="conv layers", leave=False):
         t_sq.append(time.perf_counter() - t0)
     t_gemm = min(t_g)
     t_total = measure(
-        lambda x=x, w=w, b=b, s=s, p=p: tl.conv.conv2d(x, w, b, s, p, backend=bench_be), warmup=1, repeat=5
+        lambda x=x, w=w, b=b, s=s, p=p: tl.conv.conv2d(x, w, b, s, p, backend=bench_be, version=v1), warmup=1, repeat=5
     ).min
     parts[name] = {
         "total": t_total,
@@ -443,15 +448,21 @@ for name, C, OC, H, k, s, p in tqdm(LAYERS, desc="conv layers", leave=False):
     }
     # minimum DRAM traffic: read x and w, write y once (fp32)
     intensity = flops / (4 * (x.size + w.size + y.size))
-    points += [(f"{name} ({bench_be})", intensity, r.gflops), (f"{name} (torch)", intensity, rt.gflops)]
+    points += [(f"{name} ({bench_be} v1)", intensity, r.gflops), (f"{name} (torch)", intensity, rt.gflops)]
+    if bench_be == "cpp":
+        points.append((f"{name} (cpp v2)", intensity, r2.gflops))
 table = cmp.table
 print(table)
 rows = {(row.case, row.impl): row for row in table.rows}
 tg_ok = all(rows[(n[0], "tinygrad")].median_ms is not None for n in LAYERS)
 ratio = {n[0]: rows[(n[0], ours)].median_ms / rows[(n[0], "torch")].median_ms for n in LAYERS}
+ratio2 = {
+    n[0]: rows[(n[0], ours2)].median_ms / rows[(n[0], "torch")].median_ms for n in LAYERS if (n[0], ours2) in rows
+}
 print(
-    f"Reading: tinylearn takes {min(ratio.values()):.2f}x-{max(ratio.values()):.2f}x torch's time per layer "
-    f"(<1 = tinylearn faster)"
+    f"Reading: tinylearn v1 takes {min(ratio.values()):.2f}x-{max(ratio.values()):.2f}x torch's time per layer"
+    + (f", v2 {min(ratio2.values()):.2f}x-{max(ratio2.values()):.2f}x" if ratio2 else "")
+    + " (<1 = tinylearn faster)"
     + (
         "; tinygrad takes "
         + ", ".join(f"{rows[(n[0], 'tinygrad')].median_ms / rows[(n[0], 'torch')].median_ms:.2f}x" for n in LAYERS)
@@ -464,7 +475,7 @@ assert all(rows[(n[0], ours)].median_ms > 0 and rows[(n[0], "torch")].median_ms 
 
 # %% [markdown]
 # **What really costs.** If im2col were the reason torch leads, the copy would dominate tinylearn's time. Taken
-# apart, tinylearn's forward is three parts: the column copy, the GEMM, and the rest — the transpose of `[OC, N·L]`
+# apart, tinylearn's v1 forward is three parts: the column copy, the GEMM, and the rest — the transpose of `[OC, N·L]`
 # back to NCHW with the bias (C++ row copies), and first-touch page faults of the 3.6–14.5 MB buffers (asserted,
 # batch 2) that are freshly allocated on every call. (For the 1×1 layer the table's "im2col" column is the transpose
 # the old path needed; the forward itself skips it.) On the deeper 3×3 layers (C ≥ 128) the GEMM does 2·OC = 256–512
@@ -475,8 +486,8 @@ assert all(rows[(n[0], ours)].median_ms > 0 and rows[(n[0], "torch")].median_ms 
 # square 768³ SGEMM timed alternately with them is printed — close to it on a quiet machine, erratic under load.
 # What oneDNN saves is the *data movement around* the GEMM: it never materialises the columns (implicit GEMM over a
 # blocked `nChw16c` layout that keeps the kernel's input band in cache), writes its output in place in the final
-# layout, and reuses its buffers. A faster GEMM-based conv therefore starts with reused
-# workspaces and an output written directly in NCHW, then shape-aware GEMM blocking — not with a faster copy.
+# layout, and reuses its buffers. A faster GEMM-based conv therefore starts with no column matrix and an output
+# written directly in NCHW — not with a faster copy. That is the v2 rung (after the ladder below).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -484,7 +495,7 @@ from tinylearn.bench import roofline  # noqa: E402
 
 peak = roofline.peak_gflops(n=1024, repeat=3).gflops
 print(f"square SGEMM peak (1024^3, this BLAS, loaded): {peak:.0f} GFLOP/s")
-print("tinylearn forward taken apart (best of 5 runs each; square = 768^3 SGEMM timed alternately with the GEMM):")
+print("tinylearn v1 forward taken apart (best of 5 runs each; square = 768^3 SGEMM timed alternately with the GEMM):")
 print(
     f"{'layer':18} {'GEMM M x K x N':>18} {'im2col %':>9} {'GEMM %':>7} {'rest %':>7} "
     f"{'GEMM GFLOP/s':>13} {'vs square':>10}"
@@ -578,7 +589,7 @@ if tl.conv.cpp_available():
         tl.testing.assert_close(tl.gemm.matmul(w2, cols, backend="cpp"), w2 @ cols, reduction_size=w2.shape[1])
         print(
             f"{name} GEMM {OC}x{w2.shape[1]}x{cols.shape[1]}: OpenBLAS {1e3 * t_blas:.2f} ms, project C++ GEMM "
-            f"{1e3 * t_own:.2f} ms ({t_own / t_blas:.1f}x; conv2d uses OpenBLAS)"
+            f"{1e3 * t_own:.2f} ms ({t_own / t_blas:.1f}x; conv2d v1 uses OpenBLAS, v2 the C++ GEMM's micro-kernels)"
         )
 assert copy_gbs > 0.1
 assert not tl.conv.cpp_available() or len(ladder) == 4
@@ -589,6 +600,61 @@ assert not tl.conv.cpp_available() or len(ladder) == 4
 # left spinning against the GEMM's. The backward uses the same kernels: it keeps the forward's columns for
 # `dW = dYᵀ·colsᵀ` (one GEMM over the whole batch), computes `dX = col2im(Wᵀ·dYᵀ)` (one GEMM, then the adjoint
 # copy, threaded over the image planes) and `db = Σ dY` — one GEMM per gradient.
+
+# %% [markdown]
+# ### v2: implicit GEMM — no column matrix, one thread pool [Q22] [Q32]
+#
+# The v1 forward switches between three thread pools inside one conv: the im2col threads, OpenBLAS's pthreads
+# (which busy-spin after each call) and the transpose threads; on 2 cores each switch costs. v2
+# (`_C.conv.conv2d_forward`, `cpp_src/conv_im2col.cpp`) runs everything in one OpenMP team and builds no columns:
+#
+# - the GEMM is the project's own (`cpp_src/gemm.cpp`): the same packed MR×NR register-blocked micro-kernels
+#   (AVX-512 6×32 / AVX2 6×16 fp32, a scalar loop otherwise; `TINYLEARN_CPU_FEATURES` picks the level), exposed to
+#   the conv through `gemm_ukr.h`;
+# - **B is packed straight from the image**: a tile of NC output positions (the batch side by side, as in the KNL
+#   layout) × KC kernel rows is written into NR-column micro-panels by the same memset / copy / gather row segments
+#   as im2col v1, so the "columns" only exist as one L2-sized block per thread;
+# - A (the weights) is packed once per call; the micro-kernel accumulates into `y`'s NCHW memory (`ldc = OH·OW`),
+#   whose tile starts as the bias — no transpose; a micro-panel that spans two images goes through a scratch tile.
+#
+# Its backward for stride 1 computes `dX` as the same kernel on the flipped, transposed weights
+# (`dX = conv2d(dY, W̃, padding = d(k−1) − p)`): no col2im. The table puts the GEMM rates side by side on each
+# layer's `[OC, K] × [K, N·L]` product: OpenBLAS, the project GEMM called from Python (`tl.gemm.matmul`, packing
+# a materialised column matrix), and v2's whole forward (im2col-in-packing included).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+v2_rates = {}
+if tl.conv.cpp_available() and _be.C_available("gemm"):
+    print(f"micro-kernel ISA: {_be.load_C('conv').micro_kernel_isa()}")
+    print(f"{'layer':18} {'M x K x N':>18} {'OpenBLAS':>9} {'C++ GEMM':>9} {'v2 conv':>8}  GFLOP/s (best of 3, loaded)")
+    for name, C, OC, H, k, s, p in LAYERS:
+        x, w, b = layer_arrays(C, OC, H, k, batch)
+        kk, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
+        cols = conv_cols(x, kk, s2, p2, d2, out, "cpp")
+        w2 = w.reshape(OC, -1)
+        flops = 2 * OC * w2.shape[1] * cols.shape[1]
+        y2, c2 = tl.conv.conv2d_forward(x, w, b, s, p, backend="cpp", version="v2")
+        assert c2 is None  # v2 builds no column matrix
+        ey = F.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), s, p).numpy()
+        tl.testing.assert_close(y2, ey, reduction_size=w2.shape[1])  # same result as torch (fp32 tolerance)
+        t_blas = measure(lambda w2=w2, cols=cols: w2 @ cols, warmup=1, repeat=3).min
+        t_own = measure(lambda w2=w2, cols=cols: tl.gemm.matmul(w2, cols, backend="cpp"), warmup=1, repeat=3).min
+        t_v2 = measure(lambda x=x, w=w, b=b, s=s, p=p: tl.conv.conv2d(x, w, b, s, p, backend="cpp"), repeat=3).min
+        v2_rates[name] = (flops / t_blas / 1e9, flops / t_own / 1e9, flops / t_v2 / 1e9)
+        M_, K_, N_ = OC, w2.shape[1], cols.shape[1]
+        print(f"{name:18} {f'{M_}x{K_}x{N_}':>18} " + " ".join(f"{g:9.1f}" for g in v2_rates[name]))
+assert not (tl.conv.cpp_available() and _be.C_available("gemm")) or len(v2_rates) == len(LAYERS)
+assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 GFLOP/s, even loaded
+
+# %% [markdown]
+# **Reading v2.** The GEMM inside v2 is the same micro-kernel as the project GEMM column, yet it is fed differently:
+# its B block is built in cache from the image instead of read from a column matrix in memory, its output lands in
+# NCHW, and no other thread pool wakes up between the stages — so on a quiet machine the v2 column can exceed the
+# project GEMM's rate on the very same product, and the v2 rows of the first table close most of v1's gap to
+# torch (the printed rates are loaded and vary run to run, so no ordering is asserted). What is left to oneDNN: a
+# blocked `nChw16c` layout (no edge tiles, no
+# gathers for stride 2) and a tuned micro-kernel; `dW` still materialises the columns (one OpenBLAS GEMM).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -695,7 +761,8 @@ print(
 #   im2col streams: threads over input channels (× kernel rows), each writing its contiguous block of rows, tap
 #   ranges hoisted out of the row loop (memset / memcpy / memset), no spinning thread pool next to the BLAS
 #   threads; its roof is the STREAM copy bandwidth (§8 ladder v0 → v1). A 1×1 stride-1 conv needs no im2col:
-#   `y[n] = W·x[n]`.
+#   `y[n] = W·x[n]`. Better still, no column matrix at all: v2 packs the GEMM's B panels straight from the image
+#   (implicit GEMM), writes NCHW directly and runs in one thread pool (§8 v2).
 # - **[Q32] Conv optimisations.** Winograd F(2×2,3×3) does 16 instead of 36 multiplies per tile (2.25×) but is
 #   ~2× less accurate in fp16 (§6, asserted worse on every C); depthwise = `groups = C` (§3); BN folds into
 #   `W' = γW/√(σ²+ε)`, `b' = γ(b−μ)/√(σ²+ε)+β` (§7). Against oneDNN the cost is the materialised columns, the
