@@ -15,6 +15,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -323,6 +324,14 @@ def test_thread_cache_user_view_matches_the_reference_on_random_programs(seed: i
     assert s["reserved"] == s["allocated"] == s["thread_cached"] == 0 and s["n_alloc"] == s["n_free"]
 
 
+def _wait_for_thread_exits(alloc: M.CachingAllocator, keep: int = 0) -> None:
+    """Thread.join() returns when the Python thread state is gone, a moment before the OS thread runs its C++
+    thread_local destructors (which flush the caches): wait for them."""
+    deadline = time.monotonic() + 30
+    while alloc.thread_cache_stats()["threads"] > keep and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_thread_cache_python_threads_cross_thread_frees_and_exit() -> None:
     """Python threads allocate, hand blocks to each other through a queue and free them there; when they exit their
     caches go back to the pool: every block accounted for, every byte returned by empty_cache()."""
@@ -356,6 +365,7 @@ def test_thread_cache_python_threads_cross_thread_frees_and_exit() -> None:
     for t in threads:
         t.join()
     assert not errors, errors
+    _wait_for_thread_exits(alloc)
     ts = alloc.thread_cache_stats()
     assert ts["threads"] == 0 and ts["thread_cached"] == 0  # exited threads flushed their caches
     left = []
@@ -400,6 +410,7 @@ def test_empty_cache_asks_the_other_threads_to_flush() -> None:
     assert alloc.thread_cache_stats()["flushes"] > flushes
     go.set()
     t.join(timeout=60)
+    _wait_for_thread_exits(alloc)
     alloc.free(kept[0])
     alloc.empty_cache()
     s = alloc.stats()
