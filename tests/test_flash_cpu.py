@@ -350,6 +350,25 @@ def test_backward_bad_version() -> None:
         C.flash_attention_backward(q, q, q, q, lse, q, False, 0, "blocked_simd")
 
 
+@pytest.mark.parametrize("version", [None, *cpu_k.ATTENTION_VERSIONS])
+def test_backward_versions_through_ops(version: str | None) -> None:
+    """tl.kernels.flash_attention_backward(version=...) reaches every C++ rung; the result matches torch autograd
+    on a non-contiguous batch of heads."""
+    from tinylearn.kernels import ops
+
+    rng = np.random.default_rng(7)
+    q, k, v = (np.swapaxes(rng.standard_normal((2, 70, 3, 32)).astype(np.float32), 1, 2) for _ in range(3))
+    o, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True)
+    do = rng.standard_normal(o.shape).astype(np.float32)
+    grads = ops.flash_attention_backward(q, k, v, o, lse, do, causal=True, version=version)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(torch.tensor(do))
+    for got, t in zip(grads, (tq, tk, tv)):
+        assert_close(got, t.grad.numpy(), reduction_size=70)
+    with pytest.raises(ValueError, match="not a version"):
+        ops.flash_attention_backward(q, k, v, o, lse, do, version="fastest")
+
+
 def test_bench_fwd_bwd_rows() -> None:
     """`tinylearn bench kernels`' fwd+bwd attention table: every row runs (no timed assert), and every row's callable
     returns the same gradients as torch SDPA's autograd."""

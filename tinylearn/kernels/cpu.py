@@ -12,7 +12,10 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
   vec_math.h, <= 2.4 ulp), ``simd_omp``.
 - flash attention (forward): ``tiled`` (v0: 4x32 micro-GEMMs the compiler vectorises, OpenMP), ``blocked_simd`` (v1:
   explicit AVX-512/AVX2/scalar micro-kernels on transposed score tiles, vector exp, one thread),
-  ``blocked_simd_omp`` (v2, default: v1 + OpenMP over (head, query block)); the backward has one version.
+  ``blocked_simd_omp`` (v2, default: v1 + OpenMP over (head, query block)). The backward has the same three names:
+  ``tiled`` (the first version), ``blocked_simd`` (FlashAttention-2: P recomputed from the saved logsumexp, dK/dV
+  per key block, vector micro-kernels), ``blocked_simd_omp`` (default: OpenMP over (key block, head), dQ summed
+  from per-thread buffers).
   [1, 8, N, 64] fp32, one thread, CPU time (dev box, loaded by other jobs): time / torch SDPA 0.55-1.2x at
   N = 512-4096 (``tiled`` 1.0-1.8x), causal ~0.5x its non-causal time (key tiles past the diagonal skipped).
 
@@ -124,5 +127,7 @@ def attention_backward(
     do: np.ndarray,
     causal: bool,
     block_size: int = 64,
+    version: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return tuple(_k().flash_attention_backward(q, k, v, o, lse, do, bool(causal), int(block_size)))
+    ver = version or ATTENTION_VERSION
+    return tuple(_k().flash_attention_backward(q, k, v, o, lse, do, bool(causal), int(block_size), ver))

@@ -63,6 +63,11 @@ _TABLE: dict[str, tuple[str, dict[str, list[tuple[str, str, dict[str, Any]]]]]] 
                 ("tiled", "attention", {"version": "tiled"}),
                 ("blocked_simd", "attention", {"version": "blocked_simd"}),
             ],
+            "attention_backward": [
+                ("blocked_simd_omp", "attention_backward", {"version": "blocked_simd_omp"}),
+                ("tiled", "attention_backward", {"version": "tiled"}),
+                ("blocked_simd", "attention_backward", {"version": "blocked_simd"}),
+            ],
         },
     ),
     "triton": (
@@ -411,13 +416,15 @@ def flash_attention_backward(
     causal: bool = False,
     block_size: int = 64,
     backend: str | None = None,
+    version: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) by recomputation: P = exp(S - lse) tile by tile, never stored whole.
 
-    cpu backend: float32 runs the blocked SIMD FlashAttention-2 backward (OpenMP over key blocks, each owning its dK
-    and dV rows; dQ summed from per-thread buffers), float64 the tiled scalar one; extra memory O(N)."""
+    cpu backend, ``version``: 'blocked_simd_omp' (default: the FlashAttention-2 backward with vector micro-kernels,
+    OpenMP over key blocks, each owning its dK and dV rows; dQ summed from per-thread buffers) | 'blocked_simd' (one
+    thread) | 'tiled' (the first version). float64 runs the tiled scalar code under every name; extra memory O(N)."""
     q, k, v = _as_float(q, "q"), _as_float(k, "k"), _as_float(v, "v")
-    mod = _kernel("attention_backward", backend)
+    mod = _kernel("attention_backward", backend, version)
     q3, k3, v3, lead, ct = _attn_prep(q, k, v, block_size, mod)
     o, dout, lse = _as_float(o, "o"), _as_float(dout, "dout"), _as_float(lse, "lse")
     want = lead + (q3.shape[1], v3.shape[2])
