@@ -786,16 +786,19 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
         else
           pack_b_implicit<0>(x, C * H * W, w, H, W, OH, OW, rows, kb, nk, j0, kr, kr, rowsbuf);
         // transpose into NR-wide k panels: panel q holds cols[kb + q*NR + t, j0 + jj] at [jj*NR + t]
+        // in 16-position strips: the strip's NR x 16 writes (2 KB fp32) stay in L1
         for (ssize_t q = 0; q < npan; ++q) {
           T* bq = Bp + q * kr * NR;
-          for (ssize_t t = 0; t < NR; ++t) {
-            const ssize_t kk = q * NR + t;
-            if (kk >= nk) {
-              for (ssize_t jj = 0; jj < kr; ++jj) bq[jj * NR + t] = T(0);
-            } else {
-              const T* src = rowsbuf + kk * kr;
-              for (ssize_t jj = 0; jj < kr; ++jj) bq[jj * NR + t] = src[jj];
+          const ssize_t tv = std::min(NR, nk - q * NR);  // valid k rows of this panel
+          for (ssize_t j0s = 0; j0s < kr; j0s += 16) {
+            const ssize_t js = std::min<ssize_t>(16, kr - j0s);
+            T* d = bq + j0s * NR;
+            for (ssize_t t = 0; t < tv; ++t) {
+              const T* src = rowsbuf + (q * NR + t) * kr + j0s;
+              for (ssize_t u = 0; u < js; ++u) d[u * NR + t] = src[u];
             }
+            for (ssize_t t = tv; t < NR; ++t)
+              for (ssize_t u = 0; u < js; ++u) d[u * NR + t] = T(0);
           }
         }
         for (ssize_t q = 0; q < npan; ++q) {
