@@ -354,10 +354,11 @@ TL_REGISTER(memory) {
             d["refills"] = t.refills;
             d["flushes"] = t.flushes;
             d["threads"] = t.threads;
+            d["locked_calls"] = t.locked_calls;
             return d;
           },
-          "per-thread cache: bytes/blocks held in thread caches, lock-free mallocs/frees, blocks refilled from / "
-          "flushed to the pool, threads with a cache")
+          "per-thread cache: bytes/blocks held in thread caches, mallocs/frees served by a cache, blocks refilled "
+          "from / flushed to the pool, threads with a cache, cacheable calls that took the lock (refill / flush)")
       .def("flush_thread_cache", &Caching::flush_thread_cache, py::call_guard<py::gil_scoped_release>(),
            "return the calling thread's cached blocks to the pool (thread exit does the same)")
       .def(

@@ -232,8 +232,9 @@ class Caching {
         if (TCache* t = tc_mine()) {
           if (t->flush_req.load(std::memory_order_relaxed)) tc_flush_all(t);
           int k = int(size >> shift_) - 1;
+          tc_locked_ += 1;
           if (t->count(size_t(k)) == t->cap) tc_flush_bin(t, k, std::max(1, t->cap / 2));
-          if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_all(t);
+          if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_half(t, size);
           tc_push_block(t, off, size_t(k));
           return;
         }
@@ -283,13 +284,14 @@ class Caching {
 
   struct TcStats {
     i64 thread_cached = 0, thread_cached_blocks = 0, hits_alloc = 0, hits_free = 0, refills = 0, flushes = 0,
-        threads = 0, slack = 0;
+        threads = 0, slack = 0, locked_calls = 0;
   };
   TcStats thread_cache_stats() {
     std::lock_guard<std::mutex> g(mu_);
     TcStats s = tc_sum();
     s.refills = refill_n_;
     s.flushes = flush_n_;
+    s.locked_calls = tc_locked_;
     s.threads = i64(tc_reg_.size());
     return s;
   }
@@ -652,6 +654,12 @@ class Caching {
     t->flushed += count;
     t->held_bytes -= i64(count) * (i64(k + 1) << shift_);
   }
+  // over the byte cap: return the older half of every bin (all of it if that is not enough for `size` more bytes),
+  // so the next overflow is again about half the budget away (flushing everything would thrash)
+  void tc_flush_half(TCache* t, i64 size) {
+    for (int k = 0; k < tc_ncls_; ++k) tc_flush_bin(t, k, (t->count(size_t(k)) + 1) / 2);
+    if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_all(t);
+  }
   void tc_flush_all(TCache* t) {
     for (int k = 0; k < tc_ncls_; ++k) tc_flush_bin(t, k, t->count(size_t(k)));
     t->flush_req.store(false, std::memory_order_relaxed);
@@ -663,7 +671,8 @@ class Caching {
     if (t->flush_req.load(std::memory_order_relaxed)) tc_flush_all(t);
     i64 size = round(nbytes);
     size_t k = size_t(size >> shift_) - 1;
-    if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_all(t);
+    tc_locked_ += 1;
+    if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_half(t, size);
     i64 room = (cfg_.thread_cache_bytes - t->held_bytes) / size;
     i64 want = std::max<i64>(1, std::min<i64>({std::max(1, t->cap / 2), room, t->cap - t->count(k)}));
     i64 got = 0;
@@ -872,6 +881,7 @@ class Caching {
   };
   Hint hint_[16];  // thread pointer -> cache, see tc_mine()
   i64 refill_n_ = 0, flush_n_ = 0;              // pool mallocs into / frees out of thread caches
+  i64 tc_locked_ = 0;                           // cacheable mallocs / frees that had to take the lock
 };
 
 // thread exit: flush every cache of this thread back to its allocator (if it still exists)
