@@ -1149,6 +1149,45 @@ assert max((p for p in pts if p["backend"] == "numpy"), key=lambda p: p["ratio"]
 # `erf`/`exp` arithmetic, or load on a shared box). The byte model gives the *bound* and the *ratio* to expect from
 # fusing, not the time.
 #
+# ### 10b. A write costs a read: streaming stores [Q54] [Q101]
+#
+# The byte model above counts a fused kernel's traffic as one read of $x$ and one write of $y$. The hardware moves
+# more: a normal store to a line that is not in cache first *reads* that line (read-for-ownership), so $y = f(x)$
+# over arrays larger than the cache moves three arrays' worth of bytes, not two — and the written lines evict $x$.
+# A non-temporal store (`_mm512_stream_ps`, `_mm256_stream_ps`) writes around the cache through write-combining
+# buffers: no read-for-ownership, and $x$ stays cached. tinylearn's LayerNorm and bias+GELU SIMD rungs stream their
+# output when it is larger than 4 MiB (`cpp_src/common.h`: `stream_output`, overridable with
+# `TINYLEARN_STREAM_MIN_BYTES`), with a scalar head up to the vector alignment and one `sfence` per thread; the
+# bits are the same either way (asserted below and in `tests/test_kernels_cpu.py`). It is not a free win: softmax's
+# last pass rewrites rows that are already in cache, and dequantize's 4 MB output would otherwise still be in the
+# last-level cache for its consumer; both measured slower when streamed, so they keep normal stores. The rule:
+# stream only what nobody reads soon and what is not already cached. The cell times LayerNorm 1024×4096 (16 MiB
+# out) on one thread both ways; the numbers are this machine's, and no claim is made about them here.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import time  # noqa: E402
+
+from tinylearn.backends import load_C  # noqa: E402
+
+CK = load_C().kernels
+assert not CK.stream_output(4 << 20) and CK.stream_output(16 << 20)  # the 4 MiB threshold, in bytes of output
+xs = rng.standard_normal((1024, 4096)).astype(np.float32)
+ws, bs = np.ones(4096, np.float32), np.zeros(4096, np.float32)
+best, outs = {}, {}
+for mode, min_bytes in (("normal", str(1 << 62)), ("streamed", "0")):
+    os.environ["TINYLEARN_STREAM_MIN_BYTES"] = min_bytes  # read by the C++ side on every call
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        outs[mode] = K.layer_norm(xs, ws, bs, backend="cpu", version="simd")  # the one-thread SIMD rung
+        times.append(time.perf_counter() - t0)
+    best[mode] = min(times) * 1e3
+del os.environ["TINYLEARN_STREAM_MIN_BYTES"]
+print(f"LayerNorm 1024x4096 fp32, 1 thread: normal stores {best['normal']:.2f} ms, streamed {best['streamed']:.2f} ms")
+assert np.array_equal(outs["normal"], outs["streamed"])  # same bits: only the path to memory differs
+assert all(0 < t < 1e3 for t in best.values())
+#
 # ## 11. Benchmarks: tinylearn vs torch vs tinygrad
 #
 # Side by side in one process, one thread per library: numpy unfused, tinylearn cpu (fused C++), torch eager and
@@ -1230,7 +1269,9 @@ plt.show()
 #   10–20) take bytes ÷ bandwidth; fusing a chain into one kernel keeps intermediates in registers and moves only
 #   inputs + outputs. Elementwise chains fuse freely; a reduction fuses when its row fits one block (softmax,
 #   LayerNorm); a matmul fuses its producer/consumer elementwise ops into its prologue/epilogue. Byte ratios
-#   computed above: softmax 4×, LayerNorm 6×, bias+GELU 6.5×.
+#   computed above: softmax 4×, LayerNorm 6×, bias+GELU 6.5×. On a CPU a normal store to an uncached line first
+#   reads it (read-for-ownership): streaming (non-temporal) stores for outputs above 4 MiB skip that read and keep
+#   the input cached, same bits (§10b); not for outputs the next op reads from cache.
 # - **[Q101] Two elementwise + one reduction: fuse?** Unfused bytes $= (2+2+1)\,n\cdot4 + r\cdot4$, fused
 #   $= n\cdot4 + r\cdot4$: 5× fewer bytes for $y_r=\sum_c(ax+b)^2$; with a 5 µs launch per kernel the A100
 #   prediction is ≈4× faster at 4096×768 and ≈3× at 64×64 (launch-bound). Fuse when $t_\text{fused} <
