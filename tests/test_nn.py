@@ -421,7 +421,7 @@ def _pool_pair(x, args):
     ids=["k2", "k3s2p1", "k3s1p1d2", "rect", "s>k", "rect_dil"],
 )
 def test_max_pool2d_direct_matches_torch_and_im2col(args, layout, dtype):
-    from tinylearn.conv.functional import max_pool2d as im2col_pool
+    from tinylearn.conv.functional import max_pool2d_im2col as im2col_pool
     from tinylearn.nn.functional_pool import MaxPool2dDirect
 
     x = make_array((2, 3, 9, 11), dtype=dtype, layout=layout)

@@ -116,13 +116,13 @@ def _cnn_tl(legacy: bool = False) -> Any:
 
 def _im2col_pool_module() -> type:
     from tinylearn import nn
-    from tinylearn.conv.functional import max_pool2d
+    from tinylearn.conv.functional import max_pool2d_im2col
 
     class Im2colMaxPool2d(nn.MaxPool2d):
-        """The pre-issue-18 path of nn.MaxPool2d: im2col windows + argmax (tinylearn.conv.functional.max_pool2d)."""
+        """The pre-issue-18 path of nn.MaxPool2d: im2col windows + argmax (conv.functional.max_pool2d_im2col)."""
 
         def forward(self, x: Any) -> Any:
-            return max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation)
+            return max_pool2d_im2col(x, self.kernel_size, self.stride, self.padding, self.dilation)
 
     return Im2colMaxPool2d
 
