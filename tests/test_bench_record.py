@@ -52,6 +52,19 @@ def test_default_record_path_names_cpu_date_and_topics(tmp_path: Path) -> None:
     assert default_record_path([], root=tmp_path, when=dt.date(2026, 1, 2)).name == "2026-01-02_all.json"
 
 
+def test_default_record_path_never_overwrites_a_saved_record(tmp_path: Path) -> None:
+    import datetime as dt
+
+    when = dt.datetime(2026, 11, 24, 12, 30, tzinfo=dt.timezone.utc)
+    names = []
+    for _ in range(3):
+        p = default_record_path(["quant"], root=tmp_path, when=when)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("{}")
+        names.append(p.name)
+    assert names == ["2026-11-24_quant.json", "2026-11-24T1230Z_quant.json", "2026-11-24T1230Z-2_quant.json"]
+
+
 def test_compare_ratios_and_unmatched_rows() -> None:
     saved = _record({("n=1", "torch"): 2.0, ("n=1", "tinylearn"): 4.0, ("n=2", "torch"): 1.0})
     now = _record({("n=1", "torch"): 1.0, ("n=1", "tinylearn"): 3.0, ("n=3", "torch"): 1.0}, simd="avx512")

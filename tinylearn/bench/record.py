@@ -114,10 +114,20 @@ def make_record(tables: list[tuple[str, Table]], machine: dict[str, Any] | None 
 
 
 def default_record_path(topics: list[str], root: str | Path = "benchmarks", when: _dt.date | None = None) -> Path:
-    """``benchmarks/<cpu-slug>/<YYYY-MM-DD>_<topics>.json`` (``all`` when every topic ran)."""
-    when = when or _dt.datetime.now(_dt.timezone.utc).date()
+    """``benchmarks/<cpu-slug>/<YYYY-MM-DD>_<topics>.json`` (``all`` when every topic ran). When that file exists
+    already (a second run the same day), ``<YYYY-MM-DD>T<HHMM>Z_<topics>.json``: a saved record is never
+    overwritten."""
+    now = _dt.datetime.now(_dt.timezone.utc)
+    when = when or now
+    day = when if not isinstance(when, _dt.datetime) else when.date()
+    stamp = (when if isinstance(when, _dt.datetime) else now).strftime("T%H%MZ")
     name = "_".join(topics) if topics else "all"
-    return Path(root) / cpu_slug() / f"{when.isoformat()}_{name}.json"
+    folder = Path(root) / cpu_slug()
+    path, n = folder / f"{day.isoformat()}_{name}.json", 1
+    while path.exists():
+        path = folder / f"{day.isoformat()}{stamp}{'' if n == 1 else f'-{n}'}_{name}.json"
+        n += 1
+    return path
 
 
 def load_record(path: str | Path) -> dict[str, Any]:
