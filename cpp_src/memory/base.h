@@ -14,7 +14,9 @@
 //             thread-safe: one std::mutex around every public call; live blocks are found through a direct
 //             table indexed by offset / round_to (8 bytes per 512 B of arena = 1/64 of the capacity), which is
 //             ~20% faster per malloc+free pair than a hash map; a fast path (memo of best fit per size class +
-//             lazy split cancelled by the matching free) reuses a cached block with no tree work, same decisions
+//             lazy split cancelled by the matching free) reuses a cached block with no tree work, same decisions;
+//             opt-in per-thread cache (thread_cache=N blocks per small size class, caching.h): a malloc/free
+//             pair takes no lock, refills and flushes go to the locked pool in batches, flushed at thread exit
 //
 // Units are bytes. Bad input throws std::invalid_argument (-> ValueError) or tl::mem::OutOfMemory
 // (-> MemoryError) before any state changes.
