@@ -32,6 +32,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common.h"
@@ -487,6 +488,19 @@ std::unique_ptr<T[], FreeDeleter> aligned_array(size_t n) {  // 64-byte aligned 
 template <class T>
 struct ImplicitRows {  // per kernel row k = (c, i, j) of one group: where it reads
   std::vector<ssize_t> coff, ioff, joff, lo, hi;  // channel offset (c*H*W), i*dh - ph, j*dw - pw, valid ow range
+
+  // the K = C*kh*kw rows of a window w over an H x W image with OW output columns
+  ImplicitRows(ssize_t K, const Win& w, ssize_t H, ssize_t W, ssize_t OW) {
+    for (auto* v : {&coff, &ioff, &joff, &lo, &hi}) v->resize(size_t(K));
+    const ssize_t KK = w.kh * w.kw;
+    for (ssize_t k = 0; k < K; ++k) {
+      const ssize_t c = k / KK, i = (k % KK) / w.kw, j = k % w.kw;
+      coff[k] = c * H * W;
+      ioff[k] = i * w.dh - w.ph;
+      joff[k] = j * w.dw - w.pw;
+      std::tie(lo[k], hi[k]) = valid_range(joff[k], w.sw, W, OW);
+    }
+  }
 };
 
 template <int SW, class T>
@@ -574,17 +588,7 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
     NC = std::max(NR, ((NL + per_group - 1) / per_group + NR - 1) / NR * NR);
   }
   const ssize_t ntj = (NL + NC - 1) / NC, ntiles = G * ntj;
-  ImplicitRows<T> rows;
-  for (auto* v : {&rows.coff, &rows.ioff, &rows.joff, &rows.lo, &rows.hi}) v->resize(size_t(Kg));
-  for (ssize_t k = 0; k < Kg; ++k) {
-    const ssize_t c = k / KK, i = (k % KK) / w.kw, j = k % w.kw;
-    rows.coff[k] = c * H * W;
-    rows.ioff[k] = i * w.dh - w.ph;
-    rows.joff[k] = j * w.dw - w.pw;
-    const auto [lo, hi] = valid_range(rows.joff[k], w.sw, W, OW);
-    rows.lo[k] = lo;
-    rows.hi[k] = hi;
-  }
+  const ImplicitRows<T> rows(Kg, w, H, W, OW);
   auto Ap = aligned_array<T>(size_t(G * OCp * Kg));  // [g][pc block][OCp/MR panels][kc][MR]
   // per-thread B blocks, allocated here: an exception must not leave an OpenMP region
   std::vector<std::unique_ptr<T[], FreeDeleter>> Bps;
@@ -719,17 +723,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
   const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, K = C * KK, L = OH * OW, NL = N * L;
   const ssize_t NK = std::min<ssize_t>(8 * NR, (K + NR - 1) / NR * NR);
   const ssize_t OCp = (OC + MR - 1) / MR * MR;
-  ImplicitRows<T> rows;
-  for (auto* v : {&rows.coff, &rows.ioff, &rows.joff, &rows.lo, &rows.hi}) v->resize(size_t(K));
-  for (ssize_t k = 0; k < K; ++k) {
-    const ssize_t c = k / KK, i = (k % KK) / w.kw, j = k % w.kw;
-    rows.coff[k] = c * H * W;
-    rows.ioff[k] = i * w.dh - w.ph;
-    rows.joff[k] = j * w.dw - w.pw;
-    const auto [lo, hi] = valid_range(rows.joff[k], w.sw, W, OW);
-    rows.lo[k] = lo;
-    rows.hi[k] = hi;
-  }
+  const ImplicitRows<T> rows(K, w, H, W, OW);
   // reduction blocks of at most 256 positions, their count a multiple of the threads (equal shares: 784 positions
   // on 2 threads = 4 x 196, not 256 + 256 | 256 + 16)
   const double macs = double(NL) * OC * K;
