@@ -562,12 +562,12 @@ for r in phase_rows.values():
 
 # %%
 from tinylearn.autograd import bench as AB  # noqa: E402
-from tinylearn.conv.functional import max_pool2d as im2col_max_pool2d  # noqa: E402
+from tinylearn.conv.functional import max_pool2d_im2col  # noqa: E402
 from tinylearn.nn.functional_pool import MaxPool2dDirect, _fast_kernels  # noqa: E402
 
 xp = tl.Tensor(rng.standard_normal((32, 8, 28, 28)).astype(np.float32), requires_grad=True)
 xq = tl.Tensor(xp.data.copy(), requires_grad=True)
-yp, yq = tl.nn.MaxPool2d(2)(xp), im2col_max_pool2d(xq, 2)  # the layer's path vs F.max_pool2d's (im2col)
+yp, yq = tl.nn.MaxPool2d(2)(xp), max_pool2d_im2col(xq, 2)  # the layer's path (direct) vs the im2col rung
 (yp * yp).sum().backward()
 (yq * yq).sum().backward()
 print("pool node:", type(yp.grad_fn).__name__, "vs legacy", type(yq.grad_fn).__name__)

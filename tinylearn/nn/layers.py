@@ -249,7 +249,7 @@ class MaxPool2d(Module):
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, x: Tensor) -> Any:
-        return _direct_max_pool2d(  # the direct C++ kernel where it applies, F.max_pool2d (im2col) otherwise
+        return _direct_max_pool2d(  # F.max_pool2d: the direct C++ kernel where it applies, im2col otherwise
             x,
             self.kernel_size,
             self.stride,
