@@ -206,22 +206,28 @@ print(json.dumps(out))
 """
 
 
-def test_extra_memory_is_linear_in_n() -> None:
-    """Peak resident-set growth of one call (subprocess, mmap threshold 64 KiB so big buffers are returned on free):
-    the output and lse plus per-thread tiles, far below one [heads, N, N] score matrix."""
+def _peak_rss_growth(code: str, n: int, heads: int, **env: str) -> dict[str, float]:
+    """Run ``code`` (one of the _RSS_* scripts) in a subprocess for every version: {version: peak RSS growth in MB of
+    one call}. glibc's mmap threshold is 64 KiB so big buffers go back to the OS on free."""
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("needs Linux /proc/self/clear_refs to reset the peak RSS")
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
-    n, heads = 2048, 2
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0", **env)
     r = subprocess.run(
-        [sys.executable, "-c", _RSS_CODE, str(n), str(heads), ",".join(VERSIONS)],
+        [sys.executable, "-c", code, str(n), str(heads), ",".join(VERSIONS)],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    mb = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_extra_memory_is_linear_in_n() -> None:
+    """Peak resident-set growth of one call: the output and lse plus per-thread tiles, far below one [heads, N, N]
+    score matrix."""
+    n, heads = 2048, 2
+    mb = _peak_rss_growth(_RSS_CODE, n, heads)
     scores_mb = heads * n * n * 4 / 2**20  # 32 MB
     out_mb = heads * n * 64 * 4 / 2**20  # 1 MB
     for version, grew in mb.items():
@@ -406,20 +412,8 @@ print(json.dumps(out))
 def test_backward_extra_memory_is_linear_in_n() -> None:
     """Peak RSS growth of one backward call: dq, dk, dv (3 x q) plus the packed QT, dO^T (2 x q) and one dQ buffer
     per extra thread — a few times the inputs, far below one [heads, N, N] score matrix."""
-    if not os.path.exists("/proc/self/clear_refs"):
-        pytest.skip("needs Linux /proc/self/clear_refs to reset the peak RSS")
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
-    env["OMP_NUM_THREADS"] = "2"  # the dQ buffers scale with the thread count: pin it
     n, heads = 2048, 2
-    r = subprocess.run(
-        [sys.executable, "-c", _RSS_BWD_CODE, str(n), str(heads), ",".join(VERSIONS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    mb = json.loads(r.stdout.strip().splitlines()[-1])
+    mb = _peak_rss_growth(_RSS_BWD_CODE, n, heads, OMP_NUM_THREADS="2")  # the dQ buffers scale with the threads
     scores_mb = heads * n * n * 4 / 2**20  # 32 MB
     q_mb = heads * n * 64 * 4 / 2**20  # 1 MB
     for version, grew in mb.items():
