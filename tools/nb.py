@@ -52,11 +52,41 @@ def parse_percent(text: str) -> list[nbformat.NotebookNode]:
     return cells
 
 
+# nbval's comment markers: it acts on a line that is exactly "# MARKER" (any text after the marker on the same line
+# and nbval silently ignores it: a machine-dependent cell then fails on another CPU)
+NBVAL_MARKERS = ("NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP")
+
+
+def marker_errors(source: str) -> list[str]:
+    """Lines of a code cell that look like an nbval marker but are not one nbval recognises."""
+    bad = []
+    for line in source.splitlines():
+        comment = line.strip().lstrip("#").strip() if line.strip().startswith("#") else ""
+        if comment.startswith("NBVAL") and comment not in NBVAL_MARKERS:
+            bad.append(f"{line.strip()!r}: nbval only reads a marker alone on its line (# {comment.split()[0]})")
+    return bad
+
+
+def ignores_output(source: str) -> bool:
+    """Whether nbval skips comparing this code cell's outputs (a line exactly '# NBVAL_IGNORE_OUTPUT')."""
+    return any(
+        ln.strip().lstrip("#").strip() == "NBVAL_IGNORE_OUTPUT" for ln in source.splitlines() if ln.strip()[:1] == "#"
+    )
+
+
 def build(src: Path, timeout: int = 600) -> Path:
     from nbclient import NotebookClient
 
     nb = nbformat.v4.new_notebook()
     nb.cells = parse_percent(src.read_text())
+    bad = [
+        f"{src.name} cell {i}: {e}"
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        for e in marker_errors(c.source)
+    ]
+    if bad:
+        raise SystemExit("\n".join(bad))
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
@@ -70,7 +100,7 @@ def build(src: Path, timeout: int = 600) -> Path:
         cell.metadata = {}
         if cell.cell_type == "code":
             cell.id = f"c{i:03d}"
-            ignored = cell.source.lstrip().startswith("# NBVAL_IGNORE_OUTPUT")
+            ignored = ignores_output(cell.source)
             for o in cell.outputs:
                 o.pop("metadata", None) if o.get("output_type") == "stream" else None
                 if o.get("output_type") == "stream" and o.get("name") == "stderr" and not ignored:
@@ -93,7 +123,8 @@ def check() -> int:
             bad.append(f"{p.name}: error output committed")
         if not any("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", [])):
             bad.append(f"{p.name}: no plot")
-    print("\n".join(bad) or "all notebooks executed, plots present, no errors")
+        bad += [f"{p.name}: {e}" for c in code for e in marker_errors("".join(c["source"]))]
+    print("\n".join(bad) or "all notebooks executed, plots present, no errors, nbval markers well formed")
     return 1 if bad else 0
 
 

@@ -161,7 +161,8 @@ print(
 # simulator must agree with the closed form for every algorithm and p = 2 … 8.
 
 # %%
-# NBVAL_IGNORE_OUTPUT  (least-squares and float sums: last bits depend on the BLAS/SIMD path; asserted)
+# NBVAL_IGNORE_OUTPUT
+# (least-squares and float sums: their last bits depend on the BLAS/SIMD path; the claims are asserted)
 true = cost_model.ContendedParams(alpha_s=80e-6, sched_s=1.5e-3, beta_s_per_byte=1 / 1.2e9, gamma_s_per_byte=1 / 14e9)
 syn_sizes = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 pts = [(a, n, p) for a in ("ring", "recursive_doubling") for p in (2, 4) for n in syn_sizes]
