@@ -10,8 +10,8 @@
 //                sum_k (a_ik + 128) b_kj = C_ij + 128 * colsum_j(B).
 // Dispatch happens at run time (tl::cpu_has in cpu_features.h, which honours TINYLEARN_CPU_FEATURES) and each
 // SIMD path is compiled with __attribute__((target(...))), so a portable (-march=x86-64) build still uses them.
-// Register blocking: 4 rows x 4 zmm (VNNI) or 2 ymm (AVX2) vectors of columns; OpenMP over column panels (or row
-// blocks when N is small).
+// Register blocking: 6 rows x 4 zmm (VNNI, 24 accumulators) or 6 rows x 2 ymm (avx2_madd16), 4 rows for avx2_u7 and
+// scalar; OpenMP over column panels (or row blocks when N is small).
 #include "cpu_features.h"
 #include "registry.h"
 
@@ -329,38 +329,8 @@ void mk_scalar(const uint8_t* ap, ssize_t lda, const i8* bp, ssize_t k0, ssize_t
   }
 }
 
-template <int R>
-__attribute__((target("avx2"))) void mk_madd16(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
-                                               ssize_t k1, i32* ct) {
-  // bw: this K block of the panel already sign-extended to int16, [8 column groups][k1 - k0][8 columns][4 k]
-  // (widen_block), so each group's K loop reads 64 contiguous bytes per step.
-  // 8 columns per step: two ymm of (4 columns x 4 k) int16; lane pairs hold two partial sums per column
-  for (int cb = 0; cb < NPW; cb += 8) {
-    __m256i acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    for (ssize_t kq = k0; kq < k1; ++kq) {
-      const int16_t* b = bw + ((cb / 8) * (k1 - k0) + (kq - k0)) * 32;
-      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-      for (int r = 0; r < R; ++r) {
-        long long a4;
-        std::memcpy(&a4, ap + r * lda + 4 * kq, 8);
-        const __m256i a = _mm256_set1_epi64x(a4);
-        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(a, b0));
-        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(a, b1));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      // hadd -> [c0 c1 c4 c5 | c2 c3 c6 c7]; permute 64-bit lanes (0,2,1,3) -> c0..c7
-      const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xD8);
-      __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);
-      _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));
-    }
-  }
-}
-
 // sign-extend kq rows [k0, k1) of a packed B panel to int16 (once per block, reused by every row block), regrouped
-// as [8 column groups][k1 - k0][8 columns x 4 k] for mk_madd16
+// as [8 column groups][k1 - k0][8 columns x 4 k] for mk_madd16_6
 __attribute__((target("avx2"))) void widen_block(const i8* bp, ssize_t k0, ssize_t k1, int16_t* bw) {
   const ssize_t kb = k1 - k0;
   for (ssize_t kq = k0; kq < k1; ++kq)
@@ -398,102 +368,6 @@ __attribute__((target("avx2"))) void mk_u7(const uint8_t* ap, ssize_t lda, const
         __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb + 8 * v);
         _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), acc[r][v]));
       }
-  }
-}
-
-template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni(const uint8_t* ap, ssize_t lda, const i8* bp,
-                                                                    ssize_t k0, ssize_t k1, i32* ct) {
-  __m512i acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_si512(ct + r * NPW + 16 * v);
-  for (ssize_t kq = k0; kq < k1; ++kq) {
-    __m512i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(bp + (kq * NPW + 16 * v) * 4);
-    for (int r = 0; r < R; ++r) {
-      i32 a4;
-      std::memcpy(&a4, ap + r * lda + 4 * kq, 4);
-      const __m512i a = _mm512_set1_epi32(a4);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], a, b[v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_si512(ct + r * NPW + 16 * v, acc[r][v]);
-}
-
-// the full 4-row block written out with named accumulators: GCC keeps them in zmm registers (the array form
-// above gets copied through the stack every iteration, at less than half the speed)
-template <>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni<4>(const uint8_t* ap, ssize_t lda,
-                                                                       const i8* bp, ssize_t k0, ssize_t k1,
-                                                                       i32* ct) {
-#define TL_LD(r, v) __m512i c##r##v = _mm512_loadu_si512(ct + r * NPW + 16 * v);
-#define TL_ROW(r) TL_LD(r, 0) TL_LD(r, 1) TL_LD(r, 2) TL_LD(r, 3)
-  TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
-#undef TL_ROW
-#undef TL_LD
-  const uint8_t* a0p = ap;
-  const uint8_t* a1p = ap + lda;
-  const uint8_t* a2p = ap + 2 * lda;
-  const uint8_t* a3p = ap + 3 * lda;
-  for (ssize_t kq = k0; kq < k1; ++kq) {
-    const i8* b = bp + kq * NPW * 4;
-    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128),
-                  b3 = _mm512_loadu_si512(b + 192);
-    i32 t;
-#define TL_ROW(r)                                 \
-  std::memcpy(&t, a##r##p + 4 * kq, 4);           \
-  {                                               \
-    const __m512i a = _mm512_set1_epi32(t);       \
-    c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0); \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1); \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, b2); \
-    c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, b3); \
-  }
-    TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
-#undef TL_ROW
-  }
-#define TL_ST(r, v) _mm512_storeu_si512(ct + r * NPW + 16 * v, c##r##v);
-#define TL_ROW(r) TL_ST(r, 0) TL_ST(r, 1) TL_ST(r, 2) TL_ST(r, 3)
-  TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
-#undef TL_ROW
-#undef TL_ST
-}
-
-// 4-row AVX2 blocks with named accumulators (as for mk_vnni<4>: no register copies in the loop)
-template <>
-__attribute__((target("avx2"))) void mk_madd16<4>(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
-                                                  ssize_t k1, i32* ct) {
-  const int16_t* a0p = ap;
-  const int16_t* a1p = ap + lda;
-  const int16_t* a2p = ap + 2 * lda;
-  const int16_t* a3p = ap + 3 * lda;
-  for (int cb = 0; cb < NPW; cb += 8) {
-    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
-            c31 = c00;
-    const int16_t* b = bw + (cb / 8) * (k1 - k0) * 32;
-    for (ssize_t kq = k0; kq < k1; ++kq, b += 32) {
-      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-      long long t;
-#define TL_ROW(r)                                                   \
-  std::memcpy(&t, a##r##p + 4 * kq, 8);                             \
-  {                                                                 \
-    const __m256i a = _mm256_set1_epi64x(t);                        \
-    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(a, b0));  \
-    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(a, b1));  \
-  }
-      TL_ROW(0) TL_ROW(1) TL_ROW(2) TL_ROW(3)
-#undef TL_ROW
-    }
-#define TL_RED(r)                                                                                    \
-  {                                                                                                  \
-    const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r##0, c##r##1), 0xD8);          \
-    __m256i* c = reinterpret_cast<__m256i*>(ct + r * NPW + cb);                                      \
-    _mm256_storeu_si256(c, _mm256_add_epi32(_mm256_loadu_si256(c), h));                              \
-  }
-    TL_RED(0) TL_RED(1) TL_RED(2) TL_RED(3)
-#undef TL_RED
   }
 }
 
@@ -536,10 +410,10 @@ __attribute__((target("avx2"))) void mk_u7<4>(const uint8_t* ap, ssize_t lda, co
 // 6-row blocks (the default for vnni and madd16): 24 zmm / 12 ymm accumulators. The B vectors of a K step are
 // loaded once into registers and reused by all 6 rows; the empty asm pins them there -- left to itself GCC folds
 // the loads into every dpbusd/madd (a memory operand per row), and on Zen 4 (two 256-bit loads per cycle) those
-// loads, not the multiply units, then set the pace (the 4-row kernels above run at about half of peak).
+// loads, not the multiply units, then set the pace (the 4-row kernels these replaced ran at about half of peak).
 #define TL_PIN(x) __asm__("" : "+v"(x))
 // R = 1..6 rows: one template, every row's code under `if constexpr (r < R)` so unused accumulators vanish and
-// short tail blocks (M % 6) cost in proportion to their rows (the 4-row array kernels above were slower per row)
+// short tail blocks (M % 6) cost in proportion to their rows (the 4-row array kernels they replaced were slower)
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni6(const uint8_t* ap, ssize_t lda, const i8* bp,
                                                                     ssize_t k0, ssize_t k1, i32* ct) {
