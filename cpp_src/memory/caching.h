@@ -82,6 +82,15 @@ struct TcCounters {
   TcCount hits_alloc, hits_free;  // mallocs / frees served by a thread cache
 };
 // (a live cache counts only its pops; its pushes follow from held = refilled - flushed - pops + pushes)
+// One bin: a LIFO stack of offsets of one size class and its counters in ONE word written only by the owner,
+// w = count << 48 | pops (pops: mallocs this bin served, wraps after 2^48), so a pop is one load + one store of
+// the word (count - 1, pops + 1) and a push one add (count + 1); stats() reads the word (relaxed).
+struct TBin {
+  static constexpr uint64_t kOne = uint64_t(1) << 48;  // count 1
+  static constexpr uint64_t kPops = kOne - 1;          // mask of the pop counter
+  std::atomic<uint64_t> w{0};
+  i64* base = nullptr;  // the bin's cap slots
+};
 // one thread's cache for one allocator: bins of offsets per size class (round_to, 2 round_to, ...), LIFO
 struct TCache {
   Caching* alloc;  // nullptr once the allocator is destroyed (guarded by tc_global_mu())
@@ -93,15 +102,22 @@ struct TCache {
   i64 refilled = 0, flushed = 0;       // blocks moved from / to the pool (under the allocator's mutex)
   std::atomic<bool> flush_req{false};  // set by empty_cache() of another thread (with lim = 0), read by the owner
   std::atomic<int> lim;                // cap, or 0 while a flush is requested: the next push fails into the slow path
-  TcCounters c;
-  std::atomic<int> n[64];              // blocks in each bin (written by the owner, read by stats())
-  std::unique_ptr<i64[]> slots;        // class k: slots[k * cap, k * cap + n[k])
+  TBin bin[64];                        // class k: bin[k].base[0, count(k)) (written by the owner)
+  std::unique_ptr<i64[]> slots;        // storage of the bins: class k at slots[k * cap, (k + 1) * cap)
   TCache(Caching* a, uint64_t i, int cap_, int ncls_)
       : alloc(a), id(i), cap(cap_), ncls(ncls_), lim(cap_), slots(new i64[size_t(cap_) * size_t(ncls_)]) {
-    for (auto& x : n) x.store(0, std::memory_order_relaxed);
+    for (int k = 0; k < ncls_; ++k) bin[k].base = &slots[size_t(k) * size_t(cap_)];
   }
-  int count(size_t k) const { return n[k].load(std::memory_order_relaxed); }
-  void set_count(size_t k, int v) { n[k].store(v, std::memory_order_relaxed); }
+  int count(size_t k) const { return int(bin[k].w.load(std::memory_order_relaxed) >> 48); }
+  void set_count(size_t k, int v) {
+    uint64_t w = bin[k].w.load(std::memory_order_relaxed);
+    bin[k].w.store((uint64_t(v) << 48) | (w & TBin::kPops), std::memory_order_relaxed);
+  }
+  i64 pops() const {  // mallocs served by this cache
+    i64 s = 0;
+    for (int k = 0; k < ncls; ++k) s += i64(bin[k].w.load(std::memory_order_relaxed) & TBin::kPops);
+    return s;
+  }
 };
 struct TcTls {
   uint64_t id = 0;
@@ -164,9 +180,14 @@ class Caching {
       tc_max_ = std::min({cfg.small_size, 64 * cfg.round_to, cfg.thread_cache_bytes}) & ~(cfg.round_to - 1);
       tc_ncls_ = int(tc_max_ >> shift_);
       tc_on_ = tc_ncls_ > 0;
-      tc_tab_n_ = live_tab_.size();
-      tc_tab_.reset(new std::atomic<i64>[tc_tab_n_]);
-      for (size_t i = 0; i < tc_tab_n_; ++i) tc_tab_[i].store(0, std::memory_order_relaxed);
+      size_t n = live_tab_.size();
+      tc_tab_.reset(new std::atomic<i64>[n]);
+      for (size_t i = 0; i < n; ++i) tc_tab_[i].store(0, std::memory_order_relaxed);
+      if (tc_on_) {
+        tc_lim_ = uint64_t(tc_max_);
+        tc_tab_n_ = n;
+        tc_bytes_ = cfg.thread_cache_bytes;
+      }
     }
   }
   ~Caching() {
@@ -192,7 +213,7 @@ class Caching {
   i64 malloc(i64 nbytes, i64 stream) {
     if (tc_cacheable(nbytes, stream)) {
       i64 off;
-      if (tc_pop(nbytes, stream, off)) return off;  // no lock, no atomic read-modify-write
+      if (tc_pop_fast(nbytes, off)) return off;  // no lock, no atomic read-modify-write
       tc_register();                                // no-op once this thread has a cache
       std::lock_guard<std::mutex> g(mu_);
       return malloc_locked(nbytes, stream);
@@ -201,9 +222,13 @@ class Caching {
     return pool_malloc(nbytes, stream);
   }
   void free(i64 off) {
-    if (tc_user_block(off)) {
-      if (tc_push(off)) return;
-      tc_register();
+    size_t i = tc_index(off);
+    if (i < tc_tab_n_) {
+      i64 r = tc_tab_[i].load(std::memory_order_relaxed);
+      if (r > 0) {  // a live block a thread cache handed out
+        if (tc_push_fast(off, i, r)) return;
+        tc_register();
+      }
     }
     std::lock_guard<std::mutex> g(mu_);
     free_locked(off);
@@ -385,30 +410,43 @@ class Caching {
 
   // ---- per-thread cache, lock-free part (public for the Python fast calls) ----
   bool tc_on() const { return tc_on_; }
-  bool tc_cacheable(i64 nbytes, i64 stream) const { return tc_on_ && stream == 0 && nbytes > 0 && nbytes <= tc_max_; }
+  // stream 0 and 0 < nbytes <= tc_max_ (tc_lim_ is 0 when the cache is off): one unsigned compare
+  bool tc_cacheable(i64 nbytes, i64 stream) const { return stream == 0 && uint64_t(nbytes) - 1 < tc_lim_; }
   // serve malloc from this thread's cache: false when the bin is empty / not cacheable / no cache yet
-  bool tc_pop(i64 nbytes, i64 stream, i64& off) {
-    if (!tc_cacheable(nbytes, stream)) return false;
+  bool tc_pop(i64 nbytes, i64 stream, i64& off) { return tc_cacheable(nbytes, stream) && tc_pop_fast(nbytes, off); }
+  // tc_pop for a cacheable nbytes
+  bool tc_pop_fast(i64 nbytes, i64& off) {
     TCache* t = tc_mine();
     if (t == nullptr) return false;  // (a requested flush happens at the next push or refill, see TCache::lim)
-    size_t k = size_t((nbytes - 1) >> shift_);  // size class: rounded size = (k + 1) * round_to
-    int n = t->count(k);
-    if (n == 0) return false;
-    t->set_count(k, --n);
-    t->last_k = k;
-    off = t->slots[k * size_t(t->cap) + size_t(n)];
+    size_t k = size_t((uint64_t(nbytes) - 1) >> shift_);  // size class: rounded size = (k + 1) * round_to
+    TBin& b = t->bin[k];
+    uint64_t w = b.w.load(std::memory_order_relaxed);
+    if (w < TBin::kOne) return false;  // empty
+    off = b.base[(w >> 48) - 1];
+    b.w.store(w - TBin::kOne + 1, std::memory_order_relaxed);  // count - 1, pops + 1
     tc_tab_[size_t(off >> shift_)].store(nbytes, std::memory_order_relaxed);
     t->held_bytes -= i64(k + 1) << shift_;
-    t->c.hits_alloc.add(1);
+    t->last_k = k;
     return true;
+  }
+  // offset -> tc_tab_ index; an offset that is negative or not a multiple of round_to rotates its low (or sign)
+  // bits to the top and fails the i < tc_tab_n_ check, so one compare checks range and alignment
+  size_t tc_index(i64 off) const {
+    uint64_t x = uint64_t(off);
+    return size_t((x >> shift_) | (x << ((64 - shift_) & 63)));
   }
   // take a freed block into this thread's cache: false when it is not a thread-cache block or the bin is full
   bool tc_push(i64 off) {
-    if (!tc_user_block(off)) return false;
+    size_t i = tc_index(off);
+    if (i >= tc_tab_n_) return false;
+    i64 r = tc_tab_[i].load(std::memory_order_relaxed);
+    return r > 0 && tc_push_fast(off, i, r);
+  }
+  // tc_push for a live thread-cache block: off, its tc_tab_ index i and requested bytes r = tc_tab_[i] > 0
+  bool tc_push_fast(i64 off, size_t i, i64 r) {
     TCache* t = tc_mine();
     if (t == nullptr) return false;
-    i64 r = tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed);
-    size_t k = size_t((r - 1) >> shift_);
+    size_t k = size_t(uint64_t(r - 1) >> shift_);
     // The common case frees a block of the class this thread popped last. Taking k from last_k (behind a branch
     // the CPU predicts) instead of from r lets the bin update start without waiting for the tc_tab_ load, which
     // waits for the offset: a malloc/free pair is then two short dependency chains instead of one long one.
@@ -416,16 +454,21 @@ class Caching {
       k = t->last_k;
       asm("" : "+r"(k));  // keep the compiler from substituting the (equal) value computed from r
     }
-    if (t->count(k) >= t->lim.load(std::memory_order_relaxed) ||
-        t->held_bytes + (i64(k + 1) << shift_) > cfg_.thread_cache_bytes)
+    TBin& b = t->bin[k];
+    uint64_t w = b.w.load(std::memory_order_relaxed);
+    i64 size = i64(k + 1) << shift_;
+    if ((w >> 48) >= uint64_t(t->lim.load(std::memory_order_relaxed)) || t->held_bytes + size > tc_bytes_)
       return false;
-    tc_push_block(t, off, k);
+    tc_tab_[i].store(0, std::memory_order_relaxed);
+    b.base[w >> 48] = off;
+    b.w.store(w + TBin::kOne, std::memory_order_relaxed);
+    t->held_bytes += size;
     return true;
   }
   // a live block handed out by some thread cache (requested bytes recorded in tc_tab_)
   bool tc_user_block(i64 off) const {
-    return tc_on_ && off >= 0 && !(off & (cfg_.round_to - 1)) && size_t(off >> shift_) < tc_tab_n_ &&
-           tc_tab_[size_t(off >> shift_)].load(std::memory_order_relaxed) > 0;
+    size_t i = tc_index(off);
+    return i < tc_tab_n_ && tc_tab_[i].load(std::memory_order_relaxed) > 0;
   }
   bool tc_registered() const { return tc_mine() != nullptr; }
   // give the calling thread a cache for this allocator (takes tc_global_mu() then the mutex: call it unlocked)
@@ -464,8 +507,9 @@ class Caching {
       h.tp.store(0, std::memory_order_relaxed);
       h.t.store(nullptr, std::memory_order_relaxed);
     }
-    tc_pool_.hits_alloc.add(t->c.hits_alloc.get());
-    tc_pool_.hits_free.add(t->flushed - t->refilled + t->c.hits_alloc.get());  // pushes (nothing held now)
+    i64 pops = t->pops();
+    tc_pool_.hits_alloc.add(pops);
+    tc_pool_.hits_free.add(t->flushed - t->refilled + pops);  // pushes (nothing held now)
     tc_reg_.erase(std::find(tc_reg_.begin(), tc_reg_.end(), t));
   }
 
@@ -614,7 +658,7 @@ class Caching {
     s.hits_alloc = tc_pool_.hits_alloc.get();
     s.hits_free = tc_pool_.hits_free.get();
     for (const TCache* t : tc_reg_) {
-      i64 held = 0, pops = t->c.hits_alloc.get();
+      i64 held = 0, pops = t->pops();
       for (int k = 0; k < t->ncls; ++k) {
         i64 n = t->count(size_t(k));
         held += n;
@@ -634,7 +678,7 @@ class Caching {
   void tc_push_block(TCache* t, i64 off, size_t k) {
     tc_tab_[size_t(off >> shift_)].store(0, std::memory_order_relaxed);
     int n = t->count(k);
-    t->slots[k * size_t(t->cap) + size_t(n)] = off;
+    t->bin[k].base[n] = off;
     t->set_count(k, n + 1);
     t->held_bytes += i64(k + 1) << shift_;
   }
@@ -643,7 +687,7 @@ class Caching {
     int n = t->count(size_t(k));
     count = std::min(count, n);
     if (count == 0) return;
-    i64* bin = &t->slots[size_t(k) * size_t(t->cap)];
+    i64* bin = t->bin[k].base;
     for (int j = 0; j < count; ++j) {
       live_tab_[size_t(bin[j] >> shift_)]->tc_held = false;
       pool_free(bin[j]);
@@ -694,7 +738,7 @@ class Caching {
       }
       if (pend_) materialize();
       live_tab_[size_t(off >> shift_)]->tc_held = true;
-      t->slots[k * size_t(t->cap) + size_t(t->count(k))] = off;
+      t->bin[k].base[t->count(k)] = off;
       t->set_count(k, t->count(k) + 1);
     }
     refill_n_ += got;
@@ -872,7 +916,9 @@ class Caching {
   int tc_ncls_ = 0;  // size classes round_to, 2 round_to, ..., tc_max_
   i64 tc_max_ = 0;
   std::unique_ptr<std::atomic<i64>[]> tc_tab_;  // offset / round_to -> requested bytes of a block a thread cache
-  size_t tc_tab_n_ = 0;                         // handed out and the user holds (0: none)
+  size_t tc_tab_n_ = 0;                         // handed out and the user holds (0: none); 0 when off
+  uint64_t tc_lim_ = 0;                         // tc_max_ when the cache is on, else 0 (see tc_cacheable)
+  i64 tc_bytes_ = 0;                            // cfg_.thread_cache_bytes (next to the hot fields)
   std::vector<TCache*> tc_reg_;                 // caches of live threads (changed under tc_global_mu() and mu_)
   TcCounters tc_pool_;                          // hit counters of exited threads (mu_)
   struct Hint {
