@@ -66,6 +66,13 @@ py::dict stats_dict(const tl::mem::Stats& s, bool caching, i64 thread_cached = -
   return d;
 }
 
+// {name: value} of integer counters (thread_cache_stats(), fast_counters())
+py::dict counters_dict(std::initializer_list<std::pair<const char*, i64>> items) {
+  py::dict d;
+  for (auto& [k, v] : items) d[k] = v;
+  return d;
+}
+
 using Ops = py::array_t<i64, py::array::c_style | py::array::forcecast>;
 
 const i64* ops_ptr(const Ops& ops, i64& m) {
@@ -346,16 +353,14 @@ TL_REGISTER(memory) {
           "thread_cache_stats",
           [](Caching& c) {
             Caching::TcStats t = c.thread_cache_stats();
-            py::dict d;
-            d["thread_cached"] = t.thread_cached;
-            d["thread_cached_blocks"] = t.thread_cached_blocks;
-            d["hits_alloc"] = t.hits_alloc;
-            d["hits_free"] = t.hits_free;
-            d["refills"] = t.refills;
-            d["flushes"] = t.flushes;
-            d["threads"] = t.threads;
-            d["locked_calls"] = t.locked_calls;
-            return d;
+            return counters_dict({{"thread_cached", t.thread_cached},
+                                  {"thread_cached_blocks", t.thread_cached_blocks},
+                                  {"hits_alloc", t.hits_alloc},
+                                  {"hits_free", t.hits_free},
+                                  {"refills", t.refills},
+                                  {"flushes", t.flushes},
+                                  {"threads", t.threads},
+                                  {"locked_calls", t.locked_calls}});
           },
           "per-thread cache: bytes/blocks held in thread caches, mallocs/frees served by a cache, blocks refilled "
           "from / flushed to the pool, threads with a cache, cacheable calls that took the lock (refill / flush)")
@@ -365,13 +370,11 @@ TL_REGISTER(memory) {
           "fast_counters",
           [](Caching& c) {
             FastCounters f = c.fast_counters();
-            py::dict d;
-            d["memo_hits"] = f.memo_hits;
-            d["tree_lookups"] = f.tree_lookups;
-            d["tree_updates"] = f.tree_updates;
-            d["cancels"] = f.cancels;
-            d["materialized"] = f.materialized;
-            return d;
+            return counters_dict({{"memo_hits", f.memo_hits},
+                                  {"tree_lookups", f.tree_lookups},
+                                  {"tree_updates", f.tree_updates},
+                                  {"cancels", f.cancels},
+                                  {"materialized", f.materialized}});
           },
           "fast-path counters: memo hits, std::set lookups and inserts/erases, cancelled / materialized lazy splits")
       .def("fast_calls", &fast_calls, py::arg("fallback_malloc"), py::arg("fallback_free"),
