@@ -417,6 +417,34 @@ def test_empty_cache_asks_the_other_threads_to_flush() -> None:
     assert s["reserved"] == s["thread_cached"] == 0 and s["n_alloc"] == s["n_free"] == 2
 
 
+def test_thread_cache_rejects_offsets_that_are_not_live_cached_blocks() -> None:
+    """free() finds a cached block with one rotate + compare (offset rotated by log2(round_to) must index the live
+    table): negative, misaligned, past-the-arena and huge offsets are errors, through the fast call and through
+    pybind11 (Caching::free), and leave the user's view unchanged; the size-class limit is exact at both ends."""
+    alloc = M.CachingAllocator(MiB, backend="cpp", thread_cache=4)
+    top = alloc._core.thread_cache_max_size
+    a = alloc.malloc(100)
+    before = alloc.stats()
+    bad = [a + 1, a + 256, a - 512 if a >= 512 else -512, -1, -512, -(2**63), MiB, 4 * MiB, 2**62, 2**63 - 512]
+    for free in (alloc.free, alloc._core.free):
+        for off in bad:
+            with pytest.raises(ValueError, match="not a live allocation"):
+                free(off)
+    assert alloc.stats() == before and alloc.live_blocks() == [(a, 512, 100)]
+    for n in (0, -1, -(2**63)):
+        with pytest.raises(ValueError, match="nbytes: must be positive"):
+            alloc.malloc(n)
+    h0 = alloc.thread_cache_stats()["hits_alloc"]
+    b, c = alloc.malloc(top), alloc.malloc(top + 1)  # the largest cached class; the next size takes the pool
+    assert alloc.thread_cache_stats()["hits_alloc"] == h0 + 1
+    assert alloc.block_size(b) == top and alloc.block_size(c) == top + 512
+    for off in (a, b, c):
+        alloc._core.free(off)
+    s = alloc.stats()
+    assert s["allocated"] == s["n_live"] == 0 and s["n_alloc"] == s["n_free"] == 3
+    _check_identity(alloc)
+
+
 def test_thread_cache_bad_arguments() -> None:
     with pytest.raises(ValueError, match="thread_cache: expected 0"):
         M.CachingAllocator(MiB, backend="cpp", thread_cache=65)
