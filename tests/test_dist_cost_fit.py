@@ -180,6 +180,53 @@ def test_fit_bad_input() -> None:
         cm.fit_contended("ring", n, p, t, 2, gamma_s_per_byte=float("nan"))
 
 
+def test_fit_weighted_by_relative_standard_error() -> None:
+    # one calibration point is off by +60% but its mean is known to be noisy (SE 50%); the others are exact with
+    # SE 2%: the weighted fit (generalised least squares) follows the trusted points, the unweighted one does not
+    a, n, p, t = _synthetic(["ring"], [2, 4], SIZES, cores=2)
+    bad = SIZES.index(256 << 10)
+    t[bad] *= 1.6
+    sig = [0.02] * len(t)
+    sig[bad] = 0.5
+    kw = {"gamma_s_per_byte": TRUE.gamma_s_per_byte}
+    weighted = cm.fit_contended(a, n, p, t, 2, rel_sigma=sig, **kw)
+    plain = cm.fit_contended(a, n, p, t, 2, **kw)
+    same = cm.fit_contended(a, n, p, t, 2, rel_sigma=[0.3] * len(t), **kw)  # equal weights: the plain fit
+    np.testing.assert_allclose(same.as_array(), plain.as_array(), rtol=1e-9)
+
+    def worst(f: cm.ContendedParams) -> float:
+        return max(abs(cm.predict_contended(x, y, z, f, 2) / cm.predict_contended(x, y, z, TRUE, 2) - 1)
+                   for x, y, z in zip(a, n, p))  # fmt: skip
+
+    assert worst(weighted) < 0.01 < 0.05 < worst(plain)
+    for bad_sig in ([0.1] * (len(t) - 1), [0.0] * len(t), [float("nan")] * len(t)):
+        with pytest.raises(ValueError, match="rel_sigma"):
+            cm.fit_contended(a, n, p, t, 2, rel_sigma=bad_sig, **kw)
+
+
+def test_sample_weights_spend_samples_on_the_noisy_small_sizes() -> None:
+    assert bench.sample_weights(SIZES) == {64 << 10: 8, 256 << 10: 8, 1 << 20: 4, 4 << 20: 2, 16 << 20: 1}
+    assert bench.sample_weights(SIZES, cap=3) == {64 << 10: 3, 256 << 10: 3, 1 << 20: 3, 4 << 20: 2, 16 << 20: 1}
+    assert bench.sample_weights([100, 100, 400]) == {100: 2, 400: 1}
+    with pytest.raises(ValueError, match="cap"):
+        bench.sample_weights(SIZES, cap=0)
+    with pytest.raises(ValueError, match="sizes"):
+        bench.sample_weights([0, 4])
+
+
+def test_rel_se_is_the_bootstrap_standard_error_of_the_statistic() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.exponential(1.0, 400) + 1.0  # mean 2, sd 1: SE of the mean = 1 / sqrt(400) / 2 = 2.5%
+    assert bench.rel_se(x) == pytest.approx(0.025, rel=0.2)
+    assert bench.rel_se(x[:100]) == pytest.approx(0.05, rel=0.25)  # 4x fewer samples: 2x the error
+    assert bench.rel_se(x, "median") > 0.0
+    assert bench.rel_se([3.0] * 5) == 0.01  # the floor: identical samples
+    with pytest.raises(ValueError, match="statistic"):
+        bench.rel_se(x, "mode")
+    with pytest.raises(ValueError, match="samples"):
+        bench.rel_se([1.0, -1.0])
+
+
 def test_relative_errors_median_and_quartiles() -> None:
     e = cm.relative_errors([2.0], [[1.0, 2.0, 3.0, 4.0, 5.0]])
     np.testing.assert_allclose(e, [[0.5, 0.0, 1.0]])
@@ -273,10 +320,42 @@ def test_calibrate_never_uses_validation_points() -> None:
     assert all(r["err"] > 100 for r in res["rows"] if r["set"] == "val")
 
 
+def test_calibrate_weights_points_by_their_standard_error() -> None:
+    m = _synthetic_measurement((2, 4), 2, 0.0)
+    ref = bench.calibrate(m, ["ring"], SIZES, 2)["fits"]["ring"]
+    # a calibration point whose samples are two-mode (the mean is 1.6x the model, with a wide spread): the
+    # weighted fit barely moves, the unweighted one is pulled towards it
+    t = m[2]["samples"][(64 << 10, "ring")][0]
+    m[2]["samples"][(64 << 10, "ring")] = [t * 0.2] * 6 + [t * 3.0] * 4
+    w = bench.calibrate(m, ["ring"], SIZES, 2)
+    u = bench.calibrate(m, ["ring"], SIZES, 2, weighted=False)
+    assert w["weighted"] and not u["weighted"]
+    row = next(r for r in w["rows"] if r["p"] == 2 and r["nbytes"] == 64 << 10)
+    assert row["rel_se"] > 0.2 and row["cv"] > 0.8 and row["n"] == 10
+    assert all(r["rel_se"] == 0.01 for r in w["rows"] if r["nbytes"] != 64 << 10 or r["p"] != 2)
+
+    def gap(fit: cm.ContendedParams) -> float:
+        return max(abs(cm.predict_contended("ring", nb, p, fit, 2) / cm.predict_contended("ring", nb, p, ref, 2) - 1)
+                   for nb in SIZES for p in (2, 4))  # fmt: skip
+
+    assert gap(w["fits"]["ring"]) < 0.05 < gap(u["fits"]["ring"])
+
+
+def test_measure_bad_input() -> None:
+    with pytest.raises(ValueError, match="rounds"):
+        bench.measure((2,), SIZES, ["ring"], rounds=0)
+    with pytest.raises(ValueError, match="rounds"):
+        bench.measure((2, 4), SIZES, ["ring"], rounds={2: 3})
+    with pytest.raises(ValueError, match="chunks"):
+        bench.measure((2,), SIZES, ["ring"], rounds=3, chunks=0)
+    with pytest.raises(ValueError, match="weights"):
+        bench.measure((2,), SIZES, ["ring"], rounds=3, weights={SIZES[0]: 0})
+
+
 def test_real_measurement_smoke() -> None:
     sizes = [64 << 10, 128 << 10, 256 << 10]
-    m = bench.measure((2,), sizes, ["ring", "gloo"], rounds=3, chunks=1)
-    assert all(len(v) == 3 and all(x > 0 for x in v) for v in m[2]["samples"].values())
+    m = bench.measure((2,), sizes, ["ring", "gloo"], rounds={2: 3}, chunks=2, weights={64 << 10: 2})
+    assert all(len(v) == (6 if k[0] == 64 << 10 else 3) and all(x > 0 for x in v) for k, v in m[2]["samples"].items())
     res = bench.calibrate(m, ["ring", "gloo"], sizes, bench.cores_available())
     for fit in res["fits"].values():
         arr = fit.as_array()

@@ -3,16 +3,21 @@ contention-aware alpha-beta-gamma model calibrated on them.
 
 Measurement (``measure_job``, one launched job per world size): every sample of every (size, implementation),
 each timed between barriers as the slowest rank's time, implementations taking turns sample by sample so load
-hits them alike; plus gamma, an fp32 add timed on all ranks at once.
+hits them alike; plus gamma, an fp32 add timed on all ranks at once. Samples are spent where the noise is: on a
+loaded 2-core box a 64 KB all-reduce is cheap but its samples are two-mode (fast, or + a scheduler time slice:
+CV ~ 1), a 16 MB one is 50x dearer and steadier (CV ~ 0.3), so each round samples a size ``sample_weights`` times
+(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 2.5x the rounds of p = 4 (``run``): the mean's relative
+standard error (CV / sqrt(n), ``rel_se``) is then ~ 5-12% at every point instead of 10-35%.
 
 Model (``cost_model.predict_contended``): the ranks active in a step share c cores, so that step's byte costs are
 scaled by s = max(1, a/c) and its messages pay o * sched more latency, o = max(0, a/c - 1). Per implementation
 ("family": gloo and the p2p ring floor use the ring formula, the floor with gamma = 0) alpha, sched and beta are
-fitted by least squares on relative error to the means (``statistic="mean"``; or the medians) at the
-*calibration* sizes of both world sizes (every other size, from the smallest); the other sizes are *validation*
-points, never fitted. Reported per (implementation, p, size): median with IQR, mean with a bootstrap 90%
-interval, the slow fraction (samples > 2x the fastest: calls that waited for the scheduler), the prediction, and
-the relative error (t - pred) / pred of the fitted statistic with its interval, and of the median.
+fitted by weighted least squares on relative error (weights 1 / the point's relative standard error) to the
+means (``statistic="mean"``; or the medians) at the *calibration* sizes of both world sizes (every other size,
+from the smallest); the other sizes are *validation* points, never fitted. Reported per (implementation, p,
+size): median with IQR, mean with a bootstrap 90% interval, the slow fraction (samples > 2x the fastest: calls
+that waited for the scheduler), samples and relative standard error, the prediction, and the relative error
+(t - pred) / pred of the fitted statistic with its interval, and of the median.
 
 tinygrad: no column — tinygrad has no multi-process collectives (no all-reduce across processes on CPU), and
 torch.compile does not apply to communication.
@@ -20,6 +25,7 @@ torch.compile does not apply to communication.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -68,11 +74,27 @@ def contended_gamma(nbytes: int = 1 << 22, repeats: int = 15) -> float:
     return float(np.median(samples)) / nbytes
 
 
-def measure_job(sizes: list[int], impls: list[str], rounds: int = 9, seed: int = 0) -> dict[str, Any] | None:
-    """Rank function: ``rounds`` samples of each (size, impl) all-reduce, each the slowest rank's time between
-    barriers. Every round visits all (size, impl) pairs in a fresh random order (the same on all ranks), so a
-    burst of load from elsewhere on the box lands on random points instead of on one size or one algorithm.
-    Plus the contended gamma. Only rank 0 returns the numbers."""
+def sample_weights(sizes: Sequence[int], cap: int = 8) -> dict[int, int]:
+    """Samples per round of each size: round(sqrt(largest / size)) clipped to [1, cap] (64 KB .. 16 MB: 8, 8, 4,
+    2, 1). The standard error of a point's mean is CV / sqrt(n); a small all-reduce is cheap and the noisiest
+    (one scheduler time slice is most of the call: CV ~ 1 at 64 KB on p = 2, ~ 0.3 at 16 MB), so it gets more
+    samples for a fraction of the time a large one takes."""
+    if cap < 1:
+        raise ValueError(f"cap: expected an int >= 1, got {cap!r}")
+    s = sorted(set(int(v) for v in sizes))
+    if not s or s[0] < 1:
+        raise ValueError(f"sizes: expected sizes >= 1 byte, got {list(sizes)}")
+    return {nb: int(min(cap, max(1, round(math.sqrt(s[-1] / nb))))) for nb in s}
+
+
+def measure_job(
+    sizes: list[int], impls: list[str], rounds: int = 9, seed: int = 0, weights: dict[int, int] | None = None
+) -> dict[str, Any] | None:
+    """Rank function: ``rounds`` x ``weights[size]`` (default 1) samples of each (size, impl) all-reduce, each the
+    slowest rank's time between barriers (the max over ranks is taken once, at the end). Every round visits all
+    (size, impl) pairs, each ``weights[size]`` times, in a fresh random order (the same on all ranks), so a burst
+    of load from elsewhere on the box lands on random points instead of on one size or one algorithm. Plus the
+    contended gamma. Only rank 0 returns the numbers."""
     import torch
     import torch.distributed as dist
 
@@ -95,16 +117,20 @@ def measure_job(sizes: list[int], impls: list[str], rounds: int = 9, seed: int =
     for nb, impl in pairs:
         call(nb, impl)  # warm-up: connections, allocator, workspaces
     out: dict[tuple[int, str], list[float]] = {k: [] for k in pairs}
+    visits = [k for k in pairs for _ in range((weights or {}).get(k[0], 1))]
     rng = np.random.default_rng(seed)
-    for _ in range(rounds):
-        for i in rng.permutation(len(pairs)):
-            nb, impl = pairs[i]
-            dist.barrier()
-            t0 = time.perf_counter()
-            call(nb, impl)
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-            out[(nb, impl)].append(float(dt))
+    order = [visits[i] for _ in range(rounds) for i in rng.permutation(len(visits))]
+    local = torch.empty(len(order), dtype=torch.float64)
+    for j, (nb, impl) in enumerate(order):
+        dist.barrier()
+        t0 = time.perf_counter()
+        call(nb, impl)
+        local[j] = time.perf_counter() - t0
+    # the slowest rank's time per sample, combined once at the end (an all-reduce per sample would add a
+    # collective, and its scheduler waits, between every two samples)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    for (nb, impl), dt in zip(order, local.tolist()):
+        out[(nb, impl)].append(dt)
     if dist.get_rank() != 0:
         return None
     return {"gamma": gamma, "samples": out}
@@ -115,19 +141,32 @@ def measure(
     world_sizes: Sequence[int],
     sizes: Sequence[int],
     impls: Sequence[str],
-    rounds: int = 9,
+    rounds: int | dict[int, int] = 9,
     chunks: int = 3,
     progress: Callable[[str], None] | None = None,
+    weights: dict[int, int] | None = None,
 ) -> dict[int, dict[str, Any]]:
-    """{p: {"gamma", "samples": {(nbytes, impl): [seconds, ...]}}}: ``rounds`` samples per point, taken in
-    ``chunks`` launches that alternate between the world sizes (load that comes and goes hits every p)."""
+    """{p: {"gamma", "samples": {(nbytes, impl): [seconds, ...]}}}: ``rounds`` (an int, or one per world size)
+    x ``weights[size]`` (default 1; see ``sample_weights``) samples per point, taken in ``chunks`` launches that
+    alternate between the world sizes (load that comes and goes hits every p)."""
+    rounds_p = {p: rounds.get(p) if isinstance(rounds, dict) else rounds for p in world_sizes}
+    for p, r in rounds_p.items():
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"rounds: expected an int >= 1 per world size, got {r!r} for p={p}")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks: expected an int >= 1, got {chunks!r}")
+    w = {int(nb): int((weights or {}).get(nb, 1)) for nb in sizes}
+    if any(v < 1 for v in w.values()):
+        raise ValueError(f"weights: expected ints >= 1 per size, got {weights!r}")
     out: dict[int, dict[str, Any]] = {}
-    per = [rounds // chunks + (1 if i < rounds % chunks else 0) for i in range(chunks)]
-    for c, r in enumerate(x for x in per if x > 0):
+    for c in range(chunks):
         for p in world_sizes:
+            r = rounds_p[p] // chunks + (1 if c < rounds_p[p] % chunks else 0)
+            if r == 0:
+                continue
             if progress:
                 progress(f"dist: measuring on {p} ranks ({c + 1}/{chunks})")
-            res = launch(measure_job, p, list(sizes), list(impls), r, c, timeout_s=900)[0]
+            res = launch(measure_job, p, list(sizes), list(impls), r, c, w, timeout_s=900)[0]
             if p not in out:
                 out[p] = {"gamma": [res["gamma"]], "samples": res["samples"]}
             else:
@@ -160,6 +199,19 @@ def mean_ci(samples: Sequence[float], level: float = 0.9, resamples: int = 400) 
     return float(lo), float(hi)
 
 
+def rel_se(samples: Sequence[float], statistic: str = "mean", resamples: int = 200, floor: float = 0.01) -> float:
+    """Relative standard error of a point's ``statistic`` ("mean" | "median"): bootstrap standard deviation /
+    value, fixed seed, at least ``floor`` (identical samples would otherwise get an infinite weight in the fit)."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic: expected one of {STATISTICS}, got {statistic!r}")
+    x = np.asarray(samples, dtype=np.float64)
+    if x.ndim != 1 or x.size < 1 or not np.all(np.isfinite(x)) or np.any(x <= 0):
+        raise ValueError(f"samples: expected >= 1 finite times > 0, got {x.tolist()}")
+    f = np.mean if statistic == "mean" else np.median
+    idx = np.random.default_rng(0).integers(0, x.size, size=(resamples, x.size))
+    return float(max(floor, np.std(f(x[idx], axis=1)) / f(x)))
+
+
 def slow_fraction(samples: Sequence[float], factor: float = 2.0) -> float:
     """Fraction of samples slower than ``factor`` x the fastest one: the share of calls that hit a scheduler wait
     (a rank that was not running when its message arrived). Near 0 or 1 the median is stable; near 0.5 it jumps
@@ -175,6 +227,7 @@ def calibrate(
     cores: int,
     statistic: str = "mean",
     background: float | str = "fit",
+    weighted: bool = True,
 ) -> dict[str, Any]:
     """Fit each implementation's (alpha, sched, beta) on the calibration sizes, predict every point.
 
@@ -186,6 +239,9 @@ def calibrate(
     ``background``: runnable threads of other jobs sharing the cores (``cost_model.contended_coefficients``); "fit"
     picks the value in 0, 0.1, ..., 4 that minimises the summed relative residual of all implementations' fits at
     the calibration points (one number for the box, the validation points never enter).
+    ``weighted``: each calibration point's relative residual is divided by its statistic's relative standard error
+    (``rel_se``: weighted least squares; under load a 64 KB mean on 2 ranks has CV ~ 1, a 16 MB one ~ 0.3), so the
+    fit follows the points it can trust; False: all points alike.
     Returns {"cal", "val", "gamma", "statistic", "background", "fits": {impl: ContendedParams}, "rows": [dict per
     (impl, p, size)]}; a row holds median / q25 / q75 / mean seconds, the mean's bootstrap 90% interval, the slow
     fraction, pred seconds, err = (statistic - pred) / pred, err_lo / err_hi (the statistic's spread: the mean's
@@ -198,7 +254,16 @@ def calibrate(
     gamma = measured[p0]["gamma"] / cost_model.core_share(p0, cores)
     stat = np.mean if statistic == "mean" else np.median
     pts = {
-        impl: [(nb, p, float(stat(measured[p]["samples"][(nb, impl)]))) for p in measured for nb in cal]
+        impl: [
+            (
+                nb,
+                p,
+                float(stat(measured[p]["samples"][(nb, impl)])),
+                rel_se(measured[p]["samples"][(nb, impl)], statistic) if weighted else 1.0,
+            )
+            for p in measured
+            for nb in cal
+        ]
         for impl in impls
     }
 
@@ -208,11 +273,18 @@ def calibrate(
             alg, x = MODEL_ALGORITHM.get(impl, impl), pts[impl]
             g = 0.0 if impl == "p2p ring floor" else gamma
             f = cost_model.fit_contended(
-                alg, [v[0] for v in x], [v[1] for v in x], [v[2] for v in x], cores, gamma_s_per_byte=g, background=bg
+                alg,
+                [v[0] for v in x],
+                [v[1] for v in x],
+                [v[2] for v in x],
+                cores,
+                gamma_s_per_byte=g,
+                background=bg,
+                rel_sigma=[v[3] for v in x],
             )
             fits[impl] = f
-            pred = [cost_model.predict_contended(alg, nb, p, f, cores, background=bg) for nb, p, _ in x]
-            resid += sum((q / v[2] - 1) ** 2 for q, v in zip(pred, x))
+            pred = [cost_model.predict_contended(alg, nb, p, f, cores, background=bg) for nb, p, _, _ in x]
+            resid += sum(((q / v[2] - 1) / v[3]) ** 2 for q, v in zip(pred, x))
         return fits, resid
 
     if background == "fit" and len(measured) < 2:
@@ -250,6 +322,8 @@ def calibrate(
                         "mean_lo_s": lo,
                         "mean_hi_s": hi,
                         "slow_frac": slow_fraction(s),
+                        "cv": float(np.std(s) / mean),
+                        "rel_se": rel_se(s, statistic),
                         "pred_s": pred,
                         "err": err_mean if statistic == "mean" else float(e[0]),
                         "err_lo": (lo - pred) / pred if statistic == "mean" else float(e[1]),
@@ -265,6 +339,7 @@ def calibrate(
         "val": val,
         "gamma": gamma,
         "statistic": statistic,
+        "weighted": weighted,
         "background": bg,
         "fits": fits,
         "rows": rows,
@@ -286,11 +361,12 @@ def error_summary(result: dict[str, Any], subset: str = "val") -> dict[tuple[str
 
 def error_table(result: dict[str, Any], subset: str | None = None) -> str:
     """Text table: one line per (impl, p, size): set, median [IQR] and mean [90% CI] measured, slow fraction,
-    predicted, relative error of the fitted statistic with its spread, and the median's error."""
+    samples, the statistic's relative standard error, predicted, relative error of the fitted statistic with its
+    spread, and the median's error."""
     stat = result.get("statistic", "median")
     lines = [
         f"{'impl':18s} {'p':>2s} {'size':>6s} {'set':4s} {'median ms [IQR]':>22s} {'mean ms [90% CI]':>22s} "
-        f"{'slow':>4s} {'pred ms':>8s}  err({stat}) [spread]   err(median)"
+        f"{'slow':>4s} {'n':>4s} {'se':>4s} {'pred ms':>8s}  err({stat}) [spread]   err(median)"
     ]
     for r in result["rows"]:
         if subset is not None and r["set"] != subset:
@@ -300,7 +376,8 @@ def error_table(result: dict[str, Any], subset: str | None = None) -> str:
         err = f"{r['err']:+.0%} [{r['err_lo']:+.0%}, {r['err_hi']:+.0%}]"
         lines.append(
             f"{r['impl']:18s} {r['p']:2d} {_label(r['nbytes']):>6s} {r['set']:4s} {med:>22s} {mean:>22s} "
-            f"{r['slow_frac']:4.0%} {r['pred_s'] * 1e3:8.3g}  {err:22s} {r['err_median']:+.0%}"
+            f"{r['slow_frac']:4.0%} {r['n']:4d} {r['rel_se']:4.0%} {r['pred_s'] * 1e3:8.3g}  {err:22s} "
+            f"{r['err_median']:+.0%}"
         )
     return "\n".join(lines)
 
@@ -317,10 +394,12 @@ def run(
     if len(set(sizes)) < 3:  # e.g. `--size N`: calibrate on N/4 and 4N as well, so N is a validation point
         s0 = sorted(set(sizes))
         sizes = sorted({max(4, s0[0] // 4), *s0, s0[-1] * 4})
-    if repeats is None:
-        repeats = 21 if full else 12
+    if repeats is None:  # rounds; each round samples a size sample_weights(sizes)[size] times (64 KB: 8, 16 MB: 1)
+        repeats = 30 if full else 20
+    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 2.5x the rounds, p = 4 a minimum of 6
+    rounds = {p: repeats if p <= 2 else max(6, (2 * repeats) // 5) for p in world_sizes}
     cores = cores_available()
-    measured = measure(world_sizes, sizes, IMPLS, repeats, 3, progress)
+    measured = measure(world_sizes, sizes, IMPLS, rounds, 3, progress, weights=sample_weights(sizes))
     res = calibrate(measured, IMPLS, sizes, cores)
     tables = []
     for p in world_sizes:
@@ -345,6 +424,8 @@ def run(
                             "err 90% CI": f"{r['err_lo']:+.0%}..{r['err_hi']:+.0%}",
                             "median err": f"{r['err_median']:+.0%}",
                             "slow": f"{r['slow_frac']:.0%}",
+                            "n": r["n"],
+                            "SE": f"{r['rel_se']:.0%}",
                             "set": "calibration" if r["set"] == "cal" else "validation",
                         },
                     )
@@ -372,7 +453,9 @@ def run(
         within_med = sum(abs(r["err_median"]) <= 0.25 for r in val)
         t.notes.append(
             f"p={p}: {within} of {len(val)} validation {res['statistic']}s within +-25% ({within_med} medians); "
-            f"median slow fraction {np.median([r['slow_frac'] for r in val]):.0%}"
+            f"median slow fraction {np.median([r['slow_frac'] for r in val]):.0%}; relative standard error of "
+            f"the {res['statistic']}s {min(r['rel_se'] for r in val):.0%}..{max(r['rel_se'] for r in val):.0%} "
+            f"(a point cannot be predicted more closely than its own SE; fit weighted by 1/SE)"
         )
         for impl, f in res["fits"].items():
             t.notes.append(

@@ -308,6 +308,7 @@ def fit_contended(
     gamma_s_per_byte: float | None = None,
     node_size: int | None = None,
     background: float = 0.0,
+    rel_sigma: Sequence[float] | None = None,
 ) -> ContendedParams:
     """Fit (alpha, sched, beta[, gamma]) >= 0 to measured all-reduce times by least squares on relative error.
 
@@ -318,7 +319,9 @@ def fit_contended(
     algorithm, beta and gamma multiply the same n and cannot be told apart — ValueError). sched is 0 when no
     point is oversubscribed or all share one oversubscription (alpha and sched cannot be told apart).
     ``background``: other jobs' runnable threads (see ``contended_coefficients``), held fixed here;
-    ``tinylearn.dist.bench.calibrate`` fits it by a 1-D search.
+    ``tinylearn.dist.bench.calibrate`` fits it by a 1-D search. ``rel_sigma``: each time's relative standard error
+    (e.g. the mean's CV / sqrt(samples)); residuals are divided by it (weighted least squares: a noisy 64 KB mean
+    counts less than a steady 16 MB one). Default: all equal.
     """
     from scipy.optimize import nnls
 
@@ -348,7 +351,13 @@ def fit_contended(
     lat_cols = X[:, :2] / np.where(X[:, :2].max(axis=0) > 0, X[:, :2].max(axis=0), 1.0)
     if not np.any(X[:, 1]) or np.linalg.matrix_rank(lat_cols, tol=1e-9) < 2:
         free.remove(1)  # no oversubscribed point, or one oversubscription level: alpha absorbs it, sched stays 0
-    A = X[:, free] / t[:, None]
+    w = np.ones_like(t)
+    if rel_sigma is not None:
+        sig = np.asarray(rel_sigma, dtype=np.float64)
+        if sig.shape != t.shape or not np.all(np.isfinite(sig)) or np.any(sig <= 0):
+            raise ValueError(f"rel_sigma: expected {n_pts} finite values > 0, got {sig.tolist()}")
+        w = 1.0 / sig
+    A = X[:, free] * (w / t)[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     A = A / scale
@@ -359,7 +368,7 @@ def fit_contended(
             f"algorithms: the points cannot separate {names} (design rank {rank} < {len(free)}); for a single "
             "algorithm pass the measured gamma_s_per_byte, and use several sizes"
         )
-    theta, _ = nnls(A, y / t)
+    theta, _ = nnls(A, y * w / t)
     out = fixed.copy()
     out[free] = theta / scale
     return ContendedParams(*(float(v) for v in out))
