@@ -17,7 +17,9 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <type_traits>
 #ifdef _OPENMP
@@ -912,6 +914,119 @@ bool min_max(const float* x, ssize_t n, float& mn, float& mx, bool avx2) {
   return z == 0.f;
 }
 
+// GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
+// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB, ep(i, j0, nj, s_row) per row and
+// panel. tile (48 x NPW int32) and bw (madd16: KCB x NPW x 4 int16) are the calling thread's scratch.
+template <typename AT, typename EP>
+void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,
+               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, const EP& ep) {
+  const int mr = kern_mr(kern);
+  const ssize_t maxrows = 48 / mr * mr;
+  for (ssize_t p = p0; p < p1; ++p) {
+    const i8* bp = P + p * K4 * NPW * 4;
+    const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
+    for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
+      const ssize_t c1 = std::min(r1, c0 + maxrows);
+      std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
+      for (ssize_t k0 = 0; k0 < K4; k0 += KCB) {
+        const ssize_t k1 = std::min(K4, k0 + KCB);
+        if constexpr (std::is_same_v<AT, int16_t>) widen_block(bp, k0, k1, bw);
+        for (ssize_t i = c0; i < c1; i += mr)
+          micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bw, k0, k1, tile + (i - c0) * NPW);
+      }
+      for (ssize_t i = c0; i < c1; ++i) ep(i, j0, nj, tile + (i - c0) * NPW);
+    }
+  }
+}
+
+// x row -> kernel operand row: u8 codes, or (madd16) the codes widened to int16 through a u8 scratch row; the K
+// padding up to lda is zeroed (it meets zero B entries, but stays defined)
+template <typename AT>
+void quantize_operand_row(const float* x, AT* dst, uint8_t* tmp, ssize_t K, ssize_t lda, float inv, int zp, int qmax,
+                          bool avx2) {
+  if constexpr (std::is_same_v<AT, int16_t>) {
+    quantize_row(x, tmp, K, inv, zp, qmax, avx2);
+    for (ssize_t k = 0; k < K; ++k) dst[k] = int16_t(tmp[k]);
+  } else {
+    (void)tmp;
+    quantize_row(x, dst, K, inv, zp, qmax, avx2);
+  }
+  for (ssize_t k = K; k < lda; ++k) dst[k] = 0;
+}
+
+// The dynamic Linear's quantize and GEMM in ONE OpenMP region with no barrier inside (it used three regions:
+// min/max, quantize, GEMM). Every barrier waits for the slowest thread, and on a loaded 2-core machine that is a
+// descheduled thread's next time slice (4-8 ms against a 0.4-1.5 ms call): measured under load (load average 6-10),
+// three regions ran 2.7-3x torch's time, one region with an in-region parallel min/max (one barrier) 1.1-1.5x, and
+// this form (serial min/max first, as torch's fbgemm path does) 0.9-1.0x. Work items are chunks of rows: each item
+// quantizes its own rows and runs them against every panel (no barrier between quantize and GEMM); items are handed
+// out dynamically (a preempted thread holds up one item, not half the work). Below 2 row blocks per thread the
+// items are column panels and the few rows are quantized before the region. Returns false for NaN / Inf in x.
+template <typename AT, typename EP>
+bool dynamic_linear_run(Kern kern, const float* px, ssize_t M, ssize_t K, const i8* P, ssize_t N, bool per_row,
+                        int qmax, bool avx2, float* psx, i32* pzx, const EP& ep) {
+  const int mr = kern_mr(kern);
+  const ssize_t K4 = (K + 3) / 4, MP = (M + mr - 1) / mr, NP = (N + NPW - 1) / NPW;
+  const ssize_t lda = a_stride(K4, int(sizeof(AT)));
+  const int T = max_threads();
+  const bool by_rows = MP >= 2 * ssize_t(T);
+  // row items: the same number per thread, at most 8 blocks (48 rows) each
+  const ssize_t maxb = 48 / mr;
+  const ssize_t nitems = by_rows ? ssize_t(T) * std::max<ssize_t>(1, (MP + T * maxb - 1) / (T * maxb)) : NP;
+  std::unique_ptr<AT[]> A(new AT[size_t(padded_rows(M)) * lda]);
+  std::atomic<bool> finite{true};
+  // per tensor: one serial min/max pass (a parallel one needs a barrier before anything can be quantized)
+  float s0 = 0.f;
+  int z0 = 0;
+  if (!per_row) {
+    float mn, mx;
+    if (!min_max(px, M * K, mn, mx, avx2)) return false;
+    choose_qparams(mn, mx, qmax, s0, z0);
+    psx[0] = s0;
+    pzx[0] = z0;
+  }
+  // rows [i0, i1) -> operand rows, with the tensor's qparams or (per row) each row's own, written out
+  auto quantize_rows = [&](ssize_t i0, ssize_t i1, uint8_t* tmp) {
+    for (ssize_t i = i0; i < i1; ++i) {
+      float s = s0;
+      int z = z0;
+      if (per_row) {
+        float mn, mx;
+        if (!min_max(px + i * K, K, mn, mx, avx2)) {
+          finite = false;
+          return;
+        }
+        choose_qparams(mn, mx, qmax, s, z);
+        psx[i] = s;
+        pzx[i] = z;
+      }
+      quantize_operand_row<AT>(px + i * K, A.get() + i * lda, tmp, K, lda, 1.f / s, z, qmax, avx2);
+    }
+  };
+  if (!by_rows) {
+    std::vector<uint8_t> tmp(static_cast<size_t>(K));
+    quantize_rows(0, M, tmp.data());
+    if (!finite) return false;
+  }
+#pragma omp parallel num_threads(T)
+  {
+    std::vector<i32> tile(size_t(48) * NPW);
+    std::vector<int16_t> bw(std::is_same_v<AT, int16_t> ? size_t(KCB) * NPW * 4 : 0);
+    std::vector<uint8_t> tmp(std::is_same_v<AT, int16_t> ? static_cast<size_t>(K) : 0);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (ssize_t it = 0; it < nitems; ++it) {
+      if (by_rows) {
+        const ssize_t i0 = std::min(M, MP * it / nitems * mr), i1 = std::min(M, MP * (it + 1) / nitems * mr);
+        quantize_rows(i0, i1, tmp.data());
+        if (finite) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), ep);
+      } else {
+        gemm_rows<AT>(kern, A.get(), lda, 0, M, K4, P, N, it, it + 1, tile.data(), bw.data(), ep);
+      }
+    }
+  }
+  return finite;
+}
+
 // y = dequant((quant(x) - zp) @ Wq^T) + bias, what torch's quantize_dynamic Linear computes:
 // activations quantized per call to uint8 (0..255, or 0..127 with reduce_range) with per-tensor (or per-row)
 // scale/zero point from their min/max; weights prepacked int8 [K, N] with per-tensor or per-channel scales;
@@ -955,79 +1070,32 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
   // bias or zeros: one fused multiply-add pass in the epilogue either way
   std::vector<float> zero_bias(pb ? 0 : size_t(N), 0.f);
   const float* bias_p = pb ? pb : zero_bias.data();
+  // epilogue, per row and 64-column panel: zero-point correction, scales, bias, in one pass over y (a separate
+  // "+= bias" loop re-read y and cost ~5% at batch 512); branch-free inner loops the compiler vectorises
+  auto ep = [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
+    const ssize_t r = per_row ? i : 0;  // per row: written by the item that quantized row i, before its GEMM
+    const i32 z = pzx[r];
+    const float sxr = psx[r];
+    float* yo = py_ + i * N + j0;
+    const i32* cs = colsum + j0;
+    const float* bb = bias_p + j0;
+    if (ws_per) {
+      const float* w = pws + j0;
+      for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] = float(unoffset(s[c_], z, cs[c_])) * (sxr * w[c_]) + bb[c_];
+    } else {
+      const float m = sxr * pws[0];
+      for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] = float(unoffset(s[c_], z, cs[c_])) * m + bb[c_];
+    }
+  };
+  bool finite;
   {
     py::gil_scoped_release release;
-    // 1. qparams: min/max per tensor or per row
-    std::vector<float> mn(R), mx(R);
-    bool finite = true;
-    if (per_row) {
-      for (ssize_t r = 0; r < R && finite; ++r) finite = min_max(px + r * K, K, mn[r], mx[r], avx2);
-    } else {
-      // per tensor: chunks of the flat array in parallel, then a serial reduction of the partial ranges
-      const ssize_t n = M * K, nch = n > 65536 ? std::min<ssize_t>(4 * max_threads(), n / 16384) : 1;
-      std::vector<float> cmn(nch), cmx(nch);
-      std::vector<char> cok(nch);
-#pragma omp parallel for schedule(static) if (nch > 1)
-      for (ssize_t c = 0; c < nch; ++c) {
-        const ssize_t t0 = n * c / nch, t1 = n * (c + 1) / nch;
-        cok[c] = min_max(px + t0, t1 - t0, cmn[c], cmx[c], avx2);
-      }
-      mn[0] = cmn[0];
-      mx[0] = cmx[0];
-      for (ssize_t c = 0; c < nch; ++c) {
-        finite = finite && cok[c];
-        mn[0] = std::min(mn[0], cmn[c]);
-        mx[0] = std::max(mx[0], cmx[c]);
-      }
-    }
-    if (finite) {
-      for (ssize_t r = 0; r < R; ++r) {
-        int z;
-        choose_qparams(mn[r], mx[r], qmax, psx[r], z);
-        pzx[r] = z;
-      }
-      // 2. quantize into the padded u8 operand (or int16 for madd16)
-      const ssize_t K4 = (K + 3) / 4;
-      PreparedA pa;
-      pa.lda = a_stride(K4, 1);
-      pa.u8.assign(size_t(padded_rows(M)) * pa.lda, 0);
-#pragma omp parallel for schedule(static) if (M * K > 65536)
-      for (ssize_t i = 0; i < M; ++i) {
-        const ssize_t r = per_row ? i : 0;
-        quantize_row(px + i * K, pa.u8.data() + i * pa.lda, K, 1.f / psx[r], pzx[r], qmax, avx2);
-      }
-      if (kern == Kern::avx2_madd16) {  // int16 copy, rows re-spaced for the 2-byte stride
-        const ssize_t lda16 = a_stride(K4, 2);
-        pa.s16.assign(size_t(padded_rows(M)) * lda16, 0);
-        for (ssize_t i = 0; i < M; ++i)
-          for (ssize_t k = 0; k < K; ++k) pa.s16[i * lda16 + k] = int16_t(pa.u8[i * pa.lda + k]);
-        pa.lda = lda16;
-        pa.u8.clear();
-      }
-      // 3. GEMM with the fused epilogue: zero-point correction, scales, bias
-      run_prepared(kern, pa, M, K4, pk.P.data(), N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
-        const ssize_t r = per_row ? i : 0;
-        const i32 z = pzx[r];
-        const float sxr = psx[r];
-        float* yo = py_ + i * N + j0;
-        const i32* cs = colsum + j0;
-        // branch-free inner loops (the compiler vectorises each): scale per channel or per tensor, bias or none
-        // (one pass over y: a separate "+= bias" loop re-read y and cost ~5% at batch 512)
-        const float* bb = bias_p + j0;
-        if (ws_per) {
-          const float* w = pws + j0;
-          for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] = float(unoffset(s[c_], z, cs[c_])) * (sxr * w[c_]) + bb[c_];
-        } else {
-          const float m = sxr * pws[0];
-          for (ssize_t c_ = 0; c_ < nj; ++c_) yo[c_] = float(unoffset(s[c_], z, cs[c_])) * m + bb[c_];
-        }
-      });
-    }
-    if (!finite) {
-      py::gil_scoped_acquire acquire;
-      tl::value_error("int8_dynamic_linear: x contains NaN or Inf (no finite quantization range)");
-    }
+    if (kern == Kern::avx2_madd16)
+      finite = dynamic_linear_run<int16_t>(kern, px, M, K, pk.P.data(), N, per_row, qmax, avx2, psx, pzx, ep);
+    else
+      finite = dynamic_linear_run<uint8_t>(kern, px, M, K, pk.P.data(), N, per_row, qmax, avx2, psx, pzx, ep);
   }
+  if (!finite) tl::value_error("int8_dynamic_linear: x contains NaN or Inf (no finite quantization range)");
   return py::make_tuple(y, sx, zx, kern_name(kern));
 }
 

@@ -490,10 +490,10 @@ def test_int8_gemm_every_version_odd_shapes(level, mkn, monkeypatch):
 @pytest.mark.parametrize("reduce_range, per_row", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("m, k", [(1, 37), (5, 64), (97, 1024), (300, 301)])
 def test_dynamic_linear_codes_match_numpy(level, reduce_range, per_row, m, k, monkeypatch):
-    """The fused C++ activation pass (parallel min/max over chunks, 32-wide quantize with a scalar tail) picks the
-    same qparams and codes as the numpy reference, on row counts that cross the parallel threshold (m * k >
-    65536) and K with tails; ties x / s = n + 0.5 round to even in both. Checked through the exact accumulators:
-    the C++ forward equals the numpy epilogue on the numpy codes."""
+    """The fused C++ activation pass (min/max, 32-wide quantize with a scalar tail, rows quantized by the work item
+    that multiplies them) picks the same qparams and codes as the numpy reference, on row counts below and above
+    the row-split threshold and K with tails; ties x / s = n + 0.5 round to even in both. Checked through the exact
+    accumulators: the C++ forward equals the numpy epilogue on the numpy codes."""
     monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
     from tinylearn.quant.modules import DynamicQuantizedLinear
 
@@ -510,7 +510,42 @@ def test_dynamic_linear_codes_match_numpy(level, reduce_range, per_row, m, k, mo
     np.testing.assert_array_equal(z, mod.last_act_qparams[1])
     y_ref = mod._forward_numpy(x)[0]
     np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=1e-6)
-    # a NaN in the last element (last chunk of the parallel min/max) is refused
+    # a NaN in the last element (the last row's work item) is refused
     x.flat[-1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         mod(x)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [11, 12, 13, 23, 24, 25, 49, 131])
+def test_dynamic_linear_work_split_every_version(level, m, monkeypatch):
+    """The fused forward splits its work by column panels (few rows, quantized up front) or by chunks of rows (each
+    item quantizes its rows, then multiplies them): row counts around the switch (2 row blocks per thread) and
+    with M % 6 / M % 4 tails give the numpy arithmetic exactly, for every packed kernel, per tensor and per row,
+    7- and 8-bit codes; a NaN in a middle row is refused in both splits."""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", level)
+    from tinylearn.quant.gemm import packed_versions
+    from tinylearn.quant.modules import DynamicQuantizedLinear
+
+    rng = np.random.default_rng(m)
+    k, n = 200, 150  # K % 4 == 0 with a K-block tail, N = 2 full panels + a partial one
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    x = (rng.standard_normal((m, k)) * 2 + 0.5).astype(np.float32)
+    for v in packed_versions():
+        for reduce_range, per_row in [(True, False), (False, False), (True, True), (False, True)]:
+            if v == "avx2_u7" and not reduce_range:
+                continue
+            mod = DynamicQuantizedLinear(
+                w, b, per_channel=per_row, reduce_range=reduce_range, per_row=per_row, version=v
+            )
+            y = mod(x).data
+            assert mod.last_kernel == v
+            q, s, z = mod.quantize_input(x)
+            np.testing.assert_array_equal(s, mod.last_act_qparams[0])
+            np.testing.assert_array_equal(z, mod.last_act_qparams[1])
+            np.testing.assert_allclose(y, mod._forward_numpy(x)[0], rtol=1e-6, atol=1e-6, err_msg=f"{v} m={m}")
+            xn = x.copy()
+            xn[m // 2, k // 3] = np.inf
+            with pytest.raises(ValueError, match="NaN or Inf"):
+                mod(xn)
