@@ -97,7 +97,6 @@ struct TCache {
   uint64_t id;     // the allocator's id (never reused, unlike its address)
   int cap, ncls;
   i64 held_bytes = 0;                  // owner only: bytes in the bins (the byte cap)
-  size_t last_k = 0;                   // owner only: the size class of the last pop (see tc_push)
   uintptr_t hint_tp = 0;               // the allocator's hint slot this thread claimed (0: none)
   i64 refilled = 0, flushed = 0;       // blocks moved from / to the pool (under the allocator's mutex)
   std::atomic<bool> flush_req{false};  // set by empty_cache() of another thread (with lim = 0), read by the owner
@@ -426,7 +425,6 @@ class Caching {
     b.w.store(w - TBin::kOne + 1, std::memory_order_relaxed);  // count - 1, pops + 1
     tc_tab_[size_t(off >> shift_)].store(nbytes, std::memory_order_relaxed);
     t->held_bytes -= i64(k + 1) << shift_;
-    t->last_k = k;
     return true;
   }
   // offset -> tc_tab_ index; an offset that is negative or not a multiple of round_to rotates its low (or sign)
@@ -447,13 +445,6 @@ class Caching {
     TCache* t = tc_mine();
     if (t == nullptr) return false;
     size_t k = size_t(uint64_t(r - 1) >> shift_);
-    // The common case frees a block of the class this thread popped last. Taking k from last_k (behind a branch
-    // the CPU predicts) instead of from r lets the bin update start without waiting for the tc_tab_ load, which
-    // waits for the offset: a malloc/free pair is then two short dependency chains instead of one long one.
-    if (k == t->last_k) {
-      k = t->last_k;
-      asm("" : "+r"(k));  // keep the compiler from substituting the (equal) value computed from r
-    }
     TBin& b = t->bin[k];
     uint64_t w = b.w.load(std::memory_order_relaxed);
     i64 size = i64(k + 1) << shift_;
