@@ -22,6 +22,10 @@
 // (rounded size <= min(small_size, 64 * round_to, thread_cache_bytes)) are served from a thread_local array per
 // size class in front of the locked pool, so the common malloc/free pair takes no lock and no atomic
 // read-modify-write (plain loads/stores; counters are single-writer relaxed atomics):
+//   * the hit path (tc_pop_fast / tc_push_fast) is a few dozen instructions, like glibc's tcache: the cache is
+//     found through a table indexed by a hash of the thread pointer (no __tls_get_addr call, see tc_mine), the
+//     size class is a shift, "cacheable" one unsigned compare, a bin is one word (count << 48 | pops) and a base
+//     pointer, and free finds a cached block through tc_tab_ after one rotate + compare (range and alignment);
 //   * malloc pops the bin of its size class; an empty bin is refilled under the lock with a batch of
 //     max(1, thread_cache / 2) blocks carved from cached free blocks (only the first may create a segment);
 //   * free pushes the block on the freeing thread's bin (a block freed by another thread than the one that
