@@ -586,3 +586,103 @@ def test_bench_step_phases_and_thread_arguments():
         B.step_phases("rnn")
     with pytest.raises(ValueError, match="steps"):
         B.step_phases("mlp", steps=0)
+
+
+# -- Linear: BLAS orientation, column-major activations, side-by-side backward GEMMs (issue 18) ----------------------
+def _mlp_pair(n: int, sizes: tuple[int, ...], seed: int = 0) -> tuple[list, list, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ws = [
+        ((rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32), rng.standard_normal(o).astype(np.float32))
+        for i, o in zip(sizes[:-1], sizes[1:])
+    ]
+    return (
+        ws,
+        [tuple(torch.from_numpy(a.copy()).requires_grad_() for a in wb) for wb in ws],
+        rng.standard_normal((n, sizes[0])).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,sizes", [(128, (300, 256, 256, 10)), (8, (40, 64, 3)), (300, (20, 50, 7))])
+def test_linear_relu_chain_vs_torch(threads, n, sizes, monkeypatch):
+    """Linear -> ReLU chains: N <= out takes the transposed forward (column-major output) and the column-major
+    backward; with 2 BLAS threads the backward GEMMs run side by side (blas_pair). Values and grads vs torch."""
+    from threadpoolctl import threadpool_limits
+
+    from tinylearn.autograd import blas_pair, linalg
+    from tinylearn.nn import functional as F
+
+    calls = []
+    monkeypatch.setattr(linalg, "run_pair", lambda *f: calls.append("pair") or blas_pair.run_pair(*f))
+    monkeypatch.setattr(
+        linalg, "matmul_rows_split", lambda *a: calls.append("split") or blas_pair.matmul_rows_split(*a)
+    )
+    ws, th_ws, x = _mlp_pair(n, sizes)
+    tl_ws = [tuple(tl.Tensor(a, requires_grad=True) for a in wb) for wb in ws]
+    x_grad = n != 128  # the MLP-benchmark-like case: the input needs no grad (layer 1 computes dW only)
+    xt, xth = tl.Tensor(x, requires_grad=x_grad), torch.from_numpy(x.copy()).requires_grad_(x_grad)
+    with threadpool_limits(threads):
+        h, hth = xt, xth
+        for k, ((w, b), (tw, tb)) in enumerate(zip(tl_ws, th_ws)):
+            h, hth = F.linear(h, w, b), torch.nn.functional.linear(hth, tw, tb)
+            if k == 0 and n <= sizes[1]:
+                assert h.data.flags.f_contiguous and not h.data.flags.c_contiguous  # transposed orientation taken
+            if k < len(ws) - 1:
+                h, hth = h.relu(), hth.relu()
+        g = np.random.default_rng(1).standard_normal(h.shape).astype(np.float32)
+        h.backward(g)
+        hth.backward(torch.from_numpy(g))
+    if threads == 2 and n == 128 and blas_pair._openblas() is not None and blas_pair._CORES >= 2:
+        # layer 1 (input without grad): dW as two row halves; layer 2: dX and dW side by side
+        assert sorted(calls) == ["pair", "split"]
+    elif threads == 1 or n != 128:
+        assert calls == []
+    assert_close(h.data, hth, "float32")
+    if x_grad:
+        assert_close(xt.grad.data, xth.grad, "float32", msg="dx")
+    for (w, b), (tw, tb) in zip(tl_ws, th_ws):
+        assert w.grad.data.flags.c_contiguous  # the fused optimizer kernels need C-contiguous weight grads
+        assert_close(w.grad.data, tw.grad, "float32", msg="dW")
+        assert_close(b.grad.data, tb.grad, "float32", msg="db")
+
+
+def test_linear_gradcheck_fp64_column_major():
+    """fp64 gradcheck through linear -> relu -> linear with N <= out (transposed forward, column-major backward)."""
+    from tinylearn.nn import functional as F
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4))
+    w1, b1 = rng.standard_normal((6, 4)), rng.standard_normal(6)
+    w2, b2 = rng.standard_normal((5, 6)), rng.standard_normal(5)
+    assert gradcheck(lambda *a: F.linear(F.linear(a[0], a[1], a[2]).relu(), a[3], a[4]), (x, w1, b1, w2, b2))
+
+
+def test_blas_pair_results_and_errors():
+    """run_pair / matmul_rows_split give exactly the sequential results; an error on the helper thread reaches the
+    caller and the helper keeps working; OpenBLAS's thread count is restored."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from tinylearn.autograd import blas_pair
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((257, 64)).astype(np.float32), rng.standard_normal((64, 33)).astype(np.float32)
+    with threadpool_limits(2):
+        before = [i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"]
+        r1, r2 = blas_pair.run_pair(lambda: a @ b, lambda: b.T @ a.T)
+        np.testing.assert_array_equal(r1, a @ b)
+        np.testing.assert_array_equal(r2, b.T @ a.T)
+        out = blas_pair.matmul_rows_split(a, b)
+        assert out.flags.c_contiguous and out.shape == (257, 33)
+        with threadpool_limits(1):
+            ref = a @ b
+        np.testing.assert_array_equal(out, ref)  # each half is a one-thread GEMM of its rows
+
+        def boom() -> None:
+            raise FloatingPointError("from the helper")
+
+        with pytest.raises(FloatingPointError, match="from the helper"):
+            blas_pair.run_pair(boom, lambda: a @ b)
+        r1, _ = blas_pair.run_pair(lambda: 7, lambda: 8)
+        assert r1 == 7
+        assert [i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"] == before
+    assert not blas_pair.parallel_ok(float(blas_pair.MIN_FLOPS - 1))  # too small to pay the hand-off
