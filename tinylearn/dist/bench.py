@@ -6,7 +6,7 @@ each timed between barriers as the slowest rank's time, implementations taking t
 hits them alike; plus gamma, an fp32 add timed on all ranks at once. Samples are spent where the noise is: on a
 loaded 2-core box a 64 KB all-reduce is cheap but its samples are two-mode (fast, or + a scheduler time slice:
 CV ~ 1), a 16 MB one is 50x dearer and steadier (CV ~ 0.3), so each round samples a size ``sample_weights`` times
-(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 2.5x the rounds of p = 4 (``run``): the mean's relative
+(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 2x the rounds of p = 4 (``run``): the mean's relative
 standard error (CV / sqrt(n), ``rel_se``) is then ~ 5-12% at every point instead of 10-35%.
 
 Model (``cost_model.predict_contended``): the ranks active in a step share c cores, so that step's byte costs are
@@ -396,10 +396,11 @@ def run(
         sizes = sorted({max(4, s0[0] // 4), *s0, s0[-1] * 4})
     if repeats is None:  # rounds; each round samples a size sample_weights(sizes)[size] times (64 KB: 8, 16 MB: 1)
         repeats = 30 if full else 20
-    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 2.5x the rounds, p = 4 a minimum of 6
-    rounds = {p: repeats if p <= 2 else max(6, (2 * repeats) // 5) for p in world_sizes}
+    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 2x the rounds (p = 4 at least 6).
+    # Two launches per world size (not three): a launch costs seconds on a loaded box, better spent on samples
+    rounds = {p: repeats if p <= 2 else max(6, repeats // 2) for p in world_sizes}
     cores = cores_available()
-    measured = measure(world_sizes, sizes, IMPLS, rounds, 3, progress, weights=sample_weights(sizes))
+    measured = measure(world_sizes, sizes, IMPLS, rounds, 2, progress, weights=sample_weights(sizes))
     res = calibrate(measured, IMPLS, sizes, cores)
     tables = []
     for p in world_sizes:
@@ -445,8 +446,8 @@ def run(
             f"model = cost_model.predict_contended (= simulate(topology=None, cores={cores})): per step, byte terms "
             f"x s = max(1, a/c), latency + o*sched with o = max(0, a/c - 1), a = ranks active in the step (all p "
             f"but in the tree) + {res['background']:g} background threads of other jobs (fitted); alpha, sched, "
-            f"beta fitted per impl to the {res['statistic']}s at the calibration "
-            f"sizes {[_label(n) for n in res['cal']]} of p={list(world_sizes)} (relative least squares), "
+            f"beta fitted per impl to the {res['statistic']}s at the calibration sizes "
+            f"{[_label(n) for n in res['cal']]} of p={list(world_sizes)} (relative least squares weighted by 1/SE), "
             f"gamma = contended fp32 add {1 / res['gamma'] / 1e9:.2f} GB/s; validation sizes "
             f"{[_label(n) for n in res['val']]} are never fitted"
         )
