@@ -128,6 +128,22 @@ def test_pooled_tensors_live_in_the_arena_and_views_keep_blocks_alive() -> None:
     assert alloc.stats()["n_live"] == 0
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_pooled_copy_keeps_the_memory_layout(order: str) -> None:
+    """A column-major array (e.g. a transposed-orientation GEMM result) moved into the arena stays column-major:
+    same strides, so later ops take the same (BLAS) path and pooled training stays bit-identical."""
+    import tinylearn as tl
+
+    alloc = M.CachingAllocator(1 << 20, backend="cpp")
+    lo, hi = alloc.arena.ctypes.data, alloc.arena.ctypes.data + alloc.capacity
+    src = np.asarray(np.arange(24, dtype=np.float32).reshape(4, 6), order=order)
+    with M.pooled(alloc) as hook:
+        t = tl.Tensor(src.copy(order=order))
+    assert hook.n_pooled == 1 and lo <= t.data.ctypes.data < hi
+    assert t.data.strides == src.strides and t.data.flags.f_contiguous == (order == "F")
+    np.testing.assert_array_equal(t.data, src)
+
+
 def test_pooled_falls_back_when_the_pool_is_full() -> None:
     import tinylearn as tl
 

@@ -89,7 +89,10 @@ class PoolHook:
             return array
         owner = _Block(alloc.arena, off, array.nbytes)
         weakref.finalize(owner, alloc.free, off)
-        out = np.asarray(owner).view(array.dtype).reshape(array.shape)
+        # same memory layout as the array it replaces (an array that owns its data is C- or F-contiguous): a
+        # column-major result copied into a row-major view would send later BLAS calls down another path
+        order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+        out = np.asarray(owner).view(array.dtype).reshape(array.shape, order=order)
         out[...] = array
         self.n_pooled += 1
         self.bytes_pooled += array.nbytes
