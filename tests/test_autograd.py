@@ -686,3 +686,25 @@ def test_blas_pair_results_and_errors():
         assert r1 == 7
         assert [i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"] == before
     assert not blas_pair.parallel_ok(float(blas_pair.MIN_FLOPS - 1))  # too small to pay the hand-off
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 2, 10])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_fast_path_vs_torch(ignore_index, reduction):
+    """The fused cross-entropy skips its validity mask when every label is in range and ignore_index is not a class
+    (-100, 10 with 10 classes); with ignore_index = 2 it masks. Loss and grad vs torch either way."""
+    from tinylearn.nn import functional as F
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 10)).astype(np.float32) * 3
+    y = rng.integers(0, 10, 64)
+    xt, xth = tl.Tensor(x, requires_grad=True), torch.from_numpy(x.copy()).requires_grad_()
+    out = F.cross_entropy(xt, y, ignore_index=ignore_index, reduction=reduction)
+    ref = torch.nn.functional.cross_entropy(xth, torch.from_numpy(y), ignore_index=ignore_index, reduction=reduction)
+    assert_close(out.data, ref, "float32")
+    g = np.random.default_rng(1).standard_normal(ref.shape).astype(np.float32)
+    out.backward(g)
+    ref.backward(torch.from_numpy(g))
+    assert_close(xt.grad.data, xth.grad, "float32")
+    with pytest.raises(ValueError, match="target label 11 is out of range"):
+        F.cross_entropy(xt, np.where(np.arange(64) == 5, 11, y), ignore_index=ignore_index)

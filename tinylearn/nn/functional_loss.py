@@ -37,25 +37,31 @@ class CrossEntropyFn(Function):
         n, c = logits.shape
         if target.shape != (n,):
             raise ValueError(f"cross_entropy: target shape {target.shape} does not match logits shape {logits.shape}")
-        valid = target != ignore_index
-        bad = valid & ((target < 0) | (target >= c))
-        if bad.any():
-            lbl = int(target[bad][0])
-            raise ValueError(
-                f"cross_entropy: target label {lbl} is out of range [0, {c}) for logits shape {logits.shape}"
-            )
-        tsafe = np.where(valid, target, 0)
-        mx = logits.max(axis=1, keepdims=True)
-        z = logits - mx
+        # every label in range and ignore_index outside it (the usual case): no mask, fewer small numpy calls
+        all_valid = n > 0 and not 0 <= ignore_index < c and target.min() >= 0 and target.max() < c
+        if all_valid:
+            valid, tsafe = None, target
+        else:
+            valid = target != ignore_index
+            bad = valid & ((target < 0) | (target >= c))
+            if bad.any():
+                lbl = int(target[bad][0])
+                raise ValueError(
+                    f"cross_entropy: target label {lbl} is out of range [0, {c}) for logits shape {logits.shape}"
+                )
+            tsafe = np.where(valid, target, 0)
+        z = logits - logits.max(axis=1, keepdims=True)
         e = np.exp(z)
         s = e.sum(axis=1, keepdims=True)
-        logp_t = np.take_along_axis(z, tsafe[:, None], axis=1)[:, 0] - np.log(s[:, 0])
+        logp_t = z[np.arange(n), tsafe] - np.log(s[:, 0])
         loss = -logp_t
         if label_smoothing:
             logp_mean = (z - np.log(s)).mean(axis=1)
             loss = (1 - label_smoothing) * loss - label_smoothing * logp_mean
-        loss = np.where(valid, loss, 0).astype(logits.dtype, copy=False)
-        nvalid = int(valid.sum())
+        if valid is not None:
+            loss = np.where(valid, loss, 0)
+        loss = loss.astype(logits.dtype, copy=False)
+        nvalid = n if valid is None else int(valid.sum())
         e /= s  # softmax
         ctx.save_for_backward(e, tsafe, valid)
         ctx.meta = (reduction, nvalid, label_smoothing)
@@ -74,7 +80,8 @@ class CrossEntropyFn(Function):
         if ls:
             grad -= ls / c
         grad[np.arange(p.shape[0]), t] -= 1 - ls
-        grad *= valid[:, None]
+        if valid is not None:  # None: every row counts (see forward)
+            grad *= valid[:, None]
         if reduction == "mean":
             grad *= g / max(nvalid, 1)
         elif reduction == "sum":
