@@ -24,6 +24,8 @@
 // float32 and float64. All arguments are validated (ValueError naming the argument and shape) before any memory
 // is touched; inputs must be C-contiguous (the Python wrapper makes them so). Checked against numpy and torch in
 // tests/test_conv_im2col.py.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -33,6 +35,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -555,6 +558,92 @@ void pack_b_implicit(const T* xg, ssize_t xs, const Win& w, ssize_t H, ssize_t W
   }
 }
 
+// The tile's positions [j0, j0+nc) cut into the NR-column panels and, inside a panel, at output-row (and image)
+// boundaries: segment = `cnt` consecutive output columns ow0.. of row oh of image img, at panel lanes d..d+cnt-1.
+// The cut does not depend on the kernel row k, so the AVX-512 packer computes it once per tile.
+struct PanelSeg {
+  ssize_t img, oh, ow0;
+  int d, cnt;
+};
+
+inline void tile_segments(ssize_t j0, ssize_t nc, ssize_t NR, ssize_t L, ssize_t OW, std::vector<PanelSeg>& segs,
+                          std::vector<ssize_t>& start) {
+  segs.clear();
+  start.clear();
+  for (ssize_t pos = 0; pos < nc;) {
+    if (pos % NR == 0) start.push_back(ssize_t(segs.size()));
+    const ssize_t j = j0 + pos, img = j / L, l = j % L, oh = l / OW, ow = l % OW;
+    const ssize_t cnt = std::min({OW - ow, NR - pos % NR, nc - pos});
+    segs.push_back({img, oh, ow, int(pos % NR), int(cnt)});
+    pos += cnt;
+  }
+  start.push_back(ssize_t(segs.size()));
+}
+
+// AVX-512 B packer for stride 1 (the avx512 micro-kernels: NR = 2 vectors, 32 fp32 / 16 fp64). Per kernel row k
+// and panel the NR values are assembled in two registers, one masked load per segment and half (a masked load
+// from src - d puts src[0..cnt) at lanes d..d+cnt; lanes in the padding or outside the segment stay zero and,
+// being masked, never touch memory), then two aligned stores: no memset / memcpy calls, no per-element branches.
+// Same result as pack_b_implicit, which the scalar / AVX2 paths and other strides keep using (a masked-gather
+// version for stride 2 measured slower than its scalar strided copy on the 7x7/2 stem).
+// fp32 / fp64 overloads of the three vector operations (target functions: a portable build still has them)
+struct Pk512F {
+  using V = __m512;
+  static constexpr int LANES = 16;
+};
+struct Pk512D {
+  using V = __m512d;
+  static constexpr int LANES = 8;
+};
+template <class T>
+using Pk512 = std::conditional_t<std::is_same_v<T, float>, Pk512F, Pk512D>;
+__attribute__((target("avx512f"))) inline void pk_zero(__m512& r) { r = _mm512_setzero_ps(); }
+__attribute__((target("avx512f"))) inline void pk_zero(__m512d& r) { r = _mm512_setzero_pd(); }
+// lanes of m: p[lane]
+__attribute__((target("avx512f"))) inline void pk_load(__m512& r, uint32_t m, const float* p) {
+  r = _mm512_mask_loadu_ps(r, __mmask16(m), p);
+}
+__attribute__((target("avx512f"))) inline void pk_load(__m512d& r, uint32_t m, const double* p) {
+  r = _mm512_mask_loadu_pd(r, __mmask8(m), p);
+}
+__attribute__((target("avx512f"))) inline void pk_store(float* d, __m512 r) { _mm512_store_ps(d, r); }
+__attribute__((target("avx512f"))) inline void pk_store(double* d, __m512d r) { _mm512_store_pd(d, r); }
+
+template <class T>
+__attribute__((target("avx512f"))) void pack_b_implicit_avx512(const T* xg, ssize_t xs, const Win& w, ssize_t H,
+                                                               ssize_t W, const ImplicitRows<T>& rows, ssize_t p0,
+                                                               ssize_t kc, const PanelSeg* segs, const ssize_t* start,
+                                                               ssize_t npan, T* Bp) {
+  using V = typename Pk512<T>::V;
+  constexpr int LANES = Pk512<T>::LANES, NR = 2 * LANES;
+  for (ssize_t kk = 0; kk < kc; ++kk) {
+    const ssize_t k = p0 + kk;
+    const ssize_t ioff = rows.ioff[k], lo = rows.lo[k], hi = rows.hi[k];
+    const T* xk = xg + rows.coff[k] + rows.joff[k];
+    for (ssize_t q = 0; q < npan; ++q) {
+      V r0, r1;
+      pk_zero(r0);
+      pk_zero(r1);
+      for (ssize_t e = start[q]; e < start[q + 1]; ++e) {
+        const PanelSeg& sg = segs[e];
+        const ssize_t ih = sg.oh * w.sh + ioff;
+        if (ih < 0 || ih >= H) continue;
+        const ssize_t a = std::max<ssize_t>(lo - sg.ow0, 0), b = std::min<ssize_t>(hi - sg.ow0, sg.cnt);
+        if (a >= b) continue;
+        const uint64_t m = ((uint64_t(1) << (sg.d + b)) - 1) & ~((uint64_t(1) << (sg.d + a)) - 1);
+        // lane d + t reads the input element of output column ow0 + t: base[d + t] (base may lie before the
+        // array: only the masked lanes, all inside it, are read)
+        const uintptr_t base = uintptr_t(xk + sg.img * xs + ih * W + sg.ow0) - uintptr_t(sg.d * ssize_t(sizeof(T)));
+        if (m & ((uint64_t(1) << LANES) - 1)) pk_load(r0, uint32_t(m), reinterpret_cast<const T*>(base));
+        if (m >> LANES) pk_load(r1, uint32_t(m >> LANES), reinterpret_cast<const T*>(base + LANES * sizeof(T)));
+      }
+      T* dst = Bp + q * kc * NR + kk * NR;
+      pk_store(dst, r0);
+      pk_store(dst + LANES, r1);
+    }
+  }
+}
+
 template <class T>
 tl::GemmMicroKernel<T> micro_kernel();
 template <>
@@ -562,13 +651,99 @@ tl::GemmMicroKernel<float> micro_kernel<float>() { return tl::gemm_micro_kernel_
 template <>
 tl::GemmMicroKernel<double> micro_kernel<double>() { return tl::gemm_micro_kernel_f64(); }
 
+// The forward's own AVX-512 micro-kernels, 8 rows x 2 vectors (8x32 fp32, 8x16 fp64), same contract as gemm.cpp's
+// 6-row ones (c[i*ldc + j] += sum_k a[k*8 + i] * b[k*NR + j]). 8 rows because conv layers have 2^n output
+// channels: 64 / 128 / 256 are whole 8-row panels (6-row panels leave an edge panel that runs through the scratch
+// tile and wastes a third of its FMAs), and per k 16 FMAs share the 2 B loads instead of 12. 16 accumulators +
+// 2 B vectors + 1 broadcast = 19 of the 32 zmm registers.
+#define TL_CUKR_ROW(i)                  \
+  ai = BCAST(a + i);                    \
+  c##i##0 = FMA(ai, b0, c##i##0);       \
+  c##i##1 = FMA(ai, b1, c##i##1);
+#define TL_CUKR_STORE(i)                                        \
+  STOREU(c + i * ldc, ADD(LOADU(c + i * ldc), c##i##0));        \
+  STOREU(c + i * ldc + LANES, ADD(LOADU(c + i * ldc + LANES), c##i##1));
+#define TL_CUKR_BODY                                                                                        \
+  VEC c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(), c21 = ZERO(), c30 = ZERO();     \
+  VEC c31 = ZERO(), c40 = ZERO(), c41 = ZERO(), c50 = ZERO(), c51 = ZERO(), c60 = ZERO(), c61 = ZERO();     \
+  VEC c70 = ZERO(), c71 = ZERO();                                                                           \
+  for (ssize_t k = 0; k < kc; ++k, a += 8, b += 2 * LANES) {                                                \
+    const VEC b0 = LOAD(b), b1 = LOAD(b + LANES);                                                           \
+    VEC ai;                                                                                                 \
+    TL_CUKR_ROW(0) TL_CUKR_ROW(1) TL_CUKR_ROW(2) TL_CUKR_ROW(3)                                             \
+    TL_CUKR_ROW(4) TL_CUKR_ROW(5) TL_CUKR_ROW(6) TL_CUKR_ROW(7)                                             \
+  }                                                                                                         \
+  TL_CUKR_STORE(0) TL_CUKR_STORE(1) TL_CUKR_STORE(2) TL_CUKR_STORE(3)                                       \
+  TL_CUKR_STORE(4) TL_CUKR_STORE(5) TL_CUKR_STORE(6) TL_CUKR_STORE(7)
+
+__attribute__((target("avx512f"))) void conv_ukr_avx512_f32_8x32(ssize_t kc, const float* a, const float* b,
+                                                                   float* c, ssize_t ldc) {
+#define VEC __m512
+#define LANES 16
+#define ZERO _mm512_setzero_ps
+#define LOAD _mm512_load_ps
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+#define BCAST(p) _mm512_set1_ps(*(p))
+#define FMA _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+  TL_CUKR_BODY
+#undef VEC
+#undef LANES
+#undef ZERO
+#undef LOAD
+#undef LOADU
+#undef STOREU
+#undef BCAST
+#undef FMA
+#undef ADD
+}
+
+__attribute__((target("avx512f"))) void conv_ukr_avx512_f64_8x16(ssize_t kc, const double* a, const double* b,
+                                                                   double* c, ssize_t ldc) {
+#define VEC __m512d
+#define LANES 8
+#define ZERO _mm512_setzero_pd
+#define LOAD _mm512_load_pd
+#define LOADU _mm512_loadu_pd
+#define STOREU _mm512_storeu_pd
+#define BCAST(p) _mm512_set1_pd(*(p))
+#define FMA _mm512_fmadd_pd
+#define ADD _mm512_add_pd
+  TL_CUKR_BODY
+#undef VEC
+#undef LANES
+#undef ZERO
+#undef LOAD
+#undef LOADU
+#undef STOREU
+#undef BCAST
+#undef FMA
+#undef ADD
+}
+#undef TL_CUKR_ROW
+#undef TL_CUKR_STORE
+#undef TL_CUKR_BODY
+
+// The forward's kernel: the 8-row AVX-512 one where gemm.cpp's dispatch (TINYLEARN_CPU_FEATURES) picks avx512,
+// else gemm.cpp's (avx2 6x16 / 6x8, scalar).
+template <class T>
+tl::GemmMicroKernel<T> conv_micro_kernel() {
+  tl::GemmMicroKernel<T> k = micro_kernel<T>();
+  if (std::string(k.isa) != "avx512") return k;
+  if constexpr (std::is_same_v<T, float>)
+    return {conv_ukr_avx512_f32_8x32, 8, 32, k.isa};
+  else
+    return {conv_ukr_avx512_f64_8x16, 8, 16, k.isa};
+}
+
 // Below this many multiply-adds the conv runs on the calling thread (a team costs more than it saves).
 constexpr double kParallelMinMacs = 4e6;
 
 template <class T>
 void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ssize_t C, ssize_t H, ssize_t W,
                      ssize_t OC, ssize_t G, const Win& w, ssize_t OH, ssize_t OW) {
-  const tl::GemmMicroKernel<T> kn = micro_kernel<T>();
+  const tl::GemmMicroKernel<T> kn = conv_micro_kernel<T>();
   const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, Cg = C / G, OCg = OC / G, Kg = Cg * KK, L = OH * OW;
   // KC: at most 256 kernel rows per block, the blocks balanced (K = 576 -> 2 x 288, not 256 + 256 + 64)
   const ssize_t KC = Kg <= 0 ? 1 : (Kg + (Kg + 255) / 256 - 1) / ((Kg + 255) / 256);
@@ -582,12 +757,20 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
   const ssize_t NL = N * L;
   const double macs = double(N) * OC * L * Kg;
   const int nt = macs >= kParallelMinMacs ? tl::n_threads() : 1;
-  ssize_t NC = std::min<ssize_t>(8 * NR, (NL + NR - 1) / NR * NR);
-  if (nt > 1 && G * ((NL + NC - 1) / NC) < 4 * nt) {
-    const ssize_t per_group = (4 * nt + G - 1) / G;  // tiles wanted per group
-    NC = std::max(NR, ((NL + per_group - 1) / per_group + NR - 1) / NR * NR);
+  // Tiles: runs of whole NR-panels, at most 8 per tile; tile t of a group holds panels [P*t/ntj, P*(t+1)/ntj).
+  // Threaded, each thread gets >= 4 tiles and the tile count is a multiple of the threads, so the dynamic schedule
+  // ends even (784 columns = 24.5 panels on 2 threads: 8 tiles of 3-4 panels, not 4 + 3 tiles of 4).
+  const ssize_t P = (NL + NR - 1) / NR;
+  ssize_t ntj = (P + 7) / 8;
+  if (nt > 1) {
+    ntj = std::max<ssize_t>(ntj, (4 * nt + G - 1) / G);
+    while ((G * ntj) % nt != 0 && ntj < P) ++ntj;
+    ntj = std::min(ntj, P);
   }
-  const ssize_t ntj = (NL + NC - 1) / NC, ntiles = G * ntj;
+  const ssize_t NC = (P + ntj - 1) / ntj * NR;  // the widest tile
+  const ssize_t ntiles = G * ntj;
+  // the AVX-512 packer for stride 1 (other strides: its gathers measured slower than the scalar strided copy)
+  const bool fast_pack = std::string(kn.isa) == "avx512" && NR == 64 / ssize_t(sizeof(T)) * 2 && w.sw == 1;
   const ImplicitRows<T> rows(Kg, w, H, W, OW);
   auto Ap = aligned_array<T>(size_t(G * OCp * Kg));  // [g][pc block][OCp/MR panels][kc][MR]
   // per-thread B blocks, allocated here: an exception must not leave an OpenMP region
@@ -609,10 +792,14 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
       }
     }
     T* const Bp = Bps[size_t(tl::thread_id())].get();
-    alignas(64) T tile[6 * 32];
+    alignas(64) T tile[8 * 32];  // MR x NR of the widest kernel
+    std::vector<PanelSeg> segs;
+    std::vector<ssize_t> seg_start;
 #pragma omp for schedule(dynamic, 1)
     for (ssize_t t = 0; t < ntiles; ++t) {
-      const ssize_t g = t / ntj, j0 = (t % ntj) * NC, nc = std::min(NC, NL - j0);
+      const ssize_t g = t / ntj, tj = t % ntj;
+      const ssize_t j0 = P * tj / ntj * NR, nc = std::min(P * (tj + 1) / ntj * NR, NL) - j0;
+      if (fast_pack) tile_segments(j0, nc, NR, L, OW, segs, seg_start);
       const T* xg = x + g * Cg * H * W;
       T* yg = y + g * OCg * L;  // column j of the group: y[n, g*OCg + o, l] at yg + o*L + (j/L)*OC*L + j%L
       auto col_off = [&](ssize_t j) { return (j / L) * OC * L + j % L; };
@@ -624,7 +811,10 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
       }
       for (ssize_t pc = 0; pc < Kg; pc += KC) {
         const ssize_t kc = std::min(KC, Kg - pc);
-        if (w.sw == 1)
+        if (fast_pack)
+          pack_b_implicit_avx512(xg, C * H * W, w, H, W, rows, pc, kc, segs.data(), seg_start.data(),
+                                 ssize_t(seg_start.size()) - 1, Bp);
+        else if (w.sw == 1)
           pack_b_implicit<1>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp);
         else if (w.sw == 2)
           pack_b_implicit<2>(xg, C * H * W, w, H, W, OH, OW, rows, pc, kc, j0, nc, NR, Bp);
@@ -644,9 +834,12 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
             } else {  // edge or image-spanning panel: the full MR x NR into scratch, add the valid part
               std::fill(tile, tile + MR * NR, T(0));
               kn.ukr(kc, a, b, tile, NR);
-              for (ssize_t q = 0; q < nr; ++q) {
+              for (ssize_t q = 0; q < nr;) {  // one image segment at a time
+                const ssize_t m = std::min(nr - q, L - (j + q) % L);
                 T* c = yg + col_off(j + q) + ir * L;
-                for (ssize_t i = 0; i < mr; ++i) c[i * L] += tile[i * NR + q];
+                for (ssize_t i = 0; i < mr; ++i)
+                  for (ssize_t u = 0; u < m; ++u) c[i * L + u] += tile[i * NR + q + u];
+                q += m;
               }
             }
           }

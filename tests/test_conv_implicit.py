@@ -43,6 +43,7 @@ CASES = [
     (2, 3, 7, 6, 5, 3, 1, 2, 2, 1),  # dilation 2, stride 1: dX conv with dilated flipped kernel
     (2, 300, 5, 4, 7, 1, 1, 0, 1, 1),  # K = 300 > 256: two balanced K blocks
     (1, 2, 2, 3, 3, 2, 1, 0, 1, 1),  # tiny output (2x2 map): one panel spans both images... and more
+    (2, 5, 11, 45, 7, 3, 1, 2, 2, 1),  # 45-wide rows: segments cross panels (the AVX-512 packer's masks)
 ]
 
 
