@@ -729,6 +729,104 @@ py::tuple pack_any(const py::array& b_in) {
   return py::make_tuple(P, cs);
 }
 
+// GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
+// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB, ep(i, j0, nj, s_row) per row and
+// panel. tile (48 x NPW int32) and bw (madd16: KCB x NPW x 4 int16) are the calling thread's scratch.
+template <typename AT, typename EP>
+void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,
+               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, const EP& ep) {
+  const int mr = kern_mr(kern);
+  const ssize_t maxrows = 48 / mr * mr;
+  for (ssize_t p = p0; p < p1; ++p) {
+    const i8* bp = P + p * K4 * NPW * 4;
+    const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
+    for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
+      const ssize_t c1 = std::min(r1, c0 + maxrows);
+      std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
+      for (ssize_t k0 = 0; k0 < K4; k0 += KCB) {
+        const ssize_t k1 = std::min(K4, k0 + KCB);
+        if constexpr (std::is_same_v<AT, int16_t>) widen_block(bp, k0, k1, bw);
+        for (ssize_t i = c0; i < c1; i += mr)
+          micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bw, k0, k1, tile + (i - c0) * NPW);
+      }
+      for (ssize_t i = c0; i < c1; ++i) ep(i, j0, nj, tile + (i - c0) * NPW);
+    }
+  }
+}
+
+// One OpenMP region with no barrier inside, for A operands made row by row (the dynamic Linear's quantize, the
+// packed GEMM's offset / int16 widening): work items are chunks of rows, each item makes its own rows with
+// prep(i0, i1, A, lda, tmp) and runs them against every panel, handed out dynamically (a preempted thread holds up
+// one item, not half the work). Below 2 row blocks per thread the items are column panels and prep runs on every
+// row before the region. Fewer sync points is most of the speed on a loaded 2-core machine: each barrier waits for
+// a descheduled thread's next time slice (4-8 ms against a 0.4-1.5 ms call). prep returns false to stop (the
+// runner then returns false). tmp: a K-byte scratch row per thread.
+template <typename AT, typename PREP, typename EP>
+bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, const PREP& prep, const EP& ep) {
+  const int mr = kern_mr(kern);
+  const ssize_t K4 = (K + 3) / 4, MP = (M + mr - 1) / mr, NP = (N + NPW - 1) / NPW;
+  const ssize_t lda = a_stride(K4, int(sizeof(AT)));
+  const int T = max_threads();
+  const bool by_rows = MP >= 2 * ssize_t(T);
+  // row items: the same number per thread, at most 8 blocks (48 rows) each
+  const ssize_t maxb = 48 / mr;
+  const ssize_t nitems = by_rows ? ssize_t(T) * std::max<ssize_t>(1, (MP + T * maxb - 1) / (T * maxb)) : NP;
+  std::unique_ptr<AT[]> A(new AT[size_t(padded_rows(M)) * lda]);
+  std::atomic<bool> ok{true};
+  if (!by_rows) {
+    std::vector<uint8_t> tmp(static_cast<size_t>(K));
+    if (!prep(ssize_t(0), M, A.get(), lda, tmp.data())) return false;
+  }
+#pragma omp parallel num_threads(T)
+  {
+    std::vector<i32> tile(size_t(48) * NPW);
+    std::vector<int16_t> bw(std::is_same_v<AT, int16_t> ? size_t(KCB) * NPW * 4 : 0);
+    std::vector<uint8_t> tmp(by_rows ? static_cast<size_t>(K) : 0);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (ssize_t it = 0; it < nitems; ++it) {
+      if (by_rows) {
+        const ssize_t i0 = std::min(M, MP * it / nitems * mr), i1 = std::min(M, MP * (it + 1) / nitems * mr);
+        if (!prep(i0, i1, A.get(), lda, tmp.data())) ok = false;
+        if (ok) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), ep);
+      } else {
+        gemm_rows<AT>(kern, A.get(), lda, 0, M, K4, P, N, it, it + 1, tile.data(), bw.data(), ep);
+      }
+    }
+  }
+  return ok;
+}
+
+// C = (A - zero_point) @ B for int8 / uint8 A [M, K] through run_row_items: each item converts its own rows (int8
+// offset by 128 to u8 codes, or int16 for madd16; K padding zeroed) and the epilogue removes the offset
+template <typename T>
+void packed_run(Kern kern, const T* A, ssize_t M, ssize_t K, const i8* P, ssize_t N, i32 zero_point,
+                const i32* colsum, i32* pc) {
+  const bool s = std::is_signed_v<T>;
+  const i32 off = (s && kern != Kern::avx2_madd16 ? 128 : 0) + zero_point;
+  auto ep = [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* acc) {
+    for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = unoffset(acc[c_], off, colsum[j0 + c_]);
+  };
+  if (kern == Kern::avx2_madd16) {
+    auto prep = [&](ssize_t i0, ssize_t i1, int16_t* Ap, ssize_t lda, uint8_t*) {
+      for (ssize_t i = i0; i < i1; ++i) {
+        for (ssize_t k = 0; k < K; ++k) Ap[i * lda + k] = int16_t(A[i * K + k]);
+        for (ssize_t k = K; k < lda; ++k) Ap[i * lda + k] = 0;
+      }
+      return true;
+    };
+    run_row_items<int16_t>(kern, M, K, P, N, prep, ep);
+  } else {
+    auto prep = [&](ssize_t i0, ssize_t i1, uint8_t* Ap, ssize_t lda, uint8_t*) {
+      for (ssize_t i = i0; i < i1; ++i) {
+        for (ssize_t k = 0; k < K; ++k) Ap[i * lda + k] = s ? uint8_t(A[i * K + k]) ^ 0x80 : uint8_t(A[i * K + k]);
+        for (ssize_t k = K; k < lda; ++k) Ap[i * lda + k] = 0;
+      }
+      return true;
+    };
+    run_row_items<uint8_t>(kern, M, K, P, N, prep, ep);
+  }
+}
+
 // C = A @ B (exact int32) with B packed by int8_pack. A int8 [M, K], or uint8 [M, K] minus zero_point:
 // C = (A - zero_point) @ B. version: auto | avx512vnni | avx2_madd16 | avx2_u7 | scalar.
 py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const py::array& cs_in, ssize_t N,
@@ -759,21 +857,13 @@ py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const
     const bool u7 = (top & 0x80) == 0;
     const Kern kern = pick_kern(version, u7, "int8_gemm_packed");
     py::gil_scoped_release release;
-    PreparedA pa = prepare_a(pa_, M, K, kern);
-    const i32 off = pa.offset + zero_point;
-    run_prepared(kern, pa, M, pk.K4, P, N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
-      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = unoffset(s[c_], off, colsum[j0 + c_]);
-    });
+    packed_run(kern, pa_, M, K, P, N, i32(zero_point), colsum, pc);
   } else {
     auto a = as_int8(a_in, "a");
     // int8 A is offset to 0..255: not 7-bit, so the u7 kernel cannot take it
     const Kern kern = pick_kern(version == "avx2_u7" ? version : version, false, "int8_gemm_packed");
     py::gil_scoped_release release;
-    PreparedA pa = prepare_a(a.data(), M, K, kern);
-    const i32 off = pa.offset;
-    run_prepared(kern, pa, M, pk.K4, P, N, [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* s) {
-      for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = unoffset(s[c_], off, colsum[j0 + c_]);
-    });
+    packed_run(kern, a.data(), M, K, P, N, 0, colsum, pc);
   }
   return c;
 }
@@ -914,31 +1004,6 @@ bool min_max(const float* x, ssize_t n, float& mn, float& mx, bool avx2) {
   return z == 0.f;
 }
 
-// GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
-// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB, ep(i, j0, nj, s_row) per row and
-// panel. tile (48 x NPW int32) and bw (madd16: KCB x NPW x 4 int16) are the calling thread's scratch.
-template <typename AT, typename EP>
-void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,
-               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, const EP& ep) {
-  const int mr = kern_mr(kern);
-  const ssize_t maxrows = 48 / mr * mr;
-  for (ssize_t p = p0; p < p1; ++p) {
-    const i8* bp = P + p * K4 * NPW * 4;
-    const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
-    for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
-      const ssize_t c1 = std::min(r1, c0 + maxrows);
-      std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
-      for (ssize_t k0 = 0; k0 < K4; k0 += KCB) {
-        const ssize_t k1 = std::min(K4, k0 + KCB);
-        if constexpr (std::is_same_v<AT, int16_t>) widen_block(bp, k0, k1, bw);
-        for (ssize_t i = c0; i < c1; i += mr)
-          micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bw, k0, k1, tile + (i - c0) * NPW);
-      }
-      for (ssize_t i = c0; i < c1; ++i) ep(i, j0, nj, tile + (i - c0) * NPW);
-    }
-  }
-}
-
 // x row -> kernel operand row: u8 codes, or (madd16) the codes widened to int16 through a u8 scratch row; the K
 // padding up to lda is zeroed (it meets zero B entries, but stays defined)
 template <typename AT>
@@ -954,28 +1019,14 @@ void quantize_operand_row(const float* x, AT* dst, uint8_t* tmp, ssize_t K, ssiz
   for (ssize_t k = K; k < lda; ++k) dst[k] = 0;
 }
 
-// The dynamic Linear's quantize and GEMM in ONE OpenMP region with no barrier inside (it used three regions:
-// min/max, quantize, GEMM). Every barrier waits for the slowest thread, and on a loaded 2-core machine that is a
-// descheduled thread's next time slice (4-8 ms against a 0.4-1.5 ms call): measured under load (load average 6-10),
-// three regions ran 2.7-3x torch's time, one region with an in-region parallel min/max (one barrier) 1.1-1.5x, and
-// this form (serial min/max first, as torch's fbgemm path does) 0.9-1.0x. Work items are chunks of rows: each item
-// quantizes its own rows and runs them against every panel (no barrier between quantize and GEMM); items are handed
-// out dynamically (a preempted thread holds up one item, not half the work). Below 2 row blocks per thread the
-// items are column panels and the few rows are quantized before the region. Returns false for NaN / Inf in x.
+// The dynamic Linear: serial per-tensor min/max (a parallel one needs a barrier before anything can be
+// quantized; fbgemm's path also finds the range serially), then quantize + GEMM + epilogue in run_row_items' one
+// region with no barrier inside (this used three regions: min/max, quantize, GEMM). Measured under load (load
+// average 6-10 on the 2 cores): three regions ran 2.7-3x torch's time at batch 512, one region with an in-region
+// parallel min/max (one barrier) 1.1-1.5x, this form 0.9-1.0x. Returns false for NaN / Inf in x.
 template <typename AT, typename EP>
 bool dynamic_linear_run(Kern kern, const float* px, ssize_t M, ssize_t K, const i8* P, ssize_t N, bool per_row,
                         int qmax, bool avx2, float* psx, i32* pzx, const EP& ep) {
-  const int mr = kern_mr(kern);
-  const ssize_t K4 = (K + 3) / 4, MP = (M + mr - 1) / mr, NP = (N + NPW - 1) / NPW;
-  const ssize_t lda = a_stride(K4, int(sizeof(AT)));
-  const int T = max_threads();
-  const bool by_rows = MP >= 2 * ssize_t(T);
-  // row items: the same number per thread, at most 8 blocks (48 rows) each
-  const ssize_t maxb = 48 / mr;
-  const ssize_t nitems = by_rows ? ssize_t(T) * std::max<ssize_t>(1, (MP + T * maxb - 1) / (T * maxb)) : NP;
-  std::unique_ptr<AT[]> A(new AT[size_t(padded_rows(M)) * lda]);
-  std::atomic<bool> finite{true};
-  // per tensor: one serial min/max pass (a parallel one needs a barrier before anything can be quantized)
   float s0 = 0.f;
   int z0 = 0;
   if (!per_row) {
@@ -986,45 +1037,22 @@ bool dynamic_linear_run(Kern kern, const float* px, ssize_t M, ssize_t K, const 
     pzx[0] = z0;
   }
   // rows [i0, i1) -> operand rows, with the tensor's qparams or (per row) each row's own, written out
-  auto quantize_rows = [&](ssize_t i0, ssize_t i1, uint8_t* tmp) {
+  auto quantize_rows = [&](ssize_t i0, ssize_t i1, AT* A, ssize_t lda, uint8_t* tmp) {
     for (ssize_t i = i0; i < i1; ++i) {
       float s = s0;
       int z = z0;
       if (per_row) {
         float mn, mx;
-        if (!min_max(px + i * K, K, mn, mx, avx2)) {
-          finite = false;
-          return;
-        }
+        if (!min_max(px + i * K, K, mn, mx, avx2)) return false;
         choose_qparams(mn, mx, qmax, s, z);
         psx[i] = s;
         pzx[i] = z;
       }
-      quantize_operand_row<AT>(px + i * K, A.get() + i * lda, tmp, K, lda, 1.f / s, z, qmax, avx2);
+      quantize_operand_row<AT>(px + i * K, A + i * lda, tmp, K, lda, 1.f / s, z, qmax, avx2);
     }
+    return true;
   };
-  if (!by_rows) {
-    std::vector<uint8_t> tmp(static_cast<size_t>(K));
-    quantize_rows(0, M, tmp.data());
-    if (!finite) return false;
-  }
-#pragma omp parallel num_threads(T)
-  {
-    std::vector<i32> tile(size_t(48) * NPW);
-    std::vector<int16_t> bw(std::is_same_v<AT, int16_t> ? size_t(KCB) * NPW * 4 : 0);
-    std::vector<uint8_t> tmp(std::is_same_v<AT, int16_t> ? static_cast<size_t>(K) : 0);
-#pragma omp for schedule(dynamic, 1) nowait
-    for (ssize_t it = 0; it < nitems; ++it) {
-      if (by_rows) {
-        const ssize_t i0 = std::min(M, MP * it / nitems * mr), i1 = std::min(M, MP * (it + 1) / nitems * mr);
-        quantize_rows(i0, i1, tmp.data());
-        if (finite) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), ep);
-      } else {
-        gemm_rows<AT>(kern, A.get(), lda, 0, M, K4, P, N, it, it + 1, tile.data(), bw.data(), ep);
-      }
-    }
-  }
-  return finite;
+  return run_row_items<AT>(kern, M, K, P, N, quantize_rows, ep);
 }
 
 // y = dequant((quant(x) - zp) @ Wq^T) + bias, what torch's quantize_dynamic Linear computes:
