@@ -11,7 +11,9 @@
 // Dispatch happens at run time (tl::cpu_has in cpu_features.h, which honours TINYLEARN_CPU_FEATURES) and each
 // SIMD path is compiled with __attribute__((target(...))), so a portable (-march=x86-64) build still uses them.
 // Register blocking: 6 rows x 4 zmm (VNNI, 24 accumulators) or 6 rows x 2 ymm (avx2_madd16), 4 rows for avx2_u7 and
-// scalar; OpenMP over column panels (or row blocks when N is small).
+// scalar. Threads: the per-call int8_gemm versions split column panels; the packed GEMM and the dynamic Linear run in
+// one OpenMP region with no barrier inside (run_row_items: row chunks that prepare their own rows, or column panels
+// for small M).
 #include "cpu_features.h"
 #include "registry.h"
 
