@@ -909,10 +909,53 @@ inline int team_size() {
 #endif
 }
 
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the shuffle intrinsics as uninitialised
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// dst[u*ldd + r] = src[r*lds + u] for r, u < 16: a 16x16 fp32 transpose in registers (unpack ps, unpack pd, two
+// 128-bit lane shuffles), 16 loads and 16 stores instead of 256 scalar moves.
+__attribute__((target("avx512f"))) void transpose16x16_f32(const float* src, ssize_t lds, float* dst, ssize_t ldd) {
+  __m512 r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+    }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+#pragma GCC unroll 16
+  for (int u = 0; u < 16; ++u) _mm512_storeu_ps(dst + u * ldd, r[u]);
+}
+#pragma GCC diagnostic pop
+
 template <class T>
 void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t C, ssize_t H, ssize_t W, ssize_t OC,
                              const Win& w, ssize_t OH, ssize_t OW) {
-  const tl::GemmMicroKernel<T> kn = micro_kernel<T>();
+  const tl::GemmMicroKernel<T> kn = conv_micro_kernel<T>();
+  bool tr16 = false;  // fp32 on AVX-512: 16x16 blocks of the k-panel transpose in registers
+  if constexpr (std::is_same_v<T, float>) tr16 = std::string(kn.isa) == "avx512";
   const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, K = C * KK, L = OH * OW, NL = N * L;
   const ssize_t NK = std::min<ssize_t>(8 * NR, (K + NR - 1) / NR * NR);
   const ssize_t OCp = (OC + MR - 1) / MR * MR;
@@ -940,7 +983,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
     T* const Ap = Aps[size_t(tid)].get();
     T* const Bp = Bps[size_t(tid)].get();
     T* const rowsbuf = Rbs[size_t(tid)].get();
-    alignas(64) T tile[6 * 32];
+    alignas(64) T tile[8 * 32];  // MR x NR of the widest kernel
     // this thread's blocks: a contiguous range (each block of dY / x is read by one thread only)
     const ssize_t b0 = nblk * tid / nth, b1 = nblk * (tid + 1) / nth;
     for (ssize_t blk = b0; blk < b1; ++blk) {
@@ -980,6 +1023,13 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
           for (ssize_t j0s = 0; j0s < kr; j0s += 16) {
             const ssize_t js = std::min<ssize_t>(16, kr - j0s);
             T* d = bq + j0s * NR;
+            if constexpr (std::is_same_v<T, float>) {
+              if (tr16 && js == 16 && tv == NR && NR % 16 == 0) {
+                for (ssize_t t0 = 0; t0 < NR; t0 += 16)
+                  transpose16x16_f32(rowsbuf + (q * NR + t0) * kr + j0s, kr, d + t0, NR);
+                continue;
+              }
+            }
             for (ssize_t t = 0; t < tv; ++t) {
               const T* src = rowsbuf + (q * NR + t) * kr + j0s;
               for (ssize_t u = 0; u < js; ++u) d[u * NR + t] = src[u];
