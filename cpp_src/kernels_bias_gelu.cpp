@@ -11,9 +11,11 @@
 //   bias_gelu_forward versions     v1 autovec   the loops above under `#pragma omp simd`, erf by Abramowitz &
 //                                               Stegun 7.1.26 (abs. error 1.5e-7: poor relative error near 0),
 //                                               OpenMP over rows above kParallelMin elements
-//                                  v2 simd      explicit vector erf / tanh of vec_math.h (<= 2.4 ulp; AVX-512 /
-//                                               AVX2 / scalar by tl::cpu_has): h = u/2, y = h + h erf(u/sqrt2)
-//                                               (one FMA), one thread. Elementwise, so every path gives the same bits
+//                                  v2 simd      explicit vector GELU of vec_math.h (AVX-512 / AVX2 / scalar by
+//                                               tl::cpu_has), one thread: erf form vm::gelu_erf (no erf:
+//                                               max(u,0) - |u| Phi(-|u|), Phi(-v) = e^{-v^2/2} S(v/(v+4)), one
+//                                               polynomial family, <= 8 ulp incl. the negative tail); tanh form
+//                                               h + h tanh(k(u + c u^3)). Elementwise, so every path gives the same bits
 //                                  v3 simd_omp  v2 + OpenMP over rows, threads_for(R*C) threads; v2/v3 write
 //                                               an output above 4 MiB with non-temporal stores (common.h; neutral
 //                                               here within noise: the 8-lane erf makes this op compute-bound)
@@ -61,29 +63,29 @@ void check_bias(const carr<T>& x, const carr<T>& b, const char* fn) {
 }
 
 // ---- float32 v2/v3 rows (vec_math.h) --------------------------------------------------------------------------
-constexpr float kRsqrt2 = 0.70710678118654752440f, kK = 0.79788456080286535588f, kC = 0.044715f;
+constexpr float kK = 0.79788456080286535588f, kC = 0.044715f;
 
 void gelu_row_scalar(const float* x, const float* b, float* y, ssize_t C, bool tanh_form, bool /*stream*/) {
   for (ssize_t c = 0; c < C; ++c) {
     const float u = x[c] + b[c];
-    const float h = 0.5f * u;
     if (tanh_form) {
+      const float h = 0.5f * u;
       const float inner = std::fma(kC * (u * u), u, u) * kK;
       y[c] = std::fma(h, vm::scalar::tanh(inner), h);
     } else {
-      y[c] = std::fma(h, vm::scalar::erf_core(u * kRsqrt2), h);
+      y[c] = vm::scalar::gelu_erf(u);
     }
   }
 }
 
 TL_AVX2 inline __m256 gelu8(__m256 u, bool tanh_form) {
-  const __m256 h = _mm256_mul_ps(_mm256_set1_ps(0.5f), u);
   if (tanh_form) {
+    const __m256 h = _mm256_mul_ps(_mm256_set1_ps(0.5f), u);
     const __m256 c3 = _mm256_mul_ps(_mm256_set1_ps(kC), _mm256_mul_ps(u, u));
     const __m256 inner = _mm256_mul_ps(_mm256_fmadd_ps(c3, u, u), _mm256_set1_ps(kK));
     return _mm256_fmadd_ps(h, vm::avx2::tanh(inner), h);
   }
-  return _mm256_fmadd_ps(h, vm::avx2::erf_core(_mm256_mul_ps(u, _mm256_set1_ps(kRsqrt2))), h);
+  return vm::avx2::gelu_erf(u);
 }
 TL_AVX2 void gelu_row_avx2(const float* x, const float* b, float* y, ssize_t C, bool tanh_form, bool stream) {
   ssize_t c = 0;
@@ -102,13 +104,13 @@ TL_AVX2 void gelu_row_avx2(const float* x, const float* b, float* y, ssize_t C, 
 }
 
 TL_AVX512 inline __m512 gelu16(__m512 u, bool tanh_form) {
-  const __m512 h = _mm512_mul_ps(_mm512_set1_ps(0.5f), u);
   if (tanh_form) {
+    const __m512 h = _mm512_mul_ps(_mm512_set1_ps(0.5f), u);
     const __m512 c3 = _mm512_mul_ps(_mm512_set1_ps(kC), _mm512_mul_ps(u, u));
     const __m512 inner = _mm512_mul_ps(_mm512_fmadd_ps(c3, u, u), _mm512_set1_ps(kK));
     return _mm512_fmadd_ps(h, vm::avx512::tanh(inner), h);
   }
-  return _mm512_fmadd_ps(h, vm::avx512::erf_core(_mm512_mul_ps(u, _mm512_set1_ps(kRsqrt2))), h);
+  return vm::avx512::gelu_erf(u);
 }
 TL_AVX512 void gelu_row_avx512(const float* x, const float* b, float* y, ssize_t C, bool tanh_form, bool stream) {
   ssize_t c = 0;
