@@ -152,8 +152,12 @@ def _dynamic_table(full: bool, progress: Callable[[str], None] | None) -> Table:
             _dynamic_case(cmp, rng.standard_normal((bm, k)).astype(np.float32), n, qlin, lin, auto, mods)
     cmp.note(
         "ratio < 1: faster than torch's dynamic int8 Linear (goal: <= 1.0). Both quantize activations per call to "
-        "7-bit codes (reduce_range) with per-tensor weights; tinylearn is one fused C++ call (min/max, quantize, "
-        "exact int32 GEMM on prepacked weights, dequantize + bias)."
+        "7-bit codes (reduce_range) with per-tensor weights; tinylearn is one fused C++ call (serial min/max, then "
+        "quantize + exact int32 GEMM on prepacked weights + dequantize/bias in one OpenMP region with no barrier "
+        "inside: on a loaded 2-core box every barrier can wait a descheduled thread's time slice). "
+        "TINYLEARN_CPU_FEATURES=avx2 limits tinylearn only: torch's fbgemm picks its kernels from the CPU itself "
+        "(ATEN_CPU_CAPABILITY does not reach it), so on an AVX-512 VNNI CPU that row compares an AVX2 kernel "
+        "(about half the multiplies per cycle) with VNNI."
     )
     return cmp.table
 
