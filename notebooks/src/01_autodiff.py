@@ -528,11 +528,19 @@ assert hot / total_s > 0.5
 #   axis (+ `take_along_axis` / `put_along_axis`): ~2 ms per pool forward on the first pool's input. `nn.MaxPool2d`
 #   now runs a direct C++ kernel (one pass: max and the first argmax per window; backward scatters the gradient to it).
 #   (The millisecond figures here are the recorded table at the end of this section, asserted there.)
+# * **The GEMMs themselves at 2 threads** (a second pass). The MLP step is its 8 GEMMs (§10: they and the update
+#   hold most of the profile), so their BLAS calls were changed, not the engine. For a 2-D input with N ≤ out,
+#   `Linear` computes `Y` as the transpose of `W @ Xᵀ`: the same products, but OpenBLAS does that problem faster
+#   (on one thread and more so on two), and `Y` comes out column-major; `dX` then takes its input's layout, so
+#   ReLU's backward `g * (out > 0)` never mixes a row-major and a column-major operand. With 2+ OpenBLAS threads
+#   the backward GEMMs run side by side, one thread each (`tinylearn.autograd.blas_pair`: `dX` next to `dW`, or
+#   `dW` as two row halves), instead of one after the other, each split by OpenBLAS, whose 2-thread split barely
+#   speeds up a weight gradient with K = batch = 128. Smaller: ReLU's forward takes `np.maximum` against a zero
+#   array (numpy's SIMD loop needs two array operands), cross-entropy skips its mask when every label is valid.
 #
-# Nothing else in the engine was worth changing: the MLP step is its 8 GEMMs (§10: they and the update hold most of
-# the profile) and graph bookkeeping ranks below them. The numbers below are live, on whatever machine runs this
-# notebook (ours is a shared, loaded 2-core box: 2-thread rows there swing wildly when another process takes a
-# core, for torch too).
+# Graph bookkeeping ranks below the GEMMs and the update; the engine itself was not changed. The numbers below are
+# live, on whatever machine runs this notebook (ours is a shared, loaded 2-core box: 2-thread rows there swing
+# wildly when another process takes a core, for torch too).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -554,6 +562,30 @@ for (kind, n_threads, path), r in phase_rows.items():
     print(f"{kind:>4} {n_threads:>3} {path:>6} |             {cells} | {th_total:11.2f} | {ratio_now:5.2f}")
 for r in phase_rows.values():
     assert all(0 < ms < 1e4 for fw in r.values() for ms in fw.values())  # every phase ran and was timed
+
+# %% [markdown]
+# The GEMM changes are structural too: the `[128, 784] -> [128, 512]` layer's output is column-major, and the
+# weight gradient is the same at 1 and 2 threads (at 2, when numpy's BLAS is OpenBLAS with its own thread pool,
+# each half of it is a one-thread GEMM).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn.autograd import blas_pair  # noqa: E402
+
+lin_l1 = tl.nn.Linear(784, 512)
+x_l1 = tl.Tensor(rng.standard_normal((128, 784)).astype(np.float32))
+y_l1 = lin_l1(x_l1)
+print("output column-major:", y_l1.data.flags.f_contiguous, "| row-major:", y_l1.data.flags.c_contiguous)
+assert y_l1.data.flags.f_contiguous and not y_l1.data.flags.c_contiguous
+dw_by_threads = {}
+for n_threads in (1, 2):
+    with threadpool_limits(n_threads):
+        lin_l1.weight.grad = None
+        lin_l1(x_l1).relu().sum().backward()
+        dw_by_threads[n_threads] = lin_l1.weight.grad.data.copy()
+        print(f"{n_threads} thread(s): backward GEMMs side by side:", blas_pair.parallel_ok(784 * 512 * 128.0))
+assert lin_l1.weight.grad.data.flags.c_contiguous  # what the fused optimizer kernels take
+np.testing.assert_allclose(dw_by_threads[1], dw_by_threads[2], rtol=1e-5, atol=1e-4)
 
 # %% [markdown]
 # What the two rungs change is structural, so that is what is asserted (the timings above are printed only): the
