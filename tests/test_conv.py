@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _conv_cases import conv_case
 
 import tinylearn as tl
 from tinylearn.conv import cpp_available
@@ -37,21 +38,11 @@ def _torch_conv(x, w, b, s, p, d, g, gy):
     return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()
 
 
-def _case(c, dtype, seed=0):
-    N, C, H, W, OC, k, s, p, d, g = c
-    kk = (k, k) if isinstance(k, int) else k
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, C, H, W)).astype(dtype)
-    w = (rng.standard_normal((OC, C // g) + kk) / np.sqrt(C // g * kk[0] * kk[1])).astype(dtype)
-    b = rng.standard_normal(OC).astype(dtype)
-    return x, w, b, s, p, d, g
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_conv2d_forward_backward_vs_torch(backend, case, dtype):
-    x, w, b, s, p, d, g = _case(case, dtype)
+    x, w, b, s, p, d, g = conv_case(case, dtype)
     y = tl.conv.conv2d(x, w, b, s, p, d, g, backend=backend)
     gy = np.random.default_rng(9).standard_normal(y.shape).astype(dtype)
     ey, edx, edw, edb = _torch_conv(x, w, b, s, p, d, g, gy)
@@ -75,7 +66,7 @@ def test_conv2d_noncontiguous_inputs(backend):
 
 
 def test_conv2d_backward_reuses_cols_and_needs():
-    x, w, b, s, p, d, g = _case(CASES[1], "float64")
+    x, w, b, s, p, d, g = conv_case(CASES[1], "float64")
     y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g)
     gy = np.ones_like(y)
     full = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, cols=cols)
@@ -218,7 +209,7 @@ def test_fold_batchnorm_vs_conv_then_bn(bias):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tiled_conv_matches_and_bounds_workspace(backend):
-    x, w, b, s, p, d, g = _case((2, 4, 13, 11, 6, 3, (2, 1), 1, 1, 2), "float32")
+    x, w, b, s, p, d, g = conv_case((2, 4, 13, 11, 6, 3, (2, 1), 1, 1, 2), "float32")
     full = tl.conv.conv2d(x, w, b, s, p, d, g, backend=backend)
     for rows in (1, 2, 5, 100):
         assert_close(tl.conv.conv2d_tiled(x, w, b, s, p, d, g, rows_per_tile=rows, backend=backend), full, "float32")
@@ -257,7 +248,7 @@ EDGE_CASES = [
 @pytest.mark.parametrize("case", EDGE_CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_conv2d_edge_cases_vs_torch(backend, case, dtype):
-    x, w, b, s, p, d, g = _case(case, dtype, seed=7)
+    x, w, b, s, p, d, g = conv_case(case, dtype, seed=7)
     y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend=backend)
     gy = np.random.default_rng(8).standard_normal(y.shape).astype(dtype)
     ey, edx, edw, edb = _torch_conv(x, w, b, s, p, d, g, gy)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _conv_cases import conv_case
 
 import tinylearn as tl
 from tinylearn.conv import cpp_available
@@ -47,16 +48,6 @@ CASES = [
 ]
 
 
-def _case(c, dtype, seed=0):
-    N, C, H, W, OC, k, s, p, d, g = c
-    kk = (k, k) if isinstance(k, int) else k
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, C, H, W)).astype(dtype)
-    w = (rng.standard_normal((OC, C // g) + kk) / np.sqrt(C // g * kk[0] * kk[1])).astype(dtype)
-    b = rng.standard_normal(OC).astype(dtype)
-    return x, w, b, s, p, d, g
-
-
 def _torch(x, w, b, s, p, d, g, gy):
     tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
     y = F.conv2d(tx, tw, tb, s, p, d, g)
@@ -68,7 +59,7 @@ def _torch(x, w, b, s, p, d, g, gy):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_ladder_vs_torch(level, version, case, dtype):
-    x, w, b, s, p, d, g = _case(case, dtype)
+    x, w, b, s, p, d, g = conv_case(case, dtype)
     y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version=version)
     assert y.shape[:2] == (x.shape[0], w.shape[0]) and y.dtype == np.dtype(dtype) and y.flags.c_contiguous
     gy = np.random.default_rng(3).standard_normal(y.shape).astype(dtype)
@@ -101,7 +92,7 @@ def test_v2_noncontiguous_and_broadcast_inputs(level):
 
 def test_v2_matches_v1_large_layer():
     """A ResNet-like layer with several K blocks, column tiles and both threads busy: v2 == im2col + OpenBLAS."""
-    x, w, b, s, p, d, g = _case((2, 96, 20, 20, 70, 3, 1, 1, 1, 1), "float32", seed=4)
+    x, w, b, s, p, d, g = conv_case((2, 96, 20, 20, 70, 3, 1, 1, 1, 1), "float32", seed=4)
     y2, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v2")
     y1, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v1")
     ey = F.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), s, p, d, g).numpy()
@@ -149,7 +140,7 @@ def test_v2_dweight_kernel_vs_torch_and_validates(level):
     C = tl.backends.load_C("conv")
     for case in [(4, 70, 20, 20, 40, 3, 1, 1, 1, 1), (2, 3, 30, 30, 8, 7, 2, 3, 1, 1), (2, 5, 9, 8, 6, 3, 3, 2, 2, 1)]:
         for dtype in ("float32", "float64"):
-            x, w, b, s, p, d, g = _case(case, dtype, seed=2)
+            x, w, b, s, p, d, g = conv_case(case, dtype, seed=2)
             tx, tw = torch.tensor(x), torch.tensor(w, requires_grad=True)
             y = F.conv2d(tx, tw, None, s, p, d)
             gy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(0))
@@ -166,10 +157,10 @@ def test_v2_dweight_kernel_vs_torch_and_validates(level):
 
 
 def test_default_version_picks_v2_from_32_channels():
-    x, w, b, s, p, d, g = _case((2, 3, 8, 8, 8, 3, 1, 1, 1, 1), "float32")
+    x, w, b, s, p, d, g = conv_case((2, 3, 8, 8, 8, 3, 1, 1, 1, 1), "float32")
     _, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp")
     assert cols is not None  # 8 output channels: v1 (im2col + OpenBLAS), its columns kept for dW
-    x, w, b, s, p, d, g = _case((2, 3, 8, 8, 32, 3, 1, 1, 1, 1), "float32")
+    x, w, b, s, p, d, g = conv_case((2, 3, 8, 8, 32, 3, 1, 1, 1, 1), "float32")
     y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp")
     assert cols is None  # 32 output channels: v2
     ey = F.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), s, p, d, g)
