@@ -325,8 +325,10 @@ plt.show()
 # %% [markdown]
 # The error never reaches 4 ulp (asserted; about 1 ulp for `exp`), and all paths agree bit for bit, so a result
 # does not depend on which CPU ran it. The default softmax, LayerNorm and bias+GELU versions (`simd_omp`) are
-# built on these functions; the older versions stay selectable (`version=`) so each step of the ladder can be
-# timed. `tinylearn bench kernels` prints the ratios to torch on this machine.
+# built on these functions (the erf-form GELU on `gelu_erf` from the same file: it evaluates
+# $u\,\Phi(u) = \max(u, 0) - |u|\,\Phi(-|u|)$ with $\Phi(-v) = e^{-v^2/2} S(v/(v+4))$ directly, one polynomial
+# and no $1 + \mathrm{erf}$, which cancels for negative $u$); the older versions stay selectable (`version=`) so
+# each step of the ladder can be timed. `tinylearn bench kernels` prints the ratios to torch on this machine.
 #
 # ## 3. LayerNorm forward and backward
 #
