@@ -16,8 +16,9 @@
 //       hoisted out of the row loop (memset / copy / memset, no per-element index test); stride 1 and 2 are
 //       compile-time constants (memcpy, vectorised even-element gather). col2im v1 is the same loop nest with +=,
 //       threaded over the (c, n) image planes.
-//   v2  (conv2d_forward, conv2d_backward_weight) implicit GEMM: no column matrix at all; gemm.cpp's packed
-//       micro-kernels (gemm_ukr.h) with B panels packed straight from the image, one OpenMP team. See below.
+//   v2  (conv2d_forward, conv2d_backward_weight) implicit GEMM: no column matrix at all; packed micro-kernels
+//       (an 8x32 / 8x16 AVX-512 one here, gemm.cpp's via gemm_ukr.h at the other levels) with B panels packed
+//       straight from the image (AVX-512: masked row-segment loads for stride 1), one OpenMP team. See below.
 // Also here: transpose01 (swap the two leading axes of [A, B, L] with an optional bias per A: the KNL GEMM output
 // [OC, N, L] -> NCHW, and dY NCHW -> [OC, N*L]) and stream_copy (the STREAM "copy" kernel on the same threads,
 // the bandwidth roof im2col is compared against).
@@ -471,13 +472,15 @@ void stream_copy(py::array& dst, const py::array& src) {
 
 // ------------------------------------------------------------------------------------- v2: implicit-GEMM conv2d
 // The forward without a column matrix. Per group g the conv is Y_n[OCg, L] = W_g[OCg, Kg] @ cols_n[Kg, L]; the GEMM
-// runs on the packed micro-kernels of gemm.cpp (gemm_ukr.h) and B is packed straight from the image: a tile of NC
-// output positions of one image, KC kernel rows at a time, goes into NR-column micro-panels (the layout pack_b
-// produces) by the same memset / copy / gather row segments as im2col v1, so the "columns" only ever exist as one
-// L2-resident KC x NC block per thread. A (the weights) is packed once per call into MR-row micro-panels per KC
-// block, shared by all threads. The micro-kernel accumulates into y[n] itself (ldc = L, NCHW: no transpose), whose
-// tile starts as the bias. One OpenMP team does everything (A packing, then tiles (n, g, jc) dynamically): no
-// OpenBLAS threads, no std::threads, so nothing spins against anything else between the stages of one conv.
+// runs on packed micro-kernels (conv_micro_kernel: 8x32 / 8x16 AVX-512 here, else gemm.cpp's via gemm_ukr.h) and B
+// is packed straight from the image: a tile of whole NR-column panels of output positions (the batch side by side),
+// KC kernel rows at a time, goes into NR-column micro-panels (the layout pack_b produces) by row segments (AVX-512,
+// stride 1: pack_b_implicit_avx512's masked loads; else pack_b_implicit's memset / copy / gather), so the "columns"
+// only ever exist as one L2-resident KC x NC block per thread. A (the weights) is packed once per call into MR-row
+// micro-panels per KC block, shared by all threads and all images. The micro-kernel accumulates into y[n] itself
+// (ldc = L, NCHW: no transpose), whose tile starts as the bias. One OpenMP team does everything (A packing, then
+// tiles (g, panel range) dynamically): no OpenBLAS threads, no std::threads, so nothing spins against anything else
+// between the stages of one conv.
 struct FreeDeleter {
   void operator()(void* q) const { std::free(q); }
 };
@@ -1124,7 +1127,7 @@ TL_REGISTER(conv) {
   m.def("conv2d_forward", &conv2d_forward_v2, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"),
         py::arg("padding"), py::arg("dilation"), py::arg("groups") = 1,
         "v2 implicit-GEMM conv2d forward: x [N,C,H,W], weight [OC,C/g,kh,kw] C-contiguous -> y [N,OC,OH,OW] "
-        "(packed gemm.cpp micro-kernels, B packed from the image, one OpenMP team)");
+        "(packed micro-kernels, B packed from the image, one OpenMP team)");
   m.def("conv2d_backward_weight", &conv2d_backward_weight_v2, py::arg("x"), py::arg("grad_out"),
         py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
         "v2 dW of conv2d (groups=1) without a column matrix: x [N,C,H,W], grad_out [N,OC,OH,OW] C-contiguous -> "

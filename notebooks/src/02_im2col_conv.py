@@ -608,17 +608,20 @@ assert not tl.conv.cpp_available() or len(ladder) == 4
 # (which busy-spin after each call) and the transpose threads; on 2 cores each switch costs. v2
 # (`_C.conv.conv2d_forward`, `cpp_src/conv_im2col.cpp`) runs everything in one OpenMP team and builds no columns:
 #
-# - the GEMM is the project's own (`cpp_src/gemm.cpp`): the same packed MR×NR register-blocked micro-kernels
-#   (AVX-512 6×32 / AVX2 6×16 fp32, a scalar loop otherwise; `TINYLEARN_CPU_FEATURES` picks the level), exposed to
-#   the conv through `gemm_ukr.h`;
-# - **B is packed straight from the image**: a tile of NC output positions (the batch side by side, as in the KNL
-#   layout) × KC kernel rows is written into NR-column micro-panels by the same memset / copy / gather row segments
-#   as im2col v1, so the "columns" only exist as one L2-sized block per thread;
+# - the GEMM is a packed MR×NR register-blocked micro-kernel: on AVX-512 an 8×32 fp32 one of the conv's own
+#   (64 / 128 / 256 output channels are whole 8-row panels, so no edge tile), at the AVX2 / scalar levels the
+#   project GEMM's (`cpp_src/gemm.cpp`, 6×16 / a scalar loop, through `gemm_ukr.h`); `TINYLEARN_CPU_FEATURES`
+#   picks the level;
+# - **B is packed straight from the image**: a tile of whole NR-column panels of output positions (the batch side
+#   by side, as in the KNL layout) × KC kernel rows is written into the micro-panels by row segments (AVX-512,
+#   stride 1: one masked vector load per segment; otherwise the memset / copy / gather of im2col v1), so the
+#   "columns" only exist as one L2-sized block per thread;
 # - A (the weights) is packed once per call; the micro-kernel accumulates into `y`'s NCHW memory (`ldc = OH·OW`),
 #   whose tile starts as the bias — no transpose; a micro-panel that spans two images goes through a scratch tile.
 #
 # Its backward for stride 1 computes `dX` as the same kernel on the flipped, transposed weights
-# (`dX = conv2d(dY, W̃, padding = d(k−1) − p)`): no col2im. The table puts the GEMM rates side by side on each
+# (`dX = conv2d(dY, W̃, padding = d(k−1) − p)`): no col2im; `dW` (groups = 1) is a GEMM whose reduction runs over
+# the N·OH·OW positions, its column blocks again generated in cache. The table puts the GEMM rates side by side on each
 # layer's `[OC, K] × [K, N·L]` product: OpenBLAS, the project GEMM called from Python (`tl.gemm.matmul`, packing
 # a materialised column matrix), and v2's whole forward (im2col-in-packing included).
 
@@ -648,13 +651,13 @@ assert not (tl.conv.cpp_available() and _be.C_available("gemm")) or len(v2_rates
 assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 GFLOP/s, even loaded
 
 # %% [markdown]
-# **Reading v2.** The GEMM inside v2 is the same micro-kernel as the project GEMM column, yet it is fed differently:
+# **Reading v2.** The GEMM inside v2 is a micro-kernel like the project GEMM column's, yet it is fed differently:
 # its B block is built in cache from the image instead of read from a column matrix in memory, its output lands in
 # NCHW, and no other thread pool wakes up between the stages — so on a quiet machine the v2 column can exceed the
 # project GEMM's rate on the very same product, and the v2 rows of the first table close most of v1's gap to
 # torch (the printed rates are loaded and vary run to run, so no ordering is asserted). What is left to oneDNN: a
-# blocked `nChw16c` layout (no edge tiles, no
-# gathers for stride 2) and a tuned micro-kernel; `dW` still materialises the columns (one OpenBLAS GEMM).
+# blocked `nChw16c` layout (no packing of B at all: its kernels load the input directly, 16 channels per vector),
+# which matters most where the packing is amortised over few output channels (64→64 @56, the 3-channel stem).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

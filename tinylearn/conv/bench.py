@@ -135,7 +135,7 @@ def run(
     fwd.note(
         "tinylearn numpy/numba/cpp v1/cpp v0 = im2col (backend) + one OpenBLAS GEMM per group over the whole batch "
         "(np.matmul) + a row-copy transpose to NCHW; 1x1 = direct batched matmul (no im2col). cpp = v2 implicit GEMM "
-        "(gemm.cpp micro-kernels, B packed from the image, one OpenMP team)"
+        "(packed micro-kernels, B packed from the image, one OpenMP team)"
     )
     fwd.note(f"STREAM copy here: {copy_gbs:.1f} GB/s (128 MiB, 2 x bytes counted); '% copy' = im2col GB/s / that")
     fb.note("backward: dW = dYᵀ @ colsᵀ (cols reused from forward), dX = col2im(Wᵀ @ dYᵀ), db = sum dY: 1 GEMM each")

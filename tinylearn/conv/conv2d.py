@@ -22,9 +22,10 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
 
     v1   im2col (C++ v1, or v0 with version="v0") + one OpenBLAS GEMM (np.matmul) + the transpose01 row copies
     v2   implicit GEMM in C++ (``_C.conv.conv2d_forward``; the default from 32 output channels per group): no
-         column matrix; the packed micro-kernels of the project GEMM (cpp_src/gemm.cpp) with B packed straight from
-         the image, a KC x NC block per thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP
-         team (no OpenBLAS threads spinning against ours between stages). Returns cols=None.
+         column matrix; packed micro-kernels (8x32 AVX-512 in cpp_src/conv_im2col.cpp, the project GEMM's from
+         cpp_src/gemm.cpp at the AVX2 / scalar levels) with B packed straight from the image, a KC x NC block per
+         thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads
+         spinning against ours between stages). Returns cols=None.
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
