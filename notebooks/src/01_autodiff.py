@@ -535,8 +535,8 @@ assert hot / total_s > 0.5
 #   ReLU's backward `g * (out > 0)` never mixes a row-major and a column-major operand. With 2+ OpenBLAS threads
 #   the backward GEMMs run side by side, one thread each (`tinylearn.autograd.blas_pair`: `dX` next to `dW`, or
 #   `dW` as two row halves), instead of one after the other, each split by OpenBLAS, whose 2-thread split barely
-#   speeds up a weight gradient with K = batch = 128. Smaller: ReLU's forward takes `np.maximum` against a zero
-#   array (numpy's SIMD loop needs two array operands), cross-entropy skips its mask when every label is valid.
+#   speeds up a weight gradient with K = batch = 128. Smaller: cross-entropy skips its mask when every label is
+#   valid.
 #
 # Graph bookkeeping ranks below the GEMMs and the update; the engine itself was not changed. The numbers below are
 # live, on whatever machine runs this notebook (ours is a shared, loaded 2-core box: 2-thread rows there swing

@@ -32,7 +32,30 @@ _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
 _lib: list[Any] = []  # [(get_num_threads, set_num_threads) ctypes functions of numpy's OpenBLAS] or [None]
 
 
+def _symbols(dynlib: Any) -> Any:
+    for pre in ("", "scipy_"):
+        for suf in ("", "64_", "_64"):
+            get = getattr(dynlib, f"{pre}openblas_get_num_threads{suf}", None)
+            put = getattr(dynlib, f"{pre}openblas_set_num_threads{suf}", None)
+            par = getattr(dynlib, f"{pre}openblas_get_parallel{suf}", None)
+            if get is not None and put is not None:
+                return get, put, par
+    return None
+
+
 def _find_openblas() -> Any:
+    # numpy's wheel bundles its OpenBLAS in numpy.libs: open it directly (already loaded, so dlopen returns it;
+    # ~0.1 ms and a few KB), and ask it whether it threads with its own pthread pool (openblas_get_parallel() == 1)
+    import ctypes
+    import glob
+
+    libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    paths = glob.glob(os.path.join(libdir, "*openblas*.so*"))
+    if len(paths) == 1:
+        fns = _symbols(ctypes.CDLL(paths[0]))
+        if fns is not None and fns[2] is not None:
+            return fns[:2] if fns[2]() == 1 else None
+    # other installs (conda, system BLAS): threadpoolctl finds the library (slower, ~15 ms once)
     from threadpoolctl import ThreadpoolController
 
     libs = [c for c in ThreadpoolController().lib_controllers if c.internal_api == "openblas"]
@@ -40,14 +63,8 @@ def _find_openblas() -> Any:
     # one OpenBLAS with its own pthread pool (process-wide thread count); an OpenMP build keeps per-thread limits
     if len(pick) != 1 or getattr(pick[0], "threading_layer", None) != "pthreads":
         return None
-    dynlib = pick[0].dynlib
-    for pre in ("", "scipy_"):
-        for suf in ("", "64_", "_64"):
-            get = getattr(dynlib, f"{pre}openblas_get_num_threads{suf}", None)
-            put = getattr(dynlib, f"{pre}openblas_set_num_threads{suf}", None)
-            if get is not None and put is not None:
-                return get, put
-    return None
+    fns = _symbols(pick[0].dynlib)
+    return None if fns is None else fns[:2]
 
 
 def _openblas() -> Any:
@@ -78,6 +95,7 @@ class _Helper:
                 self.result, self.error = fn(), None
             except BaseException as e:  # handed back to the caller
                 self.result, self.error = None, e
+            fn = None  # drop the closure now: it holds the GEMM operands (a gradient would outlive its use)
             self.done.set()
 
 

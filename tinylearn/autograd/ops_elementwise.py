@@ -239,33 +239,10 @@ class Sigmoid(Function):
         return g * out * (1 - out)
 
 
-_ZEROS: dict[np.dtype, np.ndarray] = {}  # per float dtype: one read-only flat zero buffer, grown on demand
-_ZEROS_MAX = 1 << 23  # elements; larger inputs take the scalar path (no buffer of that size kept alive)
-
-
-def _zeros_operand(a: np.ndarray) -> np.ndarray | int:
-    """A read-only zero array laid out like ``a`` (C- or F-contiguous float), else the scalar 0.
-
-    numpy's float maximum has a SIMD loop only for two contiguous array operands: np.maximum(a, 0) runs 2.8x slower
-    than np.maximum(a, zeros) (76 vs 27 us for 200k float32, measured loaded); the result is identical.
-    """
-    n = a.size
-    if a.dtype.kind != "f" or n > _ZEROS_MAX or not (a.flags.c_contiguous or a.flags.f_contiguous):
-        return 0
-    buf = _ZEROS.get(a.dtype)
-    if buf is None or buf.size < n:
-        buf = np.zeros(max(n, 2 * (0 if buf is None else buf.size)), a.dtype)
-        buf.setflags(write=False)
-        _ZEROS[a.dtype] = buf
-    if a.flags.c_contiguous:
-        return buf[:n].reshape(a.shape)
-    return buf[:n].reshape(a.shape[::-1]).T
-
-
 class ReLU(Function):
     @staticmethod
     def forward(ctx, a):
-        out = np.maximum(a, _zeros_operand(a))
+        out = np.maximum(a, 0)
         ctx.save_for_backward(out)
         return out
 
