@@ -91,22 +91,24 @@ class Linear(Function):
         x2 = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
         gx = gw = None
         n, o, i = x2.shape[0], w.shape[0], w.shape[1]
-        if x.ndim == 2 and x.flags.f_contiguous and not x.flags.c_contiguous:
-            # x is column-major (the output of a transposed-orientation forward): give dX the same layout, so the
-            # elementwise backward that consumes it (ReLU's g * (out > 0)) does not mix layouts (2.5x slower)
-            def dx() -> np.ndarray:
-                return (w.T @ g.T).T
-        else:
-
-            def dx() -> np.ndarray:
-                return g @ w
-
+        # x column-major (the output of a transposed-orientation forward): dX takes the same layout, so the
+        # elementwise backward that consumes it (ReLU's g * (out > 0)) does not mix layouts (2.5x slower)
+        colmajor = x.ndim == 2 and x.flags.f_contiguous and not x.flags.c_contiguous
         if nx and nw and parallel_ok(2.0 * n * o * i):  # dX and dW side by side, one thread each
-            gx, gw = run_pair(dx, lambda: g2.T @ x2)
+            # dX's array is allocated here, on the calling thread (allocation tracking such as
+            # tinylearn.memory.measure_peak follows this thread); the helper thread only fills it
+            dt = np.result_type(g, w)
+            if colmajor:
+                buf = np.empty((i, g.shape[0]), dt)
+                gx = buf.T
+                _, gw = run_pair(lambda: np.matmul(w.T, g.T, out=buf), lambda: g2.T @ x2)
+            else:
+                gx = np.empty(g.shape[:-1] + (i,), dt)
+                _, gw = run_pair(lambda: np.matmul(g, w, out=gx), lambda: g2.T @ x2)
         elif nw and not nx and parallel_ok(n * o * i):  # dW alone: two row halves side by side
             gw = matmul_rows_split(g2.T, x2)
         else:
-            gx = dx() if nx else None
+            gx = ((w.T @ g.T).T if colmajor else g @ w) if nx else None
             gw = (g2.T @ x2) if nw else None
         gb = g2.sum(axis=0) if nb else None
         return gx, gw, gb
