@@ -31,16 +31,16 @@ The SIMD rungs choose AVX-512 / AVX2 / scalar at run time (``TINYLEARN_CPU_FEATU
 ``tinylearn.cpu.kernel_paths()`` reports it); scalar and AVX2 give bit-identical results. They are float32 kernels:
 float64 (which exists for gradcheck) runs the first rung's code under every version name.
 
-Defaults (best of 30 at one thread, fp32, 4096x768 and 1024x4096, on the 2-core AVX-512 dev box under load from
-other jobs; ratio to torch eager): softmax ``simd_omp`` 0.69-0.71x / 0.98x vs ``three_pass`` 0.84-0.86x / 1.08x;
-LayerNorm ``simd_omp`` 0.51-0.64x / 0.84x vs ``two_pass`` 0.56-0.64x / 0.92x; bias+GELU ``simd_omp`` (the earlier
-vector-erf form) 0.77-0.80x / 0.80x vs ``autovec`` 0.75-0.77x / 0.83x. With ``gelu_erf`` (about 1.6x fewer
-multiply/FMA instructions per element than the vector erf), quiet box, 2 threads, median: bias+GELU 0.49x / 0.57x on
-AVX-512 and 0.77x / 0.71x with AVX2 forced on torch and tinylearn (benchmarks/amd-epyc-avx512*/2026-11-24T16*.json),
-accurate to <= 8 ulp on [-5, 6] where autovec's A&S erf has a 1.5e-7 absolute error. ``simd_omp`` adds threads only above 2 x 32 Ki elements. numba would need a JIT warm-up and cannot
-use OpenMP ``simd`` reductions, so the C++ path is the only cpu path. float16 is computed in float32 by the
-dispatcher. (``tinylearn.kernels.softmax/layer_norm(backend="cpu")`` pick their version from the registry table in
-ops.py; these defaults apply where a caller passes ``version=None``.)
+Defaults (best of 30 at one thread, fp32, 4096x768 and 1024x4096, on the 2-core AVX-512 dev box under load from other
+jobs; ratio to torch eager): softmax ``simd_omp`` 0.69-0.71x / 0.98x vs ``three_pass`` 0.84-0.86x / 1.08x; LayerNorm
+``simd_omp`` 0.51-0.64x / 0.84x vs ``two_pass`` 0.56-0.64x / 0.92x; bias+GELU ``simd_omp`` (the earlier vector-erf form)
+0.77-0.80x / 0.80x vs ``autovec`` 0.75-0.77x / 0.83x. With ``gelu_erf`` (about 1.6x fewer multiply/FMA instructions per
+element than the vector erf), quiet box, 2 threads, median: bias+GELU 0.49x / 0.57x on AVX-512 and 0.77x / 0.71x with
+AVX2 forced on torch and tinylearn (benchmarks/amd-epyc-avx512*/2026-11-24T16*.json), accurate to <= 8 ulp on [-5, 6]
+where autovec's A&S erf has a 1.5e-7 absolute error. ``simd_omp`` adds threads only above 2 x 32 Ki elements. numba
+would need a JIT warm-up and cannot use OpenMP ``simd`` reductions, so the C++ path is the only cpu path. float16 is
+computed in float32 by the dispatcher. (``tinylearn.kernels.softmax/layer_norm(backend="cpu")`` pick their version from
+the registry table in ops.py; these defaults apply where a caller passes ``version=None``.)
 """
 
 from __future__ import annotations
