@@ -15,6 +15,7 @@ import tomllib
 
 import tinylearn
 import tinylearn.topics
+from tinylearn import backends
 from tinylearn.bench import Comparison, Table, measure
 from tinylearn.bench.table import Row
 from tinylearn.testing import assert_close, broadcast_shape_pairs, make_array, make_layouts, tolerance
@@ -320,3 +321,22 @@ def test_readme_curriculum_map_is_generated_from_the_topic_table():
     tool = ROOT / "tools" / "readme_map.py"
     p = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_named_backend_resolution_is_cached_and_register_invalidates_it():
+    """resolve() with a named backend remembers its answer after one full check; registering again clears it."""
+    op = "test.cached_resolve_op"
+    backends.register(op, "numpy", lambda: "v1", version="a")
+    assert backends.dispatch(op, backend="numpy") == "v1"
+    assert backends.dispatch(op, backend="numpy") == "v1"  # second call: the cached entry
+    backends.register(op, "numpy", lambda: "v2", version="a")  # a replaced implementation is seen at once
+    assert backends.dispatch(op, backend="numpy") == "v2"
+    backends.register(op, "numpy", lambda: "b", version="b", default=True)  # a new default version too
+    assert backends.dispatch(op, backend="numpy") == "b"
+    assert backends.dispatch(op, backend="numpy", version="a") == "v2"
+    with pytest.raises(ValueError, match="version"):  # errors are never cached
+        backends.dispatch(op, backend="numpy", version="zz")
+    with pytest.raises(ValueError, match="backend"):
+        backends.dispatch(op, backend="nope")
+    backends._REGISTRY.pop(op)
+    backends._RESOLVED.clear()

@@ -104,13 +104,21 @@ def _load_C_root() -> ModuleType:
         raise RuntimeError(_C_ERROR.format(err=e)) from e
 
 
+_C_LOADED: dict[str | None, ModuleType] = {}  # successful loads only: a missing _C may be built later in the session
+
+
 def load_C(submodule: str | None = None) -> ModuleType:
     """``tinylearn._C`` (or its submodule ``_C.<submodule>``); RuntimeError with the build command if missing."""
+    m = _C_LOADED.get(submodule)
+    if m is not None:  # every dispatch probes availability: keep the hit path a dict lookup (~1 us per call before)
+        return m
     root = _load_C_root()
     if submodule is None:
+        _C_LOADED[None] = root
         return root
     try:
-        return getattr(root, submodule)
+        m = _C_LOADED[submodule] = getattr(root, submodule)
+        return m
     except AttributeError as e:
         have = ", ".join(getattr(root, "submodules", []))
         raise RuntimeError(
@@ -158,6 +166,9 @@ class _Op:
 
 
 _REGISTRY: dict[str, _Op] = {}
+# (op, backend, version) -> (backend, version, fn) for calls that name a backend and passed every check once;
+# register() clears it (a new or replaced implementation)
+_RESOLVED: dict[tuple[str, str, str | None], tuple[str, str, Callable[..., Any]]] = {}
 
 
 def canonical(backend: str, arg: str = "backend") -> str:
@@ -190,6 +201,7 @@ def register(
     b = canonical(backend)
 
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
+        _RESOLVED.clear()
         o = _REGISTRY.setdefault(op, _Op(op))
         versions = o.impls.setdefault(b, {})
         versions[version] = _Impl(f, _DEFAULT_PRIORITY[b] if priority is None else priority, when, available)
@@ -248,6 +260,10 @@ def resolve(
     kwargs: dict | None = None,
 ) -> tuple[str, str, Callable[..., Any]]:
     """Pick (backend, version, fn) for a call. ``backend=None``: the fastest available one accepting the input."""
+    if backend is not None:  # a named backend's choice depends on nothing else: after one full check, a dict lookup
+        hit = _RESOLVED.get((op, backend, version))
+        if hit is not None:
+            return hit
     o = _op(op)
     if backend is None:
         kwargs = kwargs or {}
@@ -281,6 +297,7 @@ def resolve(
         raise RuntimeError(f"backend: {b!r} is not available on this machine for {op}: {why_unavailable(b)}")
     if impl.available is not None and not impl.available():
         raise RuntimeError(f"backend: {b!r} cannot run {op} here (version {v!r} is not available)")
+    _RESOLVED[(op, backend, version)] = (b, v, impl.fn)
     return b, v, impl.fn
 
 
