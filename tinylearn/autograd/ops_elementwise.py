@@ -9,7 +9,7 @@ dL/dz * df/da over the axes broadcasting created or stretched (``unbroadcast(gra
     div  z=a/b     da = g/b          db = -g*a/b^2
     pow  z=a^b     da = g*b*a^(b-1)  db = g*z*ln(a)   (0 where a == 0, as torch)
     exp  z=e^a     da = g*z;   log  da = g/a;   sqrt  da = g/(2z);   tanh  da = g*(1-z^2)
-    sigmoid        da = g*z*(1-z);  relu  da = g*[a>0];  abs  da = g*sign(a);  clip  da = g*[lo<=a<=hi]
+    sigmoid        da = g*z*(1-z);  relu  da = [z>0] ? g : 0;  abs  da = g*sign(a);  clip  da = g*[lo<=a<=hi]
     gelu  z = a*Phi(a)        da = g*(Phi(a) + a*phi(a))       (tanh approximation differentiated exactly)
     maximum        da = g*([a>b] + 0.5*[a==b])  (ties split evenly, like torch)
 """
@@ -239,16 +239,62 @@ class Sigmoid(Function):
         return g * out * (1 - out)
 
 
+_RELU_C: list = []  # [module or None]: _C.kernels when it has the ReLU kernels (cpp_src/kernels_relu.cpp)
+_F32_F64 = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _relu_kernels():
+    if not _RELU_C:
+        from ..backends import C_available, load_C
+
+        k = load_C("kernels") if C_available("kernels") else None
+        _RELU_C.append(k if k is not None and hasattr(k, "relu_backward") else None)
+    return _RELU_C[0]
+
+
+def relu_array(a: np.ndarray) -> np.ndarray:
+    """torch.relu on an array: 0 where a < 0, else a (NaN and -0.0 pass through). The result keeps a's memory
+    layout (np.empty_like, order K: a column-major input gives a column-major output). float32/float64 run the
+    one-pass C++ kernel; other dtypes and layouts it declines take numpy."""
+    k = _relu_kernels()
+    if k is not None and type(a) is np.ndarray and a.dtype in _F32_F64:
+        out = np.empty_like(a)
+        if k.relu_forward(a, out):
+            return out
+    if a.dtype.kind == "f":
+        return np.where(a < 0, np.zeros((), a.dtype), a)
+    return np.maximum(a, a.dtype.type(0))
+
+
+def relu_backward_array(g: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """torch's threshold_backward(g, y, 0): 0 where y <= 0, else g, a select (g = NaN/inf where y <= 0 gives 0;
+    y = NaN passes g). y is the saved ReLU output; the result takes y's layout when the kernel runs."""
+    k = _relu_kernels()
+    if (
+        k is not None
+        and type(g) is np.ndarray
+        and type(y) is np.ndarray
+        and g.dtype == y.dtype
+        and g.dtype in _F32_F64
+        and g.shape == y.shape
+    ):
+        out = np.empty_like(y)
+        if k.relu_backward(g, y, out):
+            return out
+    g = np.asarray(g)
+    return np.where(y <= 0, np.zeros((), g.dtype), g)
+
+
 class ReLU(Function):
     @staticmethod
     def forward(ctx, a):
-        out = np.maximum(a, 0)
+        out = relu_array(np.asarray(a))
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        return g * (ctx.saved_tensors[0] > 0)
+        return relu_backward_array(g, ctx.saved_tensors[0])
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
