@@ -745,7 +745,7 @@ constexpr double kParallelMinMacs = 4e6;
 
 template <class T>
 void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ssize_t C, ssize_t H, ssize_t W,
-                     ssize_t OC, ssize_t G, const Win& w, ssize_t OH, ssize_t OW) {
+                     ssize_t OC, ssize_t G, const Win& w, ssize_t OH, ssize_t OW, bool flip = false) {
   const tl::GemmMicroKernel<T> kn = conv_micro_kernel<T>();
   const ssize_t MR = kn.MR, NR = kn.NR, KK = w.kh * w.kw, Cg = C / G, OCg = OC / G, Kg = Cg * KK, L = OH * OW;
   // KC: at most 256 kernel rows per block, the blocks balanced (K = 576 -> 2 x 288, not 256 + 256 + 64)
@@ -788,10 +788,23 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
       const ssize_t g = t / (nkb * npa), pb = (t / npa) % nkb, ir = (t % npa) * MR;
       const ssize_t pc = pb * KC, kc = std::min(KC, Kg - pc), rows_v = std::min(MR, OCg - ir);
       T* d = Ap.get() + g * OCp * Kg + pc * OCp + ir * kc;
-      const T* src = wt + (g * OCg + ir) * Kg + pc;
-      for (ssize_t kk = 0; kk < kc; ++kk, d += MR) {
-        for (ssize_t r = 0; r < rows_v; ++r) d[r] = src[r * Kg + kk];
-        for (ssize_t r = rows_v; r < MR; ++r) d[r] = T(0);
+      if (!flip) {  // row by row: contiguous reads of W, MR-strided writes inside the (L1-resident) panel
+        for (ssize_t r = 0; r < MR; ++r) {
+          const T* src = wt + (g * OCg + ir + r) * Kg + pc;
+          if (r < rows_v)
+            for (ssize_t kk = 0; kk < kc; ++kk) d[kk * MR + r] = src[kk];
+          else
+            for (ssize_t kk = 0; kk < kc; ++kk) d[kk * MR + r] = T(0);
+        }
+      } else {  // row o of group g, column (c, tap t): W[g*Cg + c, o, KK-1-t] of the weight [C, OCg, kh, kw];
+                // per c the panel's rows x taps are one contiguous MR*KK block of W
+        ssize_t c = pc / KK, t = pc - c * KK;
+        for (ssize_t kk = 0; kk < kc; ++kk, d += MR) {
+          const T* src = wt + ((g * Cg + c) * OCg + ir) * KK + (KK - 1 - t);
+          for (ssize_t r = 0; r < rows_v; ++r) d[r] = src[r * KK];
+          for (ssize_t r = rows_v; r < MR; ++r) d[r] = T(0);
+          if (++t == KK) t = 0, ++c;
+        }
       }
     }
     T* const Bp = Bps[size_t(tl::thread_id())].get();
@@ -853,9 +866,12 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
 }
 
 // conv2d forward (v2): x [N, C, H, W], weight [OC, C/groups, kh, kw], bias [OC] or None -> y [N, OC, OH, OW].
+// flip_weight: `weight` is [C, OC/groups, kh, kw] and the conv uses W~[g*OCg + o, c, i, j] =
+// weight[g*Cg + c, o, kh-1-i, kw-1-j] (the transposed, flipped kernel of dX = conv(dY, W~)), read that way by the A
+// packing: no flipped copy of the weights is made.
 py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::object& bias,
                             std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
-                            std::pair<ssize_t, ssize_t> d, ssize_t groups) {
+                            std::pair<ssize_t, ssize_t> d, ssize_t groups, bool flip_weight) {
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
   if (wt.ndim() != 4)
     tl::value_error("weight: expected a 4-D [OC, C/groups, kh, kw] array, got shape " + shape_str(wt));
@@ -864,10 +880,13 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
   if (wt.dtype().not_equal(x.dtype()))
     throw py::type_error("weight: dtype " + std::string(py::str(wt.dtype())) + " differs from x's " +
                          std::string(py::str(x.dtype())));
-  const ssize_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3), OC = wt.shape(0);
-  if (groups < 1 || C % groups != 0 || OC % groups != 0 || wt.shape(1) * groups != C)
+  const ssize_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
+  if (groups < 1) tl::value_error("groups: must be >= 1, got " + std::to_string(groups));
+  const ssize_t OC = flip_weight ? wt.shape(1) * groups : wt.shape(0);
+  const ssize_t Cw = flip_weight ? wt.shape(0) : wt.shape(1) * groups;  // input channels the weight implies
+  if (C % groups != 0 || OC % groups != 0 || Cw != C)
     tl::value_error("groups: " + std::to_string(groups) + " does not fit x shape " + shape_str(x) +
-                    " and weight shape " + shape_str(wt));
+                    " and weight shape " + shape_str(wt) + (flip_weight ? " (flip_weight: [C, OC/groups, kh, kw])" : ""));
   const Win w = make_win({wt.shape(2), wt.shape(3)}, s, p, d);
   auto [OH, OW] = out_size(w, H, W, "input");
   py::array b_arr;
@@ -889,10 +908,10 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
     py::gil_scoped_release release;
     if (f32)
       conv2d_implicit(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
-                      static_cast<float*>(yp), N, C, H, W, OC, groups, w, OH, OW);
+                      static_cast<float*>(yp), N, C, H, W, OC, groups, w, OH, OW, flip_weight);
     else
       conv2d_implicit(static_cast<const double*>(xp), static_cast<const double*>(wp), static_cast<const double*>(bp),
-                      static_cast<double*>(yp), N, C, H, W, OC, groups, w, OH, OW);
+                      static_cast<double*>(yp), N, C, H, W, OC, groups, w, OH, OW, flip_weight);
   }
   return y;
 }
@@ -1125,9 +1144,10 @@ TL_REGISTER(conv) {
   m.def("transpose01", &transpose01, py::arg("a"), py::arg("bias") = py::none(),
         "a [A, B, L] C-contiguous -> [B, A, L] (+ bias[A] broadcast), threaded row copies");
   m.def("conv2d_forward", &conv2d_forward_v2, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"),
-        py::arg("padding"), py::arg("dilation"), py::arg("groups") = 1,
+        py::arg("padding"), py::arg("dilation"), py::arg("groups") = 1, py::arg("flip_weight") = false,
         "v2 implicit-GEMM conv2d forward: x [N,C,H,W], weight [OC,C/g,kh,kw] C-contiguous -> y [N,OC,OH,OW] "
-        "(packed micro-kernels, B packed from the image, one OpenMP team)");
+        "(packed micro-kernels, B packed from the image, one OpenMP team); flip_weight=True: weight is "
+        "[C,OC/g,kh,kw] and the conv uses its transposed, spatially flipped kernel (dX of a stride-1 conv)");
   m.def("conv2d_backward_weight", &conv2d_backward_weight_v2, py::arg("x"), py::arg("grad_out"),
         py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
         "v2 dW of conv2d (groups=1) without a column matrix: x [N,C,H,W], grad_out [N,OC,OH,OW] C-contiguous -> "

@@ -45,6 +45,7 @@ CASES = [
     (2, 300, 5, 4, 7, 1, 1, 0, 1, 1),  # K = 300 > 256: two balanced K blocks
     (1, 2, 2, 3, 3, 2, 1, 0, 1, 1),  # tiny output (2x2 map): one panel spans both images... and more
     (2, 5, 11, 45, 7, 3, 1, 2, 2, 1),  # 45-wide rows: segments cross panels (the AVX-512 packer's masks)
+    (2, 4, 7, 9, 6, (2, 3), 1, (1, 2), (2, 1), 2),  # stride 1, 2x3 kernel, groups: dX reads W flipped per group
 ]
 
 
@@ -165,3 +166,19 @@ def test_default_version_picks_v2_from_32_channels():
     assert cols is None  # 32 output channels: v2
     ey = F.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), s, p, d, g)
     assert_close(y, ey, reduction_size=27)
+
+
+def test_flip_weight_is_the_transposed_flipped_kernel(level):
+    """conv2d_forward(flip_weight=True) on W [C, OC/g, kh, kw] == the plain kernel on the explicit W~."""
+    rng = np.random.default_rng(11)
+    g, C, OCg = 2, 6, 5
+    w = rng.standard_normal((C, OCg, 2, 3)).astype(np.float32)
+    x = rng.standard_normal((2, C, 6, 7)).astype(np.float32)
+    wt = w.reshape(g, C // g, OCg, 2, 3)[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+    wt = np.ascontiguousarray(wt).reshape(g * OCg, C // g, 2, 3)
+    k = tl.backends.load_C("conv")
+    got = k.conv2d_forward(x, w, None, (1, 1), (1, 2), (1, 1), g, flip_weight=True)
+    exp = k.conv2d_forward(x, wt, None, (1, 1), (1, 2), (1, 1), g)
+    np.testing.assert_array_equal(got, exp)  # same products, same order: bit-identical
+    with pytest.raises(ValueError, match="flip_weight"):
+        k.conv2d_forward(np.ascontiguousarray(x[:, :5]), w, None, (1, 1), (1, 2), (1, 1), 1, flip_weight=True)

@@ -244,16 +244,16 @@ def conv2d_backward(
     if needs[0]:
         wg = w.reshape(g, OC // g, -1)
         if dx_conv:
-            # W~[g*Cg + c, o, i, j] = W[g*OCg + o, c, kh-1-i, kw-1-j]; padding d*(k-1) - p restores H x W
-            wt = w.reshape(g, OC // g, C // g, k[0], k[1])[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4)
-            wt = np.ascontiguousarray(wt).reshape(C, OC // g, k[0], k[1])
+            # W~[g*Cg + c, o, i, j] = W[g*OCg + o, c, kh-1-i, kw-1-j]; padding d*(k-1) - p restores H x W.
+            # flip_weight: the kernel's A packing reads W that way (no flipped copy of W is made)
+            wc = np.ascontiguousarray(w)
             pt = (d[0] * (k[0] - 1) - p[0], d[1] * (k[1] - 1) - p[1])
             dy4 = dy3.reshape(N, OC, OH, OW)
             if min(pt) >= 0:
-                dx = backends.load_C("conv").conv2d_forward(dy4, wt, None, (1, 1), pt, d, g)
+                dx = backends.load_C("conv").conv2d_forward(dy4, wc, None, (1, 1), pt, d, g, flip_weight=True)
             else:  # padding larger than the dilated kernel: the full correlation, then crop
                 p0 = (max(pt[0], 0), max(pt[1], 0))
-                big = backends.load_C("conv").conv2d_forward(dy4, wt, None, (1, 1), p0, d, g)
+                big = backends.load_C("conv").conv2d_forward(dy4, wc, None, (1, 1), p0, d, g, flip_weight=True)
                 ch, cw = max(-pt[0], 0), max(-pt[1], 0)
                 dx = np.ascontiguousarray(big[:, :, ch : ch + H, cw : cw + W])
         elif pointwise:  # direct: dx[n] = Wᵀ @ dy[n], no col2im, no transpose
