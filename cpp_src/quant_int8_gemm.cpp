@@ -304,7 +304,8 @@ py::array_t<i32> gemm_prepacked(const py::array& a_in, py::array_t<i8, py::array
 // a ^ 0x80 = a + 128, uint8 A (dynamic activations) is taken as is. Each kernel computes S = Au @ B exactly and
 // the epilogue removes the offset: C = S - offset * colsum(B).
 //   vnni          zmm vpdpbusd: u8 x s8, 4 products per int32 lane summed straight into int32 (exact)
-//   avx2_madd16   ymm: B bytes sign-extended to int16 on the fly (vpmovsxbw), A as int16, vpmaddwd + vpaddd.
+//   avx2_madd16   ymm: B bytes sign-extended to int16 (vpmovsxbw) once per call and K block, shared by the threads
+//                 (WideB), A as int16, vpmaddwd + vpaddd.
 //                 int16 x int16 pair sums land in int32: exact for the full u8 (0..255) x s8 range
 //   avx2_u7       ymm: vpmaddubsw (u8 x s8 pairs summed to int16 WITH SATURATION) + vpmaddwd by ones + vpaddd.
 //                 Exact only when every A byte is <= 127 (|pair| <= 2*127*128 = 32512 < 32767): fbgemm's
@@ -731,25 +732,63 @@ py::tuple pack_any(const py::array& b_in) {
   return py::make_tuple(P, cs);
 }
 
+// madd16's int16 copy of the packed B, shared by the threads of one call: each (panel, K block) piece is
+// sign-extended once per call by the first thread that needs it (it claims the piece with a CAS, widens it into
+// the shared buffer and publishes it), not once per work item -- with 48-row items B was widened 11-12 times per
+// call at 512x1024x1024, ~7% of the time. A thread that finds a piece being widened by another does not wait (on a
+// loaded 2-core box the other may be descheduled): it widens the piece into its own scratch. No barrier anywhere.
+struct WideB {
+  ssize_t K4 = 0, nkb = 0;
+  std::unique_ptr<int16_t[]> buf;                 // [panel][kq][NPW x 4], per K block grouped as widen_block writes
+  std::unique_ptr<std::atomic<uint8_t>[]> state;  // per (panel, K block): 0 free, 1 being widened, 2 ready
+  WideB(ssize_t NP, ssize_t K4_, ssize_t kcb)
+      : K4(K4_), nkb((K4_ + kcb - 1) / kcb), buf(new int16_t[size_t(NP) * K4_ * NPW * 4]),
+        state(new std::atomic<uint8_t>[size_t(NP) * nkb]) {
+    for (ssize_t t = 0; t < NP * nkb; ++t) state[t].store(0, std::memory_order_relaxed);
+  }
+  // int16 rows [k0, k1) of panel p (bp: its bytes): the shared copy, or the caller's scratch `own`
+  const int16_t* get(ssize_t p, ssize_t kb, const i8* bp, ssize_t k0, ssize_t k1, int16_t* own) {
+    std::atomic<uint8_t>& st = state[p * nkb + kb];
+    int16_t* dst = buf.get() + (p * K4 + k0) * NPW * 4;
+    uint8_t s = st.load(std::memory_order_acquire);
+    if (s == 2) return dst;
+    if (s == 0 && st.compare_exchange_strong(s, 1, std::memory_order_acq_rel)) {
+      widen_block(bp, k0, k1, dst);
+      st.store(2, std::memory_order_release);
+      return dst;
+    }
+    widen_block(bp, k0, k1, own);
+    return own;
+  }
+};
+
+// K block (4-byte k steps) of the madd16 path: 128 x 64 columns of int16 = 64 KB (L2; the kernel streams one
+// 8-column strip, 8 KB, per row block), half the per-block accumulator reductions (hadd) of the 64 used before
+constexpr ssize_t KCBW = 128;
+
 // GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
-// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB, ep(i, j0, nj, s_row) per row and
-// panel. tile (48 x NPW int32) and bw (madd16: KCB x NPW x 4 int16) are the calling thread's scratch.
+// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB (KCBW for madd16), ep(i, j0, nj, s_row)
+// per row and panel. tile (48 x NPW int32) and bw (madd16: KCBW x NPW x 4 int16) are the calling thread's scratch;
+// wb: madd16's shared int16 B (null otherwise).
 template <typename AT, typename EP>
 void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,
-               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, const EP& ep) {
+               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, WideB* wb, const EP& ep) {
   const int mr = kern_mr(kern);
   const ssize_t maxrows = 48 / mr * mr;
+  constexpr bool wide = std::is_same_v<AT, int16_t>;
+  const ssize_t kcb = wide ? KCBW : KCB;
   for (ssize_t p = p0; p < p1; ++p) {
     const i8* bp = P + p * K4 * NPW * 4;
     const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
     for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
       const ssize_t c1 = std::min(r1, c0 + maxrows);
       std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
-      for (ssize_t k0 = 0; k0 < K4; k0 += KCB) {
-        const ssize_t k1 = std::min(K4, k0 + KCB);
-        if constexpr (std::is_same_v<AT, int16_t>) widen_block(bp, k0, k1, bw);
+      for (ssize_t k0 = 0; k0 < K4; k0 += kcb) {
+        const ssize_t k1 = std::min(K4, k0 + kcb);
+        const int16_t* bwk = nullptr;
+        if constexpr (wide) bwk = wb->get(p, k0 / kcb, bp, k0, k1, bw);
         for (ssize_t i = c0; i < c1; i += mr)
-          micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bw, k0, k1, tile + (i - c0) * NPW);
+          micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bwk, k0, k1, tile + (i - c0) * NPW);
       }
       for (ssize_t i = c0; i < c1; ++i) ep(i, j0, nj, tile + (i - c0) * NPW);
     }
@@ -775,6 +814,7 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
   const ssize_t nitems = by_rows ? ssize_t(T) * std::max<ssize_t>(1, (MP + T * maxb - 1) / (T * maxb)) : NP;
   std::unique_ptr<AT[]> A(new AT[size_t(padded_rows(M)) * lda]);
   std::atomic<bool> ok{true};
+  std::unique_ptr<WideB> wb(std::is_same_v<AT, int16_t> ? new WideB(NP, K4, KCBW) : nullptr);
   if (!by_rows) {
     std::vector<uint8_t> tmp(static_cast<size_t>(K));
     if (!prep(ssize_t(0), M, A.get(), lda, tmp.data())) return false;
@@ -782,16 +822,16 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
 #pragma omp parallel num_threads(T)
   {
     std::vector<i32> tile(size_t(48) * NPW);
-    std::vector<int16_t> bw(std::is_same_v<AT, int16_t> ? size_t(KCB) * NPW * 4 : 0);
+    std::vector<int16_t> bw(std::is_same_v<AT, int16_t> ? size_t(KCBW) * NPW * 4 : 0);
     std::vector<uint8_t> tmp(by_rows ? static_cast<size_t>(K) : 0);
 #pragma omp for schedule(dynamic, 1) nowait
     for (ssize_t it = 0; it < nitems; ++it) {
       if (by_rows) {
         const ssize_t i0 = std::min(M, MP * it / nitems * mr), i1 = std::min(M, MP * (it + 1) / nitems * mr);
         if (!prep(i0, i1, A.get(), lda, tmp.data())) ok = false;
-        if (ok) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), ep);
+        if (ok) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), wb.get(), ep);
       } else {
-        gemm_rows<AT>(kern, A.get(), lda, 0, M, K4, P, N, it, it + 1, tile.data(), bw.data(), ep);
+        gemm_rows<AT>(kern, A.get(), lda, 0, M, K4, P, N, it, it + 1, tile.data(), bw.data(), wb.get(), ep);
       }
     }
   }

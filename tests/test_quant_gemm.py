@@ -445,8 +445,9 @@ def test_packed_k_limit_and_wrapping_offset():
 
 # ------------------------------------------------------------------------------------------ micro-kernel tails
 # The vnni and avx2_madd16 kernels work on 6-row x 64-column blocks (avx2_u7 and scalar on 4 rows), K in 4-deep
-# quads blocked by 64 quads (256 k): M around and below the block rows, K not a multiple of 2 / 4 / 32 / 256, N
-# not a multiple of 8 / 16 / 64 exercise every tail (padded rows, zero K padding, partial column panels).
+# quads blocked by 64 quads (256 k; 128 quads for avx2_madd16): M around and below the block rows, K not a multiple
+# of 2 / 4 / 32 / 256 / 512, N not a multiple of 8 / 16 / 64 exercise every tail (padded rows, zero K padding,
+# partial column panels).
 TAIL_M = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 25]
 TAIL_KN = [(1, 1), (3, 17), (33, 65), (257, 63), (515, 130)]
 
@@ -470,6 +471,24 @@ def test_packed_versions_row_and_k_tails(level, k, n, monkeypatch):
                 np.testing.assert_array_equal(pk.matmul(a8, version=v), _ref(a8, b), err_msg=msg)
                 np.testing.assert_array_equal(pk.matmul(au, 200, v), _ref(au.astype(np.int64) - 200, b), err_msg=msg)
             np.testing.assert_array_equal(pk.matmul(a7, 64, v), _ref(a7.astype(np.int64) - 64, b), err_msg=msg)
+
+
+def test_madd16_shared_widened_b_under_threads():
+    """avx2_madd16 widens each (panel, K block) of B once per call into a buffer shared by the threads (claimed by
+    a CAS; a thread that finds a piece being widened widens its own copy): many row items x panels x K blocks
+    (incl. a partial last block), repeated so that threads race for the same pieces, stay exact."""
+    if "avx2_madd16" not in Q.gemm.packed_versions():
+        pytest.skip("needs AVX2")
+    rng = np.random.default_rng(5)
+    for m, k, n in [(300, 1030, 200), (97, 515, 130), (40, 2049, 64)]:
+        b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+        pk = Q.PackedInt8Weight(b)
+        a8 = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        au = rng.integers(0, 256, (m, k), dtype=np.uint8)
+        want8, wantu = _ref(a8, b), _ref(au.astype(np.int64) - 131, b)
+        for _ in range(5):
+            np.testing.assert_array_equal(pk.matmul(a8, version="avx2_madd16"), want8, err_msg=f"{m}x{k}x{n}")
+            np.testing.assert_array_equal(pk.matmul(au, 131, "avx2_madd16"), wantu, err_msg=f"{m}x{k}x{n} u8")
 
 
 @pytest.mark.parametrize("level", LEVELS)
