@@ -568,3 +568,17 @@ def test_dynamic_linear_work_split_every_version(level, m, monkeypatch):
             xn[m // 2, k // 3] = np.inf
             with pytest.raises(ValueError, match="NaN or Inf"):
                 mod(xn)
+
+
+def test_bench_sets_fbgemm_avx2_under_the_avx2_proxy(monkeypatch):
+    """tinylearn bench quant under TINYLEARN_CPU_FEATURES=avx2 asks torch's fbgemm for its AVX2 kernels
+    (FBGEMM_ENABLE_INSTRUCTIONS, read by fbgemm at its first GEMM) and keeps a value the caller set."""
+    from tinylearn.quant import bench
+
+    monkeypatch.delenv(bench.FBGEMM_ENV, raising=False)
+    monkeypatch.delenv("TINYLEARN_CPU_FEATURES", raising=False)
+    assert bench.fbgemm_isa() == ""
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "avx2")
+    assert bench.fbgemm_isa() == "AVX2"
+    monkeypatch.setenv(bench.FBGEMM_ENV, "AVX512")
+    assert bench.fbgemm_isa() == "AVX512"
