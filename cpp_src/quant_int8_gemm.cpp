@@ -737,19 +737,35 @@ py::tuple pack_any(const py::array& b_in) {
 // the shared buffer and publishes it), not once per work item -- with 48-row items B was widened 11-12 times per
 // call at 512x1024x1024, ~7% of the time. A thread that finds a piece being widened by another does not wait (on a
 // loaded 2-core box the other may be descheduled): it widens the piece into its own scratch. No barrier anywhere.
+// The buffer is the calling thread's, kept between calls up to 16 MB (a fresh 2 MB allocation per call went back to
+// the kernel and came back as page faults: ~20% of the time at 512x1024x1024); larger B get a per-call buffer.
 struct WideB {
+  static constexpr size_t kKeep = size_t(8) << 20;  // int16 elements kept per calling thread (16 MB)
   ssize_t K4 = 0, nkb = 0;
-  std::unique_ptr<int16_t[]> buf;                 // [panel][kq][NPW x 4], per K block grouped as widen_block writes
+  std::unique_ptr<int16_t[]> own;                 // per-call buffer when B is larger than kKeep
+  int16_t* buf = nullptr;                         // [panel][kq][NPW x 4], per K block grouped as widen_block writes
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // per (panel, K block): 0 free, 1 being widened, 2 ready
   WideB(ssize_t NP, ssize_t K4_, ssize_t kcb)
-      : K4(K4_), nkb((K4_ + kcb - 1) / kcb), buf(new int16_t[size_t(NP) * K4_ * NPW * 4]),
-        state(new std::atomic<uint8_t>[size_t(NP) * nkb]) {
+      : K4(K4_), nkb((K4_ + kcb - 1) / kcb), state(new std::atomic<uint8_t>[size_t(NP) * nkb]) {
+    const size_t n = size_t(NP) * K4_ * NPW * 4;
+    thread_local std::unique_ptr<int16_t[]> kept;
+    thread_local size_t kept_n = 0;
+    if (n > kKeep) {
+      own.reset(new int16_t[n]);
+      buf = own.get();
+    } else {
+      if (n > kept_n) {
+        kept.reset(new int16_t[n]);
+        kept_n = n;
+      }
+      buf = kept.get();
+    }
     for (ssize_t t = 0; t < NP * nkb; ++t) state[t].store(0, std::memory_order_relaxed);
   }
   // int16 rows [k0, k1) of panel p (bp: its bytes): the shared copy, or the caller's scratch `own`
   const int16_t* get(ssize_t p, ssize_t kb, const i8* bp, ssize_t k0, ssize_t k1, int16_t* own) {
     std::atomic<uint8_t>& st = state[p * nkb + kb];
-    int16_t* dst = buf.get() + (p * K4 + k0) * NPW * 4;
+    int16_t* dst = buf + (p * K4 + k0) * NPW * 4;
     uint8_t s = st.load(std::memory_order_acquire);
     if (s == 2) return dst;
     if (s == 0 && st.compare_exchange_strong(s, 1, std::memory_order_acq_rel)) {
