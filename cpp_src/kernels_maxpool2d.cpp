@@ -13,6 +13,7 @@
 // pool on the dev box versus ~0.05 ms here. One thread on purpose: the work is far below what pays for waking
 // OpenMP workers while numpy's BLAS workers spin between the step's GEMMs (see optim.cpp). No SIMD intrinsics: one
 // scalar path, the same on every CPU level.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -40,6 +41,36 @@ void check_geometry(ssize_t H, ssize_t W, ssize_t kh, ssize_t kw, ssize_t sh, ss
   if (2 * ph > kh || 2 * pw > kw) tl::value_error("maxpool2d_forward: padding must be at most half of the kernel");
 }
 
+// The 2x2 / stride 2 / no padding pool of the small CNNs, no bounds tests (every window is inside the image) and no
+// data-dependent branch (the generic loop's compare-and-branch mispredicts on about half of random taps): the
+// window's hit mask (taps equal to its maximum, or, when a tap is NaN, the NaN taps) and its lowest set bit give
+// the first maximum in row-major tap order / the first NaN, as in the generic loop.
+template <typename T>
+void pool2x2(const T* px, T* py_, int64_t* pi, ssize_t planes, ssize_t H, ssize_t W, ssize_t OH, ssize_t OW) {
+  const int64_t offs[4] = {0, 1, int64_t(W), int64_t(W) + 1};
+  for (ssize_t p = 0; p < planes; ++p) {
+    const T* xp = px + p * H * W;
+    T* yp = py_ + p * OH * OW;
+    int64_t* ip = pi + p * OH * OW;
+    for (ssize_t oh = 0; oh < OH; ++oh) {
+      const T* r0 = xp + 2 * oh * W;
+      const T* r1 = r0 + W;
+      for (ssize_t ow = 0; ow < OW; ++ow) {
+        const T v0 = r0[2 * ow], v1 = r0[2 * ow + 1], v2 = r1[2 * ow], v3 = r1[2 * ow + 1];
+        const T mx = std::max(std::max(v0, v1), std::max(v2, v3));  // meaningless when a tap is NaN: unused then
+        const unsigned n = unsigned(v0 != v0) | unsigned(v1 != v1) << 1 | unsigned(v2 != v2) << 2 |
+                           unsigned(v3 != v3) << 3;
+        const unsigned e = unsigned(v0 == mx) | unsigned(v1 == mx) << 1 | unsigned(v2 == mx) << 2 |
+                           unsigned(v3 == mx) << 3;
+        const unsigned hit = n ? n : e;  // never 0: without NaN the maximum is one of the taps
+        const int64_t k = 2 * oh * W + 2 * ow + offs[__builtin_ctz(hit)];
+        yp[oh * OW + ow] = xp[k];
+        ip[oh * OW + ow] = k;
+      }
+    }
+  }
+}
+
 template <typename T>
 std::tuple<Arr<T>, Arr<int64_t>> maxpool2d_forward(Arr<T> x, ssize_t kh, ssize_t kw, ssize_t sh, ssize_t sw,
                                                    ssize_t ph, ssize_t pw, ssize_t dh, ssize_t dw, ssize_t OH,
@@ -56,6 +87,12 @@ std::tuple<Arr<T>, Arr<int64_t>> maxpool2d_forward(Arr<T> x, ssize_t kh, ssize_t
   {
     // the GIL is released for the loops only: returning y and idx copies Python handles (inc_ref needs the GIL)
     py::gil_scoped_release release;
+    if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0) {  // dilation is moot at kernel 2 x 2 only
+      if (dh == 1 && dw == 1) {                                              // ... when it is 1: the common pool
+        pool2x2(px, py_, pi, planes, H, W, OH, OW);
+        return {y, idx};
+      }
+    }
     for (ssize_t p = 0; p < planes; ++p) {
       const T* xp = px + p * H * W;
       T* yp = py_ + p * OH * OW;

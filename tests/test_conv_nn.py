@@ -181,3 +181,28 @@ def test_gradcheck_fp64_pointwise_and_stem(backend):
     assert tl.autograd.gradcheck(lambda a, ww: F.conv2d(a, ww, None, 2, 1), [x, w7])
     x1 = _t(rng.standard_normal((1, 4, 5, 6)))  # batch 1
     assert tl.autograd.gradcheck(lambda a, ww: F.conv2d(a, ww, None, 1, 1), [x1, w7])
+
+
+@pytest.mark.skipif(not tl.backends.C_available("kernels"), reason="C++ extension not built")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_maxpool2x2_fast_path_first_max_and_nan(dtype):
+    """The branch-free 2x2/2 kernel: value and flat index of the first maximum (row-major taps), the first NaN when
+    a window holds one, the first tap of an all -inf window; ties, +-inf and NaN drawn on purpose."""
+    K = tl.backends.load_C("kernels")
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        x = rng.integers(-2, 3, (2, 3, 6, 8)).astype(dtype)
+        u = rng.random(x.shape)
+        x[u < 0.05], x[(u >= 0.05) & (u < 0.1)], x[(u >= 0.1) & (u < 0.12)] = np.nan, -np.inf, np.inf
+        y, idx = K.maxpool2d_forward(x, 2, 2, 2, 2, 0, 0, 1, 1, 3, 4)
+        win = x.reshape(2, 3, 3, 2, 4, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 3, 4, 4)
+        isn = np.isnan(win)
+        first = np.where(isn.any(-1), isn.argmax(-1), np.argmax(np.where(isn, -np.inf, win), -1))
+        base = (np.arange(3)[:, None] * 16 + np.arange(4)[None, :] * 2)[None, None]
+        np.testing.assert_array_equal(idx, base + first // 2 * 8 + first % 2)
+        np.testing.assert_array_equal(y, np.take_along_axis(win, first[..., None], -1)[..., 0])
+    xf = rng.standard_normal((2, 3, 6, 8)).astype(dtype)  # finite values: torch's values and indices
+    ty, ti = torch.nn.functional.max_pool2d(torch.from_numpy(xf), 2, return_indices=True)
+    y, idx = K.maxpool2d_forward(xf, 2, 2, 2, 2, 0, 0, 1, 1, 3, 4)
+    np.testing.assert_array_equal(y, ty.numpy())
+    np.testing.assert_array_equal(idx, ti.numpy())
