@@ -556,6 +556,14 @@ void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const i
 #undef TL_MK_CASES
 }
 
+int thread_num() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
 int max_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -788,12 +796,13 @@ constexpr ssize_t KCBW = 128;
 // wb: madd16's shared int16 B (null otherwise).
 template <typename AT, typename EP>
 void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,
-               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, WideB* wb, const EP& ep) {
+               ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, WideB* wb, const EP& ep, ssize_t rot = 0) {
   const int mr = kern_mr(kern);
   const ssize_t maxrows = 48 / mr * mr;
   constexpr bool wide = std::is_same_v<AT, int16_t>;
   const ssize_t kcb = wide ? KCBW : KCB;
-  for (ssize_t p = p0; p < p1; ++p) {
+  for (ssize_t q = 0; q < p1 - p0; ++q) {
+    const ssize_t p = p0 + (q + rot) % (p1 - p0);  // panels from p0 + rot on, wrapping
     const i8* bp = P + p * K4 * NPW * 4;
     const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
     for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
@@ -845,7 +854,10 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
       if (by_rows) {
         const ssize_t i0 = std::min(M, MP * it / nitems * mr), i1 = std::min(M, MP * (it + 1) / nitems * mr);
         if (!prep(i0, i1, A.get(), lda, tmp.data())) ok = false;
-        if (ok) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), wb.get(), ep);
+        // each thread starts at its own panel (madd16: the threads then widen different pieces of B first
+        // instead of racing for the same ones and each widening its own copy)
+        const ssize_t rot = NP * ssize_t(thread_num()) / T;
+        if (ok) gemm_rows<AT>(kern, A.get(), lda, i0, i1, K4, P, N, 0, NP, tile.data(), bw.data(), wb.get(), ep, rot);
       } else {
         gemm_rows<AT>(kern, A.get(), lda, 0, M, K4, P, N, it, it + 1, tile.data(), bw.data(), wb.get(), ep);
       }
