@@ -5,7 +5,8 @@ Versions ladder (cpp_src/quant_int8_gemm.cpp), all exact:
     scalar        portable loops
     avx2          B re-packed per call as int16 pairs, vpmaddwd (int16 x int16 pairs -> int32)
     avx512vnni    B packed per call as bytes, vpdpbusd (u8 x s8 quads -> int32) with A offset by +128
-    avx2_madd16   the byte-packed B (one layout for every packed path) sign-extended per K block, vpmaddwd
+    avx2_madd16   the byte-packed B (one layout for every packed path) sign-extended to int16 once per call and
+                  K block (a buffer the threads share), vpmaddwd
 ``PackedInt8Weight`` packs B once (the byte layout + column sums) and runs the packed kernels: avx512vnni,
 avx2_madd16, avx2_u7 (vpmaddubsw: only for uint8 codes <= 127, where its int16 pair sums cannot saturate) and
 scalar; uint8 activations with a zero point go straight in (``matmul(a_u8, zero_point=z)``).
