@@ -9,8 +9,8 @@
 //
 // Operands: float32 or float64, one dtype, one shape, any number of dimensions. Both return True when they ran,
 // False (nothing written) when the layout is neither of these two:
-//   flat   every operand has the same strides and out is C- or F-contiguous (the usual case: out comes from
-//          np.empty_like of the input, so a column-major input gives a column-major output) -> one pass over memory
+//   flat   every operand has the same strides and out is dense (C, F or any axis order; the usual case: out comes
+//          from np.empty_like of the input, so a column-major input gives a column-major output) -> one pass
 //   2-D    any strides per operand (transposed views, slices); the inner loop runs along out's unit-stride axis and
 //          every operand must be unit-stride there (each row is one SIMD row call)
 // The Python caller takes numpy's path on False. Shape/dtype mismatches raise ValueError.
@@ -19,7 +19,9 @@
 // thread (an OpenMP team costs several us, more than the whole [128, 512] op); the GIL is released from there.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <cstdlib>
 #include <vector>
 #include <string>
@@ -170,9 +172,20 @@ bool same_strides(const py::array& a, const py::array& b) {
   return true;
 }
 
+// Dense in some axis order (C, F or any permutation, positive strides): the elements fill one block of memory.
 bool dense(const py::array& a) {
   const int f = a.flags();
-  return (f & py::array::c_style) || (f & py::array::f_style);
+  if ((f & py::array::c_style) || (f & py::array::f_style)) return true;
+  std::vector<std::pair<ssize_t, ssize_t>> d;  // (stride, extent) of the axes longer than 1
+  for (ssize_t k = 0; k < a.ndim(); ++k)
+    if (a.shape(k) > 1) d.emplace_back(a.strides(k), a.shape(k));
+  std::sort(d.begin(), d.end());
+  ssize_t want = a.itemsize();
+  for (const auto& [st, ex] : d) {
+    if (st != want) return false;
+    want *= ex;
+  }
+  return true;
 }
 
 // A 2-D view of one operand in elements: p[i * s0 + j * s1], with (i, j) ordered so that j is out's fast axis.

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tinylearn as tl
+import tinylearn.autograd.ops_elementwise as E
 from tinylearn.autograd import gradcheck
 from tinylearn.autograd.ops_elementwise import relu_array, relu_backward_array
 from tinylearn.backends import load_C
@@ -34,6 +35,7 @@ def available_paths() -> list[str]:
 
 @pytest.fixture(params=available_paths())
 def path(request, monkeypatch) -> str:
+    monkeypatch.setattr(E, "RELU_BACKWARD_KERNEL", True)  # relu_backward_array through the kernel (off by default)
     monkeypatch.setenv("TINYLEARN_CPU_FEATURES", request.param)
     assert K.relu_isa() == request.param
     return request.param
@@ -195,3 +197,11 @@ def test_gradcheck_fp64(path):
     assert gradcheck(lambda t: (t.relu() * t).sum() + t.T.relu().mean(), (tl.Tensor(x, requires_grad=True),))
     f = rng.uniform(0.1, 1, (6, 3)) * np.sign(rng.uniform(-1, 1, (6, 3)))
     assert gradcheck(lambda t: t.T.relu().exp().sum() + (t * 2).relu().sum(), (tl.Tensor(f, requires_grad=True),))
+
+
+def test_numpy_backward_default_matches_torch():
+    """The default backward (np.where, RELU_BACKWARD_KERNEL off) gives torch's bits too."""
+    assert E.RELU_BACKWARD_KERNEL is False
+    for dt in (np.float32, np.float64):
+        g, y = with_specials((7, 33), dt, seed=20), np.asfortranarray(with_specials((7, 33), dt, seed=21))
+        bits_equal(relu_backward_array(g, y), torch_bwd(g, y))
