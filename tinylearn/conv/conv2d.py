@@ -29,7 +29,8 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
-dcols GEMM. Other strides take col2im(Wᵀ @ dYᵀ). dW (groups=1) also runs on the micro-kernels without a column
+dcols GEMM, and no flipped copy of W (``conv2d_forward(..., flip_weight=True)``: the kernel's A packing reads W~
+from W). Other strides take col2im(Wᵀ @ dYᵀ). dW (groups=1) also runs on the micro-kernels without a column
 matrix (``_C.conv.conv2d_backward_weight``: the N*L reduction split over the threads, cols blocks generated in
 cache); with groups > 1, and on the v1 path, dW = dYᵀ @ colsᵀ is one OpenBLAS GEMM per group.
 
