@@ -12,7 +12,8 @@ thread, ~610 us on two), while two independent single-threaded GEMMs on the two 
 Both fall back to plain sequential numpy when numpy's BLAS is not OpenBLAS, when OpenBLAS runs one thread (the
 ``threadpool_limits(1)`` / OMP_NUM_THREADS=1 case), when the machine has one core, when the helper thread is busy
 (another Python thread is inside a pair), or when the products are too small to pay the hand-off (~10-20 us).
-The results are bitwise those of the sequential calls: the same GEMMs, each on one thread.
+The results are bitwise those of the same GEMMs run one after the other on one OpenBLAS thread each; they can differ
+in the last bits from a 2-thread call (OpenBLAS may split K differently with more threads: its Haswell kernels do).
 """
 
 from __future__ import annotations
