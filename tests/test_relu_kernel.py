@@ -199,12 +199,24 @@ def test_gradcheck_fp64(path):
     assert gradcheck(lambda t: t.T.relu().exp().sum() + (t * 2).relu().sum(), (tl.Tensor(f, requires_grad=True),))
 
 
-def test_default_backward_matches_torch_on_finite_values():
-    """The default backward (RELU_BACKWARD_KERNEL off: g * (y > 0)) equals torch wherever g and y are finite."""
-    assert E.RELU_BACKWARD_KERNEL is False
+@pytest.mark.parametrize("kernel", [True, False])
+def test_backward_matches_torch(kernel, monkeypatch):
+    """With RELU_BACKWARD_KERNEL (the default) relu_backward_array equals torch's threshold_backward bit for bit,
+    non-finite values included; switched off (g * (y > 0), the A/B baseline) it agrees wherever g and y are finite."""
+    assert E.RELU_BACKWARD_KERNEL is True
+    monkeypatch.setattr(E, "RELU_BACKWARD_KERNEL", kernel)
     rng = np.random.default_rng(20)
     for dt in (np.float32, np.float64):
         g = rng.standard_normal((7, 33)).astype(dt)
         y = np.asfortranarray(np.maximum(rng.standard_normal((7, 33)), 0).astype(dt))
         y[0, :3] = -0.0
-        np.testing.assert_array_equal(relu_backward_array(g, y), torch_bwd(g, y))
+        if kernel:
+            g[1, :4] = [np.nan, np.inf, -np.inf, np.nan]
+            y[1, :2] = 0.0  # NaN / inf gradient where y <= 0: torch gives 0
+            y[2, 5] = np.nan  # NaN output: torch passes g
+        u = np.uint64 if dt == np.float64 else np.uint32
+        got, want = relu_backward_array(g, y), torch_bwd(g, y)
+        if kernel:
+            np.testing.assert_array_equal(np.ascontiguousarray(got).view(u), np.ascontiguousarray(want).view(u))
+        else:
+            np.testing.assert_array_equal(got, want)

@@ -243,12 +243,10 @@ _RELU_C: list = []  # [module or None]: _C.kernels when it has the ReLU kernels 
 _F32_F64 = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-# The one-pass backward kernel (torch's exact select, no temporary: ~9 us vs ~20 us for g * (y > 0) at [128, 512]
-# fp32, loaded) is off by default: notebook 11 prints measure_peak numbers of a Linear/ReLU stack verbatim, and under
-# Jupyter they come out one [1024, 128] bool (128 KiB) higher without the mask temporary of g * (y > 0) (as a plain
-# script, lower). Until those outputs are asserted rather than printed, the default keeps g * (y > 0), which differs
-# from torch only for non-finite values: NaN/inf g where y <= 0 gives NaN (torch 0), NaN y gives 0 (torch g).
-RELU_BACKWARD_KERNEL = False
+# The one-pass backward kernel: torch's exact select (NaN/inf g where y <= 0 gives 0, NaN y passes g) with no
+# temporary, ~9 us vs ~20 us for g * (y > 0) at [128, 512] fp32 (loaded). False: g * (y > 0), the A/B baseline
+# (torch's values wherever g and y are finite; NaN/inf g where y <= 0 gives NaN, and -0.0 for negative g).
+RELU_BACKWARD_KERNEL = True
 
 
 def _relu_kernels():
@@ -278,10 +276,10 @@ def relu_array(a: np.ndarray) -> np.ndarray:
 
 
 def relu_backward_array(g: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """torch's threshold_backward(g, y, 0): 0 where y <= 0, else g. With RELU_BACKWARD_KERNEL a select (g = NaN/inf
-    where y <= 0 gives 0; y = NaN passes g) written into an array of y's layout (a g the kernel cannot read row by
-    row, e.g. sum()'s broadcast gradient, is copied into it first); by default g * (y > 0) (see RELU_BACKWARD_KERNEL).
-    y is the saved ReLU output."""
+    """torch's threshold_backward(g, y, 0): 0 where y <= 0, else g (g = NaN/inf where y <= 0 gives 0; y = NaN passes
+    g). With RELU_BACKWARD_KERNEL the C++ select writes an array of y's layout (a g the kernel cannot read row by row,
+    e.g. sum()'s broadcast gradient, is copied into it first); without the built kernel np.where (exact, slower);
+    with RELU_BACKWARD_KERNEL off g * (y > 0). y is the saved ReLU output."""
     k = _relu_kernels() if RELU_BACKWARD_KERNEL else None
     if (
         k is not None
