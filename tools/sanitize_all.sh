@@ -40,7 +40,7 @@ if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_conv.py tests/test_kernels.py tests/test_kernels_cpu.py tests/test_sparse.py tests/test_memory.py
     tests/test_quant.py tests/test_gemm.py tests/test_optim.py tests/test_bad_input.py tests/test_properties.py
     tests/test_quant_gemm.py tests/test_conv_im2col.py tests/test_conv_implicit.py tests/test_vec_math.py tests/test_cpu_dispatch.py
-    tests/test_flash_cpu.py tests/test_quant_fp8.py tests/test_memory_fastpath.py tests/test_nn.py
+    tests/test_flash_cpu.py tests/test_quant_fp8.py tests/test_memory_fastpath.py tests/test_nn.py tests/test_relu_kernel.py
     -q -x -p no:cacheprovider
     # nvcc is not an ASan binary and segfaults with libasan preloaded; the .cu compile checks do not touch _C
     -k "not kernel_compiles")
