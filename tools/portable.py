@@ -10,6 +10,10 @@ One machine stands in for others by forcing, in one process environment per run,
     avx2      avx2                                avx2                         Haswell                       AVX-512 off
 
 (numpy: NPY_DISABLE_CPU_FEATURES, given only the dispatch targets this CPU has; numpy ignores the others.)
+The avx2 run also sets FBGEMM_ENABLE_INSTRUCTIONS=AVX2: ATEN_CPU_CAPABILITY does not reach fbgemm (torch's int8
+GEMMs), which would keep its AVX-512 VNNI kernels; its AVX2 kernels sum u8 x s8 pairs into int16 with saturation
+(vpmaddubsw), so a test that used torch's quantized ops as an exact oracle would fail there as on an AVX2-only CPU.
+The report probes that saturation (255 x 127 x 2 > 32767) to check the override took effect.
 Before a run, a child process with that environment reports the paths it really uses (torch's
 get_cpu_capability, threadpoolctl's OpenBLAS core type, numpy's __cpu_features__, tinylearn._C.cpu_supports and
 the int8 GEMM path) and the run fails if an override did not take effect. A run whose effective paths are all
@@ -47,7 +51,34 @@ SUITES = {
         "no:cacheprovider",
     ],
 }
-FORCED_VARS = ("TINYLEARN_CPU_FEATURES", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES")
+FORCED_VARS = (
+    "TINYLEARN_CPU_FEATURES",
+    "ATEN_CPU_CAPABILITY",
+    "OPENBLAS_CORETYPE",
+    "NPY_DISABLE_CPU_FEATURES",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+)
+
+
+def fbgemm_saturates() -> bool | None:
+    """Whether torch's fbgemm int8 linear saturates u8 x s8 pair sums in int16 (its AVX2 / AVX-512 kernels without
+    VNNI do; VNNI's vpdpbusd does not). None when torch has no fbgemm engine."""
+    import warnings
+
+    import torch
+
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return None
+    torch.backends.quantized.engine = "fbgemm"
+    k = 64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qx = torch.quantize_per_tensor(torch.full((1, k), 255.0), 1.0, 0, torch.quint8)
+        qw = torch.quantize_per_tensor(torch.full((4, k), 127.0), 1.0, 0, torch.qint8)
+        y = torch.ops.quantized.linear(qx, torch.ops.quantized.linear_prepack(qw, None), 1e4, 0)
+    exact, saturated = 255 * 127 * k, 32767 * (k // 2)  # 2072640 vs 1048544: 207 vs 105 output steps of 1e4
+    got = float(y.dequantize()[0, 0])
+    return abs(got - saturated) < abs(got - exact)
 
 
 def report() -> dict:
@@ -58,6 +89,7 @@ def report() -> dict:
 
     out = cpu.numeric_paths()
     out["detected"] = cpu.detected_features()
+    out["fbgemm_saturates"] = fbgemm_saturates()
     for b in out["blas"]:
         b.pop("filepath", None)
     return out
@@ -93,6 +125,7 @@ def runs_for(default: dict) -> dict[str, dict[str, str]]:
             "ATEN_CPU_CAPABILITY": "avx2",
             "OPENBLAS_CORETYPE": "Haswell",
             "NPY_DISABLE_CPU_FEATURES": " ".join(avx512),
+            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
         }
     return runs
 
@@ -113,6 +146,8 @@ def verify(name: str, forced: dict[str, str], got: dict) -> list[str]:
     still = set(forced["NPY_DISABLE_CPU_FEATURES"].split()) & set(got["numpy_simd"]["enabled"])
     if still:
         bad.append(f"numpy: NPY_DISABLE_CPU_FEATURES did not disable {sorted(still)}")
+    if forced.get("FBGEMM_ENABLE_INSTRUCTIONS") == "AVX2" and got["fbgemm_saturates"] is False:
+        bad.append("fbgemm: FBGEMM_ENABLE_INSTRUCTIONS=AVX2 but its int8 linear does not saturate (VNNI kernels still)")
     level = forced["TINYLEARN_CPU_FEATURES"]
     feats = set(got["tinylearn_features"])
     if got["tinylearn_forced"] != level:
@@ -134,6 +169,7 @@ def effective(r: dict) -> tuple:
         tuple(r["numpy_simd"]["enabled"]),
         tuple(r["tinylearn_features"]),
         tuple(sorted(r["tinylearn_kernels"].items())),
+        r["fbgemm_saturates"],
     )
 
 
@@ -144,7 +180,8 @@ def show(name: str, r: dict) -> None:
     print(f"  [{name}] numpy dispatch   : {', '.join(r['numpy_simd']['dispatch']) or 'baseline only'}")
     forced = r["tinylearn_forced"] or "not forced"
     print(f"  [{name}] tinylearn        : {forced}; features {' '.join(r['tinylearn_features']) or '(none)'}")
-    print(f"  [{name}] tinylearn kernels: {r['tinylearn_kernels']}", flush=True)
+    print(f"  [{name}] tinylearn kernels: {r['tinylearn_kernels']}")
+    print(f"  [{name}] fbgemm int8 sat. : {r['fbgemm_saturates']} (True: AVX2-style int16 pair sums)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
