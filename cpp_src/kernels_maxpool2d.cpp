@@ -86,14 +86,11 @@ std::tuple<Arr<T>, Arr<int64_t>> maxpool2d_forward(Arr<T> x, ssize_t kh, ssize_t
   const ssize_t planes = N * C;
   {
     // the GIL is released for the loops only: returning y and idx copies Python handles (inc_ref needs the GIL)
+    // (no `return` inside this scope: it would copy y and idx before `release` re-acquires the GIL)
     py::gil_scoped_release release;
-    if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0) {  // dilation is moot at kernel 2 x 2 only
-      if (dh == 1 && dw == 1) {                                              // ... when it is 1: the common pool
-        pool2x2(px, py_, pi, planes, H, W, OH, OW);
-        return {y, idx};
-      }
-    }
-    for (ssize_t p = 0; p < planes; ++p) {
+    const bool fast2x2 = kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 && dw == 1;
+    if (fast2x2) pool2x2(px, py_, pi, planes, H, W, OH, OW);  // the common pool
+    for (ssize_t p = 0; p < (fast2x2 ? 0 : planes); ++p) {
       const T* xp = px + p * H * W;
       T* yp = py_ + p * OH * OW;
       int64_t* ip = pi + p * OH * OW;
