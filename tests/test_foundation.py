@@ -340,3 +340,23 @@ def test_named_backend_resolution_is_cached_and_register_invalidates_it():
         backends.dispatch(op, backend="nope")
     backends._REGISTRY.pop(op)
     backends._RESOLVED.clear()
+
+
+def test_unnamed_backend_ranking_is_cached_but_when_and_register_are_honoured():
+    """resolve(backend=None) remembers only the priority order: `when=` still sees every input, register() re-ranks."""
+    op = "test.ranked_resolve_op"
+    backends.register(op, "numpy", lambda x: "numpy")
+    backends.register(op, "python", lambda x: "python", priority=-5)
+    backends.register(op, "cpp", lambda x: "cpp", when=lambda x: x > 10, available=lambda: True)
+    try:
+        expect_cpp = backends.backend_available("cpp")
+        assert backends.dispatch(op, 100) == ("cpp" if expect_cpp else "numpy")
+        assert backends.dispatch(op, 1) == "numpy"  # the cached ranking still asks when= per call
+        backends.register(op, "python", lambda x: "python", priority=10**6)  # re-ranked at once
+        assert backends.dispatch(op, 100) == "python"
+        with pytest.raises(ValueError, match="version"):
+            backends.dispatch(op, 1, version="zz")
+    finally:
+        backends._REGISTRY.pop(op)
+        backends._RESOLVED.clear()
+        backends._RANKED.clear()

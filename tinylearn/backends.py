@@ -169,6 +169,10 @@ _REGISTRY: dict[str, _Op] = {}
 # (op, backend, version) -> (backend, version, fn) for calls that name a backend and passed every check once;
 # register() clears it (a new or replaced implementation)
 _RESOLVED: dict[tuple[str, str, str | None], tuple[str, str, Callable[..., Any]]] = {}
+# (op, version) -> [(backend, version, impl)] best priority first, for calls that name no backend: availability and
+# the `when=` predicate are still asked per call (they depend on the input and on switches like
+# TINYLEARN_CPU_FEATURES); only the sort is remembered. register() clears it too.
+_RANKED: dict[tuple[str, str | None], list[tuple[str, str, _Impl]]] = {}
 
 
 def canonical(backend: str, arg: str = "backend") -> str:
@@ -202,6 +206,7 @@ def register(
 
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
         _RESOLVED.clear()
+        _RANKED.clear()
         o = _REGISTRY.setdefault(op, _Op(op))
         versions = o.impls.setdefault(b, {})
         versions[version] = _Impl(f, _DEFAULT_PRIORITY[b] if priority is None else priority, when, available)
@@ -252,6 +257,21 @@ def versions(op: str, backend: str) -> list[str]:
     return list(o.impls[b])
 
 
+def _rank(op: str, version: str | None) -> list[tuple[str, str, _Impl]]:
+    """The implementations a call naming no backend chooses from, best priority first (ties: registration order)."""
+    o = _op(op)
+    if version is not None and not any(version in vs for vs in o.impls.values()):
+        have = {b: list(vs) for b, vs in o.impls.items()}
+        raise ValueError(f"version: {version!r} is not a version of {op}; versions by backend: {have}")
+    out = []
+    for b, vs in o.impls.items():
+        if version is not None and version not in vs:
+            continue  # a named version selects the backends that have it
+        v = o.defaults[b] if version is None else version
+        out.append((b, v, vs[v]))
+    return sorted(out, key=lambda t: -t[2].priority)  # stable: equal priorities keep registration order
+
+
 def resolve(
     op: str,
     backend: str | None = None,
@@ -264,28 +284,17 @@ def resolve(
         hit = _RESOLVED.get((op, backend, version))
         if hit is not None:
             return hit
-    o = _op(op)
     if backend is None:
+        ranked = _RANKED.get((op, version))
+        if ranked is None:
+            ranked = _RANKED[(op, version)] = _rank(op, version)
         kwargs = kwargs or {}
-        if version is not None and not any(version in vs for vs in o.impls.values()):
-            have = {b: list(vs) for b, vs in o.impls.items()}
-            raise ValueError(f"version: {version!r} is not a version of {op}; versions by backend: {have}")
-        cands = []
-        for b, vs in o.impls.items():
-            if version is not None and version not in vs:
-                continue  # a named version selects the backends that have it
-            v = o.defaults[b] if version is None else version
-            impl = vs[v]
-            if not _runs_here(b, impl):
-                continue
-            if impl.when is not None and not impl.when(*args, **kwargs):
-                continue
-            cands.append((impl.priority, b, v, impl.fn))
-        if not cands:
-            what = op if version is None else f"{op} version {version!r}"
-            raise RuntimeError(f"backend: no backend can run {what} here; registered: {list(o.impls)}")
-        _, b, v, fn = max(cands, key=lambda t: t[0])
-        return b, v, fn
+        for b, v, impl in ranked:  # the first one that runs here and accepts the input (the highest priority)
+            if _runs_here(b, impl) and (impl.when is None or impl.when(*args, **kwargs)):
+                return b, v, impl.fn
+        what = op if version is None else f"{op} version {version!r}"
+        raise RuntimeError(f"backend: no backend can run {what} here; registered: {list(_op(op).impls)}")
+    o = _op(op)
     b = canonical(backend)
     if b not in o.impls:
         raise ValueError(f"backend: {backend!r} has no {op}; backends with it: {list(o.impls)}")
