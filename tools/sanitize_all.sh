@@ -41,6 +41,12 @@ if [ ${#tests[@]} -eq 0 ]; then
     tests/test_quant.py tests/test_gemm.py tests/test_optim.py tests/test_bad_input.py tests/test_properties.py
     tests/test_quant_gemm.py tests/test_conv_im2col.py tests/test_conv_implicit.py tests/test_vec_math.py tests/test_cpu_dispatch.py
     tests/test_flash_cpu.py tests/test_quant_fp8.py tests/test_memory_fastpath.py tests/test_nn.py tests/test_relu_kernel.py
+    # the Python-level suites that reach the C++ kernels through autograd/nn/quant/memory (~60 s more)
+    tests/test_autograd.py tests/test_conv_nn.py tests/test_conv_deformable.py tests/test_ops_breadth.py
+    tests/test_ops_modules.py tests/test_ops_spatial.py tests/test_quant_ptq.py tests/test_inference.py
+    tests/test_inference_paged.py tests/test_amp.py tests/test_amp_formats.py tests/test_prune.py tests/test_prune_rigl.py
+    tests/test_memory_compaction.py tests/test_memory_planner.py tests/test_kernels_torch.py tests/test_data.py
+    tests/test_checkpoint.py
     -q -x -p no:cacheprovider
     # nvcc is not an ASan binary and segfaults with libasan preloaded; the .cu compile checks do not touch _C
     -k "not kernel_compiles")
