@@ -41,6 +41,7 @@
 
 #include "common.h"
 #include "gemm_ukr.h"
+#include "simd_ukr.h"
 
 namespace py = pybind11;
 
@@ -658,75 +659,9 @@ tl::GemmMicroKernel<double> micro_kernel<double>() { return tl::gemm_micro_kerne
 // 6-row ones (c[i*ldc + j] += sum_k a[k*8 + i] * b[k*NR + j]). 8 rows because conv layers have 2^n output
 // channels: 64 / 128 / 256 are whole 8-row panels (6-row panels leave an edge panel that runs through the scratch
 // tile and wastes a third of its FMAs), and per k 16 FMAs share the 2 B loads instead of 12. 16 accumulators +
-// 2 B vectors + 1 broadcast = 19 of the 32 zmm registers.
-#define TL_CUKR_ROW(i)                  \
-  ai = BCAST(a + i);                    \
-  c##i##0 = FMA(ai, b0, c##i##0);       \
-  c##i##1 = FMA(ai, b1, c##i##1);
-#define TL_CUKR_STORE(i)                                        \
-  STOREU(c + i * ldc, ADD(LOADU(c + i * ldc), c##i##0));        \
-  STOREU(c + i * ldc + LANES, ADD(LOADU(c + i * ldc + LANES), c##i##1));
-#define TL_CUKR_BODY                                                                                        \
-  VEC c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(), c21 = ZERO(), c30 = ZERO();     \
-  VEC c31 = ZERO(), c40 = ZERO(), c41 = ZERO(), c50 = ZERO(), c51 = ZERO(), c60 = ZERO(), c61 = ZERO();     \
-  VEC c70 = ZERO(), c71 = ZERO();                                                                           \
-  for (ssize_t k = 0; k < kc; ++k, a += 8, b += 2 * LANES) {                                                \
-    const VEC b0 = LOAD(b), b1 = LOAD(b + LANES);                                                           \
-    VEC ai;                                                                                                 \
-    TL_CUKR_ROW(0) TL_CUKR_ROW(1) TL_CUKR_ROW(2) TL_CUKR_ROW(3)                                             \
-    TL_CUKR_ROW(4) TL_CUKR_ROW(5) TL_CUKR_ROW(6) TL_CUKR_ROW(7)                                             \
-  }                                                                                                         \
-  TL_CUKR_STORE(0) TL_CUKR_STORE(1) TL_CUKR_STORE(2) TL_CUKR_STORE(3)                                       \
-  TL_CUKR_STORE(4) TL_CUKR_STORE(5) TL_CUKR_STORE(6) TL_CUKR_STORE(7)
-
-__attribute__((target("avx512f"))) void conv_ukr_avx512_f32_8x32(ssize_t kc, const float* a, const float* b,
-                                                                   float* c, ssize_t ldc) {
-#define VEC __m512
-#define LANES 16
-#define ZERO _mm512_setzero_ps
-#define LOAD _mm512_load_ps
-#define LOADU _mm512_loadu_ps
-#define STOREU _mm512_storeu_ps
-#define BCAST(p) _mm512_set1_ps(*(p))
-#define FMA _mm512_fmadd_ps
-#define ADD _mm512_add_ps
-  TL_CUKR_BODY
-#undef VEC
-#undef LANES
-#undef ZERO
-#undef LOAD
-#undef LOADU
-#undef STOREU
-#undef BCAST
-#undef FMA
-#undef ADD
-}
-
-__attribute__((target("avx512f"))) void conv_ukr_avx512_f64_8x16(ssize_t kc, const double* a, const double* b,
-                                                                   double* c, ssize_t ldc) {
-#define VEC __m512d
-#define LANES 8
-#define ZERO _mm512_setzero_pd
-#define LOAD _mm512_load_pd
-#define LOADU _mm512_loadu_pd
-#define STOREU _mm512_storeu_pd
-#define BCAST(p) _mm512_set1_pd(*(p))
-#define FMA _mm512_fmadd_pd
-#define ADD _mm512_add_pd
-  TL_CUKR_BODY
-#undef VEC
-#undef LANES
-#undef ZERO
-#undef LOAD
-#undef LOADU
-#undef STOREU
-#undef BCAST
-#undef FMA
-#undef ADD
-}
-#undef TL_CUKR_ROW
-#undef TL_CUKR_STORE
-#undef TL_CUKR_BODY
+// 2 B vectors + 1 broadcast = 19 of the 32 zmm registers. The body is simd_ukr.h's.
+TL_UKR_DEFINE(conv_ukr_avx512_f32_8x32, "avx512f", float, TL_AVX512_F32, 8)
+TL_UKR_DEFINE(conv_ukr_avx512_f64_8x16, "avx512f", double, TL_AVX512_F64, 8)
 
 // The forward's kernel: the 8-row AVX-512 one where gemm.cpp's dispatch (TINYLEARN_CPU_FEATURES) picks avx512,
 // else gemm.cpp's (avx2 6x16 / 6x8, scalar).

@@ -30,6 +30,7 @@
 #include "cpu_features.h"
 #include "gemm_ukr.h"
 #include "registry.h"
+#include "simd_ukr.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -218,121 +219,15 @@ __attribute__((optimize("no-tree-vectorize"))) void ukr_scalar(ssize_t kc, const
     for (int j = 0; j < NR; ++j) c[i * ldc + j] += acc[i][j];
 }
 
-// The SIMD micro-kernel body, shared by the four ISA/dtype kernels below: 6 rows x 2 vectors of accumulators as
-// 12 named registers (an array of vectors would be kept in memory by GCC), per k one broadcast of each A value and
-// two aligned loads of B, 12 FMAs; at the end C += the accumulators (unaligned loads/stores: any ldc).
-#define TL_UKR_ROW(i)         \
-  ai = BCAST(a + i);          \
-  c##i##0 = FMA(ai, b0, c##i##0); \
-  c##i##1 = FMA(ai, b1, c##i##1);
-#define TL_UKR_STORE(i)                                              \
-  STOREU(c + i * ldc, ADD(LOADU(c + i * ldc), c##i##0));            \
-  STOREU(c + i * ldc + LANES, ADD(LOADU(c + i * ldc + LANES), c##i##1));
-#define TL_UKR_BODY                                                                                 \
-  VEC c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(), c21 = ZERO();           \
-  VEC c30 = ZERO(), c31 = ZERO(), c40 = ZERO(), c41 = ZERO(), c50 = ZERO(), c51 = ZERO();           \
-  for (ssize_t k = 0; k < kc; ++k, a += 6, b += 2 * LANES) {                                        \
-    const VEC b0 = LOAD(b), b1 = LOAD(b + LANES);                                                   \
-    VEC ai;                                                                                         \
-    TL_UKR_ROW(0) TL_UKR_ROW(1) TL_UKR_ROW(2) TL_UKR_ROW(3) TL_UKR_ROW(4) TL_UKR_ROW(5)             \
-  }                                                                                                 \
-  TL_UKR_STORE(0) TL_UKR_STORE(1) TL_UKR_STORE(2) TL_UKR_STORE(3) TL_UKR_STORE(4) TL_UKR_STORE(5)
-
+// The SIMD micro-kernels (simd_ukr.h): 6 rows x 2 vectors.
 // AVX2 fp32 6x16: 12 ymm accumulators + 2 ymm of B + 1 broadcast of A = 15 of 16 registers; 12 FMAs per k.
-__attribute__((target("avx2,fma"))) void ukr_avx2_f32(ssize_t kc, const float* a, const float* b, float* c,
-                                                       ssize_t ldc) {
-#define VEC __m256
-#define LANES 8
-#define ZERO _mm256_setzero_ps
-#define LOAD _mm256_load_ps
-#define LOADU _mm256_loadu_ps
-#define STOREU _mm256_storeu_ps
-#define BCAST _mm256_broadcast_ss
-#define FMA _mm256_fmadd_ps
-#define ADD _mm256_add_ps
-  TL_UKR_BODY
-#undef VEC
-#undef LANES
-#undef ZERO
-#undef LOAD
-#undef LOADU
-#undef STOREU
-#undef BCAST
-#undef FMA
-#undef ADD
-}
-
+TL_UKR_DEFINE(ukr_avx2_f32, "avx2,fma", float, TL_AVX2_F32, 6)
 // AVX2 fp64 6x8: the same register budget with 4 lanes.
-__attribute__((target("avx2,fma"))) void ukr_avx2_f64(ssize_t kc, const double* a, const double* b, double* c,
-                                                       ssize_t ldc) {
-#define VEC __m256d
-#define LANES 4
-#define ZERO _mm256_setzero_pd
-#define LOAD _mm256_load_pd
-#define LOADU _mm256_loadu_pd
-#define STOREU _mm256_storeu_pd
-#define BCAST _mm256_broadcast_sd
-#define FMA _mm256_fmadd_pd
-#define ADD _mm256_add_pd
-  TL_UKR_BODY
-#undef VEC
-#undef LANES
-#undef ZERO
-#undef LOAD
-#undef LOADU
-#undef STOREU
-#undef BCAST
-#undef FMA
-#undef ADD
-}
-
+TL_UKR_DEFINE(ukr_avx2_f64, "avx2,fma", double, TL_AVX2_F64, 6)
 // AVX-512 fp32 6x32: 12 zmm accumulators (of 32 registers), 16 lanes.
-__attribute__((target("avx512f"))) void ukr_avx512_f32(ssize_t kc, const float* a, const float* b, float* c,
-                                                        ssize_t ldc) {
-#define VEC __m512
-#define LANES 16
-#define ZERO _mm512_setzero_ps
-#define LOAD _mm512_load_ps
-#define LOADU _mm512_loadu_ps
-#define STOREU _mm512_storeu_ps
-#define BCAST(p) _mm512_set1_ps(*(p))
-#define FMA _mm512_fmadd_ps
-#define ADD _mm512_add_ps
-  TL_UKR_BODY
-#undef VEC
-#undef LANES
-#undef ZERO
-#undef LOAD
-#undef LOADU
-#undef STOREU
-#undef BCAST
-#undef FMA
-#undef ADD
-}
-
+TL_UKR_DEFINE(ukr_avx512_f32, "avx512f", float, TL_AVX512_F32, 6)
 // AVX-512 fp64 6x16.
-__attribute__((target("avx512f"))) void ukr_avx512_f64(ssize_t kc, const double* a, const double* b, double* c,
-                                                        ssize_t ldc) {
-#define VEC __m512d
-#define LANES 8
-#define ZERO _mm512_setzero_pd
-#define LOAD _mm512_load_pd
-#define LOADU _mm512_loadu_pd
-#define STOREU _mm512_storeu_pd
-#define BCAST(p) _mm512_set1_pd(*(p))
-#define FMA _mm512_fmadd_pd
-#define ADD _mm512_add_pd
-  TL_UKR_BODY
-#undef VEC
-#undef LANES
-#undef ZERO
-#undef LOAD
-#undef LOADU
-#undef STOREU
-#undef BCAST
-#undef FMA
-#undef ADD
-}
+TL_UKR_DEFINE(ukr_avx512_f64, "avx512f", double, TL_AVX512_F64, 6)
 
 // A micro-kernel with its tile shape and cache-block sizes. KC x NR of B (16 KB for fp32 6x16) stays in L1 while
 // the MR x KC sliver of A streams; the MC x KC block of A (~150 KB) lives in L2; the KC x NC panel of B in L3.
