@@ -19,9 +19,9 @@ if [ -f "$cache" ]; then
   fi
 fi
 mkdir -p "$out/build" "$out/site"
-cmake -S "$root" -B "$out/build" -DCMAKE_BUILD_TYPE=Debug -DTINYLEARN_NATIVE=OFF \
+cmake -S "$root" -B "$out/build" -DCMAKE_BUILD_TYPE=Debug -DTINYLEARN_NATIVE=OFF -DTINYLEARN_SANITIZE=ON \
   -DPython_EXECUTABLE="$py" -Dpybind11_DIR="$("$py" -m pybind11 --cmakedir)" \
-  -DCMAKE_CXX_FLAGS="$flags -O1" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_CXX_FLAGS_DEBUG="" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build "$out/build" -j "$jobs" --target _C
 # overlay: a copy of the Python package with the sanitized extension in it, first on sys.path
 rm -rf "$out/site/tinylearn"
