@@ -40,7 +40,9 @@
 #include <vector>
 
 #include "common.h"
+#include "conv_direct.h"
 #include "gemm_ukr.h"
+#include "simd_transpose.h"
 #include "simd_ukr.h"
 
 namespace py = pybind11;
@@ -806,7 +808,10 @@ void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ss
 // packing: no flipped copy of the weights is made.
 py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::object& bias,
                             std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
-                            std::pair<ssize_t, ssize_t> d, ssize_t groups, bool flip_weight) {
+                            std::pair<ssize_t, ssize_t> d, ssize_t groups, bool flip_weight,
+                            const std::string& version) {
+  if (version != "v2" && version != "v3")
+    tl::value_error("version: expected 'v2' (implicit GEMM) or 'v3' (direct where it applies), got '" + version + "'");
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
   if (wt.ndim() != 4)
     tl::value_error("weight: expected a 4-D [OC, C/groups, kh, kw] array, got shape " + shape_str(wt));
@@ -841,7 +846,11 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
   void* yp = y.mutable_data();
   {
     py::gil_scoped_release release;
-    if (f32)
+    if (f32 && version == "v3" && tl::conv_direct_eligible(C, OC, {w.kh, w.kw}, s, d, groups))
+      tl::conv2d_direct_f32(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
+                            static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW, flip_weight,
+                            double(N) * OC * OH * OW * C * w.kh * w.kw >= kParallelMinMacs ? tl::n_threads() : 1);
+    else if (f32)
       conv2d_implicit(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
                       static_cast<float*>(yp), N, C, H, W, OC, groups, w, OH, OW, flip_weight);
     else
@@ -866,46 +875,6 @@ inline int team_size() {
 #endif
 }
 
-// GCC 12 reports its own _mm512_undefined_* placeholders inside the shuffle intrinsics as uninitialised
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// dst[u*ldd + r] = src[r*lds + u] for r, u < 16: a 16x16 fp32 transpose in registers (unpack ps, unpack pd, two
-// 128-bit lane shuffles), 16 loads and 16 stores instead of 256 scalar moves.
-__attribute__((target("avx512f"))) void transpose16x16_f32(const float* src, ssize_t lds, float* dst, ssize_t ldd) {
-  __m512 r[16], t[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
-      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
-    }
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-  }
-#pragma GCC unroll 16
-  for (int u = 0; u < 16; ++u) _mm512_storeu_ps(dst + u * ldd, r[u]);
-}
-#pragma GCC diagnostic pop
 
 template <class T>
 void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t C, ssize_t H, ssize_t W, ssize_t OC,
@@ -983,7 +952,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
             if constexpr (std::is_same_v<T, float>) {
               if (tr16 && js == 16 && tv == NR && NR % 16 == 0) {
                 for (ssize_t t0 = 0; t0 < NR; t0 += 16)
-                  transpose16x16_f32(rowsbuf + (q * NR + t0) * kr + j0s, kr, d + t0, NR);
+                  tl::transpose16x16_f32(rowsbuf + (q * NR + t0) * kr + j0s, kr, d + t0, NR);
                 continue;
               }
             }
@@ -1080,6 +1049,7 @@ TL_REGISTER(conv) {
         "a [A, B, L] C-contiguous -> [B, A, L] (+ bias[A] broadcast), threaded row copies");
   m.def("conv2d_forward", &conv2d_forward_v2, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"),
         py::arg("padding"), py::arg("dilation"), py::arg("groups") = 1, py::arg("flip_weight") = false,
+        py::arg("version") = "v3",
         "v2 implicit-GEMM conv2d forward: x [N,C,H,W], weight [OC,C/g,kh,kw] C-contiguous -> y [N,OC,OH,OW] "
         "(packed micro-kernels, B packed from the image, one OpenMP team); flip_weight=True: weight is "
         "[C,OC/g,kh,kw] and the conv uses its transposed, spatially flipped kernel (dX of a stride-1 conv)");

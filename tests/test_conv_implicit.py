@@ -46,7 +46,13 @@ CASES = [
     (1, 2, 2, 3, 3, 2, 1, 0, 1, 1),  # tiny output (2x2 map): one panel spans both images... and more
     (2, 5, 11, 45, 7, 3, 1, 2, 2, 1),  # 45-wide rows: segments cross panels (the AVX-512 packer's masks)
     (2, 4, 7, 9, 6, (2, 3), 1, (1, 2), (2, 1), 2),  # stride 1, 2x3 kernel, groups: dX reads W flipped per group
+    # v3 direct (C, OC multiples of 16, stride 1): 48 = a pair of 16-channel blocks + a single one; OW 13 (one
+    # 13-wide tile) and, in dX, 16-wide rows cut 8 + 8; 5x3 kernel with padding 2 / 1
+    (2, 32, 10, 13, 48, 3, 1, 1, 1, 1),
+    (1, 16, 7, 30, 32, (5, 3), 1, (2, 1), 1, 1),
 ]
+# the cases v3's direct kernel covers (fp32 at the avx512 level); dX of a stride-1 conv swaps C and OC
+DIRECT = [c for c in CASES if c[1] % 16 == 0 and c[4] % 16 == 0 and c[6] == 1 and c[8] == 1 and c[9] == 1]
 
 
 def _torch(x, w, b, s, p, d, g, gy):
@@ -67,13 +73,41 @@ def test_ladder_vs_torch(level, version, case, dtype):
     ey, edx, edw, edb = _torch(x, w, b, s, p, d, g, gy)
     K = w.shape[1] * w.shape[2] * w.shape[3]
     assert_close(y, ey, dtype, reduction_size=K, msg=f"{level} {version}")
-    if version == "v2":
-        assert cols is None  # the implicit GEMM builds no column matrix
+    if version in ("v2", "v3"):
+        assert cols is None  # the implicit GEMM / direct kernel builds no column matrix
     dx, dw, db = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", cols=cols, version=version)
     red = gy.size // gy.shape[1]
     assert_close(dx, edx, dtype, reduction_size=w.shape[0] // g * w.shape[2] * w.shape[3], msg=f"{level} dx")
     assert_close(dw, edw, dtype, reduction_size=red, msg=f"{level} dw")
     assert_close(db, edb, dtype, reduction_size=red, msg=f"{level} db")
+
+
+@pytest.mark.parametrize("case", DIRECT)
+def test_v3_direct_runs_where_it_applies_and_matches_v2(level, case):
+    """v3 takes the direct kernel exactly at the avx512 level for these cases (forward and the flipped dX conv),
+    and agrees with v2 (a different summation order: close, not bitwise)."""
+    x, w, b, s, p, d, g = conv_case(case, "float32")
+    C = tl.backends.load_C("conv")
+    k = (w.shape[2], w.shape[3])
+    assert C.direct_eligible(x.shape[1], w.shape[0], k, (1, 1), (1, 1), 1) == (level == "avx512")
+    assert C.direct_eligible(w.shape[0], x.shape[1], k, (1, 1), (1, 1), 1) == (level == "avx512")
+    assert not C.direct_eligible(x.shape[1], w.shape[0], (1, 1), (1, 1), (1, 1), 1)  # 1x1 stays on v2
+    assert not C.direct_eligible(x.shape[1], w.shape[0], k, (2, 2), (1, 1), 1)
+    y3, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v3")
+    y2, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v2")
+    K = w.shape[1] * k[0] * k[1]
+    assert_close(y3, y2, reduction_size=K)
+    gy = np.random.default_rng(4).standard_normal(y3.shape).astype(np.float32)
+    dx3 = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", version="v3", needs=(True, False, False))[0]
+    dx2 = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", version="v2", needs=(True, False, False))[0]
+    assert_close(dx3, dx2, reduction_size=w.shape[0] * k[0] * k[1])
+
+
+def test_v3_raw_kernel_validates_version():
+    C = tl.backends.load_C("conv")
+    x = np.zeros((1, 16, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="version"):
+        C.conv2d_forward(x, np.zeros((16, 16, 3, 3), np.float32), None, (1, 1), (1, 1), (1, 1), 1, version="v9")
 
 
 def test_v2_noncontiguous_and_broadcast_inputs(level):

@@ -10,9 +10,10 @@ figure on a shared machine), GFLOP/s (forward 2·N·OC·OH·OW·C·kh·kw; forwa
 one forward). For the tinylearn rows of the forward table: "im2col %" = share of the forward spent building the
 column matrix (best of each), "im2col GB/s" = (bytes of x read + bytes of cols written) / best im2col time and
 "% copy" = that as a share of the STREAM copy bandwidth measured here (``stream_copy_gbs``), "GEMM GFLOP/s" = the
-[OC, K] x [K, N*L] GEMM alone (OpenBLAS via np.matmul). The "cpp" row is the v2 implicit GEMM (no column matrix:
-its "GEMM GFLOP/s" is the whole forward's, im2col columns empty); "cpp v1" / "cpp v0" are the older rungs (C++ im2col
-v1 / v0 + OpenBLAS + transpose). In forward+backward, "cpp" = v2 forward and dX as a conv for stride 1.
+[OC, K] x [K, N*L] GEMM alone (OpenBLAS via np.matmul). The "cpp" row is the default rung, v3 (the direct
+channel-blocked kernel where it applies, else v2), "cpp v2" the implicit GEMM (neither builds a column matrix:
+their "GEMM GFLOP/s" is the whole forward's, im2col columns empty); "cpp v1" / "cpp v0" are the older rungs (C++
+im2col v1 / v0 + OpenBLAS + transpose). In forward+backward, "cpp" = v3/v2 forward and dX as a conv for stride 1.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def im2col_stats(
     share (im2col / forward), im2col GB/s (x read + cols written) and GEMM GFLOP/s."""
     k, s2, p2, d2, out = window_params(x.shape, w.shape[2:], s, p, 1, "x")
     OC = w.shape[0]
-    if backend == "cpp" and version in (None, "v2"):  # implicit GEMM: no column matrix, no separate GEMM
-        t_all = measure(lambda: conv2d(x, w, None, s, p, backend="cpp", version="v2"), warmup=1, repeat=repeat).min
+    if backend == "cpp" and version in (None, "v2", "v3"):  # v2 / v3: no column matrix, no separate GEMM
+        t_all = measure(lambda: conv2d(x, w, None, s, p, backend="cpp", version=version), warmup=1, repeat=repeat).min
         flops = 2.0 * OC * w[0].size * x.shape[0] * out[0] * out[1]
         return {
             "t_cols": 0.0,
@@ -176,7 +177,7 @@ def _bench_layer(
     tx, tw, tb, tgy = (torch.from_numpy(a) for a in (x, w, b, gy))
     impls: list[tuple[str, str, str | None]] = [(be, be, None) for be in backends()]
     if "cpp" in backends():
-        impls += [("cpp v1", "cpp", "v1"), ("cpp v0", "cpp", "v0")]
+        impls += [("cpp v2", "cpp", "v2"), ("cpp v1", "cpp", "v1"), ("cpp v0", "cpp", "v0")]
     with fwd.case(name, flops=flops) as c:
         for label, be, ver in impls:
             st = im2col_stats(x, w, s, p, be, ver)

@@ -26,6 +26,11 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
          cpp_src/gemm.cpp at the AVX2 / scalar levels) with B packed straight from the image, a KC x NC block per
          thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads
          spinning against ours between stages). Returns cols=None.
+    v3   (the default) direct convolution over a channel-blocked layout (cpp_src/conv_direct.cpp, oneDNN's scheme)
+         for the convs it covers: fp32, AVX-512 selected, stride 1, no dilation, groups 1, kernel larger than 1x1,
+         C and OC multiples of 16. x is reordered once to [N][C/16][H+2p][W+2p][16] (zero border), W to
+         [OC/16][C/16][kh][kw][16][16]; a register tile of 14 output columns x 32 output channels reads the input in
+         place (no B packing: v2 packs 9x the input per call for 3x3). Everything else runs v2. Returns cols=None.
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
@@ -76,7 +81,8 @@ def _is_pointwise(k, s, p, d) -> bool:
     return k == (1, 1) and s == (1, 1) and p == (0, 0)
 
 
-FWD_VERSIONS: tuple[str, ...] = ("v0", "v1", "v2")  # cpp forward ladder: v0/v1 = im2col rung + OpenBLAS, v2 default
+# cpp forward ladder: v0/v1 = im2col rung + OpenBLAS, v2 = implicit GEMM, v3 (default) = direct where it applies
+FWD_VERSIONS: tuple[str, ...] = ("v0", "v1", "v2", "v3")
 
 
 def _check_version(version: str | None) -> None:
@@ -91,11 +97,16 @@ _V2_MIN_ROWS, _V2_MIN_COLS = 32, 32
 
 
 def _implicit(backend: str | None, version: str | None, a: np.ndarray, rows: int = _V2_MIN_ROWS) -> bool:
-    """Whether the v2 implicit-GEMM kernel serves this call: cpp backend or None, float32/64, and version "v2", or
-    version None with a GEMM of at least ``_V2_MIN_ROWS`` rows (``rows``)."""
-    if version not in (None, "v2") or not _fast_cpp(backend, a):
+    """Whether the C++ kernels (v3 direct / v2 implicit GEMM) serve this call: cpp backend or None, float32/64, and
+    version "v2"/"v3", or version None with a GEMM of at least ``_V2_MIN_ROWS`` rows (``rows``)."""
+    if version not in (None, "v2", "v3") or not _fast_cpp(backend, a):
         return False
-    return version == "v2" or rows >= _V2_MIN_ROWS
+    return version is not None or rows >= _V2_MIN_ROWS
+
+
+def _kernel_version(version: str | None) -> str:
+    """The C++ conv2d_forward's version: "v2" only when asked for; else "v3" (direct where it applies, else v2)."""
+    return "v2" if version == "v2" else "v3"
 
 
 def _fast_cpp(backend: str | None, a: np.ndarray) -> bool:
@@ -167,7 +178,7 @@ def conv2d_forward(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass.
     A pointwise conv (1x1, stride 1, no padding) takes the direct path and returns cols=None (x is the columns);
-    so does the cpp v2 implicit GEMM (backend None/"cpp" with ``version`` "v2", or None for layers with at least
+    so does the cpp v2/v3 kernel (backend None/"cpp" with ``version`` "v2"/"v3", or None for layers with at least
     ``_V2_MIN_ROWS`` output channels per group), which builds no columns.
     ``version`` "v0"/"v1" pins the cpp im2col rung of the im2col + OpenBLAS path."""
     _check_version(version)
@@ -177,7 +188,14 @@ def conv2d_forward(
     L = OH * OW
     if _implicit(backend, version, x, OC // g):
         y = backends.load_C("conv").conv2d_forward(
-            np.ascontiguousarray(x), np.ascontiguousarray(w), None if b is None else np.ascontiguousarray(b), s, p, d, g
+            np.ascontiguousarray(x),
+            np.ascontiguousarray(w),
+            None if b is None else np.ascontiguousarray(b),
+            s,
+            p,
+            d,
+            g,
+            version=_kernel_version(version),
         )
         return y, None
     if _is_pointwise(k, s, p, d):  # direct: y[n] = W @ x[n], batched matmul written straight into y
@@ -187,7 +205,7 @@ def conv2d_forward(
         if b is not None:
             y += b[None, :, None, None]
         return y, None
-    cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version == "v2" else version)
+    cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version in ("v2", "v3") else version)
     if g == 1:
         y2 = w.reshape(OC, -1) @ cols  # [OC, N*L]: one GEMM for the whole batch (OpenBLAS)
     else:
@@ -212,8 +230,8 @@ def conv2d_backward(
     """Gradients (dx, dw, db) of ``y = conv2d(x, w, b, ...)`` given dL/dy; entries not in ``needs`` are None.
 
     dw = dYᵀ·colsᵀ (one GEMM per group over the whole batch), dx = col2im(Wᵀ·dYᵀ), db = dY summed over batch and
-    space. ``cols`` (from conv2d_forward) avoids recomputing im2col. With the cpp v2 kernel (``version`` None/"v2")
-    and stride 1, dx is the implicit-GEMM convolution of dy with the flipped, transposed weights (no col2im).
+    space. ``cols`` (from conv2d_forward) avoids recomputing im2col. With the cpp v2/v3 kernels (``version``
+    None/"v2"/"v3") and stride 1, dx is the convolution of dy with the flipped, transposed weights (no col2im).
     """
     _check_version(version)
     x, w, _, g, k, s, p, d, (OH, OW) = _prepare(x, w, None, stride, padding, dilation, groups, backend)
@@ -239,7 +257,7 @@ def conv2d_backward(
         )
     elif needs[1]:
         if cols is None:
-            cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version == "v2" else version)
+            cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version in ("v2", "v3") else version)
         # dWᵀ = cols @ dYᵀᵀ: OpenBLAS runs this orientation faster than dY @ colsᵀ (long K = N*L reduction)
         dw = np.matmul(cols.reshape(g, Kg, N * L), dyT.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(w.shape)
     if needs[0]:
@@ -251,10 +269,14 @@ def conv2d_backward(
             pt = (d[0] * (k[0] - 1) - p[0], d[1] * (k[1] - 1) - p[1])
             dy4 = dy3.reshape(N, OC, OH, OW)
             if min(pt) >= 0:
-                dx = backends.load_C("conv").conv2d_forward(dy4, wc, None, (1, 1), pt, d, g, flip_weight=True)
+                dx = backends.load_C("conv").conv2d_forward(
+                    dy4, wc, None, (1, 1), pt, d, g, flip_weight=True, version=_kernel_version(version)
+                )
             else:  # padding larger than the dilated kernel: the full correlation, then crop
                 p0 = (max(pt[0], 0), max(pt[1], 0))
-                big = backends.load_C("conv").conv2d_forward(dy4, wc, None, (1, 1), p0, d, g, flip_weight=True)
+                big = backends.load_C("conv").conv2d_forward(
+                    dy4, wc, None, (1, 1), p0, d, g, flip_weight=True, version=_kernel_version(version)
+                )
                 ch, cw = max(-pt[0], 0), max(-pt[1], 0)
                 dx = np.ascontiguousarray(big[:, :, ch : ch + H, cw : cw + W])
         elif pointwise:  # direct: dx[n] = Wᵀ @ dy[n], no col2im, no transpose

@@ -1,0 +1,16 @@
+// conv_direct.h — v3 of the cpp conv2d forward (conv_direct.cpp): direct convolution over a channel-blocked layout.
+#pragma once
+#include <sys/types.h>
+
+#include <utility>
+
+namespace tl {
+// Whether v3 covers a conv with these parameters on the SIMD level selected now (fp32 is the caller's check).
+bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel, std::pair<ssize_t, ssize_t> stride,
+                          std::pair<ssize_t, ssize_t> dilation, ssize_t groups);
+// y [N, OC, OH, OW] = conv2d(x, W, bias), stride 1, padding (ph, pw), no dilation, groups 1; nt OpenMP threads.
+// flip: wt is [C, OC, kh, kw] and W[o, c, i, j] = wt[c, o, kh-1-i, kw-1-j] (dX of a stride-1 conv).
+void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C, ssize_t H,
+                       ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH, ssize_t OW,
+                       bool flip, int nt);
+}  // namespace tl
