@@ -15,6 +15,9 @@
 // UR input values is broadcast and multiplied into NB accumulators: UR*NB FMAs per UR + NB loads. The tile is
 // written to NCHW through a 16 x UR scratch transpose. Items (n, output-channel pair, oh) run on one OpenMP team
 // after the two reorders (same team, one barrier).
+// dW (conv2d_direct_dweight_f32, same scope): dy is reordered to [N][OC/16][OH][OW][16] too; one work item per
+// (output-channel block, input-channel block) pair owns a 16 x 16 x kh x kw block of dW (no reduction between
+// threads) and accumulates it over the positions in chunks of ~256 (16 FMAs per dy vector and 16 broadcasts).
 // Scope (everything else runs v2): fp32, stride 1, dilation 1, groups 1, a kernel larger than 1x1, C and OC
 // multiples of 16, the AVX-512 level selected (TINYLEARN_CPU_FEATURES); any H, W, padding.
 #include <immintrin.h>
@@ -102,6 +105,44 @@ __attribute__((target("avx512f"))) void reorder_block(const float* s, ssize_t pl
   for (int u = 0; u < cnt; ++u) _mm512_store_ps(d + u * kB, r[u]);
 }
 
+// x [N, C, H, W] -> xb[n][cb][H + 2ph][W + 2pw][16] with a zero border; a worksharing loop (call inside a
+// parallel region; no barrier at the end)
+void reorder_input(const float* x, float* xb, ssize_t N, ssize_t C, ssize_t H, ssize_t W, ssize_t ph, ssize_t pw) {
+  const ssize_t CB = C / kB, Hp = H + 2 * ph, Wp = W + 2 * pw;
+#pragma omp for schedule(static) nowait
+  for (ssize_t r = 0; r < N * CB * Hp; ++r) {
+    const ssize_t n = r / (CB * Hp), cb = (r / Hp) % CB, hp = r % Hp, h = hp - ph;
+    float* d = xb + r * Wp * kB;
+    if (h < 0 || h >= H) {
+      std::memset(d, 0, size_t(Wp * kB) * sizeof(float));
+      continue;
+    }
+    std::memset(d, 0, size_t(pw * kB) * sizeof(float));
+    std::memset(d + (pw + W) * kB, 0, size_t(pw * kB) * sizeof(float));
+    const float* src = x + ((n * C + cb * kB) * H + h) * W;
+    for (ssize_t w0 = 0; w0 < W; w0 += kB)  // 16 channels x 16 columns -> 16 pixels of 16 channels
+      reorder_block(src + w0, H * W, d + (pw + w0) * kB, int(std::min(kB, W - w0)));
+  }
+}
+
+// dW tile of one (ob, cb, tap): acc[c] (16 output channels o in lanes) += sum over the chunk's positions of
+// xb[.., oh + i, ow + j, c] * dyb[.., oh, ow, :]; 16 FMAs per 1 load + 16 broadcasts
+__attribute__((target("avx512f"))) void dw_tile(const float* xr, const float* dr, ssize_t rows, ssize_t OW,
+                                                ssize_t Wp, float* tile) {
+  __m512 acc[kB];
+#pragma GCC unroll 16
+  for (int c = 0; c < kB; ++c) acc[c] = _mm512_load_ps(tile + c * kB);
+  for (ssize_t r = 0; r < rows; ++r, xr += Wp * kB, dr += OW * kB)
+    for (ssize_t ow = 0; ow < OW; ++ow) {
+      const __m512 dv = _mm512_load_ps(dr + ow * kB);
+      const float* xp = xr + ow * kB;
+#pragma GCC unroll 16
+      for (int c = 0; c < kB; ++c) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(xp[c]), dv, acc[c]);
+    }
+#pragma GCC unroll 16
+  for (int c = 0; c < kB; ++c) _mm512_store_ps(tile + c * kB, acc[c]);
+}
+
 using TileFn = void (*)(const float*, const float*, ssize_t, ssize_t, ssize_t, ssize_t, ssize_t, ssize_t,
                         const float*, float*, ssize_t);
 
@@ -144,23 +185,7 @@ void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float
   const ssize_t npair = (OB + 1) / 2, items = N * npair * OH;
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    // input -> xb: per (n, cb, h) padded row; the border rows and columns are zeroed here too
-#pragma omp for schedule(static) nowait
-    for (ssize_t r = 0; r < N * CB * Hp; ++r) {
-      const ssize_t n = r / (CB * Hp), cb = (r / Hp) % CB, hp = r % Hp, h = hp - ph;
-      float* d = xb.get() + r * Wp * kB;
-      if (h < 0 || h >= H) {
-        std::memset(d, 0, size_t(Wp * kB) * sizeof(float));
-        continue;
-      }
-      std::memset(d, 0, size_t(pw * kB) * sizeof(float));
-      std::memset(d + (pw + W) * kB, 0, size_t(pw * kB) * sizeof(float));
-      const float* s = x + ((n * C + cb * kB) * H + h) * W;
-      for (ssize_t w0 = 0; w0 < W; w0 += kB) {  // 16 channels x 16 columns -> 16 pixels of 16 channels
-        const ssize_t cnt = std::min(kB, W - w0);
-        reorder_block(s + w0, H * W, d + (pw + w0) * kB, int(cnt));
-      }
-    }
+    reorder_input(x, xb.get(), N, C, H, W, ph, pw);  // omp for nowait
     // weight -> wb[ob][cb][i][j][c][o]
 #pragma omp for schedule(static)
     for (ssize_t r = 0; r < OB * CB * KK; ++r) {
@@ -185,6 +210,53 @@ void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float
         const ssize_t ow0 = OW * q / nblk, ur = OW * (q + 1) / nblk - ow0;
         tile_fn(int(ur), nb)(xr + ow0 * kB, wr, CB, kh, kw, Hp, Wp, wob, bb, yr + ow0, L);
       }
+    }
+  }
+}
+
+// dW [OC, C, kh, kw] = sum over n, oh, ow of dy[n, o, oh, ow] * xpad[n, c, oh + i, ow + j] (stride 1, no
+// dilation, groups 1). Both operands reordered to the blocked layout (x padded as in the forward, dy to
+// [N][OC/16][OH][OW][16]); work items are the (ob, cb) pairs, each owning its 16 x 16 x kh x kw block of dW (no
+// reduction between threads); per pair the positions run in chunks of output rows (~256 positions: the chunk's dy
+// and x rows stay in L1/L2 while all kh*kw taps use them), each tap's 16 x 16 tile accumulated in an L1 buffer.
+void conv2d_direct_dweight_f32(const float* x, const float* dy, float* dw, ssize_t N, ssize_t C, ssize_t H,
+                               ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH,
+                               ssize_t OW, int nt) {
+  const ssize_t CB = C / kB, OB = OC / kB, Hp = H + 2 * ph, Wp = W + 2 * pw, KK = kh * kw, L = OH * OW;
+  auto xb = alloc64(size_t(N * CB * Hp * Wp * kB + kB));
+  auto db = alloc64(size_t(N * OB * L * kB));
+  const ssize_t R = std::max<ssize_t>(1, std::min<ssize_t>(OH, 256 / std::max<ssize_t>(OW, 1)));  // rows per chunk
+  // per thread: the current pair's dW block [tap][c][o] (allocated here: an exception must not leave the region)
+  auto tiles_all = alloc64(size_t(nt * KK * kB * kB));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    reorder_input(x, xb.get(), N, C, H, W, ph, pw);
+#pragma omp for schedule(static)
+    for (ssize_t r = 0; r < N * OB * OH; ++r) {  // dy -> dyb: one output row of 16 channels at a time
+      const ssize_t n = r / (OB * OH), ob = (r / OH) % OB, oh = r % OH;
+      const float* src = dy + ((n * OC + ob * kB) * OH + oh) * OW;
+      float* d = db.get() + r * OW * kB;
+      for (ssize_t w0 = 0; w0 < OW; w0 += kB) reorder_block(src + w0, L, d + w0 * kB, int(std::min(kB, OW - w0)));
+    }  // implicit barrier: both reorders are complete
+    float* const tiles = tiles_all.get() + tl::thread_id() * KK * kB * kB;
+#pragma omp for schedule(dynamic, 1)
+    for (ssize_t pr = 0; pr < OB * CB; ++pr) {
+      const ssize_t ob = pr / CB, cb = pr % CB;
+      std::memset(tiles, 0, size_t(KK * kB * kB) * sizeof(float));
+      for (ssize_t n = 0; n < N; ++n)
+        for (ssize_t oh0 = 0; oh0 < OH; oh0 += R) {
+          const ssize_t rows = std::min(R, OH - oh0);
+          const float* dr = db.get() + ((n * OB + ob) * OH + oh0) * OW * kB;
+          for (ssize_t i = 0; i < kh; ++i)
+            for (ssize_t j = 0; j < kw; ++j) {
+              const float* xr = xb.get() + (((n * CB + cb) * Hp + oh0 + i) * Wp + j) * kB;
+              dw_tile(xr, dr, rows, OW, Wp, tiles + (i * kw + j) * kB * kB);
+            }
+        }
+      for (ssize_t t = 0; t < KK; ++t)  // [tap][c][o] -> dW[o][c][tap]
+        for (ssize_t c = 0; c < kB; ++c)
+          for (ssize_t o = 0; o < kB; ++o)
+            dw[((ob * kB + o) * C + cb * kB + c) * KK + t] = tiles[size_t((t * kB + c) * kB + o)];
     }
   }
 }

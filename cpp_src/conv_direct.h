@@ -13,4 +13,8 @@ bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> ker
 void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C, ssize_t H,
                        ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH, ssize_t OW,
                        bool flip, int nt);
+// dW [OC, C, kh, kw] of the same convs (stride 1, no dilation, groups 1), x [N, C, H, W], dy [N, OC, OH, OW].
+void conv2d_direct_dweight_f32(const float* x, const float* dy, float* dw, ssize_t N, ssize_t C, ssize_t H,
+                               ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH,
+                               ssize_t OW, int nt);
 }  // namespace tl

@@ -995,7 +995,9 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
 // dW of conv2d (groups = 1) without a column matrix: x [N, C, H, W], dy [N, OC, OH, OW] -> dw [OC, C, kh, kw].
 py::array conv2d_backward_weight_v2(const py::array& x, const py::array& dy, std::pair<ssize_t, ssize_t> k,
                                     std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
-                                    std::pair<ssize_t, ssize_t> d) {
+                                    std::pair<ssize_t, ssize_t> d, const std::string& version) {
+  if (version != "v2" && version != "v3")
+    tl::value_error("version: expected 'v2' (implicit GEMM) or 'v3' (direct where it applies), got '" + version + "'");
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
   if (dy.ndim() != 4) tl::value_error("grad_out: expected a 4-D [N, OC, OH, OW] array, got shape " + shape_str(dy));
   check_dtype(x, "x");
@@ -1020,7 +1022,11 @@ py::array conv2d_backward_weight_v2(const py::array& x, const py::array& dy, std
   const void *xp = x.data(), *gp = dy.data();
   {
     py::gil_scoped_release release;
-    if (f32)
+    if (f32 && version == "v3" && tl::conv_direct_eligible(C, OC, k, s, d, 1))
+      tl::conv2d_direct_dweight_f32(static_cast<const float*>(xp), static_cast<const float*>(gp), static_cast<float*>(dp),
+                                    N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW,
+                                    double(N) * OC * OH * OW * C * w.kh * w.kw >= kParallelMinMacs ? tl::n_threads() : 1);
+    else if (f32)
       conv2d_dweight_implicit(static_cast<const float*>(xp), static_cast<const float*>(gp), static_cast<float*>(dp), N,
                               C, H, W, OC, w, OH, OW);
     else
@@ -1054,7 +1060,7 @@ TL_REGISTER(conv) {
         "(packed micro-kernels, B packed from the image, one OpenMP team); flip_weight=True: weight is "
         "[C,OC/g,kh,kw] and the conv uses its transposed, spatially flipped kernel (dX of a stride-1 conv)");
   m.def("conv2d_backward_weight", &conv2d_backward_weight_v2, py::arg("x"), py::arg("grad_out"),
-        py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("version") = "v3",
         "v2 dW of conv2d (groups=1) without a column matrix: x [N,C,H,W], grad_out [N,OC,OH,OW] C-contiguous -> "
         "dW [OC,C,kh,kw] (reduction over N*OH*OW split across the OpenMP team)");
   m.def("micro_kernel_isa", &micro_kernel_isa, "the ISA of the GEMM micro-kernel conv2d_forward uses now");

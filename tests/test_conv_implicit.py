@@ -50,6 +50,7 @@ CASES = [
     # 13-wide tile) and, in dX, 16-wide rows cut 8 + 8; 5x3 kernel with padding 2 / 1
     (2, 32, 10, 13, 48, 3, 1, 1, 1, 1),
     (1, 16, 7, 30, 32, (5, 3), 1, (2, 1), 1, 1),
+    (2, 16, 60, 9, 16, 3, 1, 1, 1, 1),  # OW 9: dW chunks of 28 output rows, the last one 4 (dW sums 1080 > 1k terms)
 ]
 # the cases v3's direct kernel covers (fp32 at the avx512 level); dX of a stride-1 conv swaps C and OC
 DIRECT = [c for c in CASES if c[1] % 16 == 0 and c[4] % 16 == 0 and c[6] == 1 and c[8] == 1 and c[9] == 1]
@@ -84,8 +85,8 @@ def test_ladder_vs_torch(level, version, case, dtype):
 
 @pytest.mark.parametrize("case", DIRECT)
 def test_v3_direct_runs_where_it_applies_and_matches_v2(level, case):
-    """v3 takes the direct kernel exactly at the avx512 level for these cases (forward and the flipped dX conv),
-    and agrees with v2 (a different summation order: close, not bitwise)."""
+    """v3 takes the direct kernels exactly at the avx512 level for these cases (forward, the flipped dX conv, dW),
+    and agrees with v2 and torch (a different summation order: close, not bitwise)."""
     x, w, b, s, p, d, g = conv_case(case, "float32")
     C = tl.backends.load_C("conv")
     k = (w.shape[2], w.shape[3])
@@ -98,9 +99,12 @@ def test_v3_direct_runs_where_it_applies_and_matches_v2(level, case):
     K = w.shape[1] * k[0] * k[1]
     assert_close(y3, y2, reduction_size=K)
     gy = np.random.default_rng(4).standard_normal(y3.shape).astype(np.float32)
-    dx3 = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", version="v3", needs=(True, False, False))[0]
-    dx2 = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", version="v2", needs=(True, False, False))[0]
+    dx3, dw3, _ = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", version="v3", needs=(True, True, False))
+    dx2, dw2, _ = tl.conv.conv2d_backward(gy, x, w, s, p, d, g, backend="cpp", version="v2", needs=(True, True, False))
     assert_close(dx3, dx2, reduction_size=w.shape[0] * k[0] * k[1])
+    assert_close(dw3, dw2, reduction_size=gy.size // gy.shape[1])
+    ew = torch.nn.grad.conv2d_weight(torch.from_numpy(x), w.shape, torch.from_numpy(gy), s, p, d, g).numpy()
+    assert_close(dw3, ew, reduction_size=gy.size // gy.shape[1])
 
 
 def test_v3_raw_kernel_validates_version():

@@ -677,7 +677,9 @@ assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 
 # input read in place. A 16×16 register transpose writes the tile back to NCHW. It covers fp32 at the AVX-512
 # level, stride 1, no dilation, groups 1, kernels larger than 1×1 and channel counts that are multiples of 16
 # (`_C.conv.direct_eligible`); everything else, and `version="v2"`, runs v2. The dX of a stride-1 conv is the
-# same kernel on the flipped weights, so it speeds up the backward too.
+# same kernel on the flipped weights, so it speeds up the backward too, and dW has a v3 kernel of its own on the
+# same layout: one work item per (16 output channels, 16 input channels) pair owns a `16×16×kh×kw` block of dW and
+# accumulates it over the positions (16 FMAs per dY vector), so the threads never reduce into shared memory.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -31,6 +31,8 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
          C and OC multiples of 16. x is reordered once to [N][C/16][H+2p][W+2p][16] (zero border), W to
          [OC/16][C/16][kh][kw][16][16]; a register tile of 14 output columns x 32 output channels reads the input in
          place (no B packing: v2 packs 9x the input per call for 3x3). Everything else runs v2. Returns cols=None.
+         Its dW reads the same blocked input and dY reordered to [N][OC/16][OH][OW][16]: per (OC/16, C/16) pair a
+         16 x 16 x kh x kw block of dW, the positions in chunks of output rows (no reduction between threads).
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
@@ -253,7 +255,7 @@ def conv2d_backward(
         dyT = transpose01(dy3, None, backend).reshape(g, OC // g, N * L)  # [g, OC/g, N*L]
     if dw_impl:
         dw = backends.load_C("conv").conv2d_backward_weight(
-            np.ascontiguousarray(x), dy3.reshape(N, OC, OH, OW), k, s, p, d
+            np.ascontiguousarray(x), dy3.reshape(N, OC, OH, OW), k, s, p, d, version=_kernel_version(version)
         )
     elif needs[1]:
         if cols is None:
