@@ -1,10 +1,12 @@
-// conv_direct.h — v3 of the cpp conv2d forward (conv_direct.cpp): direct convolution over a channel-blocked layout.
+// conv_direct.h — v3 of the cpp conv2d (conv_direct.cpp): direct convolution over a channel-blocked layout.
 #pragma once
 #include <sys/types.h>
 
 #include <utility>
 
 namespace tl {
+// The channel block v3 uses at the SIMD level selected now: 16 (AVX-512), 8 (AVX2) or 0 (scalar: no v3).
+ssize_t conv_direct_block();
 // Whether v3 covers a conv with these parameters on the SIMD level selected now (fp32 is the caller's check).
 bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel, std::pair<ssize_t, ssize_t> stride,
                           std::pair<ssize_t, ssize_t> dilation, ssize_t groups);

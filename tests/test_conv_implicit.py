@@ -51,9 +51,16 @@ CASES = [
     (2, 32, 10, 13, 48, 3, 1, 1, 1, 1),
     (1, 16, 7, 30, 32, (5, 3), 1, (2, 1), 1, 1),
     (2, 16, 60, 9, 16, 3, 1, 1, 1, 1),  # OW 9: dW chunks of 28 output rows, the last one 4 (dW sums 1080 > 1k terms)
+    (2, 8, 9, 11, 24, 3, 1, 1, 1, 1),  # AVX2 v3 only (8-channel blocks): 24 = a pair + a single block, OW 11 = 6 + 5
+    (1, 24, 6, 13, 8, 3, 1, 1, 1, 1),
 ]
-# the cases v3's direct kernel covers (fp32 at the avx512 level); dX of a stride-1 conv swaps C and OC
-DIRECT = [c for c in CASES if c[1] % 16 == 0 and c[4] % 16 == 0 and c[6] == 1 and c[8] == 1 and c[9] == 1]
+# the cases v3's direct kernels may cover (fp32; C and OC multiples of 16 on AVX-512, of 8 on AVX2)
+DIRECT = [c for c in CASES if c[1] % 8 == 0 and c[4] % 8 == 0 and c[6] == 1 and c[8] == 1 and c[9] == 1]
+
+
+def _direct_here(level: str, C: int, OC: int) -> bool:
+    block = {"avx512": 16, "avx2": 8}.get(level, 0)
+    return block > 0 and C % block == 0 and OC % block == 0
 
 
 def _torch(x, w, b, s, p, d, g, gy):
@@ -85,13 +92,19 @@ def test_ladder_vs_torch(level, version, case, dtype):
 
 @pytest.mark.parametrize("case", DIRECT)
 def test_v3_direct_runs_where_it_applies_and_matches_v2(level, case):
-    """v3 takes the direct kernels exactly at the avx512 level for these cases (forward, the flipped dX conv, dW),
+    """v3 takes the direct kernels exactly where its channel block (16 on avx512, 8 on avx2) divides C and OC
+    (forward, the flipped dX conv, dW),
     and agrees with v2 and torch (a different summation order: close, not bitwise)."""
     x, w, b, s, p, d, g = conv_case(case, "float32")
     C = tl.backends.load_C("conv")
     k = (w.shape[2], w.shape[3])
-    assert C.direct_eligible(x.shape[1], w.shape[0], k, (1, 1), (1, 1), 1) == (level == "avx512")
-    assert C.direct_eligible(w.shape[0], x.shape[1], k, (1, 1), (1, 1), 1) == (level == "avx512")
+    assert C.direct_block() == {"avx512": 16, "avx2": 8, "scalar": 0}[level]
+    assert C.direct_eligible(x.shape[1], w.shape[0], k, (1, 1), (1, 1), 1) == _direct_here(
+        level, x.shape[1], w.shape[0]
+    )
+    assert C.direct_eligible(w.shape[0], x.shape[1], k, (1, 1), (1, 1), 1) == _direct_here(
+        level, w.shape[0], x.shape[1]
+    )
     assert not C.direct_eligible(x.shape[1], w.shape[0], (1, 1), (1, 1), (1, 1), 1)  # 1x1 stays on v2
     assert not C.direct_eligible(x.shape[1], w.shape[0], k, (2, 2), (1, 1), 1)
     y3, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v3")

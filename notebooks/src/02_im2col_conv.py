@@ -674,9 +674,11 @@ assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 
 #
 # with a register tile of 14 output columns × 32 output channels: per `(cb, i, j, c)` two weight vectors are
 # loaded and each of the 14 input values is broadcast into two FMAs — 28 accumulators, 28 FMAs per 16 loads, the
-# input read in place. A 16×16 register transpose writes the tile back to NCHW. It covers fp32 at the AVX-512
-# level, stride 1, no dilation, groups 1, kernels larger than 1×1 and channel counts that are multiples of 16
-# (`_C.conv.direct_eligible`); everything else, and `version="v2"`, runs v2. The dX of a stride-1 conv is the
+# input read in place. A 16×16 register transpose writes the tile back to NCHW. The AVX2 build of the same source
+# (`conv_direct_simd.inc`, compiled once per instruction set) uses 8-channel blocks (`nChw8c`) and a 7 × 16 tile
+# in its 16 registers. v3 covers fp32, stride 1, no dilation, groups 1, kernels larger than 1×1 and channel counts
+# that are multiples of the block (`_C.conv.direct_eligible`, `direct_block()`); everything else, and
+# `version="v2"`, runs v2. The dX of a stride-1 conv is the
 # same kernel on the flipped weights, so it speeds up the backward too, and dW has a v3 kernel of its own on the
 # same layout: one work item per (16 output channels, 16 input channels) pair owns a `16×16×kh×kw` block of dW and
 # accumulates it over the positions (16 FMAs per dY vector), so the threads never reduce into shared memory.
@@ -707,7 +709,8 @@ for name, C, OC, H, k, s, p in LAYERS:
         f"{name:18} v2 {1e3 * t['v2']:6.2f} ms  v3 {1e3 * t['v3']:6.2f} ms  torch {1e3 * t['torch']:6.2f} ms  "
         f"v3/v2 {t['v3'] / t['v2']:.2f}  v3/torch {t['v3'] / t['torch']:.2f}  (best of 5)"
     )
-# on AVX-512 machines the three 3x3 layers take the direct kernel; elsewhere the table is empty (v3 = v2 there)
+# with AVX2 or AVX-512 the three 3x3 layers take the direct kernel; at the scalar level the table is empty (v3 = v2)
+print(f"v3 channel block here: {C_conv.direct_block() if C_conv is not None else 0}")
 assert not v3_rows or set(v3_rows) == {n for n, *_ in LAYERS if n.startswith("3x3")}
 assert all(min(t.values()) > 0 for t in v3_rows.values())
 

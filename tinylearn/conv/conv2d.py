@@ -27,12 +27,13 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
          thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads
          spinning against ours between stages). Returns cols=None.
     v3   (the default) direct convolution over a channel-blocked layout (cpp_src/conv_direct.cpp, oneDNN's scheme)
-         for the convs it covers: fp32, AVX-512 selected, stride 1, no dilation, groups 1, kernel larger than 1x1,
-         C and OC multiples of 16. x is reordered once to [N][C/16][H+2p][W+2p][16] (zero border), W to
-         [OC/16][C/16][kh][kw][16][16]; a register tile of 14 output columns x 32 output channels reads the input in
-         place (no B packing: v2 packs 9x the input per call for 3x3). Everything else runs v2. Returns cols=None.
-         Its dW reads the same blocked input and dY reordered to [N][OC/16][OH][OW][16]: per (OC/16, C/16) pair a
-         16 x 16 x kh x kw block of dW, the positions in chunks of output rows (no reduction between threads).
+         for the convs it covers: fp32, stride 1, no dilation, groups 1, kernel larger than 1x1, C and OC multiples
+         of the block B (16 with AVX-512 selected, 8 with AVX2; none at the scalar level). x is reordered once to
+         [N][C/B][H+2p][W+2p][B] (zero border), W to [OC/B][C/B][kh][kw][B][B]; a register tile of 14 (AVX2: 7)
+         output columns x 2B output channels reads the input in place (no B packing: v2 packs 9x the input per call
+         for 3x3). Everything else runs v2. Returns cols=None. Its dW reads the same blocked input and dY reordered
+         to [N][OC/B][OH][OW][B]: per (OC/B, C/B) pair a B x B x kh x kw block of dW, the positions in chunks of
+         output rows (no reduction between threads).
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
