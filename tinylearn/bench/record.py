@@ -84,6 +84,12 @@ def machine_info() -> dict[str, Any]:
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": platform.python_version(),
         "forced_features": os.environ.get("TINYLEARN_CPU_FEATURES", ""),
+        # the other libraries' path switches (a forced-AVX2 proxy sets them so torch/oneDNN/fbgemm/BLAS drop too)
+        "forced_env": {
+            k: os.environ[k]
+            for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE")
+            if k in os.environ
+        },
         "blas_thread_timeout": blas_thread_timeout(),
     }
     for pkg in ("tinylearn", "numpy", "torch", "tinygrad"):
