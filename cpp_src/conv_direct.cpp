@@ -21,7 +21,8 @@
 // pair owns a B x B x kh x kw block of dW (no reduction between threads) and accumulates it over the positions in
 // chunks of ~256 (B FMAs per dy vector and B broadcasts).
 // Scope (everything else runs v2): fp32, stride 1, dilation 1, groups 1, a kernel larger than 1x1, C and OC
-// multiples of B, the AVX-512 or AVX2 level selected; any H, W, padding.
+// multiples of B, the AVX-512 or AVX2 level selected (on AVX-512, channel counts that 16 does not divide but 8
+// does take the AVX2 build); any H, W, padding.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -117,20 +118,27 @@ ssize_t conv_direct_block() {
   return isa == "avx512" ? 16 : isa == "avx2" ? 8 : 0;
 }
 
+// The block for C input and OC output channels: the level's own, or on AVX-512 the AVX2 build's 8 when 16 does not
+// divide both (8 -> 16 channels, as in small CNNs); 0 when no block divides them (v3 then runs v2).
+ssize_t conv_direct_block_for(ssize_t C, ssize_t OC) {
+  for (ssize_t B = conv_direct_block(); B >= 8; B /= 2)
+    if (C > 0 && OC > 0 && C % B == 0 && OC % B == 0) return B;
+  return 0;
+}
+
 // Whether v3 serves a conv of these parameters here (fp32 is the caller's check).
 // 1x1 stays on v2: its B panels are plain copies of x, and v3's reorders weigh 9x more against 9x fewer FMAs
 // (measured 5.6 vs 4.7 ms for 64->256 @56, batch 4, one thread).
 bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> k, std::pair<ssize_t, ssize_t> s,
                           std::pair<ssize_t, ssize_t> d, ssize_t groups) {
-  const ssize_t B = conv_direct_block();
-  return B > 0 && groups == 1 && k.first * k.second > 1 && s.first == 1 && s.second == 1 && d.first == 1 &&
-         d.second == 1 && C > 0 && OC > 0 && C % B == 0 && OC % B == 0;
+  return groups == 1 && k.first * k.second > 1 && s.first == 1 && s.second == 1 && d.first == 1 && d.second == 1 &&
+         conv_direct_block_for(C, OC) > 0;
 }
 
 void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C, ssize_t H,
                        ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH, ssize_t OW,
                        bool flip, int nt) {
-  if (conv_direct_block() == 16)
+  if (conv_direct_block_for(C, OC) == 16)
     cd_avx512::forward(x, wt, bias, y, N, C, H, W, OC, kh, kw, ph, pw, OH, OW, flip, nt);
   else
     cd_avx2::forward(x, wt, bias, y, N, C, H, W, OC, kh, kw, ph, pw, OH, OW, flip, nt);
@@ -139,7 +147,7 @@ void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float
 void conv2d_direct_dweight_f32(const float* x, const float* dy, float* dw, ssize_t N, ssize_t C, ssize_t H,
                                ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH,
                                ssize_t OW, int nt) {
-  if (conv_direct_block() == 16)
+  if (conv_direct_block_for(C, OC) == 16)
     cd_avx512::dweight(x, dy, dw, N, C, H, W, OC, kh, kw, ph, pw, OH, OW, nt);
   else
     cd_avx2::dweight(x, dy, dw, N, C, H, W, OC, kh, kw, ph, pw, OH, OW, nt);

@@ -11,7 +11,7 @@ from _conv_cases import conv_case
 
 import tinylearn as tl
 from tinylearn.conv import cpp_available
-from tinylearn.conv.conv2d import FWD_VERSIONS
+from tinylearn.conv.conv2d import FWD_VERSIONS, _direct
 from tinylearn.cpu import LEVELS, detected_features
 from tinylearn.testing import assert_close, make_layouts
 
@@ -59,8 +59,8 @@ DIRECT = [c for c in CASES if c[1] % 8 == 0 and c[4] % 8 == 0 and c[6] == 1 and 
 
 
 def _direct_here(level: str, C: int, OC: int) -> bool:
-    block = {"avx512": 16, "avx2": 8}.get(level, 0)
-    return block > 0 and C % block == 0 and OC % block == 0
+    # on avx512, channel counts that 16 does not divide but 8 does take the AVX2 build (8-channel blocks)
+    return level in ("avx2", "avx512") and C % 8 == 0 and OC % 8 == 0
 
 
 def _torch(x, w, b, s, p, d, g, gy):
@@ -106,6 +106,11 @@ def test_v3_direct_runs_where_it_applies_and_matches_v2(level, case):
         level, w.shape[0], x.shape[1]
     )
     assert not C.direct_eligible(x.shape[1], w.shape[0], (1, 1), (1, 1), (1, 1), 1)  # 1x1 stays on v2
+    # version None routes fp32 layers v3 covers to it at any size (small layers otherwise take v1: im2col + BLAS)
+    assert _direct(None, None, x, x.shape[1], w.shape[0], k, (1, 1), (1, 1), 1) == _direct_here(
+        level, x.shape[1], w.shape[0]
+    )
+    assert not _direct(None, None, x.astype(np.float64), x.shape[1], w.shape[0], k, (1, 1), (1, 1), 1)
     assert not C.direct_eligible(x.shape[1], w.shape[0], k, (2, 2), (1, 1), 1)
     y3, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v3")
     y2, _ = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v2")

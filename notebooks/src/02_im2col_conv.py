@@ -678,10 +678,13 @@ assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 
 # (`conv_direct_simd.inc`, compiled once per instruction set) uses 8-channel blocks (`nChw8c`) and a 7 × 16 tile
 # in its 16 registers. v3 covers fp32, stride 1, no dilation, groups 1, kernels larger than 1×1 and channel counts
 # that are multiples of the block (`_C.conv.direct_eligible`, `direct_block()`); everything else, and
-# `version="v2"`, runs v2. The dX of a stride-1 conv is the
-# same kernel on the flipped weights, so it speeds up the backward too, and dW has a v3 kernel of its own on the
-# same layout: one work item per (16 output channels, 16 input channels) pair owns a `16×16×kh×kw` block of dW and
-# accumulates it over the positions (16 FMAs per dY vector), so the threads never reduce into shared memory.
+# `version="v2"`, runs v2. With no GEMM packing to amortise, v3 also suits small layers: `version=None` sends every
+# fp32 conv it covers to it, including the digits CNN's 8→16 one, which v2 leaves to v1 (im2col + OpenBLAS) below 32
+# output channels. On an AVX-512 machine, channel counts that 16 does not divide but 8 does take the AVX2 build.
+# The dX of a stride-1 conv is the same kernel on the flipped weights, so it speeds up the backward too, and dW has
+# a v3 kernel of its own on the same layout: one work item per (16 output channels, 16 input channels) pair owns a
+# `16×16×kh×kw` block of dW and accumulates it over the positions (16 FMAs per dY vector), so the threads never
+# reduce into shared memory.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -95,7 +95,8 @@ def _check_version(version: str | None) -> None:
 
 # version=None picks v2 only where it measured faster than v1: at least this many GEMM rows (output
 # channels per group; the 6-row micro-panels of a smaller OC are part edge tiles) and, for dW, this many columns
-# (C/g*kh*kw; the 16-32 wide panels). Smaller layers (the digits CNN: 8 and 16 channels) keep v1: im2col + OpenBLAS.
+# (C/g*kh*kw; the 16-32 wide panels). Smaller layers (the digits CNN: 8 and 16 channels) keep v1 (im2col +
+# OpenBLAS) unless v3's direct kernel covers them (_direct: fp32, channel counts multiples of 8, stride 1, ...).
 _V2_MIN_ROWS, _V2_MIN_COLS = 32, 32
 
 
@@ -105,6 +106,16 @@ def _implicit(backend: str | None, version: str | None, a: np.ndarray, rows: int
     if version not in (None, "v2", "v3") or not _fast_cpp(backend, a):
         return False
     return version is not None or rows >= _V2_MIN_ROWS
+
+
+def _direct(
+    backend: str | None, version: str | None, a: np.ndarray, C: int, OC: int, k: tuple, s: tuple, d: tuple, g: int
+) -> bool:
+    """Whether v3's direct kernel takes this fp32 conv (C -> OC channels) here, at any layer size: it has no GEMM
+    packing to amortise, so small layers (8 -> 16 channels) gain from it too where v2 does not."""
+    if version not in (None, "v3") or a.dtype != np.float32 or not _fast_cpp(backend, a):
+        return False
+    return bool(backends.load_C("conv").direct_eligible(C, OC, k, s, d, g))
 
 
 def _kernel_version(version: str | None) -> str:
@@ -189,7 +200,7 @@ def conv2d_forward(
     N, C = x.shape[:2]
     OC = w.shape[0]
     L = OH * OW
-    if _implicit(backend, version, x, OC // g):
+    if _implicit(backend, version, x, OC // g) or _direct(backend, version, x, C, OC, k, s, d, g):
         y = backends.load_C("conv").conv2d_forward(
             np.ascontiguousarray(x),
             np.ascontiguousarray(w),
@@ -250,8 +261,20 @@ def conv2d_backward(
     dyT = None
     Kg = (C // g) * k[0] * k[1]
     # dX = conv(dY, W~) on the v2 kernel (its GEMM rows: C/g); dW on the v2 kernel, no column matrix (rows OC)
-    dx_conv = needs[0] and s == (1, 1) and _implicit(backend, version, x, C // g)
-    dw_impl = needs[1] and g == 1 and _implicit(backend, version, x, OC if Kg >= _V2_MIN_COLS else 0)
+    # (or v3's direct kernels, which take fp32 layers of any size they cover: dX is the conv OC -> C)
+    dx_conv = (
+        needs[0]
+        and s == (1, 1)
+        and (_implicit(backend, version, x, C // g) or _direct(backend, version, x, OC, C, k, s, d, g))
+    )
+    dw_impl = (
+        needs[1]
+        and g == 1
+        and (
+            _implicit(backend, version, x, OC if Kg >= _V2_MIN_COLS else 0)
+            or _direct(backend, version, x, C, OC, k, s, d, g)
+        )
+    )
     if (needs[1] and not dw_impl) or (needs[0] and not pointwise and not dx_conv):
         dyT = transpose01(dy3, None, backend).reshape(g, OC // g, N * L)  # [g, OC/g, N*L]
     if dw_impl:
