@@ -14,9 +14,11 @@
 // through strided NCHW rows; here the input is reordered once (1x the input) and the inner loop reads it in place.
 //
 // Forward register tile: UR output columns of one output row x NB (1 or 2) blocks of B output channels = UR*NB
-// accumulators (UR <= 14 on AVX-512: 28 of 32 zmm; UR <= 6 on AVX2: 12 of 16 ymm). Per (cb, i, j, c): NB weight
-// vectors are loaded and each of the UR input values is broadcast into NB FMAs. The tile goes back to NCHW through
-// a B x B register transpose. Items (n, output-channel pair, oh) run on one OpenMP team after the two reorders.
+// accumulators (UR <= 14 on AVX-512: 28 of 32 zmm; UR <= 7 on AVX2: 14 of 16 ymm, the weights as FMA memory
+// operands). Per (cb, i, j, c): NB weight vectors are loaded and each of the UR input values is broadcast into NB
+// FMAs. The tile goes back to NCHW through a B x B register transpose. Items (n, output-channel pair, oh) run on one
+// OpenMP team after the two reorders; below 3e7 MACs on the calling thread alone (conv_im2col.cpp's
+// kDirectParallelMinMacs: in a training step of small layers a team's spinning workers cost more than they save).
 // dW: dy is reordered to [N][OC/B][OH][OW][B] too; one work item per (output-channel block, input-channel block)
 // pair owns a B x B x kh x kw block of dW (no reduction between threads) and accumulates it over the positions in
 // chunks of ~256 (B FMAs per dy vector and B broadcasts).
