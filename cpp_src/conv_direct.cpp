@@ -17,8 +17,8 @@
 // accumulators (UR <= 14 on AVX-512: 28 of 32 zmm; UR <= 7 on AVX2: 14 of 16 ymm, the weights as FMA memory
 // operands). Per (cb, i, j, c): NB weight vectors are loaded and each of the UR input values is broadcast into NB
 // FMAs. The tile goes back to NCHW through a B x B register transpose. Items (n, output-channel pair, oh) run on one
-// OpenMP team after the two reorders; below 3e7 MACs on the calling thread alone (conv_im2col.cpp's
-// kDirectParallelMinMacs: in a training step of small layers a team's spinning workers cost more than they save).
+// OpenMP team after the two reorders; below 3e7 MACs on the calling thread alone (kDirectParallelMinMacs: in a
+// training step of small layers a team's spinning workers cost more than they save).
 // dW: dy is reordered to [N][OC/B][OH][OW][B] too; one work item per (output-channel block, input-channel block)
 // pair owns a B x B x kh x kw block of dW (no reduction between threads) and accumulates it over the positions in
 // chunks of ~256 (B FMAs per dy vector and B broadcasts).
@@ -137,9 +137,20 @@ bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> k, 
          conv_direct_block_for(C, OC) > 0;
 }
 
+// Below this many multiply-adds v3 runs on the calling thread. Its team's libgomp workers spin after the region
+// (GOMP_SPINCOUNT) and, in a training step of small layers, steal the cores from the OpenBLAS / numpy work that
+// follows: the digits CNN step (its 8 -> 16 conv: 7e6 MACs) took 8.2 ms with a 2-thread v3, 4.3 ms on v1, and with
+// OMP_WAIT_POLICY=passive 3.0 ms, so the kernel was not the cost.
+constexpr double kDirectParallelMinMacs = 3e7;
+
+static int direct_threads(ssize_t N, ssize_t C, ssize_t OC, ssize_t OH, ssize_t OW, ssize_t kh, ssize_t kw) {
+  return double(N) * OC * OH * OW * C * kh * kw >= kDirectParallelMinMacs ? n_threads() : 1;
+}
+
 void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C, ssize_t H,
                        ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH, ssize_t OW,
-                       bool flip, int nt) {
+                       bool flip) {
+  const int nt = direct_threads(N, C, OC, OH, OW, kh, kw);
   if (conv_direct_block_for(C, OC) == 16)
     cd_avx512::forward(x, wt, bias, y, N, C, H, W, OC, kh, kw, ph, pw, OH, OW, flip, nt);
   else
@@ -148,7 +159,8 @@ void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float
 
 void conv2d_direct_dweight_f32(const float* x, const float* dy, float* dw, ssize_t N, ssize_t C, ssize_t H,
                                ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH,
-                               ssize_t OW, int nt) {
+                               ssize_t OW) {
+  const int nt = direct_threads(N, C, OC, OH, OW, kh, kw);
   if (conv_direct_block_for(C, OC) == 16)
     cd_avx512::dweight(x, dy, dw, N, C, H, W, OC, kh, kw, ph, pw, OH, OW, nt);
   else

@@ -10,13 +10,14 @@ ssize_t conv_direct_block();
 // Whether v3 covers a conv with these parameters on the SIMD level selected now (fp32 is the caller's check).
 bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel, std::pair<ssize_t, ssize_t> stride,
                           std::pair<ssize_t, ssize_t> dilation, ssize_t groups);
-// y [N, OC, OH, OW] = conv2d(x, W, bias), stride 1, padding (ph, pw), no dilation, groups 1; nt OpenMP threads.
+// y [N, OC, OH, OW] = conv2d(x, W, bias), stride 1, padding (ph, pw), no dilation, groups 1; OpenMP threads from
+// 3e7 multiply-adds.
 // flip: wt is [C, OC, kh, kw] and W[o, c, i, j] = wt[c, o, kh-1-i, kw-1-j] (dX of a stride-1 conv).
 void conv2d_direct_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C, ssize_t H,
                        ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH, ssize_t OW,
-                       bool flip, int nt);
+                       bool flip);
 // dW [OC, C, kh, kw] of the same convs (stride 1, no dilation, groups 1), x [N, C, H, W], dy [N, OC, OH, OW].
 void conv2d_direct_dweight_f32(const float* x, const float* dy, float* dw, ssize_t N, ssize_t C, ssize_t H,
                                ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t ph, ssize_t pw, ssize_t OH,
-                               ssize_t OW, int nt);
+                               ssize_t OW);
 }  // namespace tl

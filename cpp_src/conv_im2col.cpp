@@ -679,11 +679,12 @@ tl::GemmMicroKernel<T> conv_micro_kernel() {
 
 // Below this many multiply-adds the conv runs on the calling thread (a team costs more than it saves).
 constexpr double kParallelMinMacs = 4e6;
-// v3 (conv_direct.cpp) below this many: one thread. Its team's libgomp workers spin after the region (GOMP_SPINCOUNT)
-// and, in a training step of small layers, steal the cores from the OpenBLAS / numpy work that follows: the digits
-// CNN step (its 8 -> 16 conv: 7e6 MACs) took 8.2 ms with a 2-thread v3, 4.3 ms on v1, and with OMP_WAIT_POLICY=
-// passive 3.0 ms, so the kernel was not the cost.
-constexpr double kDirectParallelMinMacs = 3e7;
+
+// conv2d_forward / conv2d_backward_weight's version argument
+void check_kernel_version(const std::string& version) {
+  if (version != "v2" && version != "v3")
+    tl::value_error("version: expected 'v2' (implicit GEMM) or 'v3' (direct where it applies), got '" + version + "'");
+}
 
 template <class T>
 void conv2d_implicit(const T* x, const T* wt, const T* bias, T* y, ssize_t N, ssize_t C, ssize_t H, ssize_t W,
@@ -815,8 +816,7 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
                             std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
                             std::pair<ssize_t, ssize_t> d, ssize_t groups, bool flip_weight,
                             const std::string& version) {
-  if (version != "v2" && version != "v3")
-    tl::value_error("version: expected 'v2' (implicit GEMM) or 'v3' (direct where it applies), got '" + version + "'");
+  check_kernel_version(version);
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
   if (wt.ndim() != 4)
     tl::value_error("weight: expected a 4-D [OC, C/groups, kh, kw] array, got shape " + shape_str(wt));
@@ -853,8 +853,7 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
     py::gil_scoped_release release;
     if (f32 && version == "v3" && tl::conv_direct_eligible(C, OC, {w.kh, w.kw}, s, d, groups))
       tl::conv2d_direct_f32(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
-                            static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW, flip_weight,
-                            double(N) * OC * OH * OW * C * w.kh * w.kw >= kDirectParallelMinMacs ? tl::n_threads() : 1);
+                            static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW, flip_weight);
     else if (f32)
       conv2d_implicit(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
                       static_cast<float*>(yp), N, C, H, W, OC, groups, w, OH, OW, flip_weight);
@@ -1001,8 +1000,7 @@ void conv2d_dweight_implicit(const T* x, const T* dy, T* dw, ssize_t N, ssize_t 
 py::array conv2d_backward_weight_v2(const py::array& x, const py::array& dy, std::pair<ssize_t, ssize_t> k,
                                     std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> p,
                                     std::pair<ssize_t, ssize_t> d, const std::string& version) {
-  if (version != "v2" && version != "v3")
-    tl::value_error("version: expected 'v2' (implicit GEMM) or 'v3' (direct where it applies), got '" + version + "'");
+  check_kernel_version(version);
   if (x.ndim() != 4) tl::value_error("x: expected a 4-D [N, C, H, W] array, got shape " + shape_str(x));
   if (dy.ndim() != 4) tl::value_error("grad_out: expected a 4-D [N, OC, OH, OW] array, got shape " + shape_str(dy));
   check_dtype(x, "x");
@@ -1029,8 +1027,7 @@ py::array conv2d_backward_weight_v2(const py::array& x, const py::array& dy, std
     py::gil_scoped_release release;
     if (f32 && version == "v3" && tl::conv_direct_eligible(C, OC, k, s, d, 1))
       tl::conv2d_direct_dweight_f32(static_cast<const float*>(xp), static_cast<const float*>(gp), static_cast<float*>(dp),
-                                    N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW,
-                                    double(N) * OC * OH * OW * C * w.kh * w.kw >= kDirectParallelMinMacs ? tl::n_threads() : 1);
+                                    N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW);
     else if (f32)
       conv2d_dweight_implicit(static_cast<const float*>(xp), static_cast<const float*>(gp), static_cast<float*>(dp), N,
                               C, H, W, OC, w, OH, OW);
