@@ -10,6 +10,15 @@ ssize_t conv_direct_block();
 // Whether v3 covers a conv with these parameters on the SIMD level selected now (fp32 is the caller's check).
 bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel, std::pair<ssize_t, ssize_t> stride,
                           std::pair<ssize_t, ssize_t> dilation, ssize_t groups);
+// The channel block of the small-C forward (conv2d_direct_plain_f32) for these parameters, 0 when it does not apply:
+// no channel block divides C, one divides OC, groups 1, no dilation, a kernel larger than 1x1, column stride <= 2.
+ssize_t conv_direct_plain_block(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel,
+                                std::pair<ssize_t, ssize_t> stride, std::pair<ssize_t, ssize_t> dilation,
+                                ssize_t groups);
+// The same conv as conv2d_direct_f32 with strides (sh, sw) on a planar input (the stem: 3 channels, 7x7, stride 2).
+void conv2d_direct_plain_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C,
+                             ssize_t H, ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t sh, ssize_t sw,
+                             ssize_t ph, ssize_t pw, ssize_t OH, ssize_t OW, bool flip);
 // y [N, OC, OH, OW] = conv2d(x, W, bias), stride 1, padding (ph, pw), no dilation, groups 1; OpenMP threads from
 // 3e7 multiply-adds.
 // flip: wt is [C, OC, kh, kw] and W[o, c, i, j] = wt[c, o, kh-1-i, kw-1-j] (dX of a stride-1 conv).

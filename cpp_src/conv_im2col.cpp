@@ -854,6 +854,10 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
     if (f32 && version == "v3" && tl::conv_direct_eligible(C, OC, {w.kh, w.kw}, s, d, groups))
       tl::conv2d_direct_f32(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
                             static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW, flip_weight);
+    else if (f32 && version == "v3" && tl::conv_direct_plain_block(C, OC, {w.kh, w.kw}, s, d, groups) > 0)
+      tl::conv2d_direct_plain_f32(static_cast<const float*>(xp), static_cast<const float*>(wp),
+                                  static_cast<const float*>(bp), static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw,
+                                  s.first, s.second, w.ph, w.pw, OH, OW, flip_weight);
     else if (f32)
       conv2d_implicit(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
                       static_cast<float*>(yp), N, C, H, W, OC, groups, w, OH, OW, flip_weight);

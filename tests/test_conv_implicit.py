@@ -53,6 +53,14 @@ CASES = [
     (2, 16, 60, 9, 16, 3, 1, 1, 1, 1),  # OW 9: dW chunks of 28 output rows, the last one 4 (dW sums 1080 > 1k terms)
     (2, 8, 9, 11, 24, 3, 1, 1, 1, 1),  # AVX2 v3 only (8-channel blocks): 24 = a pair + a single block, OW 11 = 6 + 5
     (1, 24, 6, 13, 8, 3, 1, 1, 1, 1),
+    # v3 small-C forward (no channel block divides C, one divides OC; column stride 1 or 2): the stem at 32 output
+    # channels (a pair of 16-blocks on AVX-512, 4 blocks of 8 on AVX2), OW 12 = one tile / 6 + 6
+    (2, 3, 23, 24, 32, 7, 2, 3, 1, 1),
+    (1, 1, 8, 9, 8, 3, 1, 1, 1, 1),  # the digits CNN's first layer: 8 output channels (the AVX2 build on AVX-512)
+    (2, 5, 11, 10, 24, (3, 5), (2, 1), (2, 1), 1, 1),  # row stride 2: a pair of 8-blocks + a single one
+    (1, 3, 9, 40, 16, 3, (1, 2), (0, 1), 1, 1),  # column stride 2 only, OW 20 = 10 + 10 / 7 + 7 + 6
+    (1, 3, 6, 7, 16, 2, 3, 0, 1, 1),  # column stride 3: v2
+    (1, 16, 7, 8, 3, 3, 1, 1, 1, 1),  # forward on v2; dX = the flipped conv 3 -> 16: the small-C kernel, flip_weight
 ]
 # the cases v3's direct kernels may cover (fp32; C and OC multiples of 16 on AVX-512, of 8 on AVX2)
 DIRECT = [c for c in CASES if c[1] % 8 == 0 and c[4] % 8 == 0 and c[6] == 1 and c[8] == 1 and c[9] == 1]
@@ -123,6 +131,58 @@ def test_v3_direct_runs_where_it_applies_and_matches_v2(level, case):
     assert_close(dw3, dw2, reduction_size=gy.size // gy.shape[1])
     ew = torch.nn.grad.conv2d_weight(torch.from_numpy(x), w.shape, torch.from_numpy(gy), s, p, d, g).numpy()
     assert_close(dw3, ew, reduction_size=gy.size // gy.shape[1])
+
+
+def _small_c_here(level: str, C: int, OC: int, k: tuple, s: tuple, d: tuple, g: int) -> bool:
+    return (
+        level in ("avx2", "avx512")
+        and C % 8 != 0
+        and OC % 8 == 0
+        and k[0] * k[1] > 1
+        and s[1] <= 2
+        and d == (1, 1)
+        and g == 1
+    )
+
+
+SMALL_C = [
+    c for c in CASES if c[9] == 1 and c[8] == 1 and ((c[1] % 8 and c[4] % 8 == 0) or (c[4] % 8 and c[1] % 8 == 0))
+]
+
+
+@pytest.mark.parametrize("case", SMALL_C)
+def test_v3_small_c_forward_where_it_applies(level, case):
+    """The small-C forward (a planar input: the 3-channel stem, strided) serves the forward where no channel block
+    divides C and one divides OC (column stride <= 2), and the flipped dX conv of a stride-1 layer whose OC is
+    such a count; it agrees with torch in fp64 to the fp32 tolerance."""
+    x, w, b, s, p, d, g = conv_case(case, "float32")
+    C = tl.backends.load_C("conv")
+    k = (w.shape[2], w.shape[3])
+    s2 = (s, s) if isinstance(s, int) else s
+    Ci, OC = x.shape[1], w.shape[0]
+    assert C.direct_forward_eligible(Ci, OC, k, s2, (1, 1), 1) == _small_c_here(level, Ci, OC, k, s2, (1, 1), 1)
+    assert not C.direct_eligible(Ci, OC, k, s2, (1, 1), 1)  # dW keeps the channel-blocked rule
+    assert _direct(None, None, x, Ci, OC, k, s2, (1, 1), 1) == _small_c_here(level, Ci, OC, k, s2, (1, 1), 1)
+    assert not _direct(None, None, x, Ci, OC, k, s2, (1, 1), 1, forward=False)
+    assert not C.direct_forward_eligible(Ci, OC, (1, 1), s2, (1, 1), 1)  # 1x1 stays on v2
+    assert not C.direct_forward_eligible(Ci, OC, k, s2, (2, 2), 1)  # dilation: v2
+    y3 = C.conv2d_forward(x, w, b, s2, p if isinstance(p, tuple) else (p, p), (1, 1), 1, version="v3")
+    ey = F.conv2d(*(torch.from_numpy(a).double() for a in (x, w, b)), s, p).numpy()
+    assert_close(y3, ey, np.float32, reduction_size=Ci * k[0] * k[1])
+    assert_close(
+        C.conv2d_forward(x, w, None, s2, p if isinstance(p, tuple) else (p, p), (1, 1), 1),
+        ey - b[:, None, None],
+        np.float32,
+        reduction_size=Ci * k[0] * k[1],
+    )
+    if s2 == (1, 1):  # dX = conv(dY, W~): the flipped conv OC -> C
+        gy = np.random.default_rng(4).standard_normal(y3.shape).astype(np.float32)
+        assert C.direct_forward_eligible(OC, Ci, k, (1, 1), (1, 1), 1) == _small_c_here(level, OC, Ci, k, s2, (1, 1), 1)
+        dx3, _, _ = tl.conv.conv2d_backward(
+            gy, x, w, s, p, d, g, backend="cpp", version="v3", needs=(True, False, False)
+        )
+        edx = torch.nn.grad.conv2d_input(x.shape, torch.from_numpy(w).double(), torch.from_numpy(gy).double(), s, p)
+        assert_close(dx3, edx.numpy(), np.float32, reduction_size=OC * k[0] * k[1])
 
 
 def test_v3_raw_kernel_validates_version():
@@ -214,9 +274,10 @@ def test_v2_dweight_kernel_vs_torch_and_validates(level):
 
 
 def test_default_version_picks_v2_from_32_channels():
-    x, w, b, s, p, d, g = conv_case((2, 3, 8, 8, 8, 3, 1, 1, 1, 1), "float32")
+    x, w, b, s, p, d, g = conv_case((2, 3, 8, 8, 6, 3, 1, 1, 1, 1), "float32")
     _, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp")
-    assert cols is not None  # 8 output channels: v1 (im2col + OpenBLAS), its columns kept for dW
+    assert cols is not None  # 6 output channels: v1 (im2col + OpenBLAS), its columns kept for dW
+    # (8 output channels on AVX2/AVX-512: v3's small-C forward, test_v3_small_c_forward_where_it_applies)
     x, w, b, s, p, d, g = conv_case((2, 3, 8, 8, 32, 3, 1, 1, 1, 1), "float32")
     y, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp")
     assert cols is None  # 32 output channels: v2

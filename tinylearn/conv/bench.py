@@ -11,9 +11,10 @@ one forward). For the tinylearn rows of the forward table: "im2col %" = share of
 column matrix (best of each), "im2col GB/s" = (bytes of x read + bytes of cols written) / best im2col time and
 "% copy" = that as a share of the STREAM copy bandwidth measured here (``stream_copy_gbs``), "GEMM GFLOP/s" = the
 [OC, K] x [K, N*L] GEMM alone (OpenBLAS via np.matmul). The "cpp" row is the default rung, v3 (the direct
-channel-blocked kernel where it applies, else v2), "cpp v2" the implicit GEMM (neither builds a column matrix:
-their "GEMM GFLOP/s" is the whole forward's, im2col columns empty); "cpp v1" / "cpp v0" are the older rungs (C++
-im2col v1 / v0 + OpenBLAS + transpose). In forward+backward, "cpp" = v3/v2 forward and dX as a conv for stride 1.
+channel-blocked kernel where it applies, or the planar small-C one for the stem, else v2), "cpp v2" the implicit
+GEMM (neither builds a column matrix: their "GEMM GFLOP/s" is the whole forward's, im2col columns empty); "cpp v1" /
+"cpp v0" are the older rungs (C++ im2col v1 / v0 + OpenBLAS + transpose). In forward+backward, "cpp" = v3/v2
+forward and dX as a conv for stride 1.
 """
 
 from __future__ import annotations
@@ -135,11 +136,15 @@ def run(
     fwd.note(f"torch {torch.__version__} with {torch.get_num_threads()} threads (oneDNN/mkldnn conv kernels)")
     fwd.note(
         "tinylearn numpy/numba/cpp v1/cpp v0 = im2col (backend) + one OpenBLAS GEMM per group over the whole batch "
-        "(np.matmul) + a row-copy transpose to NCHW; 1x1 = direct batched matmul (no im2col). cpp = v2 implicit GEMM "
-        "(packed micro-kernels, B packed from the image, one OpenMP team)"
+        "(np.matmul) + a row-copy transpose to NCHW; 1x1 = direct batched matmul (no im2col). cpp = v3: the direct "
+        "kernels (channel-blocked for C, OC multiples of the SIMD block, stride 1; planar input for a small C such as "
+        "the stem's 3, strided too), else v2; cpp v2 = implicit GEMM (packed micro-kernels, B packed from the image)"
     )
     fwd.note(f"STREAM copy here: {copy_gbs:.1f} GB/s (128 MiB, 2 x bytes counted); '% copy' = im2col GB/s / that")
-    fb.note("backward: dW = dYᵀ @ colsᵀ (cols reused from forward), dX = col2im(Wᵀ @ dYᵀ), db = sum dY: 1 GEMM each")
+    fb.note(
+        "backward, numpy/numba: dW = dYᵀ @ colsᵀ (cols reused from forward), dX = col2im(Wᵀ @ dYᵀ), db = sum dY; "
+        "cpp: dX of stride-1 layers = the conv of dY with the flipped weights (v3/v2 kernels), dW on v3/v2 (no columns)"
+    )
     if full:
         fwd.note("torch.compile (inductor) column only with full=True: its compile takes tens of seconds per shape")
     for layer in LAYERS:

@@ -34,6 +34,9 @@ The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
          for 3x3). Everything else runs v2. Returns cols=None. Its dW reads the same blocked input and dY reordered
          to [N][OC/B][OH][OW][B]: per (OC/B, C/B) pair a B x B x kh x kw block of dW, the positions in chunks of
          output rows (no reduction between threads).
+         Small C (no block divides C, one divides OC: the stem's 3 -> 64, the digits CNN's 1 -> 8): the forward
+         reads a zero-padded planar copy of x instead, W as [OC/B][C][kh][kw][B], any row stride and column stride
+         1 or 2 (the broadcasts of x[c][oh*sh + i][ow*sw + j] are spaced by the stride); dW stays on v2.
 
 Backward with v2 and stride 1: dX is itself a convolution, dX = conv2d(dY, W~, padding = d*(k-1) - p) with
 W~[c, o, i, j] = W[o, c, kh-1-i, kw-1-j] (per group), so it runs on the same implicit-GEMM kernel: no col2im, no
@@ -109,13 +112,25 @@ def _implicit(backend: str | None, version: str | None, a: np.ndarray, rows: int
 
 
 def _direct(
-    backend: str | None, version: str | None, a: np.ndarray, C: int, OC: int, k: tuple, s: tuple, d: tuple, g: int
+    backend: str | None,
+    version: str | None,
+    a: np.ndarray,
+    C: int,
+    OC: int,
+    k: tuple,
+    s: tuple,
+    d: tuple,
+    g: int,
+    forward: bool = True,
 ) -> bool:
-    """Whether v3's direct kernel takes this fp32 conv (C -> OC channels) here, at any layer size: it has no GEMM
-    packing to amortise, so small layers (8 -> 16 channels) gain from it too where v2 does not."""
+    """Whether v3's direct kernels take this fp32 conv (C -> OC channels) here, at any layer size: they have no GEMM
+    packing to amortise, so small layers (8 -> 16 channels) gain from them too where v2 does not. ``forward``: the
+    forward (and dX) kernels, which include the small-C one (the 3- or 1-channel first layer, strided too); else dW's,
+    the channel-blocked one only."""
     if version not in (None, "v3") or a.dtype != np.float32 or not _fast_cpp(backend, a):
         return False
-    return bool(backends.load_C("conv").direct_eligible(C, OC, k, s, d, g))
+    lib = backends.load_C("conv")
+    return bool((lib.direct_forward_eligible if forward else lib.direct_eligible)(C, OC, k, s, d, g))
 
 
 def _kernel_version(version: str | None) -> str:
@@ -272,7 +287,7 @@ def conv2d_backward(
         and g == 1
         and (
             _implicit(backend, version, x, OC if Kg >= _V2_MIN_COLS else 0)
-            or _direct(backend, version, x, C, OC, k, s, d, g)
+            or _direct(backend, version, x, C, OC, k, s, d, g, forward=False)
         )
     )
     if (needs[1] and not dw_impl) or (needs[0] and not pointwise and not dx_conv):
