@@ -381,7 +381,7 @@ print(
 # (TinyJit on its CPU device, clang-compiled). tinylearn appears as two rungs of its C++ forward ladder:
 # **v1** = C++ im2col + one OpenBLAS GEMM over the whole batch via `np.matmul`, then a row-copy transpose to NCHW
 # with the bias fused (the 1×1 layer: a batched matmul on x itself, no im2col), and the default **v3** = the
-# direct convolution over a channel-blocked layout where it applies (the 3×3 layers), else **v2** = the implicit
+# direct convolution where it applies (the 3×3 layers, and the stem on a planar input), else **v2** = the implicit
 # GEMM (both described after the ladder below). Then the v1 forward taken apart: the im2col copy, the GEMM alone,
 # and the GEMM's GFLOP/s against the machine's measured SGEMM peak. (`python -m tinylearn bench conv` adds
 # forward+backward, the im2col GB/s against STREAM copy and the small-CNN training step.)
@@ -685,13 +685,23 @@ assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 
 # a v3 kernel of its own on the same layout: one work item per (16 output channels, 16 input channels) pair owns a
 # `16×16×kh×kw` block of dW and accumulates it over the positions (16 FMAs per dY vector), so the threads never
 # reduce into shared memory.
+#
+# **Small C: the stem.** The 7×7/2 stem has 3 input channels, which no block divides, so the blocked layout would
+# pad 3 channels to 16 (5× the FMAs). Its forward keeps the input planar instead, only zero-padded
+# (`xp[n][c][H+2p][W+2p]`), with the weights as `[OC/16][C][kh][kw][16o]`, and uses the same register tile: per
+# `(c, i, j)` two weight vectors and 14 broadcasts of `xp[c][oh·s+i][(ow0+u)·s+j]` — the stride only spaces out the
+# broadcasts (`_C.conv.direct_forward_eligible`: no block divides C, one divides OC, column stride 1 or 2). Two
+# lessons from making it fast: GCC at `-O3` noticed that column `j+2` reuses the values of column `j` and carried
+# them through general registers and the stack (165 spill moves per step) until *predictive commoning* was turned
+# off for this function; and the AVX2 build's masked stores (`vmaskmovps`) for the tile's last columns are slow on
+# AMD cores, so it writes 4 + 2 + 1 lanes with plain stores (the digits CNN's 1→8 layer: 200 → 115 µs).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 v3_rows = {}
 C_conv = _be.load_C("conv") if tl.conv.cpp_available() else None
 for name, C, OC, H, k, s, p in LAYERS:
-    if C_conv is None or not C_conv.direct_eligible(C, OC, (k, k), (s, s), (1, 1), 1):
+    if C_conv is None or not C_conv.direct_forward_eligible(C, OC, (k, k), (s, s), (1, 1), 1):
         continue
     x, w, b = layer_arrays(C, OC, H, k, batch)
     y3, _ = tl.conv.conv2d_forward(x, w, b, s, p, backend="cpp", version="v3")
@@ -712,9 +722,10 @@ for name, C, OC, H, k, s, p in LAYERS:
         f"{name:18} v2 {1e3 * t['v2']:6.2f} ms  v3 {1e3 * t['v3']:6.2f} ms  torch {1e3 * t['torch']:6.2f} ms  "
         f"v3/v2 {t['v3'] / t['v2']:.2f}  v3/torch {t['v3'] / t['torch']:.2f}  (best of 5)"
     )
-# with AVX2 or AVX-512 the three 3x3 layers take the direct kernel; at the scalar level the table is empty (v3 = v2)
+# with AVX2 or AVX-512 the three 3x3 layers take the blocked kernel and the stem the planar one; at the scalar level
+# the table is empty (v3 = v2)
 print(f"v3 channel block here: {C_conv.direct_block() if C_conv is not None else 0}")
-assert not v3_rows or set(v3_rows) == {n for n, *_ in LAYERS if n.startswith("3x3")}
+assert not v3_rows or set(v3_rows) == {n for n, *_ in LAYERS if n.startswith(("3x3", "7x7"))}
 assert all(min(t.values()) > 0 for t in v3_rows.values())
 
 # %% [markdown]
