@@ -14,8 +14,8 @@
 // through strided NCHW rows; here the input is reordered once (1x the input) and the inner loop reads it in place.
 //
 // Forward register tile: UR output columns of one output row x NB (1 or 2) blocks of B output channels = UR*NB
-// accumulators (UR <= 14 on AVX-512: 28 of 32 zmm; UR <= 7 on AVX2: 14 of 16 ymm, the weights as FMA memory
-// operands). Per (cb, i, j, c): NB weight vectors are loaded and each of the UR input values is broadcast into NB
+// accumulators (UR <= 14 on AVX-512: 28 of 32 zmm + 2 weights + 1 broadcast; UR <= 6 on AVX2: 12 of 16 ymm + 2 + 1).
+// Per (cb, i, j, c): NB weight vectors are loaded and each of the UR input values is broadcast into NB
 // FMAs. The tile goes back to NCHW through a B x B register transpose. Items (n, output-channel pair, oh) run on one
 // OpenMP team after the two reorders; below 3e7 MACs on the calling thread alone (kDirectParallelMinMacs: in a
 // training step of small layers a team's spinning workers cost more than they save).
@@ -84,7 +84,12 @@ inline void transpose(vf r[16]) { tl::transpose16x16_regs(r); }
 namespace cd_avx2 {
 using vf = __m256;
 constexpr ssize_t kB = 8;
-constexpr int kMaxUR = 7;  // 2 x 7 accumulators + 1 broadcast of the 16 ymm registers (weights: FMA memory operands)
+// 2 x 6 accumulators + 2 weights + 1 broadcast = 15 of the 16 ymm registers. 7 columns (14 accumulators) left
+// GCC one register short: it kept the weights in registers and spilled an accumulator, a store-to-load chain
+// through the stack in every step, and the forward ran at 1.9x torch on a true AVX2 build (-mavx2, no AVX-512)
+// against 1.0-1.05x with 6. Under -march=native on an AVX-512 machine this namespace may use all 32 registers, so
+// the forced-AVX2 proxy there hid the spill: measure AVX2 kernels with a portable build (TINYLEARN_NATIVE=OFF).
+constexpr int kMaxUR = 6;
 inline vf load(const float* p) { return _mm256_load_ps(p); }
 inline vf loadu(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, vf v) { _mm256_store_ps(p, v); }

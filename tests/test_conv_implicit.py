@@ -58,7 +58,7 @@ CASES = [
     (2, 3, 23, 24, 32, 7, 2, 3, 1, 1),
     (1, 1, 8, 9, 8, 3, 1, 1, 1, 1),  # the digits CNN's first layer: 8 output channels (the AVX2 build on AVX-512)
     (2, 5, 11, 10, 24, (3, 5), (2, 1), (2, 1), 1, 1),  # row stride 2: a pair of 8-blocks + a single one
-    (1, 3, 9, 40, 16, 3, (1, 2), (0, 1), 1, 1),  # column stride 2 only, OW 20 = 10 + 10 / 7 + 7 + 6
+    (1, 3, 9, 40, 16, 3, (1, 2), (0, 1), 1, 1),  # column stride 2 only, OW 20 = 10 + 10 / 4 x 5
     (1, 3, 6, 7, 16, 2, 3, 0, 1, 1),  # column stride 3: v2
     (1, 16, 7, 8, 3, 3, 1, 1, 1, 1),  # forward on v2; dX = the flipped conv 3 -> 16: the small-C kernel, flip_weight
 ]
