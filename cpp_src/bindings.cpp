@@ -33,6 +33,16 @@ PYBIND11_MODULE(_C, m) {
         "ValueError for an invalid value.");
   m.attr("cpu_feature_names") = std::vector<std::string>(std::begin(tl::kCpuFeatureNames),
                                                          std::end(tl::kCpuFeatureNames));
+  // The ISA the whole module was compiled for (-march=native on this machine, or portable): with "avx512" the
+  // AVX2 kernels, compiled under target attributes on top of it, may use 32 vector registers and AVX-512 encodings,
+  // so a forced-AVX2 run is not what an AVX2-only CPU runs; a portable build (TINYLEARN_NATIVE=OFF) is.
+#if defined(__AVX512F__)
+  m.attr("build_isa") = "avx512";
+#elif defined(__AVX2__)
+  m.attr("build_isa") = "avx2";
+#else
+  m.attr("build_isa") = "baseline";
+#endif
   std::vector<std::string> names;
   for (auto& [name, fn] : tl::registrars()) {
     auto sub = m.def_submodule(name.c_str());

@@ -41,6 +41,10 @@ def test_cpu_slug(model: str, level: str, slug: str) -> None:
     assert cpu_slug(model, level, forced="") == slug
     assert cpu_slug(model, level, forced=level) == slug  # forcing the CPU's own level changes nothing
     assert cpu_slug(model, level, forced="scalar" if level != "scalar" else "avx2").startswith(slug + "-forced-")
+    low = "scalar" if level != "scalar" else "avx2"
+    assert cpu_slug(model, level, forced=low, build="baseline") == f"{slug}-forced-{low}-portable-build"
+    assert cpu_slug(model, level, forced=low, build="avx512") == f"{slug}-forced-{low}"
+    assert cpu_slug(model, level, forced="", build="baseline") == slug
 
 
 def test_default_record_path_names_cpu_date_and_topics(tmp_path: Path) -> None:
@@ -121,6 +125,8 @@ def test_cli_runs_a_topic_writes_a_record_and_compares_to_it(tmp_path: Path) -> 
     assert p.returncode == 0, p.stderr
     data = load_record(rec)
     assert data["schema"] == 1 and data["machine"]["cpu_model"] and data["machine"]["simd"]
+    # the ISA _C was compiled for (a native build's AVX2 kernels are not an AVX2-only CPU's)
+    assert data["machine"]["build_isa"] in ("avx512", "avx2", "baseline", None)
     assert {t["topic"] for t in data["tables"]} == {"tour"}
     p = subprocess.run([*cmd, "--compare", str(rec)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

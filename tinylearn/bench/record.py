@@ -54,9 +54,12 @@ def simd_level(detected: bool = False) -> str:
     return "scalar"
 
 
-def cpu_slug(model: str | None = None, level: str | None = None, forced: str | None = None) -> str:
+def cpu_slug(
+    model: str | None = None, level: str | None = None, forced: str | None = None, build: str | None = None
+) -> str:
     """A folder name for a CPU: lower-case model words joined by '-', plus the CPU's SIMD level
-    (AMD EPYC -> amd-epyc-avx2), plus ``-forced-<level>`` when TINYLEARN_CPU_FEATURES forced a lower path.
+    (AMD EPYC -> amd-epyc-avx2), plus ``-forced-<level>`` when TINYLEARN_CPU_FEATURES forced a lower path, plus
+    ``-portable-build`` when that forced run is of a portable build (``build``: ``_C.build_isa``, default this one's).
 
     The SIMD level is part of the name because the same model string ("AMD EPYC") covers AVX2-only and AVX-512
     parts, whose numbers must not be compared with each other; a forced run is not an AVX2-only machine either
@@ -69,7 +72,22 @@ def cpu_slug(model: str | None = None, level: str | None = None, forced: str | N
     words = re.sub(r"\b(processor|cpu|\d+-core)\b", " ", words)
     slug = "-".join(w for w in re.split(r"[^a-z0-9.]+", words) if w and w != "@")
     tail = f"-forced-{forced}" if forced and forced != level else ""
+    # a forced run of a portable build (build_isa "baseline") compiles the forced path as an AVX2-only CPU would
+    build = _build_isa() if build is None else build
+    if tail and build == "baseline":
+        tail += "-portable-build"
     return f"{slug or 'unknown-cpu'}-{level}{tail}"
+
+
+def _build_isa() -> str | None:
+    """The ISA tinylearn._C was compiled for: "avx512"/"avx2" (a -march=native build there), "baseline" (portable),
+    None without the extension. A forced-AVX2 record is only an AVX2 machine's numbers from a portable build."""
+    try:
+        from tinylearn import _C
+
+        return str(_C.build_isa)
+    except (ImportError, AttributeError):
+        return None
 
 
 def machine_info() -> dict[str, Any]:
@@ -91,6 +109,7 @@ def machine_info() -> dict[str, Any]:
             if k in os.environ
         },
         "blas_thread_timeout": blas_thread_timeout(),
+        "build_isa": _build_isa(),
     }
     for pkg in ("tinylearn", "numpy", "torch", "tinygrad"):
         try:
