@@ -26,9 +26,9 @@
 // input is only zero-padded, planar (xp[n][c][Hp][Wp]), W is wp[ob][c][i][j][Bo], and the same register tile
 // broadcasts xp[c][oh*sh + i][(ow0 + u)*sw + j]: any row stride, column stride 1 or 2 (template). On the stem
 // (7x7/2 3 -> 64 @224, batch 4, 2 threads) it is 5.0 ms against v2's 6.3 and torch's 4.8 (AVX-512).
-// Scope of the channel-blocked kernels (everything else, and dW of small-C layers, runs v2): fp32, stride 1, dilation 1, groups 1, a kernel larger than 1x1, C and OC
-// multiples of B, the AVX-512 or AVX2 level selected (on AVX-512, channel counts that 16 does not divide but 8
-// does take the AVX2 build); any H, W, padding.
+// Scope of the channel-blocked kernels (everything else, and dW of small-C layers, runs v2): fp32, stride 1,
+// dilation 1, groups 1, a kernel larger than 1x1, C and OC multiples of B, the AVX-512 or AVX2 level selected (on
+// AVX-512, channel counts that 16 does not divide but 8 does take the AVX2 build); any H, W, padding.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -96,7 +96,9 @@ inline void store(float* p, vf v) { _mm256_store_ps(p, v); }
 inline vf splat(float v) { return _mm256_set1_ps(v); }
 inline vf fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf zero() { return _mm256_setzero_ps(); }
-inline __m256i first(int cnt) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+inline __m256i first(int cnt) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 inline vf load_first(const float* p, int cnt) { return _mm256_maskload_ps(p, first(cnt)); }
 // (not vmaskmovps: its store form is slow on AMD cores, ~1 per 10+ cycles; the output tiles of small layers showed it)
 inline void store_first(float* p, vf v, int cnt) {
@@ -227,7 +229,8 @@ TL_REGISTER(conv) {
       "direct_forward_eligible",
       [](ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> k, std::pair<ssize_t, ssize_t> s,
          std::pair<ssize_t, ssize_t> d, ssize_t groups) {
-        return tl::conv_direct_eligible(C, OC, k, s, d, groups) || tl::conv_direct_plain_block(C, OC, k, s, d, groups) > 0;
+        return tl::conv_direct_eligible(C, OC, k, s, d, groups) ||
+               tl::conv_direct_plain_block(C, OC, k, s, d, groups) > 0;
       },
       py::arg("C"), py::arg("OC"), py::arg("kernel_size"), py::arg("stride"), py::arg("dilation"), py::arg("groups"),
       "whether conv2d_forward(version='v3') runs a direct kernel (fp32) for these parameters here: the channel-blocked "
