@@ -679,7 +679,8 @@ assert all(min(r) > 0.1 for r in v2_rates.values())  # every path runs at > 0.1 
 # in its 16 registers: 12 accumulators, 2 weight vectors, 1 broadcast. (A 7 × 16 tile needs 17: GCC spilled one
 # accumulator to the stack, a store-to-load chain in every step, and on a true AVX2 build the forward ran at 1.9×
 # torch's time instead of ~1.05×. A forced-AVX2 run on an AVX-512 machine built with `-march=native` hides this,
-# since there the AVX2 code may use all 32 registers: measure AVX2 kernels with a portable build.) v3 covers fp32, stride 1, no dilation, groups 1, kernels larger than 1×1 and channel counts
+# since there the AVX2 code may use all 32 registers: measure AVX2 kernels with a portable build.) v3 covers fp32,
+# stride 1, no dilation, groups 1, kernels larger than 1×1 and channel counts
 # that are multiples of the block (`_C.conv.direct_eligible`, `direct_block()`); everything else, and
 # `version="v2"`, runs v2. With no GEMM packing to amortise, v3 also suits small layers: `version=None` sends every
 # fp32 conv it covers to it, including the digits CNN's 8→16 one, which v2 leaves to v1 (im2col + OpenBLAS) below 32
