@@ -8,6 +8,7 @@ measurement only checks that the pipeline yields finite, non-negative constants 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -355,9 +356,76 @@ def test_measure_bad_input() -> None:
 def test_real_measurement_smoke() -> None:
     sizes = [64 << 10, 128 << 10, 256 << 10]
     m = bench.measure((2,), sizes, ["ring", "gloo"], rounds={2: 3}, chunks=2, weights={64 << 10: 2})
+    assert m[2]["awake"] == hasattr(os, "SCHED_IDLE")  # spinners by default, where Linux has them
     assert all(len(v) == (6 if k[0] == 64 << 10 else 3) and all(x > 0 for x in v) for k, v in m[2]["samples"].items())
     res = bench.calibrate(m, ["ring", "gloo"], sizes, bench.cores_available())
     for fit in res["fits"].values():
         arr = fit.as_array()
         assert np.all(np.isfinite(arr)) and np.all(arr >= 0) and arr[0] + arr[2] > 0
     assert all(np.isfinite(r["err"]) and r["pred_s"] > 0 for r in res["rows"])
+
+
+def _sched_policy(pid: int) -> int:
+    return os.sched_getscheduler(pid)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_keep_cores_awake_spinners_are_idle_class_and_go_away() -> None:
+    from tinylearn.dist.keep_awake import keep_cores_awake
+
+    cores = sorted(os.sched_getaffinity(0))
+    with keep_cores_awake() as ka:
+        assert ka.active and len(ka.pids) == len(cores), ka.reason
+        for pid, core in zip(ka.pids, cores):
+            assert _sched_policy(pid) == os.SCHED_IDLE  # never takes time from a runnable rank
+            assert os.sched_getaffinity(pid) == {core}
+        pids = list(ka.pids)
+    assert not ka.active
+    for pid in pids:  # reaped: the pid is gone (or reused by an unrelated process, not ours)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with keep_cores_awake(enabled=False) as off:
+        assert not off.active and "disabled" in off.reason
+    with pytest.raises(ValueError, match="cores"):
+        keep_cores_awake(cores=[-1])
+    with pytest.raises(ValueError, match="cores"):
+        keep_cores_awake(cores=[True])
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_keep_cores_awake_spinner_exits_when_its_parent_dies(tmp_path) -> None:
+    # a parent that starts spinners and is killed before it can stop them: the spinners notice and exit
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "from tinylearn.dist.keep_awake import keep_cores_awake\n"
+        "import sys, time\n"
+        "k = keep_cores_awake(cores=[0]).__enter__()\n"
+        "print(k.pids[0], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":  # exited, not yet reaped by init
+                break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("spinner outlived its parent by 10 s")
+
+
+def test_measure_reports_whether_cores_were_kept_awake() -> None:
+    m = bench.measure((2,), [64 << 10, 128 << 10, 256 << 10], ["gloo"], rounds={2: 1}, chunks=1, keep_awake=False)
+    assert m[2]["awake"] is False

@@ -7,13 +7,14 @@ simulator, data-parallel helpers (bucketing, overlap) and gradient compression w
     tl.dist.all_reduce(t, op="sum", algorithm="ring")    # inside a rank: in place, like dist.all_reduce
     tl.dist.cost_model.predict("ring", 1 << 20, 8, alpha_s=1e-5, beta_s_per_byte=1e-10)
     tl.dist.simulate("hierarchical", 1024, 1 << 26, topology=tl.dist.TwoLevel(node_size=8))
+    with tl.dist.keep_awake.keep_cores_awake(): ...      # SCHED_IDLE spinners: cores never idle while timing
 
 Naming note: ``launch(..., backend="gloo"|"nccl"|"mpi")`` keeps torch.distributed's meaning of ``backend`` (the
 process-group transport), not a ``tinylearn.backends`` kernel backend; the algorithm is chosen with
 ``algorithm=``. The topic has no multi-backend kernels, so nothing here registers in ``tinylearn.backends``.
 """
 
-from . import cost_model
+from . import cost_model, keep_awake
 from .collectives import (
     ALGORITHMS,
     OPS,
@@ -39,6 +40,7 @@ __all__ = [
     "broadcast",
     "cost_model",
     "default_node_size",
+    "keep_awake",
     "launch",
     "recursive_doubling_partner",
     "reduce_scatter",

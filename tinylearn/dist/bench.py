@@ -6,8 +6,11 @@ each timed between barriers as the slowest rank's time, implementations taking t
 hits them alike; plus gamma, an fp32 add timed on all ranks at once. Samples are spent where the noise is: on a
 loaded 2-core box a 64 KB all-reduce is cheap but its samples are two-mode (fast, or + a scheduler time slice:
 CV ~ 1), a 16 MB one is 50x dearer and steadier (CV ~ 0.3), so each round samples a size ``sample_weights`` times
-(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 2x the rounds of p = 4 (``run``): the mean's relative
-standard error (CV / sqrt(n), ``rel_se``) is then ~ 5-12% at every point instead of 10-35%.
+(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 3x the rounds of p = 4 (``run``): the mean's relative
+standard error (CV / sqrt(n), ``rel_se``) is then ~ 4-6% at every point instead of 10-35%. While measuring, one
+``SCHED_IDLE`` spinner per core keeps the cores out of idle (``keep_awake``): on a VM the wake-up of a halted vCPU
+can wait a host tick (~4 ms), a platform stall that busy-polling transports (MPI, NCCL) never see; on the 2-core VM
+it was most of a 2-rank call's mean under 1 MB.
 
 Model (``cost_model.predict_contended``): the ranks active in a step share c cores, so that step's byte costs are
 scaled by s = max(1, a/c) and its messages pay o * sched more latency, o = max(0, a/c - 1). Per implementation
@@ -35,6 +38,7 @@ import numpy as np
 
 from ..bench.table import Row, Table
 from . import cost_model
+from .keep_awake import keep_cores_awake
 from .launch import launch
 
 IMPLS = ["gloo", "ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical", "p2p ring floor"]
@@ -145,10 +149,15 @@ def measure(
     chunks: int = 3,
     progress: Callable[[str], None] | None = None,
     weights: dict[int, int] | None = None,
+    keep_awake: bool = True,
 ) -> dict[int, dict[str, Any]]:
-    """{p: {"gamma", "samples": {(nbytes, impl): [seconds, ...]}}}: ``rounds`` (an int, or one per world size)
-    x ``weights[size]`` (default 1; see ``sample_weights``) samples per point, taken in ``chunks`` launches that
-    alternate between the world sizes (load that comes and goes hits every p)."""
+    """{p: {"gamma", "samples": {(nbytes, impl): [seconds, ...]}, "awake": bool}}: ``rounds`` (an int, or one per
+    world size) x ``weights[size]`` (default 1; see ``sample_weights``) samples per point, taken in ``chunks``
+    launches that alternate between the world sizes (load that comes and goes hits every p).
+
+    ``keep_awake``: run one ``SCHED_IDLE`` spinner per core while measuring (``keep_awake.keep_cores_awake``), so a
+    core whose rank waits does not go idle; on a VM an idle vCPU's wake-up can wait a host tick (~4 ms), which
+    is not the algorithm's cost. "awake" says whether the spinners ran (they need Linux)."""
     rounds_p = {p: rounds.get(p) if isinstance(rounds, dict) else rounds for p in world_sizes}
     for p, r in rounds_p.items():
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
@@ -166,10 +175,13 @@ def measure(
                 continue
             if progress:
                 progress(f"dist: measuring on {p} ranks ({c + 1}/{chunks})")
-            res = launch(measure_job, p, list(sizes), list(impls), r, c, w, timeout_s=900)[0]
+            with keep_cores_awake(enabled=keep_awake) as spinners:
+                awake = spinners.active
+                res = launch(measure_job, p, list(sizes), list(impls), r, c, w, timeout_s=900)[0]
             if p not in out:
-                out[p] = {"gamma": [res["gamma"]], "samples": res["samples"]}
+                out[p] = {"gamma": [res["gamma"]], "samples": res["samples"], "awake": awake}
             else:
+                out[p]["awake"] = out[p]["awake"] and awake
                 out[p]["gamma"].append(res["gamma"])
                 for k, v in res["samples"].items():
                     out[p]["samples"][k].extend(v)
@@ -396,11 +408,14 @@ def run(
         sizes = sorted({max(4, s0[0] // 4), *s0, s0[-1] * 4})
     if repeats is None:  # rounds; each round samples a size sample_weights(sizes)[size] times (64 KB: 8, 16 MB: 1)
         repeats = 30 if full else 20
-    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 2x the rounds (p = 4 at least 6).
-    # Two launches per world size (not three): a launch costs seconds on a loaded box, better spent on samples
-    rounds = {p: repeats if p <= 2 else max(6, repeats // 2) for p in world_sizes}
+    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 3x the rounds. With 20 / 10 rounds
+    # (2026-11-24) the means' SE was 5-13% and 1-3 of 28 validation means missed +-25% per run; with 60 / 20 the SE
+    # is ~4-6% (about 70 s in all on 2 cores). Two launches per world size (not three): a launch costs seconds on a
+    # loaded box, better spent on samples.
+    rounds = {p: 3 * repeats if p <= 2 else repeats for p in world_sizes}
     cores = cores_available()
-    measured = measure(world_sizes, sizes, IMPLS, rounds, 2, progress, weights=sample_weights(sizes))
+    measured = measure(world_sizes, sizes, IMPLS, rounds, 2, progress, weights=sample_weights(sizes), keep_awake=True)
+    awake = all(m.get("awake", False) for m in measured.values())
     res = calibrate(measured, IMPLS, sizes, cores)
     tables = []
     for p in world_sizes:
@@ -466,6 +481,12 @@ def run(
         t.notes.append(
             "p2p ring floor = the ring's 2(p-1) isend/irecv exchanges with no reduction (modelled as ring, gamma=0); "
             "gloo modelled by the ring formula"
+        )
+        t.notes.append(
+            "cores kept awake while measuring (one SCHED_IDLE spinner per core, dist.keep_awake): a waiting rank's "
+            "core does not halt, so a message is not delayed by a vCPU wake-up (up to a host tick on a VM)"
+            if awake
+            else "cores NOT kept awake (SCHED_IDLE spinners unavailable): times include idle-core wake-ups"
         )
         t.notes.append(TINYGRAD_NOTE + "; torch.compile does not apply")
         t.notes.append(
