@@ -6,7 +6,7 @@ each timed between barriers as the slowest rank's time, implementations taking t
 hits them alike; plus gamma, an fp32 add timed on all ranks at once. Samples are spent where the noise is: on a
 loaded 2-core box a 64 KB all-reduce is cheap but its samples are two-mode (fast, or + a scheduler time slice:
 CV ~ 1), a 16 MB one is 50x dearer and steadier (CV ~ 0.3), so each round samples a size ``sample_weights`` times
-(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 3x the rounds of p = 4 (``run``): the mean's relative
+(8, 8, 4, 2, 1 for 64 KB .. 16 MB) and p = 2 gets 2x the rounds of p = 4 (``run``): the mean's relative
 standard error (CV / sqrt(n), ``rel_se``) is then ~ 4-6% at every point instead of 10-35%. While measuring, one
 ``SCHED_IDLE`` spinner per core keeps the cores out of idle (``keep_awake``): on a VM the wake-up of a halted vCPU
 can wait a host tick (~4 ms), a platform stall that busy-polling transports (MPI, NCCL) never see; on the 2-core VM
@@ -408,11 +408,12 @@ def run(
         sizes = sorted({max(4, s0[0] // 4), *s0, s0[-1] * 4})
     if repeats is None:  # rounds; each round samples a size sample_weights(sizes)[size] times (64 KB: 8, 16 MB: 1)
         repeats = 30 if full else 20
-    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 3x the rounds. With 20 / 10 rounds
-    # (2026-11-24) the means' SE was 5-13% and 1-3 of 28 validation means missed +-25% per run; with 60 / 20 the SE
-    # is ~4-6% (about 70 s in all on 2 cores). Two launches per world size (not three): a launch costs seconds on a
-    # loaded box, better spent on samples.
-    rounds = {p: 3 * repeats if p <= 2 else repeats for p in world_sizes}
+    # p = 2 is ~3x cheaper per call and ~1.5x noisier (CV) than p = 4: it gets 2x the rounds. With 20 / 10 rounds
+    # (2026-11-24) the means' SE was 5-13% and 1-3 of 28 validation means missed +-25% per run; with 60 / 20, 0-1
+    # (2026-11-25; the misses at p = 4, where a rare 20-40 ms preemption moves a mean of 20-40 samples): 60 / 30,
+    # about 80 s in all on 2 cores. Two launches per world size (not three): a launch costs seconds on a loaded
+    # box, better spent on samples.
+    rounds = {p: 3 * repeats if p <= 2 else 3 * repeats // 2 for p in world_sizes}
     cores = cores_available()
     measured = measure(world_sizes, sizes, IMPLS, rounds, 2, progress, weights=sample_weights(sizes), keep_awake=True)
     awake = all(m.get("awake", False) for m in measured.values())
