@@ -36,6 +36,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "common.h"
@@ -146,12 +147,19 @@ ssize_t conv_direct_block() {
   return isa == "avx512" ? 16 : isa == "avx2" ? 8 : 0;
 }
 
-// The block for C input and OC output channels: the level's own, or on AVX-512 the AVX2 build's 8 when 16 does not
-// divide both (8 -> 16 channels, as in small CNNs); 0 when no block divides them (v3 then runs v2).
-ssize_t conv_direct_block_for(ssize_t C, ssize_t OC) {
+// The largest channel block that divides n > 0: the level's own, or a smaller one down to the AVX2 build's 8; 0 when
+// none does (or n <= 0).
+static ssize_t conv_direct_block_dividing(ssize_t n) {
   for (ssize_t B = conv_direct_block(); B >= 8; B /= 2)
-    if (C > 0 && OC > 0 && C % B == 0 && OC % B == 0) return B;
+    if (n > 0 && n % B == 0) return B;
   return 0;
+}
+
+// The block for C input and OC output channels: the level's own, or on AVX-512 the AVX2 build's 8 when 16 does not
+// divide both (8 -> 16 channels, as in small CNNs); 0 when no block divides them (v3 then runs v2). The blocks are
+// powers of two, so the largest that divides both is the smaller of the two largest.
+ssize_t conv_direct_block_for(ssize_t C, ssize_t OC) {
+  return std::min(conv_direct_block_dividing(C), conv_direct_block_dividing(OC));
 }
 
 // Whether v3 serves a conv of these parameters here (fp32 is the caller's check).
@@ -171,9 +179,14 @@ ssize_t conv_direct_plain_block(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_
   if (groups != 1 || k.first * k.second <= 1 || d.first != 1 || d.second != 1 || s.first < 1 || s.second < 1 ||
       s.second > 2 || C <= 0 || conv_direct_block_for(C, OC) != 0)
     return 0;
-  for (ssize_t B = conv_direct_block(); B >= 8; B /= 2)
-    if (OC > 0 && OC % B == 0) return B;
-  return 0;
+  return conv_direct_block_dividing(OC);
+}
+
+ConvDirectKind conv_direct_forward_kind(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> k,
+                                        std::pair<ssize_t, ssize_t> s, std::pair<ssize_t, ssize_t> d, ssize_t groups) {
+  if (conv_direct_eligible(C, OC, k, s, d, groups)) return ConvDirectKind::blocked;
+  if (conv_direct_plain_block(C, OC, k, s, d, groups) > 0) return ConvDirectKind::plain;
+  return ConvDirectKind::none;
 }
 
 // Below this many multiply-adds v3 runs on the calling thread. Its team's libgomp workers spin after the region
@@ -229,8 +242,8 @@ TL_REGISTER(conv) {
       "direct_forward_eligible",
       [](ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> k, std::pair<ssize_t, ssize_t> s,
          std::pair<ssize_t, ssize_t> d, ssize_t groups) {
-        return tl::conv_direct_eligible(C, OC, k, s, d, groups) ||
-               tl::conv_direct_plain_block(C, OC, k, s, d, groups) > 0;
+        const tl::ConvDirectKind kind = tl::conv_direct_forward_kind(C, OC, k, s, d, groups);
+        return kind != tl::ConvDirectKind::none;
       },
       py::arg("C"), py::arg("OC"), py::arg("kernel_size"), py::arg("stride"), py::arg("dilation"), py::arg("groups"),
       "whether conv2d_forward(version='v3') runs a direct kernel (fp32) for these parameters here: the channel-blocked "

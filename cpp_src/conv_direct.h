@@ -15,6 +15,13 @@ bool conv_direct_eligible(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> ker
 ssize_t conv_direct_plain_block(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel,
                                 std::pair<ssize_t, ssize_t> stride, std::pair<ssize_t, ssize_t> dilation,
                                 ssize_t groups);
+// Which direct forward serves a conv of these parameters on the SIMD level selected now (fp32 is the caller's check):
+// the channel-blocked one (conv2d_direct_f32, where conv_direct_eligible), else the small-C one
+// (conv2d_direct_plain_f32, where conv_direct_plain_block > 0), else none (v2 runs).
+enum class ConvDirectKind { none, blocked, plain };
+ConvDirectKind conv_direct_forward_kind(ssize_t C, ssize_t OC, std::pair<ssize_t, ssize_t> kernel,
+                                        std::pair<ssize_t, ssize_t> stride, std::pair<ssize_t, ssize_t> dilation,
+                                        ssize_t groups);
 // The same conv as conv2d_direct_f32 with strides (sh, sw) on a planar input (the stem: 3 channels, 7x7, stride 2).
 void conv2d_direct_plain_f32(const float* x, const float* wt, const float* bias, float* y, ssize_t N, ssize_t C,
                              ssize_t H, ssize_t W, ssize_t OC, ssize_t kh, ssize_t kw, ssize_t sh, ssize_t sw,

@@ -851,10 +851,13 @@ py::array conv2d_forward_v2(const py::array& x, const py::array& wt, const py::o
   void* yp = y.mutable_data();
   {
     py::gil_scoped_release release;
-    if (f32 && version == "v3" && tl::conv_direct_eligible(C, OC, {w.kh, w.kw}, s, d, groups))
+    const tl::ConvDirectKind direct = f32 && version == "v3"
+                                          ? tl::conv_direct_forward_kind(C, OC, {w.kh, w.kw}, s, d, groups)
+                                          : tl::ConvDirectKind::none;
+    if (direct == tl::ConvDirectKind::blocked)
       tl::conv2d_direct_f32(static_cast<const float*>(xp), static_cast<const float*>(wp), static_cast<const float*>(bp),
                             static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw, w.ph, w.pw, OH, OW, flip_weight);
-    else if (f32 && version == "v3" && tl::conv_direct_plain_block(C, OC, {w.kh, w.kw}, s, d, groups) > 0)
+    else if (direct == tl::ConvDirectKind::plain)
       tl::conv2d_direct_plain_f32(static_cast<const float*>(xp), static_cast<const float*>(wp),
                                   static_cast<const float*>(bp), static_cast<float*>(yp), N, C, H, W, OC, w.kh, w.kw,
                                   s.first, s.second, w.ph, w.pw, OH, OW, flip_weight);
