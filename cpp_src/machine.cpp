@@ -7,11 +7,20 @@
 //   matmul_ikj     the same loops reordered i-k-j so the inner loop streams rows (auto-vectorisable), one thread
 //   add_chain      n dependent integer adds (1 cycle each on every x86-64 core since the P6), timed: the *measured*
 //                  clock (turbo included) for the roofline's theoretical peak — /proc/cpuinfo only has the nominal one
+//   mac_rate       multiply-accumulates per second of one core issuing only one instruction mix, 10 independent
+//                  accumulators (more than latency x issue rate on current cores): the *instruction ceiling* of an
+//                  fp32 FMA, an exact int8 step (vpmaddwd + vpaddd; vpmaddubsw + vpmaddwd + vpaddd; vpdpbusd) and a
+//                  mixed int + fp32 step. Which execution ports issue each instruction differs between cores (Zen 2:
+//                  two FMA pipes but one integer-multiply pipe), so "int8 is 2x fp32" is a property of the core, to
+//                  be measured before a kernel is tuned toward it (tinylearn.bench.roofline.mac_ceilings)
 // Each is checked against numpy in tests/test_foundation.py.
 #include "registry.h"
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+
+#include "cpu_features.h"
 
 namespace py = pybind11;
 
@@ -113,6 +122,85 @@ static double add_chain(int64_t n) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
+// ---- instruction ceilings: mac_rate --------------------------------------------------------------------------
+// One asm block per kind, the loop inside it (registers live across trips), every register zeroed first (no
+// denormals or NaNs in the FMA operands, which some cores handle in microcode). Operands: ymm/zmm14 and 15 (ones:
+// ymm11 for the u7 widening), accumulators 0-9, products through 12/13. vzeroupper at the end (no SSE transition
+// penalty for the caller). The clobbers name xmm registers: GCC has no ymm/zmm clobber names, and xmmN covers them.
+#define TL_MR_CLOBBERS                                                                                             \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", \
+      "xmm14", "xmm15", "cc", "memory"
+#define TL_MR_ZERO_YMM                                                                                        \
+  "vpxor %%xmm0, %%xmm0, %%xmm0\n vpxor %%xmm1, %%xmm1, %%xmm1\n vpxor %%xmm2, %%xmm2, %%xmm2\n"             \
+  "vpxor %%xmm3, %%xmm3, %%xmm3\n vpxor %%xmm4, %%xmm4, %%xmm4\n vpxor %%xmm5, %%xmm5, %%xmm5\n"             \
+  "vpxor %%xmm6, %%xmm6, %%xmm6\n vpxor %%xmm7, %%xmm7, %%xmm7\n vpxor %%xmm8, %%xmm8, %%xmm8\n"             \
+  "vpxor %%xmm9, %%xmm9, %%xmm9\n vpxor %%xmm10, %%xmm10, %%xmm10\n vpxor %%xmm12, %%xmm12, %%xmm12\n"       \
+  "vpxor %%xmm13, %%xmm13, %%xmm13\n vpxor %%xmm14, %%xmm14, %%xmm14\n vpxor %%xmm15, %%xmm15, %%xmm15\n"    \
+  "vpcmpeqw %%ymm11, %%ymm11, %%ymm11\n"
+#define TL_MR_X10(M) M(0, 12) M(1, 13) M(2, 12) M(3, 13) M(4, 12) M(5, 13) M(6, 12) M(7, 13) M(8, 12) M(9, 13)
+#define TL_MR_FMA_Y(a, t) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #a "\n"
+#define TL_MR_MADD16_Y(a, t) "vpmaddwd %%ymm14, %%ymm15, %%ymm" #t "\n vpaddd %%ymm" #t ", %%ymm" #a ", %%ymm" #a "\n"
+#define TL_MR_U7_Y(a, t)                                                                                  \
+  "vpmaddubsw %%ymm14, %%ymm15, %%ymm" #t "\n vpmaddwd %%ymm" #t ", %%ymm11, %%ymm" #t "\n vpaddd %%ymm" #t \
+  ", %%ymm" #a ", %%ymm" #a "\n"
+#define TL_MR_FMA_Z(a, t) "vfmadd231ps %%zmm14, %%zmm15, %%zmm" #a "\n"
+#define TL_MR_VNNI_Z(a, t) "vpdpbusd %%zmm14, %%zmm15, %%zmm" #a "\n"
+// int + fp32 in one stream: 6 vpmaddwd + vpaddd (accumulators 0-5) and 4 FMAs (6-9) per group
+#define TL_MR_MIX_Y                                                                                           \
+  TL_MR_MADD16_Y(0, 12) TL_MR_FMA_Y(6, 0) TL_MR_MADD16_Y(1, 13) TL_MR_MADD16_Y(2, 12) TL_MR_FMA_Y(7, 0)        \
+  TL_MR_MADD16_Y(3, 13) TL_MR_FMA_Y(8, 0) TL_MR_MADD16_Y(4, 12) TL_MR_MADD16_Y(5, 13) TL_MR_FMA_Y(9, 0)
+#define TL_MR_LOOP(BODY, ZERO)                                                                   \
+  asm volatile(ZERO "1:\n" BODY BODY "dec %0\n jnz 1b\n vzeroupper\n" : "+r"(trips)::TL_MR_CLOBBERS)
+
+struct MacKind {
+  const char* name;
+  const char* needs;     // CPU features (cpu_detected names, comma-free: at most two)
+  const char* needs2;
+  double macs_per_trip;  // two groups per trip
+};
+static const MacKind kMacKinds[] = {
+    {"fp32_fma_ymm", "avx2", "fma", 2 * 10 * 8},        // vfmadd231ps ymm: 8 MACs
+    {"int8_madd16_ymm", "avx2", "avx2", 2 * 10 * 16},   // vpmaddwd ymm: 16 int16 MACs (+ vpaddd)
+    {"int8_u7_ymm", "avx2", "avx2", 2 * 10 * 32},       // vpmaddubsw ymm: 32 u8 x s8 MACs (+ vpmaddwd + vpaddd)
+    {"int8_madd16+fp32_fma_ymm", "avx2", "fma", 2 * (6 * 16 + 4 * 8)},
+    {"fp32_fma_zmm", "avx512f", "avx512f", 2 * 10 * 16},      // vfmadd231ps zmm: 16 MACs
+    {"int8_vnni_zmm", "avx512f", "avx512vnni", 2 * 10 * 64},  // vpdpbusd zmm: 64 u8 x s8 MACs
+};
+
+static double mac_rate(const std::string& kind, int64_t trips) {
+  const MacKind* k = nullptr;
+  std::string names;
+  for (const MacKind& m : kMacKinds) {
+    if (kind == m.name) k = &m;
+    names += std::string(names.empty() ? "" : ", ") + m.name;
+  }
+  if (k == nullptr) tl::value_error("mac_rate: kind must be one of " + names + ", got '" + kind + "'");
+  if (trips < 1) tl::value_error("mac_rate: trips must be >= 1, got " + std::to_string(trips));
+#if defined(__x86_64__)
+  for (const char* f : {k->needs, k->needs2})
+    if (!tl::cpu_detected(f)) tl::value_error("mac_rate: kind '" + kind + "' needs " + f + ", which this CPU lacks");
+  const int64_t n = trips;
+  py::gil_scoped_release release;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (kind == "fp32_fma_ymm")
+    TL_MR_LOOP(TL_MR_X10(TL_MR_FMA_Y), TL_MR_ZERO_YMM);
+  else if (kind == "int8_madd16_ymm")
+    TL_MR_LOOP(TL_MR_X10(TL_MR_MADD16_Y), TL_MR_ZERO_YMM);
+  else if (kind == "int8_u7_ymm")
+    TL_MR_LOOP(TL_MR_X10(TL_MR_U7_Y), TL_MR_ZERO_YMM);
+  else if (kind == "int8_madd16+fp32_fma_ymm")
+    TL_MR_LOOP(TL_MR_MIX_Y, TL_MR_ZERO_YMM);
+  else if (kind == "fp32_fma_zmm")
+    TL_MR_LOOP(TL_MR_X10(TL_MR_FMA_Z), TL_MR_ZERO_YMM);  // a VEX xmm zeroing clears the whole zmm
+  else
+    TL_MR_LOOP(TL_MR_X10(TL_MR_VNNI_Z), TL_MR_ZERO_YMM);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return k->macs_per_trip * double(n) / secs;
+#else
+  tl::value_error("mac_rate: x86-64 only");
+#endif
+}
+
 TL_REGISTER(machine) {
   m.doc() = "machine-measurement kernels: STREAM triad, naive matmuls, add-chain clock";
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("s"),
@@ -121,4 +209,14 @@ TL_REGISTER(machine) {
   m.def("matmul_ikj", &matmul_ikj, py::arg("A"), py::arg("B"), "C = A @ B, i-k-j loops (vectorisable), one thread");
   m.def("add_chain", &add_chain, py::arg("n"),
         "time (seconds) of n dependent integer adds, 1 cycle each: n / seconds is the core clock in Hz");
+  m.def("mac_rate", &mac_rate, py::arg("kind"), py::arg("trips"),
+        "multiply-accumulates per second of this core issuing only `kind` (fp32_fma_ymm, int8_madd16_ymm, int8_u7_ymm, "
+        "int8_madd16+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm) over `trips` loop trips, 10 independent accumulators");
+  m.def(
+      "mac_kinds", []() {
+        py::list out;
+        for (const MacKind& k : kMacKinds) out.append(k.name);
+        return out;
+      },
+      "the kinds mac_rate measures");
 }

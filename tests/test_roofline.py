@@ -88,3 +88,67 @@ def test_roofline_plot_labels() -> None:
         roofline.roofline_plot(ax2, 100.0, 10.0, pts, labels="both")
     plt.close(fig)
     plt.close(fig2)
+
+
+# MACs one instruction of each kind performs (vfmadd231ps ymm 8, zmm 16; vpmaddwd 16; vpmaddubsw 32; vpdpbusd 64);
+# the mixed kind: (6 x 16 + 4 x 8) MACs per 16 instructions = 8 per instruction
+_MACS_PER_INSTR = {
+    "fp32_fma_ymm": 8,
+    "int8_madd16_ymm": 8,  # vpmaddwd + vpaddd: 16 per 2 instructions
+    "int8_u7_ymm": 32 / 3,  # vpmaddubsw + vpmaddwd + vpaddd
+    "int8_madd16+fp32_fma_ymm": 8,
+    "fp32_fma_zmm": 16,
+    "int8_vnni_zmm": 64,
+}
+_NEEDS = {
+    "fp32_fma_ymm": {"avx2", "fma"},
+    "int8_madd16_ymm": {"avx2"},
+    "int8_u7_ymm": {"avx2"},
+    "int8_madd16+fp32_fma_ymm": {"avx2", "fma"},
+    "fp32_fma_zmm": {"avx512f"},
+    "int8_vnni_zmm": {"avx512f", "avx512_vnni"},
+}
+
+
+@needs_C
+def test_mac_rate_runs_every_instruction_it_counts() -> None:
+    """Each kind's rate is positive and below what a core could issue: at most 4 vector instructions per cycle at the
+    measured clock (+30% for turbo drift). A loop that skipped instructions would read faster than that."""
+    machine = backends.load_C("machine")
+    assert sorted(machine.mac_kinds()) == sorted(_MACS_PER_INSTR)
+    ghz = roofline.measured_ghz(runs=5) or 5.0
+    flags = roofline.cpu_flags()
+    for kind, per_instr in _MACS_PER_INSTR.items():
+        if _NEEDS[kind] <= flags:
+            rate = machine.mac_rate(kind, 2000) / 1e9
+            assert 0.05 < rate < per_instr * 4 * ghz * 1.3, (kind, rate, ghz)
+        else:
+            with pytest.raises(ValueError, match=f"'{kind}' needs"):
+                machine.mac_rate(kind, 10)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        machine.mac_rate("fp64", 10)
+    with pytest.raises(ValueError, match="trips must be >= 1"):
+        machine.mac_rate("fp32_fma_ymm", 0)
+
+
+@needs_C
+def test_mac_ceilings_and_the_int8_ratio() -> None:
+    ceil = roofline.mac_ceilings(trips=2000, runs=2)
+    assert ceil is not None
+    flags = roofline.cpu_flags()
+    assert set(ceil) == {k for k, need in _NEEDS.items() if need <= flags}
+    if {"avx2", "fma"} <= flags:
+        ratio, ki, kf = roofline.int8_ceiling_ratio(ceil)
+        assert ki.startswith("int8_") and "fp32" not in ki and kf.startswith("fp32_")
+        assert ratio == pytest.approx(ceil[ki] / ceil[kf])
+    with pytest.raises(ValueError, match="trips/runs"):
+        roofline.mac_ceilings(trips=0)
+
+
+def test_int8_ceiling_ratio_arithmetic() -> None:
+    got = roofline.int8_ceiling_ratio(
+        {"fp32_fma_ymm": 50.0, "int8_madd16_ymm": 52.0, "int8_u7_ymm": 51.0, "int8_madd16+fp32_fma_ymm": 65.0}
+    )
+    assert got == (pytest.approx(52.0 / 50.0), "int8_madd16_ymm", "fp32_fma_ymm")  # the mix is not a kernel here
+    with pytest.raises(ValueError, match="need an fp32_"):
+        roofline.int8_ceiling_ratio({"int8_u7_ymm": 1.0})

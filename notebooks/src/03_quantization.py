@@ -398,6 +398,55 @@ plt.show()
 #   int8 GEMM on CPU: its row is fp32.
 
 # %% [markdown]
+# ### Measure the ceiling before tuning toward it [Q21] [Q13]
+#
+# "Multiply-adds per instruction" assumes every instruction issues equally often. It does not: each core has a
+# fixed set of execution ports, and which ports take an instruction differs between designs. A core with two FMA
+# pipes but one integer-multiply pipe issues two `vfmadd231ps` per cycle (2 × 8 MACs) and one `vpmaddwd` (16 MACs):
+# the same rate, so *no* exact AVX2 int8 kernel can beat fp32 by much there, however it is written. The C++ probe
+# `_C.machine.mac_rate` (via `bench.roofline.mac_ceilings`) runs a loop of one instruction mix over 10 independent
+# accumulators and reports multiply-accumulates per ns on one core: the instruction ceiling of each path on *this*
+# CPU. `int8_madd16+fp32_fma_ymm` interleaves both units (an int8 kernel that gives part of K to fp32 FMAs, exact
+# while the sums stay below 2²⁴, could reach it). The `tinylearn bench quant` int8 table prints the same probe
+# under its GEMM rows.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn.bench.roofline import int8_ceiling_ratio, mac_ceilings, measured_ghz  # noqa: E402
+
+ceil = mac_ceilings(trips=20_000, runs=5)
+assert ceil is not None and all(v > 0 for v in ceil.values())
+ratio_i8, k_i8, k_f32 = int8_ceiling_ratio(ceil)
+ghz_now = measured_ghz(runs=5)
+PER_INSTR = {  # MACs per issued unit, and the unit
+    "fp32_fma_ymm": (8, "vfmadd231ps ymm"),
+    "int8_madd16_ymm": (16, "vpmaddwd ymm"),
+    "int8_u7_ymm": (32, "vpmaddubsw + vpmaddwd pairs"),
+    "fp32_fma_zmm": (16, "vfmadd231ps zmm"),
+    "int8_vnni_zmm": (64, "vpdpbusd zmm"),
+}
+for k, v in ceil.items():
+    per_cycle = f"  = {v / PER_INSTR[k][0] / ghz_now:.2f} {PER_INSTR[k][1]} per cycle" if k in PER_INSTR else ""
+    print(f"{k:26s} {v:6.1f} MAC/ns{per_cycle}")
+print(f"best exact int8 / fp32 FMA ceiling on this core: {k_i8} / {k_f32} = {ratio_i8:.2f}x (clock {ghz_now:.2f} GHz)")
+assert ratio_i8 == max(v for k, v in ceil.items() if k.startswith("int8_") and "fp32" not in k) / max(
+    v for k, v in ceil.items() if k.startswith("fp32_")
+)
+fig, ax = plt.subplots(figsize=(7, 2.6))
+ax.barh(list(ceil), list(ceil.values()), color=["tab:blue" if k.startswith("fp32") else "tab:orange" for k in ceil])
+ax.set_xlabel("multiply-accumulates per ns, one core")
+ax.set_title("instruction ceilings on this CPU (fp32 blue, int8 orange)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Read the printed ratio before the GEMM table: it bounds what int8 can buy on this core. On a core whose integer
+# multiplies issue at half its FMA rate (one pipe against two: the printed per-cycle rates show it), the ratio is about 1 and an "int8 is 2× fp32" goal is out of reach of every exact
+# kernel; where `vpmaddwd` issues on as many pipes as the FMA, the AVX2 paths can approach 2×, and VNNI's 64 MACs
+# per instruction 4×. Interview answer: *measure the instruction throughput (a port probe, or uops.info) first;
+# the speed-up budget is the ratio of ceilings, then the kernel's fraction of its own ceiling.*
+
+# %% [markdown]
 # ## 7b. Why fbgemm wants 7-bit activations on AVX2, and what VNNI changes [Q21] [Q13]
 #
 # x86 int8 GEMMs multiply **unsigned** activations by **signed** weights: the instructions are u8 × s8, so

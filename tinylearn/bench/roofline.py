@@ -8,6 +8,9 @@
   FMA ports is a guess (2); the function says what it assumed.
 - ``measured_ghz()``: the core clock measured by timing a chain of dependent integer adds (one cycle each) in
   C++ (``_C.machine.add_chain``); best of ~25 runs of ~1 ms, so it is the turbo clock of an unloaded core.
+- ``mac_ceilings()``: multiply-accumulates per ns of one core issuing only one instruction mix (fp32 FMA, the
+  exact int8 steps vpmaddwd / vpmaddubsw / vpdpbusd, an int + fp32 mix), ``_C.machine.mac_rate``: what an int8
+  GEMM can gain over fp32 *on this core* before any kernel is written (on a Zen 2 EPYC: nothing, 1.0x).
 - ``stream_bandwidth()``: STREAM triad a = b + s*c on float64 in C++/OpenMP (24 bytes per element counted), with
   arrays far larger than the last-level cache.
 - ``roofline_plot(ax, peak_gflops, bandwidth_gbs, points)``: the two roofs and measured kernels as points
@@ -105,6 +108,41 @@ def measured_ghz(runs: int = 25, n: int = 3_000_000) -> float | None:
     chain(n)  # warm-up: lets the core leave its idle clock
     best = min(chain(n) for _ in range(runs))
     return n / best / 1e9
+
+
+def mac_ceilings(trips: int = 20_000, runs: int = 7) -> dict[str, float] | None:
+    """Best-of-``runs`` multiply-accumulates per nanosecond, one core, for every ``_C.machine.mac_kinds()`` kind
+    this CPU has (kinds needing missing features are left out). None when the C++ extension is not built.
+
+    Each kind is a loop of one instruction mix over 10 independent accumulators, so it runs at the issue rate of
+    the ports that execute it: fp32_fma_ymm = 2 x 8 MACs per cycle where a core has two FMA pipes, int8_madd16_ymm
+    = 16 per vpmaddwd, int8_u7_ymm = 32 per vpmaddubsw + vpmaddwd pair, int8_vnni_zmm = 64 per vpdpbusd. The ratio
+    of the best int8 kind to fp32_fma_ymm (or _zmm) is the most an exact int8 GEMM can beat an fp32 one by here.
+    """
+    if trips < 1 or runs < 1:
+        raise ValueError(f"trips/runs: must be >= 1, got trips={trips}, runs={runs}")
+    if not backends.C_available("machine"):
+        return None
+    m = backends.load_C("machine")
+    out: dict[str, float] = {}
+    for kind in m.mac_kinds():
+        try:
+            m.mac_rate(kind, trips)  # warm-up: the core leaves its idle clock; AVX-512 units power up
+        except ValueError:
+            continue  # a feature this CPU lacks
+        out[kind] = max(m.mac_rate(kind, trips) for _ in range(runs)) / 1e9
+    return out
+
+
+def int8_ceiling_ratio(ceilings: dict[str, float]) -> tuple[float, str, str]:
+    """(best exact int8 MAC rate / best fp32 FMA MAC rate, int8 kind, fp32 kind) from ``mac_ceilings()``; the
+    mixed int + fp32 kind is left out (no kernel here uses it)."""
+    fp = {k: v for k, v in ceilings.items() if k.startswith("fp32_")}
+    i8 = {k: v for k, v in ceilings.items() if k.startswith("int8_") and "fp32" not in k}
+    if not fp or not i8:
+        raise ValueError(f"ceilings: need an fp32_* and an int8_* kind, got {sorted(ceilings)}")
+    kf, ki = max(fp, key=fp.__getitem__), max(i8, key=i8.__getitem__)
+    return i8[ki] / fp[kf], ki, kf
 
 
 def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) -> Peak:

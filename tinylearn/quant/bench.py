@@ -127,7 +127,27 @@ def _gemm_table(full: bool, progress: Callable[[str], None] | None) -> Table:
         f"(now {os.environ.get('OPENBLAS_CORETYPE') or 'unset'}) names one, e.g. Haswell for an AVX2 proxy. 2-core "
         "box shared with other jobs: timings are noisy."
     )
+    cmp.note(_ceiling_note())
     return table
+
+
+def _ceiling_note() -> str:
+    """The instruction ceilings of this core (bench.roofline.mac_ceilings): what the int8 goal can reach here."""
+    from ..bench.roofline import int8_ceiling_ratio, mac_ceilings
+
+    ceil = mac_ceilings()
+    if not ceil:
+        return "instruction ceilings: not measured (C++ extension not built or no AVX2)"
+    if os.environ.get("TINYLEARN_CPU_FEATURES", "").strip().lower() == "avx2":
+        ceil = {k: v for k, v in ceil.items() if k.endswith("_ymm")}  # the forced AVX2 paths only
+    ratio, ki, kf = int8_ceiling_ratio(ceil)
+    listed = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
+    return (
+        f"instruction ceilings of one core, MAC/ns (_C.machine.mac_rate, one instruction mix, 10 accumulators): "
+        f"{listed}. Best exact int8 / fp32 FMA = {ki} / {kf} = {ratio:.2f}x: an int8 GEMM cannot beat an fp32 GEMM "
+        f"that runs at the same fraction of its ceiling by more than that here (the goal's 1.5x needs a core whose "
+        f"integer multiplies issue on more ports than its FMAs, or VNNI)."
+    )
 
 
 def _dynamic_case(cmp: Comparison, x: np.ndarray, n: int, qlin: Any, lin: Any, auto: Any, mods: dict) -> None:
