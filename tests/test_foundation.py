@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,19 @@ def test_measure_reports_median_of_repeats():
         measure(lambda: None, repeat=0)
     with pytest.raises(TypeError, match="fn"):
         measure(42)
+
+
+def test_measure_warms_up_for_warmup_s_seconds():
+    """Warm-up calls go on until warmup_s has passed (a fast kernel reaches its steady state before it is timed);
+    warmup=0 turns the warm-up off whatever warmup_s says."""
+    stamps: list[float] = []
+    t = measure(lambda: stamps.append(time.perf_counter()), warmup=2, repeat=3, min_call_s=0.0, warmup_s=0.05)
+    n_timed = 1 + 3 * t.inner  # the sizing call + the timed samples
+    warm = stamps[: len(stamps) - n_timed]
+    assert len(warm) > 2 and stamps[len(warm)] - warm[0] >= 0.05
+    calls: list[int] = []
+    measure(lambda: calls.append(1), warmup=0, repeat=3, min_call_s=0.0, warmup_s=10.0)
+    assert len(calls) == 1 + 3
 
 
 def test_comparison_ratios_and_unavailable_rows():

@@ -116,6 +116,13 @@ class _Case:
         import torch
 
         try:
+            import torch._inductor.config as inductor_config
+
+            # compile in this process: inductor's default pool of compile workers (compile_threads = cores) starts
+            # at the first compile and goes on warming up in the background, and on a 2-core box it slowed the rows
+            # timed after it (1-thread 1024x4096 bias+GELU: 7.2 ms right after a table with a compiled row, 4.3 ms
+            # once the pool was up)
+            inductor_config.compile_threads = 1
             compiled = torch.compile(fn)
             compiled(*args)
         except Exception as e:
