@@ -43,10 +43,10 @@ def measure(
     ``repeat`` timed samples.
 
     The time-based warm-up puts a fast kernel in its steady state before it is timed: the first calls of a ~100 us
-    kernel pay first-touch page faults of fresh output buffers (glibc mmaps large blocks until its dynamic mmap
-    threshold has risen) and wake sleeping OpenMP workers. Two calls were not enough: on a 2-core AVX2 EPYC (Zen 2),
-    1M-element int8 quantize / dequantize at 2 threads timed 1.10-1.34x torch with two warm-up calls per row, and
-    0.65-0.77x after 20 ms of warm-up (torch's rows, timed after ours, had run on a warmed heap).
+    kernel can pay first-touch page faults of fresh output buffers (glibc serves large blocks with mmap until its
+    dynamic mmap threshold has risen) and wake sleeping OpenMP workers. Two calls were not enough: on a 2-core AVX2
+    EPYC (Zen 2), 1M-element int8 quantize / dequantize at 2 threads timed 1.10-1.34x torch with two warm-up calls
+    per row, and 0.65-0.79x after 20 ms of warm-up (torch's rows, timed after ours, had run on a warmed heap).
 
     ``memory=True`` also records the peak traced allocation of one more call (tracemalloc; sees numpy and
     Python allocations, not torch's C++ allocator).

@@ -145,8 +145,8 @@ def _ceiling_note() -> str:
     return (
         f"instruction ceilings of one core, MAC/ns (_C.machine.mac_rate, one instruction mix, 10 accumulators): "
         f"{listed}. Best exact int8 / fp32 FMA = {ki} / {kf} = {ratio:.2f}x: an int8 GEMM cannot beat an fp32 GEMM "
-        f"that runs at the same fraction of its ceiling by more than that here (the goal's 1.5x needs a core whose "
-        f"integer multiplies issue on more ports than its FMAs, or VNNI)."
+        f"that runs at the same fraction of its ceiling by more than that here (the goal's 1.5x needs a core that "
+        f"issues vpmaddwd at least 3/4 as often as its FMAs, 16 MACs against 8, or VNNI)."
     )
 
 
