@@ -9,8 +9,8 @@
 //                  clock (turbo included) for the roofline's theoretical peak — /proc/cpuinfo only has the nominal one
 //   mac_rate       multiply-accumulates per second of one core issuing only one instruction mix, 10 independent
 //                  accumulators (more than latency x issue rate on current cores): the *instruction ceiling* of an
-//                  fp32 FMA, an exact int8 step (vpmaddwd + vpaddd; vpmaddubsw + vpmaddwd + vpaddd; vpdpbusd) and a
-//                  mixed int + fp32 step. Which execution ports issue each instruction differs between cores (Zen 2:
+//                  fp32 FMA, an exact int8 step (vpmaddwd + vpaddd; vpmaddubsw + vpmaddwd + vpaddd; vpdpbusd) and two
+//                  mixed int + fp32 steps (6 vpmaddwd : 4 FMAs and 8 : 4). Which execution ports issue each instruction differs between cores (Zen 2:
 //                  two FMA pipes but one integer-multiply pipe), so "int8 is 2x fp32" is a property of the core, to
 //                  be measured before a kernel is tuned toward it (tinylearn.bench.roofline.mac_ceilings)
 // Each is checked against numpy in tests/test_foundation.py.
@@ -149,6 +149,13 @@ static double add_chain(int64_t n) {
 #define TL_MR_MIX_Y                                                                                           \
   TL_MR_MADD16_Y(0, 12) TL_MR_FMA_Y(6, 0) TL_MR_MADD16_Y(1, 13) TL_MR_MADD16_Y(2, 12) TL_MR_FMA_Y(7, 0)        \
   TL_MR_MADD16_Y(3, 13) TL_MR_FMA_Y(8, 0) TL_MR_MADD16_Y(4, 12) TL_MR_MADD16_Y(5, 13) TL_MR_FMA_Y(9, 0)
+// int + fp32, two vpmaddwd + vpaddd per FMA: 8 (accumulators 0-7) and 4 FMAs (8-11; ymm11 zeroed first) per group.
+// On a core whose only integer-multiply pipe is one of its two FMA pipes (Zen 2), 1 vpmaddwd + 1 FMA per cycle
+// would be 16 + 8 = 24 MACs: 1.5x the fp32 ceiling if nothing else got in the way (the vpaddds, the scheduler)
+#define TL_MR_MIX2_Y                                                                                          \
+  TL_MR_MADD16_Y(0, 12) TL_MR_MADD16_Y(1, 13) TL_MR_FMA_Y(8, 0) TL_MR_MADD16_Y(2, 12) TL_MR_MADD16_Y(3, 13)    \
+  TL_MR_FMA_Y(9, 0) TL_MR_MADD16_Y(4, 12) TL_MR_MADD16_Y(5, 13) TL_MR_FMA_Y(10, 0) TL_MR_MADD16_Y(6, 12)       \
+  TL_MR_MADD16_Y(7, 13) TL_MR_FMA_Y(11, 0)
 #define TL_MR_LOOP(BODY, ZERO)                                                                   \
   asm volatile(ZERO "1:\n" BODY BODY "dec %0\n jnz 1b\n vzeroupper\n" : "+r"(trips)::TL_MR_CLOBBERS)
 
@@ -163,6 +170,7 @@ static const MacKind kMacKinds[] = {
     {"int8_madd16_ymm", "avx2", "avx2", 2 * 10 * 16},   // vpmaddwd ymm: 16 int16 MACs (+ vpaddd)
     {"int8_u7_ymm", "avx2", "avx2", 2 * 10 * 32},       // vpmaddubsw ymm: 32 u8 x s8 MACs (+ vpmaddwd + vpaddd)
     {"int8_madd16+fp32_fma_ymm", "avx2", "fma", 2 * (6 * 16 + 4 * 8)},
+    {"int8_madd16x2+fp32_fma_ymm", "avx2", "fma", 2 * (8 * 16 + 4 * 8)},
     {"fp32_fma_zmm", "avx512f", "avx512f", 2 * 10 * 16},      // vfmadd231ps zmm: 16 MACs
     {"int8_vnni_zmm", "avx512f", "avx512vnni", 2 * 10 * 64},  // vpdpbusd zmm: 64 u8 x s8 MACs
 };
@@ -190,6 +198,8 @@ static double mac_rate(const std::string& kind, int64_t trips) {
     TL_MR_LOOP(TL_MR_X10(TL_MR_U7_Y), TL_MR_ZERO_YMM);
   else if (kind == "int8_madd16+fp32_fma_ymm")
     TL_MR_LOOP(TL_MR_MIX_Y, TL_MR_ZERO_YMM);
+  else if (kind == "int8_madd16x2+fp32_fma_ymm")
+    TL_MR_LOOP(TL_MR_MIX2_Y, TL_MR_ZERO_YMM "vpxor %%xmm11, %%xmm11, %%xmm11\n");
   else if (kind == "fp32_fma_zmm")
     TL_MR_LOOP(TL_MR_X10(TL_MR_FMA_Z), TL_MR_ZERO_YMM);  // a VEX xmm zeroing clears the whole zmm
   else
@@ -211,7 +221,7 @@ TL_REGISTER(machine) {
         "time (seconds) of n dependent integer adds, 1 cycle each: n / seconds is the core clock in Hz");
   m.def("mac_rate", &mac_rate, py::arg("kind"), py::arg("trips"),
         "multiply-accumulates per second of this core issuing only `kind` (fp32_fma_ymm, int8_madd16_ymm, int8_u7_ymm, "
-        "int8_madd16+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm) over `trips` loop trips, 10 independent accumulators");
+        "int8_madd16+fp32_fma_ymm, int8_madd16x2+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm) over `trips` loop trips, 10 independent accumulators");
   m.def(
       "mac_kinds", []() {
         py::list out;

@@ -91,12 +91,13 @@ def test_roofline_plot_labels() -> None:
 
 
 # MACs one instruction of each kind performs (vfmadd231ps ymm 8, zmm 16; vpmaddwd 16; vpmaddubsw 32; vpdpbusd 64);
-# the mixed kind: (6 x 16 + 4 x 8) MACs per 16 instructions = 8 per instruction
+# the mixed kinds: (6 x 16 + 4 x 8) MACs per 16 instructions and (8 x 16 + 4 x 8) per 20 = 8 per instruction
 _MACS_PER_INSTR = {
     "fp32_fma_ymm": 8,
     "int8_madd16_ymm": 8,  # vpmaddwd + vpaddd: 16 per 2 instructions
     "int8_u7_ymm": 32 / 3,  # vpmaddubsw + vpmaddwd + vpaddd
     "int8_madd16+fp32_fma_ymm": 8,
+    "int8_madd16x2+fp32_fma_ymm": 8,  # (8 x 16 + 4 x 8) MACs per 20 instructions
     "fp32_fma_zmm": 16,
     "int8_vnni_zmm": 64,
 }
@@ -105,6 +106,7 @@ _NEEDS = {
     "int8_madd16_ymm": {"avx2"},
     "int8_u7_ymm": {"avx2"},
     "int8_madd16+fp32_fma_ymm": {"avx2", "fma"},
+    "int8_madd16x2+fp32_fma_ymm": {"avx2", "fma"},
     "fp32_fma_zmm": {"avx512f"},
     "int8_vnni_zmm": {"avx512f", "avx512_vnni"},
 }
@@ -141,6 +143,8 @@ def test_mac_ceilings_and_the_int8_ratio() -> None:
         ratio, ki, kf = roofline.int8_ceiling_ratio(ceil)
         assert ki.startswith("int8_") and "fp32" not in ki and kf.startswith("fp32_")
         assert ratio == pytest.approx(ceil[ki] / ceil[kf])
+        mix, km, kf2 = roofline.mix_ceiling_ratio(ceil)
+        assert "fp32" in km and kf2 == kf and mix == pytest.approx(ceil[km] / ceil[kf])
     with pytest.raises(ValueError, match="trips/runs"):
         roofline.mac_ceilings(trips=0)
 
@@ -152,3 +156,8 @@ def test_int8_ceiling_ratio_arithmetic() -> None:
     assert got == (pytest.approx(52.0 / 50.0), "int8_madd16_ymm", "fp32_fma_ymm")  # the mix is not a kernel here
     with pytest.raises(ValueError, match="need an fp32_"):
         roofline.int8_ceiling_ratio({"int8_u7_ymm": 1.0})
+    mixes = {"fp32_fma_ymm": 50.0, "int8_madd16_ymm": 52.0, "int8_madd16+fp32_fma_ymm": 55.0}
+    got = roofline.mix_ceiling_ratio({**mixes, "int8_madd16x2+fp32_fma_ymm": 60.0, "fp32_fma_zmm": 40.0})
+    assert got == (pytest.approx(60.0 / 50.0), "int8_madd16x2+fp32_fma_ymm", "fp32_fma_ymm")
+    with pytest.raises(ValueError, match="mixed"):
+        roofline.mix_ceiling_ratio({"fp32_fma_ymm": 50.0, "int8_madd16_ymm": 52.0})

@@ -24,8 +24,10 @@
 // read-modify-write (plain loads/stores; counters are single-writer relaxed atomics):
 //   * the hit path (tc_pop_fast / tc_push_fast) is a few dozen instructions, like glibc's tcache: the cache is
 //     found through a table indexed by a hash of the thread pointer (no __tls_get_addr call, see tc_mine), the
-//     size class is a shift, "cacheable" one unsigned compare, a bin is one word (count << 48 | pops) and a base
-//     pointer, and free finds a cached block through tc_tab_ after one rotate + compare (range and alignment);
+//     size class is a shift, "cacheable" one unsigned compare, a bin is one word (count << 48 | pops), a base
+//     pointer and a copy of its top entry (so a pop loads the block in parallel with the count instead of after it:
+//     one store-to-load forward less on the malloc -> free -> malloc chain, 13.1 -> 11.0 ns per 64 B pair on Zen 2),
+//     and free finds a cached block through tc_tab_ after one rotate + compare (range and alignment);
 //   * malloc pops the bin of its size class; an empty bin is refilled under the lock with a batch of
 //     max(1, thread_cache / 2) blocks carved from cached free blocks (only the first may create a segment);
 //   * free pushes the block on the freeing thread's bin (a block freed by another thread than the one that
@@ -94,6 +96,7 @@ struct TBin {
   static constexpr uint64_t kPops = kOne - 1;          // mask of the pop counter
   std::atomic<uint64_t> w{0};
   i64* base = nullptr;  // the bin's cap slots
+  i64 top = -1;         // = base[count - 1] when count > 0 (owner only): pop reads it without waiting for w
 };
 // one thread's cache for one allocator: bins of offsets per size class (round_to, 2 round_to, ...), LIFO
 struct TCache {
@@ -115,6 +118,7 @@ struct TCache {
   void set_count(size_t k, int v) {
     uint64_t w = bin[k].w.load(std::memory_order_relaxed);
     bin[k].w.store((uint64_t(v) << 48) | (w & TBin::kPops), std::memory_order_relaxed);
+    if (v > 0) bin[k].top = bin[k].base[v - 1];
   }
   i64 pops() const {  // mallocs served by this cache
     i64 s = 0;
@@ -425,7 +429,11 @@ class Caching {
     TBin& b = t->bin[k];
     uint64_t w = b.w.load(std::memory_order_relaxed);
     if (w < TBin::kOne) return false;  // empty
-    off = b.base[(w >> 48) - 1];
+    // the top block comes from b.top, loaded in parallel with w: a pop does not wait for w (stored by the last
+    // push) to find its slot; the next top is read from the stack afterwards, off the malloc's critical path
+    off = b.top;
+    uint64_t n = (w >> 48) - 1;
+    if (n) b.top = b.base[n - 1];
     b.w.store(w - TBin::kOne + 1, std::memory_order_relaxed);  // count - 1, pops + 1
     tc_tab_[size_t(off >> shift_)].store(nbytes, std::memory_order_relaxed);
     t->held_bytes -= i64(k + 1) << shift_;
@@ -456,6 +464,7 @@ class Caching {
       return false;
     tc_tab_[i].store(0, std::memory_order_relaxed);
     b.base[w >> 48] = off;
+    b.top = off;
     b.w.store(w + TBin::kOne, std::memory_order_relaxed);
     t->held_bytes += size;
     return true;

@@ -145,6 +145,18 @@ def int8_ceiling_ratio(ceilings: dict[str, float]) -> tuple[float, str, str]:
     return i8[ki] / fp[kf], ki, kf
 
 
+def mix_ceiling_ratio(ceilings: dict[str, float]) -> tuple[float, str, str]:
+    """(best mixed int + fp32 MAC rate / best fp32 FMA MAC rate, mixed kind, fp32 kind) from ``mac_ceilings()``:
+    the most a hybrid int8 kernel (part of the work on the integer-multiply pipe, part as exact fp32 FMAs on
+    int8 values, sums below 2**24) could beat an fp32 GEMM by on this core, measured in a loop without loads."""
+    fp = {k: v for k, v in ceilings.items() if k.startswith("fp32_")}
+    mix = {k: v for k, v in ceilings.items() if k.startswith("int8_") and "fp32" in k}
+    if not fp or not mix:
+        raise ValueError(f"ceilings: need an fp32_* and a mixed int8_*+fp32_* kind, got {sorted(ceilings)}")
+    kf, km = max(fp, key=fp.__getitem__), max(mix, key=mix.__getitem__)
+    return mix[km] / fp[kf], km, kf
+
+
 def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) -> Peak:
     """cores x GHz x 2 FMA units x lanes x 2 FLOP/FMA; lanes = 16 with AVX-512F, 8 with AVX2+FMA, 4 otherwise.
 

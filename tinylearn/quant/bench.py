@@ -133,7 +133,7 @@ def _gemm_table(full: bool, progress: Callable[[str], None] | None) -> Table:
 
 def _ceiling_note() -> str:
     """The instruction ceilings of this core (bench.roofline.mac_ceilings): what the int8 goal can reach here."""
-    from ..bench.roofline import int8_ceiling_ratio, mac_ceilings
+    from ..bench.roofline import int8_ceiling_ratio, mac_ceilings, mix_ceiling_ratio
 
     ceil = mac_ceilings()
     if not ceil:
@@ -142,11 +142,13 @@ def _ceiling_note() -> str:
         ceil = {k: v for k, v in ceil.items() if k.endswith("_ymm")}  # the forced AVX2 paths only
     ratio, ki, kf = int8_ceiling_ratio(ceil)
     listed = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
+    mix, km, _ = mix_ceiling_ratio(ceil)
     return (
         f"instruction ceilings of one core, MAC/ns (_C.machine.mac_rate, one instruction mix, 10 accumulators): "
         f"{listed}. Best exact int8 / fp32 FMA = {ki} / {kf} = {ratio:.2f}x: an int8 GEMM cannot beat an fp32 GEMM "
         f"that runs at the same fraction of its ceiling by more than that here (the goal's 1.5x needs a core that "
-        f"issues vpmaddwd at least 3/4 as often as its FMAs, 16 MACs against 8, or VNNI)."
+        f"issues vpmaddwd at least 3/4 as often as its FMAs, 16 MACs against 8, or VNNI). A hybrid kernel using both "
+        f"pipes (int8 products as exact fp32 FMAs for part of N) is bounded by the best mix, {km}: {mix:.2f}x."
     )
 
 
