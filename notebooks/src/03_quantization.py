@@ -406,13 +406,16 @@ plt.show()
 # the same rate, so *no* exact AVX2 int8 kernel can beat fp32 by much there, however it is written. The C++ probe
 # `_C.machine.mac_rate` (via `bench.roofline.mac_ceilings`) runs a loop of one instruction mix over 10 independent
 # accumulators and reports multiply-accumulates per ns on one core: the instruction ceiling of each path on *this*
-# CPU. `int8_madd16+fp32_fma_ymm` interleaves both units (an int8 kernel that gives part of K to fp32 FMAs, exact
-# while the sums stay below 2²⁴, could reach it). The `tinylearn bench quant` int8 table prints the same probe
+# CPU. The two `int8_madd16…+fp32_fma_ymm` kinds interleave both units, 6 or 8 `vpmaddwd` per 4 FMAs: the ceiling of
+# a *hybrid* int8 kernel that gives part of N to fp32 FMAs on the int8 values (exact while every partial sum stays
+# below 2²⁴: |a·b| ≤ 2¹⁴, so for chunks of K ≤ 1024). Where the integer multiplier is one of the two FMA pipes,
+# the ideal is 1 `vpmaddwd` + 1 FMA per cycle = 16 + 8 MACs = 1.5× fp32, and the measured mix shows how much of
+# that survives the `vpaddd`s and the scheduler. The `tinylearn bench quant` int8 table prints the same probe
 # under its GEMM rows.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from tinylearn.bench.roofline import int8_ceiling_ratio, mac_ceilings, measured_ghz  # noqa: E402
+from tinylearn.bench.roofline import int8_ceiling_ratio, mac_ceilings, measured_ghz, mix_ceiling_ratio  # noqa: E402
 
 ceil = mac_ceilings(trips=20_000, runs=5)
 assert ceil is not None and all(v > 0 for v in ceil.values())
@@ -429,6 +432,9 @@ for k, v in ceil.items():
     per_cycle = f"  = {v / PER_INSTR[k][0] / ghz_now:.2f} {PER_INSTR[k][1]} per cycle" if k in PER_INSTR else ""
     print(f"{k:26s} {v:6.1f} MAC/ns{per_cycle}")
 print(f"best exact int8 / fp32 FMA ceiling on this core: {k_i8} / {k_f32} = {ratio_i8:.2f}x (clock {ghz_now:.2f} GHz)")
+ratio_mix, k_mix, _ = mix_ceiling_ratio(ceil)
+print(f"best int8 + fp32 mix (a hybrid kernel's ceiling): {k_mix} = {ratio_mix:.2f}x fp32")
+assert ratio_mix == max(v for k, v in ceil.items() if "+fp32" in k) / ceil[k_f32]
 assert ratio_i8 == max(v for k, v in ceil.items() if k.startswith("int8_") and "fp32" not in k) / max(
     v for k, v in ceil.items() if k.startswith("fp32_")
 )
