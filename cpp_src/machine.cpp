@@ -9,7 +9,8 @@
 //                  clock (turbo included) for the roofline's theoretical peak — /proc/cpuinfo only has the nominal one
 //   mac_rate       multiply-accumulates per second of one core issuing only one instruction mix, 10 independent
 //                  accumulators (more than latency x issue rate on current cores): the *instruction ceiling* of an
-//                  fp32 FMA, an exact int8 step (vpmaddwd + vpaddd; vpmaddubsw + vpmaddwd + vpaddd; vpdpbusd) and two
+//                  fp32 FMA, an exact int8 step (vpmaddwd + vpaddd; vpmaddubsw + vpmaddwd + vpaddd; Winograd's
+//                  vpaddw x 2 + vpmaddwd + vpaddd, 4 products per lane; vpdpbusd) and two
 //                  mixed int + fp32 steps (6 vpmaddwd : 4 FMAs and 8 : 4). Which execution ports issue each instruction differs between cores (Zen 2:
 //                  two FMA pipes but one integer-multiply pipe), so "int8 is 2x fp32" is a property of the core, to
 //                  be measured before a kernel is tuned toward it (tinylearn.bench.roofline.mac_ceilings)
@@ -21,6 +22,7 @@
 #include <string>
 
 #include "cpu_features.h"
+#include "machine_probe.h"
 
 namespace py = pybind11;
 
@@ -143,6 +145,14 @@ static double add_chain(int64_t n) {
 #define TL_MR_U7_Y(a, t)                                                                                  \
   "vpmaddubsw %%ymm14, %%ymm15, %%ymm" #t "\n vpmaddwd %%ymm" #t ", %%ymm11, %%ymm" #t "\n vpaddd %%ymm" #t \
   ", %%ymm" #a ", %%ymm" #a "\n"
+// Winograd's inner-product step (quant_int8_gemm.cpp, avx2_wino): x = xa + xb, y = ya + yb (vpaddw), vpmaddwd(x, y)
+// covers 4 products per int32 lane, 32 MACs per 4 instructions; temporaries t and u
+#define TL_MR_WINO_Y(a, t, u)                                                                               \
+  "vpaddw %%ymm14, %%ymm15, %%ymm" #t "\n vpaddw %%ymm15, %%ymm14, %%ymm" #u "\n vpmaddwd %%ymm" #u ", %%ymm" #t \
+  ", %%ymm" #t "\n vpaddd %%ymm" #t ", %%ymm" #a ", %%ymm" #a "\n"
+#define TL_MR_X10W(M)                                                                                    \
+  M(0, 12, 10) M(1, 13, 11) M(2, 12, 10) M(3, 13, 11) M(4, 12, 10) M(5, 13, 11) M(6, 12, 10) M(7, 13, 11) \
+      M(8, 12, 10) M(9, 13, 11)
 #define TL_MR_FMA_Z(a, t) "vfmadd231ps %%zmm14, %%zmm15, %%zmm" #a "\n"
 #define TL_MR_VNNI_Z(a, t) "vpdpbusd %%zmm14, %%zmm15, %%zmm" #a "\n"
 // int + fp32 in one stream: 6 vpmaddwd + vpaddd (accumulators 0-5) and 4 FMAs (6-9) per group
@@ -169,13 +179,16 @@ static const MacKind kMacKinds[] = {
     {"fp32_fma_ymm", "avx2", "fma", 2 * 10 * 8},        // vfmadd231ps ymm: 8 MACs
     {"int8_madd16_ymm", "avx2", "avx2", 2 * 10 * 16},   // vpmaddwd ymm: 16 int16 MACs (+ vpaddd)
     {"int8_u7_ymm", "avx2", "avx2", 2 * 10 * 32},       // vpmaddubsw ymm: 32 u8 x s8 MACs (+ vpmaddwd + vpaddd)
+    {"int8_wino_ymm", "avx2", "avx2", 2 * 10 * 32},     // 2 vpaddw + vpmaddwd + vpaddd: 32 MACs (Winograd)
     {"int8_madd16+fp32_fma_ymm", "avx2", "fma", 2 * (6 * 16 + 4 * 8)},
     {"int8_madd16x2+fp32_fma_ymm", "avx2", "fma", 2 * (8 * 16 + 4 * 8)},
     {"fp32_fma_zmm", "avx512f", "avx512f", 2 * 10 * 16},      // vfmadd231ps zmm: 16 MACs
     {"int8_vnni_zmm", "avx512f", "avx512vnni", 2 * 10 * 64},  // vpdpbusd zmm: 64 u8 x s8 MACs
 };
 
-static double mac_rate(const std::string& kind, int64_t trips) {
+// The probe itself (tl::mac_rate_raw, machine_probe.h): no GIL handling, so C++ dispatchers can call it; checks
+// the kind, the trip count and the CPU features (std::invalid_argument, ValueError in Python).
+double tl::mac_rate_raw(const std::string& kind, int64_t trips) {
   const MacKind* k = nullptr;
   std::string names;
   for (const MacKind& m : kMacKinds) {
@@ -188,7 +201,6 @@ static double mac_rate(const std::string& kind, int64_t trips) {
   for (const char* f : {k->needs, k->needs2})
     if (!tl::cpu_detected(f)) tl::value_error("mac_rate: kind '" + kind + "' needs " + f + ", which this CPU lacks");
   const int64_t n = trips;
-  py::gil_scoped_release release;
   const auto t0 = std::chrono::steady_clock::now();
   if (kind == "fp32_fma_ymm")
     TL_MR_LOOP(TL_MR_X10(TL_MR_FMA_Y), TL_MR_ZERO_YMM);
@@ -196,6 +208,8 @@ static double mac_rate(const std::string& kind, int64_t trips) {
     TL_MR_LOOP(TL_MR_X10(TL_MR_MADD16_Y), TL_MR_ZERO_YMM);
   else if (kind == "int8_u7_ymm")
     TL_MR_LOOP(TL_MR_X10(TL_MR_U7_Y), TL_MR_ZERO_YMM);
+  else if (kind == "int8_wino_ymm")
+    TL_MR_LOOP(TL_MR_X10W(TL_MR_WINO_Y), TL_MR_ZERO_YMM);
   else if (kind == "int8_madd16+fp32_fma_ymm")
     TL_MR_LOOP(TL_MR_MIX_Y, TL_MR_ZERO_YMM);
   else if (kind == "int8_madd16x2+fp32_fma_ymm")
@@ -211,6 +225,11 @@ static double mac_rate(const std::string& kind, int64_t trips) {
 #endif
 }
 
+static double mac_rate(const std::string& kind, int64_t trips) {
+  py::gil_scoped_release release;  // re-taken while an exception unwinds
+  return tl::mac_rate_raw(kind, trips);
+}
+
 TL_REGISTER(machine) {
   m.doc() = "machine-measurement kernels: STREAM triad, naive matmuls, add-chain clock";
   m.def("triad", &triad, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("s"),
@@ -221,6 +240,7 @@ TL_REGISTER(machine) {
         "time (seconds) of n dependent integer adds, 1 cycle each: n / seconds is the core clock in Hz");
   m.def("mac_rate", &mac_rate, py::arg("kind"), py::arg("trips"),
         "multiply-accumulates per second of this core issuing only `kind` (fp32_fma_ymm, int8_madd16_ymm, int8_u7_ymm, "
+        "int8_wino_ymm, "
         "int8_madd16+fp32_fma_ymm, int8_madd16x2+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm) over `trips` loop trips, 10 independent accumulators");
   m.def(
       "mac_kinds", []() {

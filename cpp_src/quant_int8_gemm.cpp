@@ -10,11 +10,12 @@
 //                sum_k (a_ik + 128) b_kj = C_ij + 128 * colsum_j(B).
 // Dispatch happens at run time (tl::cpu_has in cpu_features.h, which honours TINYLEARN_CPU_FEATURES) and each
 // SIMD path is compiled with __attribute__((target(...))), so a portable (-march=x86-64) build still uses them.
-// Register blocking: 6 rows x 4 zmm (VNNI, 24 accumulators) or 6 rows x 2 ymm (avx2_madd16), 4 rows for avx2_u7 and
-// scalar. Threads: the per-call int8_gemm versions split column panels; the packed GEMM and the dynamic Linear run in
+// Register blocking: 6 rows x 4 zmm (VNNI, 24 accumulators) or 6 rows x 2 ymm (avx2_madd16), 3 rows x 4 ymm
+// (avx2_wino, Winograd's inner product, see the packed-B ladder below), 4 rows for avx2_u7 and scalar. Threads: the per-call int8_gemm versions split column panels; the packed GEMM and the dynamic Linear run in
 // one OpenMP region with no barrier inside (run_row_items: row chunks that prepare their own rows, or column panels
 // for small M).
 #include "cpu_features.h"
+#include "machine_probe.h"
 #include "registry.h"
 
 #include <immintrin.h>
@@ -313,7 +314,15 @@ py::array_t<i32> gemm_prepacked(const py::array& a_in, py::array_t<i8, py::array
 //   scalar        portable loops on the same layout
 // maddubs_saturating runs the avx2_u7 kernel WITHOUT the bound check: a teaching rung that shows what the
 // instruction does to 8-bit activations (int8_gemm_maddubs_saturating); never chosen by dispatch.
-enum class Kern { scalar, avx2_madd16, avx2_u7, vnni };
+//   avx2_wino     ymm: Winograd's inner-product trick (S. Winograd, "A new algorithm for inner product", IEEE Trans.
+//                 Computers 1968): for each k quad, (a0 + b1)(a1 + b0) + (a2 + b3)(a3 + b2) = a.b + (a0 a1 + a2 a3)
+//                 + (b0 b1 + b2 b3), so ONE vpmaddwd lane covers 4 products of a column (madd16 needs two) at the
+//                 price of two vpaddw; the row term is computed once per A row (kept in the row's padding), the
+//                 column term once per B block (vpmaddwd of B's own halves). Sums a + b fit int16 (|.| <= 383),
+//                 products and lane sums fit int32, everything else wraps mod 2^32 like the other paths: exact.
+//                 It halves the multiplies, not the instructions (4 per 32 MACs, like madd16): it wins on cores whose
+//                 one integer-multiply pipe is the bottleneck (Zen 2: 1 vpmaddwd per cycle next to 2 FMAs)
+enum class Kern { scalar, avx2_madd16, avx2_u7, vnni, avx2_wino };
 
 // S - off * colsum modulo 2^32: S may have wrapped (offset codes reach K * 255 * 128), the true result fits int32
 inline i32 unoffset(i32 s, i32 off, i32 colsum) { return i32(uint32_t(s) - uint32_t(off) * uint32_t(colsum)); }
@@ -518,12 +527,161 @@ __attribute__((target("avx2"))) void mk_madd16_6(const int16_t* ap, ssize_t lda,
 #undef TL_RED
   }
 }
+
+// Winograd operand layouts. B: kq rows [k0, k1) of a packed panel as [k1 - k0][8 column groups][X | Y], X = the 8
+// columns' (b1, b3), Y = their (b0, b2), int16 (one kq of all 64 columns is 512 contiguous bytes). A rows: each quad
+// stored (a0, a2, a1, a3), so (a0, a2) and (a1, a3) are one 32-bit broadcast each; the row term a0 a1 + a2 a3
+// summed over the row sits (int32) at element K4 * 4.
+__attribute__((target("avx2"))) void widen_block_wino(const i8* bp, ssize_t k0, ssize_t k1, int16_t* bw) {
+  // per 128-bit lane (4 columns x 4 k bytes): odd k bytes (b1, b3) first, then even (b0, b2)
+  const __m256i sel = _mm256_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                       0, 2, 4, 6, 8, 10, 12, 14);
+  for (ssize_t kq = k0; kq < k1; ++kq)
+    for (int g = 0; g < NPW / 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + (kq * NPW + 8 * g) * 4));
+      // [X cols 0-3 | Y cols 0-3 | X cols 4-7 | Y cols 4-7] -> [X 0-3 | X 4-7 | Y 0-3 | Y 4-7]
+      const __m256i q = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sel), 0xD8);
+      int16_t* dst = bw + (kq - k0) * NPW * 4 + g * 32;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+    }
+}
+
+// the column terms of a widened Winograd block: cc[c] = sum_kq b0 b1 + b2 b3 (vpmaddwd of X and Y)
+__attribute__((target("avx2"))) void wino_col_terms(const int16_t* bw, ssize_t kb, i32* cc) {
+  __m256i acc[NPW / 8];
+  for (int g = 0; g < NPW / 8; ++g) acc[g] = _mm256_setzero_si256();
+  for (ssize_t t = 0; t < kb; ++t)
+    for (int g = 0; g < NPW / 8; ++g) {
+      const int16_t* b = bw + t * NPW * 4 + g * 32;
+      acc[g] = _mm256_add_epi32(acc[g], _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)),
+                                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16))));
+    }
+  for (int g = 0; g < NPW / 8; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(cc + 8 * g), acc[g]);
+}
+
+// 3 rows x 32 columns per step (two steps per 64-column panel): per row and k quad, two broadcasts xa = (a0, a2),
+// ya = (a1, a3) serve four column groups: x = xa + X, y = ya + Y (B as memory operands: loads are cheap, the
+// broadcasts are not -- on Zen 2 each takes a vector pipe slot, and with one column group per broadcast pair they
+// cost ~20% of the step), acc += vpmaddwd(x, y), one int32 lane per column (no final hadd).
+// The full tile is one asm block with fixed registers (GCC's allocator renamed the accumulators of an intrinsics
+// loop every step): ymm0-11 accumulators (row r, group g in 4r + g), 12-13 the broadcasts, 14-15 x and y.
+constexpr int WINO_MR = 3;
+template <int R>
+__attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
+                                             ssize_t k1, i32* ct) {
+  static_assert(R >= 1 && R <= WINO_MR, "rows");
+  static_assert(NPW == 64, "the asm's tile offsets assume 64-column (256-byte) tile rows and 512-byte B steps");
+  const ssize_t n = k1 - k0;
+  if (n <= 0) return;
+  for (int cb = 0; cb < NPW; cb += 32) {
+    const int16_t* b = bw + cb * 4;  // column group cb / 8 of the first kq
+    i32* c = ct + cb;
+    if constexpr (R == WINO_MR) {
+      const int16_t* p0 = ap + 4 * k0;
+      const int16_t* p1 = ap + lda + 4 * k0;
+      const int16_t* p2 = ap + 2 * lda + 4 * k0;
+      ssize_t left = n;
+#define TL_WG(g, A)                                                                                              \
+  "vpaddw " #g "*64(%[b]), %%ymm12, %%ymm14\n vpaddw " #g "*64+32(%[b]), %%ymm13, %%ymm15\n"                     \
+  "vpmaddwd %%ymm15, %%ymm14, %%ymm14\n vpaddd %%ymm14, %%ymm" #A ", %%ymm" #A "\n"
+#define TL_WR(P, A0, A1, A2, A3)                                                                                 \
+  "vpbroadcastd (%[" #P "]), %%ymm12\n vpbroadcastd 4(%[" #P "]), %%ymm13\n" TL_WG(0, A0) TL_WG(1, A1)          \
+      TL_WG(2, A2) TL_WG(3, A3) "add $8, %[" #P "]\n"
+#define TL_WS(A, OFF) "vpaddd " #OFF "(%[c]), %%ymm" #A ", %%ymm" #A "\n vmovdqu %%ymm" #A ", " #OFF "(%[c])\n"
+      __asm__ volatile(
+          "vpxor %%xmm0, %%xmm0, %%xmm0\n vpxor %%xmm1, %%xmm1, %%xmm1\n vpxor %%xmm2, %%xmm2, %%xmm2\n"
+          "vpxor %%xmm3, %%xmm3, %%xmm3\n vpxor %%xmm4, %%xmm4, %%xmm4\n vpxor %%xmm5, %%xmm5, %%xmm5\n"
+          "vpxor %%xmm6, %%xmm6, %%xmm6\n vpxor %%xmm7, %%xmm7, %%xmm7\n vpxor %%xmm8, %%xmm8, %%xmm8\n"
+          "vpxor %%xmm9, %%xmm9, %%xmm9\n vpxor %%xmm10, %%xmm10, %%xmm10\n vpxor %%xmm11, %%xmm11, %%xmm11\n"
+          "1:\n" TL_WR(p0, 0, 1, 2, 3) TL_WR(p1, 4, 5, 6, 7) TL_WR(p2, 8, 9, 10, 11)
+          "add $512, %[b]\n dec %[left]\n jnz 1b\n"
+          TL_WS(0, 0) TL_WS(1, 32) TL_WS(2, 64) TL_WS(3, 96) TL_WS(4, 256) TL_WS(5, 288) TL_WS(6, 320)
+          TL_WS(7, 352) TL_WS(8, 512) TL_WS(9, 544) TL_WS(10, 576) TL_WS(11, 608)
+          : [p0] "+r"(p0), [p1] "+r"(p1), [p2] "+r"(p2), [b] "+r"(b), [left] "+r"(left)
+          : [c] "r"(c)
+          : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+            "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+#undef TL_WS
+#undef TL_WR
+#undef TL_WG
+    } else {  // the last rows of a block: the same step in intrinsics
+      __m256i acc[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < 4; ++g) acc[r][g] = _mm256_setzero_si256();
+      for (ssize_t kq = k0; kq < k1; ++kq, b += NPW * 4)
+        for (int r = 0; r < R; ++r) {
+          int32_t u, v;
+          std::memcpy(&u, ap + r * lda + 4 * kq, 4);
+          std::memcpy(&v, ap + r * lda + 4 * kq + 2, 4);
+          const __m256i xa = _mm256_set1_epi32(u), ya = _mm256_set1_epi32(v);
+          for (int g = 0; g < 4; ++g) {
+            const __m256i x = _mm256_add_epi16(xa, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + g * 32)));
+            const __m256i y = _mm256_add_epi16(ya, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + g * 32 + 16)));
+            acc[r][g] = _mm256_add_epi32(acc[r][g], _mm256_madd_epi16(x, y));
+          }
+        }
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < 4; ++g) {
+          __m256i* cp = reinterpret_cast<__m256i*>(c + r * NPW + 8 * g);
+          _mm256_storeu_si256(cp, _mm256_add_epi32(_mm256_loadu_si256(cp), acc[r][g]));
+        }
+    }
+  }
+}
+
+// an int16 operand row for the Winograd kernel: quads reordered (a0, a2, a1, a3), K padding zeroed, the row term
+// sum a0 a1 + a2 a3 (mod 2^32) stored as int32 at element K4 * 4 (inside the row's stride, see wino_lda)
+template <typename T>
+__attribute__((target("avx2"))) void wino_row(const T* a, ssize_t K, int16_t* dst, ssize_t lda) {
+  static_assert(sizeof(T) == 1, "int8 or uint8 codes");
+  const ssize_t K4 = (K + 3) / 4;
+  // 16 codes (4 quads) per step: widen to int16, reorder each quad's words (a0, a1, a2, a3) -> (a0, a2, a1, a3)
+  // (vpshufb within 128-bit lanes), row term from vpmaddwd of the reordered vector and its dword-swapped copy
+  // (lane 2q and 2q + 1 both hold a0 a1 + a2 a3: the even lanes are kept)
+  const __m256i sel = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9,
+                                       12, 13, 10, 11, 14, 15);
+  __m256i acc = _mm256_setzero_si256();
+  ssize_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+    const __m256i w = std::is_signed_v<T> ? _mm256_cvtepi8_epi16(raw) : _mm256_cvtepu8_epi16(raw);
+    const __m256i r = _mm256_shuffle_epi8(w, sel);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), r);
+    const __m256i t = _mm256_madd_epi16(r, _mm256_shuffle_epi32(r, 0xB1));
+    acc = _mm256_add_epi32(acc, _mm256_blend_epi32(_mm256_setzero_si256(), t, 0x55));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  uint32_t t = 0;
+  for (int l = 0; l < 8; ++l) t += uint32_t(lanes[l]);
+  for (ssize_t q = k / 4; q < K4; ++q) {  // the tail, K padding zero
+    int16_t v[4];
+    for (int u = 0; u < 4; ++u) v[u] = 4 * q + u < K ? int16_t(a[4 * q + u]) : int16_t(0);
+    dst[4 * q] = v[0];
+    dst[4 * q + 1] = v[2];
+    dst[4 * q + 2] = v[1];
+    dst[4 * q + 3] = v[3];
+    t += uint32_t(int32_t(v[0]) * v[1] + int32_t(v[2]) * v[3]);
+  }
+  const i32 ti = i32(t);
+  std::memcpy(dst + 4 * K4, &ti, 4);
+  for (ssize_t e = 4 * K4 + 2; e < lda; ++e) dst[e] = 0;
+}
+inline i32 wino_row_term(const int16_t* row, ssize_t K4) {
+  i32 t;
+  std::memcpy(&t, row + 4 * K4, 4);
+  return t;
+}
 #undef TL_PIN
 
 // rows of A per micro-kernel block: 6 for vnni and madd16 (the register-blocked kernels above), 4 otherwise.
 // A operands are padded to a multiple of MRP rows (zeros) so a block may read past M.
 constexpr int MRP = 12;
-inline int kern_mr(Kern k) { return (k == Kern::vnni || k == Kern::avx2_madd16) ? 6 : 4; }
+inline int kern_mr(Kern k) {
+  return (k == Kern::vnni || k == Kern::avx2_madd16) ? 6 : k == Kern::avx2_wino ? WINO_MR : 4;
+}
+inline bool kern_wide(Kern k) { return k == Kern::avx2_madd16 || k == Kern::avx2_wino; }  // int16 A operand
 inline ssize_t padded_rows(ssize_t M) { return (M + MRP - 1) / MRP * MRP; }
 
 // one (row block, K block) step of kernel `kern` for `rows` (1..kern_mr(kern)) rows
@@ -547,9 +705,16 @@ void micro(Kern kern, int rows, const AT* ap, ssize_t lda, const i8* bp, const i
     default: FN<6>(ap, lda, BPTR, k0, k1, ct); break;     \
   }
   if constexpr (std::is_same_v<AT, int16_t>) {
-    (void)kern;
     (void)bp;
-    TL_MK6_CASES(mk_madd16_6, bw)
+    if (kern == Kern::avx2_wino) {
+      switch (rows) {
+        case 1: mk_wino<1>(ap, lda, bw, k0, k1, ct); break;
+        case 2: mk_wino<2>(ap, lda, bw, k0, k1, ct); break;
+        default: mk_wino<3>(ap, lda, bw, k0, k1, ct); break;
+      }
+    } else {
+      TL_MK6_CASES(mk_madd16_6, bw)
+    }
   } else {
     (void)bw;
     if (kern == Kern::vnni) {
@@ -585,6 +750,7 @@ int max_threads() {
 // its own int32 tile, K blocked by KCB (a 16 KB B block stays in L1 while the chunk's rows stream past it).
 template <typename AT, typename EP>
 void run_packed(Kern kern, const AT* A, ssize_t lda, ssize_t M, ssize_t K4, const i8* P, ssize_t N, EP ep) {
+  if (kern == Kern::avx2_wino) tl::value_error("run_packed: avx2_wino runs through run_row_items only");
   const int mr = kern_mr(kern);
   const ssize_t NP = (N + NPW - 1) / NPW, MP = (M + mr - 1) / mr;
   const ssize_t want = 4 * ssize_t(max_threads());
@@ -624,7 +790,7 @@ void run_packed(Kern kern, const AT* A, ssize_t lda, ssize_t M, ssize_t K4, cons
 
 bool kern_supported(Kern k) {
   if (k == Kern::vnni) return has("avx512vnni");
-  if (k == Kern::avx2_madd16 || k == Kern::avx2_u7) return has("avx2");
+  if (k == Kern::avx2_madd16 || k == Kern::avx2_u7 || k == Kern::avx2_wino) return has("avx2");
   return true;
 }
 
@@ -633,26 +799,56 @@ const char* kern_name(Kern k) {
     case Kern::vnni: return "avx512vnni";
     case Kern::avx2_madd16: return "avx2_madd16";
     case Kern::avx2_u7: return "avx2_u7";
+    case Kern::avx2_wino: return "avx2_wino";
     default: return "scalar";
   }
 }
 
-// version string -> kernel. "auto": vnni, else avx2_u7 when every A code is <= 127 (u7_ok), else avx2_madd16,
-// else scalar. An explicit version the CPU (or TINYLEARN_CPU_FEATURES) lacks is a ValueError.
+// AVX2 without VNNI: which kernel family suits this core, measured once per process. madd16 and u7 issue one
+// vpmaddwd (or vpmaddubsw) per 16 MACs, Winograd one per 32 MACs plus two vpaddw: the same instruction count,
+// so Winograd only wins where the integer multiplier is the bottleneck, i.e. where a stream of vpmaddwd + vpaddd
+// runs at < 1.5x the MAC rate of a stream of fp32 FMAs (Zen 2: 1.0x, one multiply pipe next to two FMA pipes;
+// cores with two multiply pipes: ~2x). The probe is machine.cpp's mac_rate (best of 3 x 4000 loop trips, ~0.1 ms).
+struct Avx2Choice {
+  bool wino = false;
+  double madd16_over_fma = 0.0;  // the measured MAC-rate ratio (0: not measured, e.g. no FMA)
+};
+const Avx2Choice& avx2_choice() {
+  static const Avx2Choice c = [] {
+    Avx2Choice r;
+    try {
+      double m = 0.0, f = 0.0;
+      for (int t = 0; t < 3; ++t) {
+        m = std::max(m, tl::mac_rate_raw("int8_madd16_ymm", 4000));
+        f = std::max(f, tl::mac_rate_raw("fp32_fma_ymm", 4000));
+      }
+      r.madd16_over_fma = m / f;
+      r.wino = r.madd16_over_fma < 1.5;
+    } catch (const std::invalid_argument&) {  // a CPU without FMA (or not x86-64): keep the direct kernels
+    }
+    return r;
+  }();
+  return c;
+}
+
+// version string -> kernel. "auto": vnni, else on AVX2 avx2_wino where the multiplier is the bottleneck
+// (avx2_choice), else avx2_u7 when every A code is <= 127 (u7_ok), else avx2_madd16; else scalar. An explicit
+// version the CPU (or TINYLEARN_CPU_FEATURES) lacks is a ValueError.
 Kern pick_kern(const std::string& version, bool u7_ok, const char* fn) {
   if (version == "auto") {
     if (has("avx512vnni")) return Kern::vnni;
-    if (has("avx2")) return u7_ok ? Kern::avx2_u7 : Kern::avx2_madd16;
+    if (has("avx2")) return avx2_choice().wino ? Kern::avx2_wino : u7_ok ? Kern::avx2_u7 : Kern::avx2_madd16;
     return Kern::scalar;
   }
   Kern k;
   if (version == "avx512vnni") k = Kern::vnni;
   else if (version == "avx2_madd16") k = Kern::avx2_madd16;
   else if (version == "avx2_u7") k = Kern::avx2_u7;
+  else if (version == "avx2_wino") k = Kern::avx2_wino;
   else if (version == "scalar") k = Kern::scalar;
   else
     tl::value_error(std::string(fn) + ": version: unknown '" + version +
-                    "' (auto, avx512vnni, avx2_madd16, avx2_u7, scalar)");
+                    "' (auto, avx512vnni, avx2_madd16, avx2_u7, avx2_wino, scalar)");
   if (!kern_supported(k))
     tl::value_error(std::string(fn) + ": version: '" + version + "' is not supported by this CPU");
   if (k == Kern::avx2_u7 && !u7_ok)
@@ -665,8 +861,11 @@ std::vector<std::string> packed_versions() {
   std::vector<std::string> out;
   if (has("avx512vnni")) out.push_back("avx512vnni");
   if (has("avx2")) {
+    const bool w = avx2_choice().wino;  // best first: Winograd where the multiplier is the bottleneck
+    if (w) out.push_back("avx2_wino");
     out.push_back("avx2_madd16");
     out.push_back("avx2_u7");
+    if (!w) out.push_back("avx2_wino");
   }
   out.push_back("scalar");
   return out;
@@ -679,6 +878,9 @@ ssize_t a_stride(ssize_t K4, int elem_bytes) {
   const ssize_t row = K4 * 4;
   return (row * elem_bytes) % 512 == 0 ? row + 64 / elem_bytes : row;
 }
+
+// the Winograd operand's stride: room for the row term (an int32 after the K4 * 4 values), 32-byte multiple
+ssize_t wino_lda(ssize_t K4) { return a_stride(K4, 2) + 16; }
 
 // A rows -> kernel operand: u8 codes (int8 A offset by 128) or int16 values for madd16; rows padded to MR.
 struct PreparedA {
@@ -758,11 +960,14 @@ py::tuple pack_any(const py::array& b_in) {
 struct WideB {
   static constexpr size_t kKeep = size_t(8) << 20;  // int16 elements kept per calling thread (16 MB)
   ssize_t K4 = 0, nkb = 0;
+  bool wino = false;                              // Winograd layout (widen_block_wino) instead of madd16's
   std::unique_ptr<int16_t[]> own;                 // per-call buffer when B is larger than kKeep
   int16_t* buf = nullptr;                         // [panel][kq][NPW x 4], per K block grouped as widen_block writes
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // per (panel, K block): 0 free, 1 being widened, 2 ready
-  WideB(ssize_t NP, ssize_t K4_, ssize_t kcb)
-      : K4(K4_), nkb((K4_ + kcb - 1) / kcb), state(new std::atomic<uint8_t>[size_t(NP) * nkb]) {
+  std::vector<i32> terms;                         // Winograd: per (panel, K block) the NPW column terms
+  WideB(ssize_t NP, ssize_t K4_, ssize_t kcb, bool wino_)
+      : K4(K4_), nkb((K4_ + kcb - 1) / kcb), wino(wino_), state(new std::atomic<uint8_t>[size_t(NP) * nkb]),
+        terms(wino_ ? size_t(NP * nkb * NPW) : 0) {
     const size_t n = size_t(NP) * K4_ * NPW * 4;
     thread_local std::unique_ptr<int16_t[]> kept;
     thread_local size_t kept_n = 0;
@@ -778,25 +983,44 @@ struct WideB {
     }
     for (ssize_t t = 0; t < NP * nkb; ++t) state[t].store(0, std::memory_order_relaxed);
   }
-  // int16 rows [k0, k1) of panel p (bp: its bytes): the shared copy, or the caller's scratch `own`
-  const int16_t* get(ssize_t p, ssize_t kb, const i8* bp, ssize_t k0, ssize_t k1, int16_t* own) {
+  // int16 rows [k0, k1) of panel p (bp: its bytes): the shared copy, or the caller's scratch `own`; Winograd:
+  // *cc = the block's column terms (shared, or own_cc)
+  const int16_t* get(ssize_t p, ssize_t kb, const i8* bp, ssize_t k0, ssize_t k1, int16_t* own, i32* own_cc,
+                     const i32** cc) {
     std::atomic<uint8_t>& st = state[p * nkb + kb];
     int16_t* dst = buf + (p * K4 + k0) * NPW * 4;
+    i32* tdst = wino ? terms.data() + (p * nkb + kb) * NPW : nullptr;
     uint8_t s = st.load(std::memory_order_acquire);
-    if (s == 2) return dst;
-    if (s == 0 && st.compare_exchange_strong(s, 1, std::memory_order_acq_rel)) {
-      widen_block(bp, k0, k1, dst);
-      st.store(2, std::memory_order_release);
+    if (s == 2) {
+      *cc = tdst;
       return dst;
     }
-    widen_block(bp, k0, k1, own);
+    if (s == 0 && st.compare_exchange_strong(s, 1, std::memory_order_acq_rel)) {
+      widen(bp, k0, k1, dst, tdst);
+      st.store(2, std::memory_order_release);
+      *cc = tdst;
+      return dst;
+    }
+    widen(bp, k0, k1, own, own_cc);
+    *cc = own_cc;
     return own;
+  }
+  void widen(const i8* bp, ssize_t k0, ssize_t k1, int16_t* dst, i32* tdst) const {
+    if (wino) {
+      widen_block_wino(bp, k0, k1, dst);
+      wino_col_terms(dst, k1 - k0, tdst);  // once per call and block, not once per row chunk
+    } else {
+      widen_block(bp, k0, k1, dst);
+    }
   }
 };
 
 // K block (4-byte k steps) of the madd16 path: 128 x 64 columns of int16 = 64 KB (L2; the kernel streams one
 // 8-column strip, 8 KB, per row block), half the per-block accumulator reductions (hadd) of the 64 used before
 constexpr ssize_t KCBW = 128;
+// the Winograd kernel's K block: one 32-column step reads half of each 512-byte kq row, so 64 kq = 32 KB of lines
+constexpr ssize_t KCB_WINO = 64;
+inline ssize_t wide_kcb(Kern k) { return k == Kern::avx2_wino ? KCB_WINO : KCBW; }
 
 // GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
 // int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB (KCBW for madd16), ep(i, j0, nj, s_row)
@@ -808,7 +1032,10 @@ void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssiz
   const int mr = kern_mr(kern);
   const ssize_t maxrows = 48 / mr * mr;
   constexpr bool wide = std::is_same_v<AT, int16_t>;
-  const ssize_t kcb = wide ? KCBW : KCB;
+  const ssize_t kcb = wide ? wide_kcb(kern) : KCB;
+  const bool wino = kern == Kern::avx2_wino;
+  i32 cc[NPW];      // Winograd: the panel's column terms, summed over the K blocks
+  i32 own_cc[NPW];  // ... of a block this thread widened into its own scratch
   for (ssize_t q = 0; q < p1 - p0; ++q) {
     const ssize_t p = p0 + (q + rot) % (p1 - p0);  // panels from p0 + rot on, wrapping
     const i8* bp = P + p * K4 * NPW * 4;
@@ -816,12 +1043,26 @@ void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssiz
     for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
       const ssize_t c1 = std::min(r1, c0 + maxrows);
       std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
+      if (wino) std::memset(cc, 0, sizeof(cc));
       for (ssize_t k0 = 0; k0 < K4; k0 += kcb) {
         const ssize_t k1 = std::min(K4, k0 + kcb);
         const int16_t* bwk = nullptr;
-        if constexpr (wide) bwk = wb->get(p, k0 / kcb, bp, k0, k1, bw);
+        if constexpr (wide) {
+          const i32* bcc = nullptr;
+          bwk = wb->get(p, k0 / kcb, bp, k0, k1, bw, own_cc, &bcc);
+          if (wino)
+            for (int c = 0; c < NPW; ++c) cc[c] = i32(uint32_t(cc[c]) + uint32_t(bcc[c]));
+        }
         for (ssize_t i = c0; i < c1; i += mr)
           micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bwk, k0, k1, tile + (i - c0) * NPW);
+      }
+      if constexpr (wide) {
+        if (wino)  // S = W - row term - column term (mod 2^32)
+          for (ssize_t i = c0; i < c1; ++i) {
+            const uint32_t rt = uint32_t(wino_row_term(A + i * lda, K4));
+            i32* t = tile + (i - c0) * NPW;
+            for (int c = 0; c < NPW; ++c) t[c] = i32(uint32_t(t[c]) - rt - uint32_t(cc[c]));
+          }
       }
       for (ssize_t i = c0; i < c1; ++i) ep(i, j0, nj, tile + (i - c0) * NPW);
     }
@@ -839,7 +1080,7 @@ template <typename AT, typename PREP, typename EP>
 bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, const PREP& prep, const EP& ep) {
   const int mr = kern_mr(kern);
   const ssize_t K4 = (K + 3) / 4, MP = (M + mr - 1) / mr, NP = (N + NPW - 1) / NPW;
-  const ssize_t lda = a_stride(K4, int(sizeof(AT)));
+  const ssize_t lda = kern == Kern::avx2_wino ? wino_lda(K4) : a_stride(K4, int(sizeof(AT)));
   const int T = max_threads();
   const bool by_rows = MP >= 2 * ssize_t(T);
   // row items: the same number per thread, at most 8 blocks (48 rows) each
@@ -847,7 +1088,7 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
   const ssize_t nitems = by_rows ? ssize_t(T) * std::max<ssize_t>(1, (MP + T * maxb - 1) / (T * maxb)) : NP;
   std::unique_ptr<AT[]> A(new AT[size_t(padded_rows(M)) * lda]);
   std::atomic<bool> ok{true};
-  std::unique_ptr<WideB> wb(std::is_same_v<AT, int16_t> ? new WideB(NP, K4, KCBW) : nullptr);
+  std::unique_ptr<WideB> wb(std::is_same_v<AT, int16_t> ? new WideB(NP, K4, wide_kcb(kern), kern == Kern::avx2_wino) : nullptr);
   if (!by_rows) {
     std::vector<uint8_t> tmp(static_cast<size_t>(K));
     if (!prep(ssize_t(0), M, A.get(), lda, tmp.data())) return false;
@@ -880,11 +1121,17 @@ template <typename T>
 void packed_run(Kern kern, const T* A, ssize_t M, ssize_t K, const i8* P, ssize_t N, i32 zero_point,
                 const i32* colsum, i32* pc) {
   const bool s = std::is_signed_v<T>;
-  const i32 off = (s && kern != Kern::avx2_madd16 ? 128 : 0) + zero_point;
+  const i32 off = (s && !kern_wide(kern) ? 128 : 0) + zero_point;
   auto ep = [&](ssize_t i, ssize_t j0, ssize_t nj, const i32* acc) {
     for (ssize_t c_ = 0; c_ < nj; ++c_) pc[i * N + j0 + c_] = unoffset(acc[c_], off, colsum[j0 + c_]);
   };
-  if (kern == Kern::avx2_madd16) {
+  if (kern == Kern::avx2_wino) {
+    auto prep = [&](ssize_t i0, ssize_t i1, int16_t* Ap, ssize_t lda, uint8_t*) {
+      for (ssize_t i = i0; i < i1; ++i) wino_row(A + i * K, K, Ap + i * lda, lda);
+      return true;
+    };
+    run_row_items<int16_t>(kern, M, K, P, N, prep, ep);
+  } else if (kern == Kern::avx2_madd16) {
     auto prep = [&](ssize_t i0, ssize_t i1, int16_t* Ap, ssize_t lda, uint8_t*) {
       for (ssize_t i = i0; i < i1; ++i) {
         for (ssize_t k = 0; k < K; ++k) Ap[i * lda + k] = int16_t(A[i * K + k]);
@@ -1086,12 +1333,14 @@ bool min_max(const float* x, ssize_t n, float& mn, float& mx, bool avx2) {
 // padding up to lda is zeroed (it meets zero B entries, but stays defined)
 template <typename AT>
 void quantize_operand_row(const float* x, AT* dst, uint8_t* tmp, ssize_t K, ssize_t lda, float inv, int zp, int qmax,
-                          bool avx2) {
+                          bool avx2, bool wino) {
   if constexpr (std::is_same_v<AT, int16_t>) {
     quantize_row(x, tmp, K, inv, zp, qmax, avx2);
+    if (wino) return wino_row(tmp, K, dst, lda);  // reordered quads + row term (its own padding)
     for (ssize_t k = 0; k < K; ++k) dst[k] = int16_t(tmp[k]);
   } else {
     (void)tmp;
+    (void)wino;
     quantize_row(x, dst, K, inv, zp, qmax, avx2);
   }
   for (ssize_t k = K; k < lda; ++k) dst[k] = 0;
@@ -1126,7 +1375,8 @@ bool dynamic_linear_run(Kern kern, const float* px, ssize_t M, ssize_t K, const 
         psx[i] = s;
         pzx[i] = z;
       }
-      quantize_operand_row<AT>(px + i * K, A + i * lda, tmp, K, lda, 1.f / s, z, qmax, avx2);
+      quantize_operand_row<AT>(px + i * K, A + i * lda, tmp, K, lda, 1.f / s, z, qmax, avx2,
+                               kern == Kern::avx2_wino);
     }
     return true;
   };
@@ -1196,7 +1446,7 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
   bool finite;
   {
     py::gil_scoped_release release;
-    if (kern == Kern::avx2_madd16)
+    if (kern_wide(kern))
       finite = dynamic_linear_run<int16_t>(kern, px, M, K, pk.P.data(), N, per_row, qmax, avx2, psx, pzx, ep);
     else
       finite = dynamic_linear_run<uint8_t>(kern, px, M, K, pk.P.data(), N, per_row, qmax, avx2, psx, pzx, ep);
@@ -1222,6 +1472,17 @@ TL_REGISTER(quant) {
         "C = (A - zero_point) @ B, int8 or uint8 A, B from int8_pack; exact int32. version: auto | avx512vnni | "
         "avx2_madd16 | avx2_u7 (uint8 codes <= 127 only) | scalar");
   m.def("int8_packed_versions", &packed_versions, "packed-B kernel versions this CPU runs, best first");
+  m.def(
+      "int8_avx2_choice",
+      []() {
+        const Avx2Choice& c = avx2_choice();
+        py::dict d;
+        d["kernel"] = c.wino ? "avx2_wino" : "avx2_madd16 / avx2_u7";
+        d["madd16_over_fma"] = c.madd16_over_fma;
+        return d;
+      },
+      "what 'auto' runs on AVX2 without VNNI, and why: {kernel, madd16_over_fma (measured MAC-rate ratio of "
+      "vpmaddwd + vpaddd to fp32 FMA; Winograd below 1.5)}");
   m.def("int8_gemm_maddubs_saturating", &gemm_maddubs_saturating, py::arg("a"), py::arg("b"),
         "u8 A x s8 B through vpmaddubsw without the 7-bit check: int16-saturated pair sums (teaching rung)");
   m.def("int8_dynamic_linear", &dynamic_linear, py::arg("x"), py::arg("packed"), py::arg("colsum"), py::arg("n"),

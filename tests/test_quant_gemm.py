@@ -228,14 +228,17 @@ def _versions_at(level: str, monkeypatch) -> list[str]:
 @pytest.mark.parametrize("level", LEVELS)
 def test_levels_select_the_kernels(level, monkeypatch):
     vs = _versions_at(level, monkeypatch)
-    want = {"scalar": ["scalar"], "avx2": ["avx2_madd16", "avx2_u7", "scalar"]}.get(level)
+    wino_first = C_TL.int8_avx2_choice()["kernel"] == "avx2_wino"  # best first on a multiplier-bound core
+    direct = ["avx2_madd16", "avx2_u7"]
+    avx2 = (["avx2_wino", *direct] if wino_first else [*direct, "avx2_wino"]) + ["scalar"]
+    want = {"scalar": ["scalar"], "avx2": avx2}.get(level)
     if want is not None:
         assert vs == want
     else:
         assert vs[0] == "avx512vnni" and vs[-1] == "scalar"
     # an explicit version above the level is refused (ValueError naming it), never silently downgraded
     pk = Q.PackedInt8Weight(np.ones((8, 3), np.int8))
-    for v in {"avx512vnni", "avx2_madd16", "avx2_u7"} - set(vs):
+    for v in {"avx512vnni", "avx2_madd16", "avx2_u7", "avx2_wino"} - set(vs):
         with pytest.raises(ValueError, match=v):
             pk.matmul(np.ones((2, 8), np.uint8), 0, v)
 
@@ -350,7 +353,8 @@ def test_dynamic_linear_matches_torch(level, m, k, n, monkeypatch):
     y_t = tq(torch.from_numpy(x)).numpy()
     mod = DynamicQuantizedLinear(w, b)  # torch defaults: per-tensor weights, reduce_range
     y = mod(tl.Tensor(x)).data
-    assert mod.last_kernel == {"scalar": "scalar", "avx2": "avx2_u7"}.get(level, "avx512vnni")
+    avx2_auto = "avx2_wino" if C_TL.int8_avx2_choice()["kernel"] == "avx2_wino" else "avx2_u7"
+    assert mod.last_kernel == {"scalar": "scalar", "avx2": avx2_auto}.get(level, "avx512vnni")
     # same quantization parameters as torch: weight scale, activation scale / zero point (reduce_range: 0..127)
     assert np.isclose(mod.w_scale[0], tq[0].weight().q_scale(), rtol=1e-6)
     s_t, z_t = torch._choose_qparams_per_tensor(torch.from_numpy(x), True)
@@ -428,6 +432,49 @@ def test_dynamic_linear_bad_input():
         DynamicQuantizedLinear(np.ones((4, 8), np.float32), version="sse9")
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (4, 64, 9), (2, 301, 3)])
+def test_winograd_reference_is_the_product_with_half_the_multiplies(m, k, n):
+    """The identity behind avx2_wino, in numpy: exact for int8 extremes and odd K (zero padding), M N K/2 + (M + N) K/2
+    multiplications instead of M N K."""
+    rng = np.random.default_rng(m * k + n)
+    a = rng.integers(-128, 128, (m, k))
+    b = rng.integers(-128, 128, (k, n))
+    a[0, :] = -128
+    b[:, 0] = -128
+    c, mults = Q.winograd_reference(a, b)
+    np.testing.assert_array_equal(c, a @ b)
+    half = (k + 1) // 2
+    assert mults == (m * n + m + n) * half
+    with pytest.raises(ValueError, match="winograd_reference"):
+        Q.winograd_reference(a, np.zeros((k + 1, n), np.int64))
+
+
+@pytest.mark.skipif("avx2" not in C_TL.int8_gemm_paths(), reason="needs AVX2")
+def test_avx2_choice_follows_the_measured_multiplier_rate():
+    """'auto' on AVX2 without VNNI runs Winograd exactly where a vpmaddwd + vpaddd stream measured below 1.5x the MAC
+    rate of an fp32 FMA stream (the multiplier is the bottleneck), and the direct kernels elsewhere."""
+    c = Q.avx2_choice()
+    assert c == dict(C_TL.int8_avx2_choice())  # measured once per process
+    assert 0.2 < c["madd16_over_fma"] < 8.0
+    assert (c["kernel"] == "avx2_wino") == (c["madd16_over_fma"] < 1.5)
+
+
+@pytest.mark.skipif("avx2" not in C_TL.int8_gemm_paths(), reason="needs AVX2")
+def test_winograd_sums_wrap_and_stay_exact():
+    """avx2_wino's sums (a + b)(a' + b') reach 2 * 256^2 per lane, its row and column terms K/2 * 128^2: at K = 65536
+    of -128s they wrap modulo 2^32 (W = 2^31), the result C = K * 2^14 = 2^30 must still be exact; uint8 255 x -128
+    at K = 65536 gives C = -2139095040, near the int32 limit."""
+    k = 65536
+    b = np.full((k, 70), -128, np.int8)
+    pk = Q.PackedInt8Weight(b)
+    a = np.full((4, k), -128, np.int8)
+    got = pk.matmul(a, version="avx2_wino")
+    assert (got == 1 << 30).all()
+    au = np.full((4, k), 255, np.uint8)
+    assert (pk.matmul(au, 0, "avx2_wino") == -255 * 128 * k).all()
+    assert (pk.matmul(au, 255, "avx2_wino") == 0).all()
+
+
 def test_packed_k_limit_and_wrapping_offset():
     """uint8 codes minus a zero point reach |C| = K * 255 * 128: K > 65536 is refused (int32 could overflow);
     int8 A near the int8 limit stays exact although the +128-offset sums wrap modulo 2^32 inside the kernel."""
@@ -444,10 +491,10 @@ def test_packed_k_limit_and_wrapping_offset():
 
 
 # ------------------------------------------------------------------------------------------ micro-kernel tails
-# The vnni and avx2_madd16 kernels work on 6-row x 64-column blocks (avx2_u7 and scalar on 4 rows), K in 4-deep
-# quads blocked by 64 quads (256 k; 128 quads for avx2_madd16): M around and below the block rows, K not a multiple
-# of 2 / 4 / 32 / 256 / 512, N not a multiple of 8 / 16 / 64 exercise every tail (padded rows, zero K padding,
-# partial column panels).
+# The vnni and avx2_madd16 kernels work on 6-row x 64-column blocks (avx2_u7 and scalar on 4 rows, avx2_wino on
+# 3 rows x 32 columns), K in 4-deep quads blocked by 64 quads (256 k; 128 quads for avx2_madd16): M around and below
+# the block rows, K not a multiple of 2 / 4 / 32 / 256 / 512, N not a multiple of 8 / 16 / 64 exercise every tail
+# (padded rows, zero K padding, partial column panels).
 TAIL_M = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 25]
 TAIL_KN = [(1, 1), (3, 17), (33, 65), (257, 63), (515, 130)]
 

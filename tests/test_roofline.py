@@ -96,6 +96,7 @@ _MACS_PER_INSTR = {
     "fp32_fma_ymm": 8,
     "int8_madd16_ymm": 8,  # vpmaddwd + vpaddd: 16 per 2 instructions
     "int8_u7_ymm": 32 / 3,  # vpmaddubsw + vpmaddwd + vpaddd
+    "int8_wino_ymm": 8,  # 2 vpaddw + vpmaddwd + vpaddd: 32 per 4 instructions
     "int8_madd16+fp32_fma_ymm": 8,
     "int8_madd16x2+fp32_fma_ymm": 8,  # (8 x 16 + 4 x 8) MACs per 20 instructions
     "fp32_fma_zmm": 16,
@@ -105,6 +106,7 @@ _NEEDS = {
     "fp32_fma_ymm": {"avx2", "fma"},
     "int8_madd16_ymm": {"avx2"},
     "int8_u7_ymm": {"avx2"},
+    "int8_wino_ymm": {"avx2"},
     "int8_madd16+fp32_fma_ymm": {"avx2", "fma"},
     "int8_madd16x2+fp32_fma_ymm": {"avx2", "fma"},
     "fp32_fma_zmm": {"avx512f"},

@@ -8,12 +8,14 @@ from .affine import QRANGES, calculate_qparams, dequantize, qrange, quantize, qu
 from .fp8 import FORMATS, DelayedScaling, fp8_decode, fp8_encode, fp8_matmul, fp8_quantize, fp8_table
 from .gemm import (
     PackedInt8Weight,
+    avx2_choice,
     int8_gemm,
     int8_gemm_paths,
     int8_gemm_versions,
     maddubs_reference,
     packed_versions,
     requantize,
+    winograd_reference,
 )
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
 from .observers import (
@@ -46,6 +48,8 @@ __all__ = [
     "int8_gemm_versions",
     "packed_versions",
     "maddubs_reference",
+    "winograd_reference",
+    "avx2_choice",
     "requantize",
     "PackedInt8Weight",
     "pack_int4",

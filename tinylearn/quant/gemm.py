@@ -7,9 +7,15 @@ Versions ladder (cpp_src/quant_int8_gemm.cpp), all exact:
     avx512vnni    B packed per call as bytes, vpdpbusd (u8 x s8 quads -> int32) with A offset by +128
     avx2_madd16   the byte-packed B (one layout for every packed path) sign-extended to int16 once per call and
                   K block (a buffer the threads share), vpmaddwd
+    avx2_wino     the same B regrouped for Winograd's inner product (1968): per k quad and column,
+                  (a0 + b1)(a1 + b0) + (a2 + b3)(a3 + b2) - (a0 a1 + a2 a3) - (b0 b1 + b2 b3) = a . b, so one vpmaddwd
+                  lane covers 4 products (half the multiplies of madd16, two vpaddw more); the row and column terms
+                  are computed once per row / per B block. ``winograd_reference`` is the same algebra in numpy.
 ``PackedInt8Weight`` packs B once (the byte layout + column sums) and runs the packed kernels: avx512vnni,
-avx2_madd16, avx2_u7 (vpmaddubsw: only for uint8 codes <= 127, where its int16 pair sums cannot saturate) and
-scalar; uint8 activations with a zero point go straight in (``matmul(a_u8, zero_point=z)``).
+avx2_madd16, avx2_u7 (vpmaddubsw: only for uint8 codes <= 127, where its int16 pair sums cannot saturate),
+avx2_wino and scalar; uint8 activations with a zero point go straight in (``matmul(a_u8, zero_point=z)``).
+"auto" picks avx512vnni, else on AVX2 avx2_wino where the core's integer multiplier is the bottleneck (measured
+once: ``avx2_choice()``), else avx2_u7 for 7-bit codes, else avx2_madd16; else scalar.
 
 Exactness: |sum_k a_ik b_kj| <= K * 128 * 128 = K * 2^14 fits int32 for K <= 2^17. See cpp_src/quant_int8_gemm.cpp
 for the kernel versions (AVX-512 VNNI dpbusd with the +128 offset trick, AVX2 int16 madd, scalar) and why the
@@ -31,7 +37,8 @@ from .. import backends
 from .._inputs import as_array
 
 VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2", "scalar")  # C++ code paths; "auto" = best this CPU runs
-PACKED_VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2_u7", "scalar")  # PackedInt8Weight.matmul kernels
+# PackedInt8Weight.matmul kernels
+PACKED_VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2_u7", "avx2_wino", "scalar")
 
 
 def _C() -> Any:
@@ -46,6 +53,34 @@ def int8_gemm_paths() -> list[str]:
 def packed_versions() -> list[str]:
     """Packed-B kernels this CPU runs, best first (e.g. ['avx512vnni', 'avx2_madd16', 'avx2_u7', 'scalar'])."""
     return list(_C().int8_packed_versions())
+
+
+def avx2_choice() -> dict[str, Any]:
+    """What "auto" runs on AVX2 without VNNI and why, measured once per process: {"kernel": "avx2_wino" or
+    "avx2_madd16 / avx2_u7", "madd16_over_fma": MAC rate of a vpmaddwd + vpaddd stream / that of an fp32 FMA stream}.
+    Winograd is chosen below 1.5 (the integer multiplier is the bottleneck, e.g. Zen 2: 1.0)."""
+    return dict(_C().int8_avx2_choice())
+
+
+def winograd_reference(a: Any, b: Any) -> tuple[np.ndarray, int]:
+    """a @ b for integer a [M, K], b [K, N] through Winograd's inner-product identity, in int64 numpy: K padded to
+    even, then for each pair (a_2p, a_2p+1) x column (b_2p, b_2p+1):
+        (a_2p + b_2p+1)(a_2p+1 + b_2p) = a_2p b_2p + a_2p+1 b_2p+1 + a_2p a_2p+1 + b_2p b_2p+1
+    so C = sum_p (a_2p + b_2p+1)(a_2p+1 + b_2p) - rowterm(a) - colterm(b). Returns (C as int64, the number of
+    multiplications: M N K/2 for the main sum + (M + N) K/2 for the terms, against M N K for the textbook product)."""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"winograd_reference: a [M, K] and b [K, N] needed, got a {a.shape} and b {b.shape}")
+    if a.shape[1] % 2:
+        a = np.pad(a, ((0, 0), (0, 1)))
+        b = np.pad(b, ((0, 1), (0, 0)))
+    m, k = a.shape
+    n = b.shape[1]
+    row = (a[:, 0::2] * a[:, 1::2]).sum(1)  # M x K/2 multiplications
+    col = (b[0::2] * b[1::2]).sum(0)  # N x K/2
+    main = ((a[:, 0::2, None] + b[None, 1::2, :]) * (a[:, 1::2, None] + b[None, 0::2, :])).sum(1)  # M N K/2
+    return main - row[:, None] - col[None, :], (m * n + m + n) * (k // 2)
 
 
 def int8_gemm_versions() -> list[str]:
@@ -174,7 +209,8 @@ class PackedInt8Weight:
 
     def matmul(self, a: Any, zero_point: int = 0, version: str | None = None) -> np.ndarray:
         """(a - zero_point) @ B, exact int32. ``a``: int8 [M, K], or uint8 [M, K] codes with ``zero_point``.
-        version: None/"auto" | "avx512vnni" | "avx2_madd16" | "avx2_u7" (uint8 codes <= 127 only) | "scalar"."""
+        version: None/"auto" | "avx512vnni" | "avx2_madd16" | "avx2_u7" (uint8 codes <= 127 only) | "avx2_wino" |
+        "scalar"."""
         a = as_array(a, "a_int8", dtypes=(np.int8, np.uint8), ndim=2)
         if a.shape[1] != self.k:
             raise ValueError(f"a_int8: inner dimension {a.shape[1]} != packed K {self.k}")
