@@ -28,6 +28,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -528,8 +529,10 @@ __attribute__((target("avx2"))) void mk_madd16_6(const int16_t* ap, ssize_t lda,
   }
 }
 
-// Winograd operand layouts. B: kq rows [k0, k1) of a packed panel as [k1 - k0][8 column groups][X | Y], X = the 8
-// columns' (b1, b3), Y = their (b0, b2), int16 (one kq of all 64 columns is 512 contiguous bytes). A rows: each quad
+// Winograd operand layouts. B: kq rows [k0, k1) of a packed panel as [2 halves][k1 - k0][4 column groups][X | Y],
+// X = the 8 columns' (b1, b3), Y = their (b0, b2), int16: one kq of a 32-column half is 256 contiguous bytes and a
+// half's block is contiguous (16 KB at 64 kq), so it spreads over every L1 set (a [kq][8 groups] layout read one
+// half at a time used half the sets and ran 25-30% slower whenever A and the tile landed in them too). A rows: each quad
 // stored (a0, a2, a1, a3), so (a0, a2) and (a1, a3) are one 32-bit broadcast each; the row term a0 a1 + a2 a3
 // summed over the row sits (int32) at element K4 * 4.
 __attribute__((target("avx2"))) void widen_block_wino(const i8* bp, ssize_t k0, ssize_t k1, int16_t* bw) {
@@ -541,7 +544,7 @@ __attribute__((target("avx2"))) void widen_block_wino(const i8* bp, ssize_t k0, 
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + (kq * NPW + 8 * g) * 4));
       // [X cols 0-3 | Y cols 0-3 | X cols 4-7 | Y cols 4-7] -> [X 0-3 | X 4-7 | Y 0-3 | Y 4-7]
       const __m256i q = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sel), 0xD8);
-      int16_t* dst = bw + (kq - k0) * NPW * 4 + g * 32;
+      int16_t* dst = bw + (g / 4) * (k1 - k0) * 128 + (kq - k0) * 128 + (g % 4) * 32;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
     }
@@ -553,7 +556,7 @@ __attribute__((target("avx2"))) void wino_col_terms(const int16_t* bw, ssize_t k
   for (int g = 0; g < NPW / 8; ++g) acc[g] = _mm256_setzero_si256();
   for (ssize_t t = 0; t < kb; ++t)
     for (int g = 0; g < NPW / 8; ++g) {
-      const int16_t* b = bw + t * NPW * 4 + g * 32;
+      const int16_t* b = bw + (g / 4) * kb * 128 + t * 128 + (g % 4) * 32;
       acc[g] = _mm256_add_epi32(acc[g], _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)),
                                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16))));
     }
@@ -571,11 +574,11 @@ template <int R>
 __attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
                                              ssize_t k1, i32* ct) {
   static_assert(R >= 1 && R <= WINO_MR, "rows");
-  static_assert(NPW == 64, "the asm's tile offsets assume 64-column (256-byte) tile rows and 512-byte B steps");
+  static_assert(NPW == 64, "the asm's tile offsets assume 64-column (256-byte) tile rows and 256-byte B steps");
   const ssize_t n = k1 - k0;
   if (n <= 0) return;
   for (int cb = 0; cb < NPW; cb += 32) {
-    const int16_t* b = bw + cb * 4;  // column group cb / 8 of the first kq
+    const int16_t* b = bw + (cb / 32) * n * 128;  // this 32-column half's first kq
     i32* c = ct + cb;
     if constexpr (R == WINO_MR) {
       const int16_t* p0 = ap + 4 * k0;
@@ -594,8 +597,8 @@ __attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, con
           "vpxor %%xmm3, %%xmm3, %%xmm3\n vpxor %%xmm4, %%xmm4, %%xmm4\n vpxor %%xmm5, %%xmm5, %%xmm5\n"
           "vpxor %%xmm6, %%xmm6, %%xmm6\n vpxor %%xmm7, %%xmm7, %%xmm7\n vpxor %%xmm8, %%xmm8, %%xmm8\n"
           "vpxor %%xmm9, %%xmm9, %%xmm9\n vpxor %%xmm10, %%xmm10, %%xmm10\n vpxor %%xmm11, %%xmm11, %%xmm11\n"
-          "1:\n" TL_WR(p0, 0, 1, 2, 3) TL_WR(p1, 4, 5, 6, 7) TL_WR(p2, 8, 9, 10, 11)
-          "add $512, %[b]\n dec %[left]\n jnz 1b\n"
+          ".p2align 6\n1:\n" TL_WR(p0, 0, 1, 2, 3) TL_WR(p1, 4, 5, 6, 7) TL_WR(p2, 8, 9, 10, 11)
+          "add $256, %[b]\n dec %[left]\n jnz 1b\n"
           TL_WS(0, 0) TL_WS(1, 32) TL_WS(2, 64) TL_WS(3, 96) TL_WS(4, 256) TL_WS(5, 288) TL_WS(6, 320)
           TL_WS(7, 352) TL_WS(8, 512) TL_WS(9, 544) TL_WS(10, 576) TL_WS(11, 608)
           : [p0] "+r"(p0), [p1] "+r"(p1), [p2] "+r"(p2), [b] "+r"(b), [left] "+r"(left)
@@ -609,7 +612,7 @@ __attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, con
       __m256i acc[R][4];
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < 4; ++g) acc[r][g] = _mm256_setzero_si256();
-      for (ssize_t kq = k0; kq < k1; ++kq, b += NPW * 4)
+      for (ssize_t kq = k0; kq < k1; ++kq, b += 128)
         for (int r = 0; r < R; ++r) {
           int32_t u, v;
           std::memcpy(&u, ap + r * lda + 4 * kq, 4);
@@ -957,11 +960,18 @@ py::tuple pack_any(const py::array& b_in) {
 // loaded 2-core box the other may be descheduled): it widens the piece into its own scratch. No barrier anywhere.
 // The buffer is the calling thread's, kept between calls up to 16 MB (a fresh 2 MB allocation per call went back to
 // the kernel and came back as page faults: ~20% of the time at 512x1024x1024); larger B get a per-call buffer.
+// n int16, 64-byte aligned, for a unique_ptr with std::free (throws std::bad_alloc)
+inline int16_t* aligned_i16(size_t n) {
+  void* p = std::aligned_alloc(64, (n * sizeof(int16_t) + 63) / 64 * 64);
+  if (p == nullptr) throw std::bad_alloc();
+  return static_cast<int16_t*>(p);
+}
+
 struct WideB {
   static constexpr size_t kKeep = size_t(8) << 20;  // int16 elements kept per calling thread (16 MB)
   ssize_t K4 = 0, nkb = 0;
   bool wino = false;                              // Winograd layout (widen_block_wino) instead of madd16's
-  std::unique_ptr<int16_t[]> own;                 // per-call buffer when B is larger than kKeep
+  std::unique_ptr<int16_t[], void (*)(void*)> own{nullptr, std::free};  // per-call buffer when B exceeds kKeep
   int16_t* buf = nullptr;                         // [panel][kq][NPW x 4], per K block grouped as widen_block writes
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // per (panel, K block): 0 free, 1 being widened, 2 ready
   std::vector<i32> terms;                         // Winograd: per (panel, K block) the NPW column terms
@@ -969,14 +979,15 @@ struct WideB {
       : K4(K4_), nkb((K4_ + kcb - 1) / kcb), wino(wino_), state(new std::atomic<uint8_t>[size_t(NP) * nkb]),
         terms(wino_ ? size_t(NP * nkb * NPW) : 0) {
     const size_t n = size_t(NP) * K4_ * NPW * 4;
-    thread_local std::unique_ptr<int16_t[]> kept;
+    // 64-byte aligned (new[] of a large block returns 16 mod 4096: every other 32-byte load of it split a line)
+    thread_local std::unique_ptr<int16_t[], void (*)(void*)> kept{nullptr, std::free};
     thread_local size_t kept_n = 0;
     if (n > kKeep) {
-      own.reset(new int16_t[n]);
+      own.reset(aligned_i16(n));
       buf = own.get();
     } else {
       if (n > kept_n) {
-        kept.reset(new int16_t[n]);
+        kept.reset(aligned_i16(n));
         kept_n = n;
       }
       buf = kept.get();
@@ -1086,7 +1097,11 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
   // row items: the same number per thread, at most 8 blocks (48 rows) each
   const ssize_t maxb = 48 / mr;
   const ssize_t nitems = by_rows ? ssize_t(T) * std::max<ssize_t>(1, (MP + T * maxb - 1) / (T * maxb)) : NP;
-  std::unique_ptr<AT[]> A(new AT[size_t(padded_rows(M)) * lda]);
+  // 64-byte aligned, like the widened B: the alignment of a plain new[] varies from process to process (glibc
+  // serves it from the heap once a freed mmap chunk raised its mmap threshold)
+  const size_t abytes = (size_t(padded_rows(M)) * lda * sizeof(AT) + 63) / 64 * 64;
+  std::unique_ptr<AT[], void (*)(void*)> A(static_cast<AT*>(std::aligned_alloc(64, abytes)), std::free);
+  if (!A) throw std::bad_alloc();
   std::atomic<bool> ok{true};
   std::unique_ptr<WideB> wb(std::is_same_v<AT, int16_t> ? new WideB(NP, K4, wide_kcb(kern), kern == Kern::avx2_wino) : nullptr);
   if (!by_rows) {

@@ -85,3 +85,14 @@ def pack_int4(q: np.ndarray) -> np.ndarray:
 def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
     """Inverse of pack_int4: the first n values as int8 in [-8, 7]."""
     raise NotImplementedError("reference solution: tinylearn/quant/int4.py:unpack_int4")
+
+
+def winograd_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b (int64) for integer a [M, K], b [K, N] with Winograd's inner product: about half the multiplies.
+
+    For each pair of k (2p, 2p + 1):  (a_2p + b_2p+1)(a_2p+1 + b_2p) = a_2p b_2p + a_2p+1 b_2p+1 + a_2p a_2p+1
+    + b_2p b_2p+1. So C = sum_p (a[:, 2p, None] + b[None, 2p+1, :]) * (a[:, 2p+1, None] + b[None, 2p, :])
+    minus the row term sum_p a_2p a_2p+1 (one per row of a) minus the column term sum_p b_2p b_2p+1 (one per
+    column of b). Odd K: pad a with a zero column and b with a zero row. Work in int64. Do not call a @ b.
+    """
+    raise NotImplementedError("reference solution: tinylearn/quant/gemm.py:winograd_reference")

@@ -98,3 +98,15 @@ def test_int4_packing(impl):
     for n in (1, 2, 9, 100):
         q = rng.integers(-8, 8, n).astype(np.int8)
         np.testing.assert_array_equal(impl.unpack_int4(impl.pack_int4(q), n), q)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (4, 7, 3), (16, 64, 10)])
+def test_winograd_matmul(impl, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    a = rng.integers(-128, 128, (m, k))
+    b = rng.integers(-128, 128, (k, n))
+    a[0] = -128  # a + b reaches -256
+    b[:, 0] = -128
+    got = np.asarray(impl.winograd_matmul(a, b))
+    assert got.shape == (m, n)
+    np.testing.assert_array_equal(got, (torch.from_numpy(a) @ torch.from_numpy(b)).numpy())

@@ -425,6 +425,7 @@ PER_INSTR = {  # MACs per issued unit, and the unit
     "fp32_fma_ymm": (8, "vfmadd231ps ymm"),
     "int8_madd16_ymm": (16, "vpmaddwd ymm"),
     "int8_u7_ymm": (32, "vpmaddubsw + vpmaddwd pairs"),
+    "int8_wino_ymm": (32, "vpmaddwd ymm (Winograd: 4 products per lane)"),
     "fp32_fma_zmm": (16, "vfmadd231ps zmm"),
     "int8_vnni_zmm": (64, "vpdpbusd zmm"),
 }
@@ -447,10 +448,77 @@ plt.show()
 
 # %% [markdown]
 # Read the printed ratio before the GEMM table: it bounds what int8 can buy on this core. On a core whose integer
-# multiplies issue at half its FMA rate (one pipe against two: the printed per-cycle rates show it), the ratio is about 1 and an "int8 is 2× fp32" goal is out of reach of every exact
-# kernel; where `vpmaddwd` issues on as many pipes as the FMA, the AVX2 paths can approach 2×, and VNNI's 64 MACs
-# per instruction 4×. Interview answer: *measure the instruction throughput (a port probe, or uops.info) first;
-# the speed-up budget is the ratio of ceilings, then the kernel's fraction of its own ceiling.*
+# multiplies issue at half its FMA rate (one pipe against two: the printed per-cycle rates show it), the direct
+# kinds (`madd16`, `u7`) sit at about 1× and an "int8 is 2× fp32" goal is out of reach of every kernel that does
+# one multiply per product — only an algorithm with fewer multiplies (`int8_wino_ymm`, next section) moves the
+# ceiling; where `vpmaddwd` issues on as many pipes as the FMA, the direct AVX2 paths can approach 2×, and VNNI's
+# 64 MACs per instruction 4×. Interview answer: *measure the instruction throughput (a port probe, or uops.info)
+# first; the speed-up budget is the ratio of ceilings, then the kernel's fraction of its own ceiling.*
+
+# %% [markdown]
+# ### Half the multiplies: Winograd's inner product [Q21] [Q13]
+#
+# When the multiplier is the bottleneck, change the algorithm so that it multiplies less. Winograd (1968) noticed
+# that for two pairs
+#
+# $$(a_0 + b_1)(a_1 + b_0) = a_0 b_0 + a_1 b_1 + \underbrace{a_0 a_1}_{\text{row of }A} + \underbrace{b_0 b_1}_{\text{column of }B}$$
+#
+# so $C_{ij} = \sum_p (a_{i,2p} + b_{2p+1,j})(a_{i,2p+1} + b_{2p,j}) - \sum_p a_{i,2p}a_{i,2p+1} - \sum_p b_{2p,j}b_{2p+1,j}$:
+# the two correction terms cost $M\cdot K/2$ and $N\cdot K/2$ multiplies once, the main sum $MNK/2$ — half of the
+# textbook $MNK$. The price is two additions per multiply. For int8 this is exact and fits the AVX2 instructions:
+# $a + b \in [-256, 383]$ fits int16, so `vpaddw` forms $x = (a_0 + b_1, a_2 + b_3)$ and $y = (a_1 + b_0, a_3 + b_2)$
+# and one `vpmaddwd` lane computes $x_0y_0 + x_1y_1$ — **four** products of a k-quad where `madd16` gets two.
+# Partial sums wrap modulo $2^{32}$ (at $K = 65536$ the main sum reaches $2^{31}$); the final $C$ fits int32, so the
+# wrapped arithmetic gives it exactly (tested at that limit).
+#
+# It halves the multiplies, not the instructions: `madd16` needs `vpmaddwd` + `vpaddd` per 16 products, Winograd
+# 2 `vpaddw` + `vpmaddwd` + `vpaddd` per 32 — the same count. So it wins only where the multiplier is the narrow
+# pipe: `tinylearn.quant.avx2_choice()` measures once per process whether a `vpmaddwd` stream runs below 1.5× the
+# MAC rate of an FMA stream, and `"auto"` then runs `avx2_wino` (on a core with two multiply pipes the direct
+# kernels stay). The kernel (`cpp_src/quant_int8_gemm.cpp`, `mk_wino`): 3 rows × 32 columns per step, 12 ymm
+# accumulators, the two broadcasts of a row serve four column groups, B read as memory operands (loads are cheap
+# there, broadcasts are not), the whole K loop in one asm block so the compiler cannot rename accumulators.
+
+# %%
+rng_w = np.random.default_rng(3)  # its own generator: the notebook's `rng` stream stays as it was
+a_w = rng_w.integers(-128, 128, (6, 10))
+b_w = rng_w.integers(-128, 128, (10, 5))
+a_w[0], b_w[:, 0] = -128, -128  # the extremes: (a + b) reaches -256
+c_w, mults_w = Q.winograd_reference(a_w, b_w)
+assert np.array_equal(c_w, a_w @ b_w)
+print(f"6x10 @ 10x5: Winograd {mults_w} multiplies (main sum 6*5*5 = 150, terms (6 + 5)*5 = 55), textbook {6 * 10 * 5}")
+assert mults_w == 6 * 5 * 5 + (6 + 5) * 5 and 6 * 10 * 5 == 300
+for m_, k_, n_ in ((512, 1024, 1024), (64, 4096, 4096)):
+    ratio_w = ((m_ * n_ + m_ + n_) * (k_ // 2)) / (m_ * n_ * k_)
+    print(f"{m_}x{k_}x{n_}: Winograd needs {ratio_w:.4f} of the textbook multiplies")
+    assert 0.5 < ratio_w < 0.502
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+choice = Q.avx2_choice() if "avx2" in Q.int8_gemm_paths() else None
+print("auto on AVX2:", choice)
+if choice is not None:
+    assert (choice["kernel"] == "avx2_wino") == (choice["madd16_over_fma"] < 1.5)
+    print(
+        f"ceilings here: Winograd {ceil['int8_wino_ymm'] / ceil['fp32_fma_ymm']:.2f}x fp32, "
+        f"direct madd16 {ceil['int8_madd16_ymm'] / ceil['fp32_fma_ymm']:.2f}x"
+    )
+    # Winograd's step does 32 MACs per 4 instructions like madd16's 16 per 2: same instruction rate, more MACs
+    # wherever vpmaddwd (not the adds) limits
+    assert ceil["int8_wino_ymm"] > 0.9 * ceil["int8_madd16_ymm"]
+    M_w, K_w, N_w = 512, 1024, 1024
+    A_w = rng_w.integers(-128, 128, (M_w, K_w), dtype=np.int8)
+    B_w = rng_w.integers(-128, 128, (K_w, N_w), dtype=np.int8)
+    pk_w = Q.PackedInt8Weight(B_w)
+    want_w = A_w.astype(np.int64) @ B_w.astype(np.int64)
+    cmp_w = Comparison(f"int8 GEMM {M_w}x{K_w}x{N_w}, direct vs Winograd", baseline="numpy fp32 sgemm", repeat=5)
+    Af_w, Bf_w = A_w.astype(np.float32), B_w.astype(np.float32)
+    with cmp_w.case("GEMM", flops=2 * M_w * K_w * N_w) as c:
+        for v in ("avx2_madd16", "avx2_wino"):
+            assert np.array_equal(pk_w.matmul(A_w, version=v), want_w), v
+            c.add(f"prepacked B [{v}]", lambda v=v: pk_w.matmul(A_w, version=v))
+        c.add("numpy fp32 sgemm", lambda: Af_w @ Bf_w)
+    print(cmp_w.table)
 
 # %% [markdown]
 # ## 7b. Why fbgemm wants 7-bit activations on AVX2, and what VNNI changes [Q21] [Q13]
@@ -563,6 +631,7 @@ for bits in (8, 7):
 # | `avx512vnni` | `vpdpbusd` (u8×s8 quads → int32); 6×64 micro-kernel | 64 per zmm op | every u8 × s8 (int8 A offset by +128, minus 128·colsum) |
 # | `avx2_madd16` | B sign-extended to int16 per K block, `vpmaddwd` + `vpaddd`; 6×8 micro-kernel | 16 per ymm op | every u8/s8 × s8 (int16 pairs → int32) |
 # | `avx2_u7` | `vpmaddubsw` (pairs → **saturating** int16) + `vpmaddwd`·1 + `vpaddd` | 32 per 2 ymm ops = 16 | only activation codes ≤ 127 (checked; else ValueError) |
+# | `avx2_wino` | Winograd: 2 `vpaddw` (a + b, int16) + `vpmaddwd` + `vpaddd`; row/column terms once; 3×32 micro-kernel | 32 per ymm op | every u8/s8 × s8 (a + b fits int16; sums wrap mod 2³², the result is exact) |
 # | `scalar` | C++ loops | – | everything |
 #
 # **Register blocking.** Each K step of a micro-kernel loads the B vectors once and reuses them for 6 rows of A
@@ -694,15 +763,20 @@ tab_d = cmp_d.table
 print(tab_d)
 best = Q.gemm.packed_versions()[0]
 assert kernels_run["default"] == ("avx2_u7" if best == "avx2_madd16" else best)  # 7-bit codes: u7 on AVX2
-assert kernels_run.get("avx2", "avx2_u7") == "avx2_u7"
+# forced AVX2: Winograd where this core's multiplier is the bottleneck (avx2_choice), else the 7-bit kernel
+avx2_auto = "avx2_wino" if "avx2" in Q.int8_gemm_paths() and Q.avx2_choice()["kernel"] == "avx2_wino" else "avx2_u7"
+assert kernels_run.get("avx2", avx2_auto) == avx2_auto
 # products per multiply-unit op (the table at the top of §7c): the arithmetic behind the expectations below
 PRODUCTS_PER_MUL_OP = {"vpdpbusd zmm": 64, "vpmaddwd ymm (madd16)": 16, "vpmaddubsw + vpmaddwd ymm (u7)": 32 // 2}
+PRODUCTS_PER_MUL_OP |= {"vpmaddwd ymm (Winograd)": 32}
 PRODUCTS_PER_MUL_OP |= {"vfmadd231ps zmm": 16, "vfmadd231ps ymm": 8}
 assert PRODUCTS_PER_MUL_OP["vpdpbusd zmm"] == 4 * PRODUCTS_PER_MUL_OP["vfmadd231ps zmm"]
 assert PRODUCTS_PER_MUL_OP["vpmaddwd ymm (madd16)"] == PRODUCTS_PER_MUL_OP["vpmaddubsw + vpmaddwd ymm (u7)"]
 assert PRODUCTS_PER_MUL_OP["vpmaddwd ymm (madd16)"] == 2 * PRODUCTS_PER_MUL_OP["vfmadd231ps ymm"]
 # register budget of the 6-row micro-kernels: accumulators + B vectors + A broadcast (+ madd product) <= registers
 REGS = {"avx512vnni": (6 * 4 + 4 + 1, 32), "avx2_madd16": (6 * 2 + 2 + 1 + 1, 16)}
+REGS["avx2_wino"] = (3 * 4 + 2 + 2, 16)  # 12 accumulators + 2 broadcasts + x, y (B from memory)
+assert PRODUCTS_PER_MUL_OP["vpmaddwd ymm (Winograd)"] == 2 * PRODUCTS_PER_MUL_OP["vpmaddwd ymm (madd16)"]
 assert all(used <= avail for used, avail in REGS.values())
 MADD16_K_STEP = {"vpmaddwd": 6 * 2, "vpaddd": 6 * 2, "loads": 2 + 6}  # 2 B vectors + 6 A broadcasts
 assert MADD16_K_STEP == {"vpmaddwd": 12, "vpaddd": 12, "loads": 8}
@@ -731,9 +805,10 @@ plt.show()
 # does 4× the products per op of an fp32 FMA, so VNNI is where int8 clearly beats sgemm; on AVX2 both exact
 # (`madd16`) and 7-bit (`u7`) kernels run 16 products per multiply op, i.e. at best 2× an AVX2 fp32 FMA (8 per op),
 # minus the extra `vpaddd`s (one per `vpmaddwd`: a K step of the 6×8 kernel is 12 multiplies, 12 adds and 8 loads,
-# asserted, close to a 6-wide core's dispatch budget) — so an AVX2 int8 GEMM that reaches 1.5× sgemm is near its
-# ceiling, and the 7-bit variant's margin over `madd16` comes from fewer bytes and no widening, not from more
-# multiplies. The dynamic Linear is one fused C++ call (parallel min/max → 32-wide quantize → packed GEMM →
+# asserted, close to a 6-wide core's dispatch budget) — so a direct AVX2 int8 GEMM that reaches 1.5× sgemm is near
+# its ceiling, and the 7-bit variant's margin over `madd16` comes from fewer bytes and no widening, not from more
+# multiplies. Winograd's kernel does 32 products per multiply op (asserted) and pays in adds: it is the one that
+# gains where the multiplier, not the instruction count, is the limit (the ceiling section above). The dynamic Linear is one fused C++ call (parallel min/max → 32-wide quantize → packed GEMM →
 # dequantize + bias) with the same qparams as torch (asserted), so it is compared like for like with
 # `quantize_dynamic`.
 
@@ -1061,6 +1136,9 @@ assert err_plain > 0.9 and err_ef < 0.02 and np.abs(e).max() <= s_g / 2 + 1e-6
 #   On real digit images 8-bit codes saturate in the bright strokes and 7-bit codes never do (§7c, asserted); the
 #   exact AVX2 alternative widens to int16 (`vpmaddwd`) at the same multiply rate, so the choice costs bytes, not
 #   exactness; tinylearn picks `vpmaddubsw` only when every code is ≤ 127.
+#   Where the integer multiplier is the narrow pipe (one `vpmaddwd` per cycle next to two FMAs), no direct int8 kernel
+#   beats fp32: measure the ceilings first (§7), then cut multiplies — Winograd's inner product
+#   `(a0 + b1)(a1 + b0) − a0a1 − b0b1 = a0b0 + a1b1` halves them exactly (§7, `avx2_wino`, chosen by a probe).
 #   Per-channel int8 PTQ stays within 0.5 pt of fp32 on digits (§8, asserted).
 # - **[Q44] INT4.** Two nibbles per byte; group-wise scales (error falls with group size, §5); per-tensor int4 PTQ
 #   loses accuracy and 2 epochs of LSQ QAT bring it within 3 pt of fp32 trained equally long (§8, asserted).
@@ -1091,3 +1169,4 @@ assert err_plain > 0.9 and err_ef < 0.02 and np.abs(e).max() <= s_g / 2 + 1e-6
 # 4. `kl_threshold` — TensorRT entropy calibration with correctly aligned bins.
 # 5. `fp8_e4m3_encode` — bit-exact with `.to(torch.float8_e4m3fn)` (subnormals, carry, saturation, NaN).
 # 6. `pack_int4` / `unpack_int4`.
+# 7. `winograd_matmul` — `a @ b` through Winograd's inner product (§7), exact for int8 extremes and odd K.
