@@ -834,13 +834,22 @@ const Avx2Choice& avx2_choice() {
   return c;
 }
 
+// Below this many rows of A, "auto" keeps avx2_u7 for 7-bit codes even where Winograd wins at size: Winograd (like
+// madd16) widens B to int16 once per call, u7 reads the packed bytes as they are, and at few rows that per-call
+// pass is the larger cost (Zen 2, dynamic Linear 1024->1024: u7 0.37x / 0.87x torch's time at batch 1 / 32,
+// Winograd 1.5x / 1.3x; even at 128, Winograd ahead from 512)
+constexpr ssize_t WINO_MIN_ROWS = 128;
+
 // version string -> kernel. "auto": vnni, else on AVX2 avx2_wino where the multiplier is the bottleneck
-// (avx2_choice), else avx2_u7 when every A code is <= 127 (u7_ok), else avx2_madd16; else scalar. An explicit
-// version the CPU (or TINYLEARN_CPU_FEATURES) lacks is a ValueError.
-Kern pick_kern(const std::string& version, bool u7_ok, const char* fn) {
+// (avx2_choice) unless M < WINO_MIN_ROWS and the codes are 7-bit, else avx2_u7 when every A code is <= 127 (u7_ok),
+// else avx2_madd16; else scalar. An explicit version the CPU (or TINYLEARN_CPU_FEATURES) lacks is a ValueError.
+Kern pick_kern(const std::string& version, bool u7_ok, ssize_t M, const char* fn) {
   if (version == "auto") {
     if (has("avx512vnni")) return Kern::vnni;
-    if (has("avx2")) return avx2_choice().wino ? Kern::avx2_wino : u7_ok ? Kern::avx2_u7 : Kern::avx2_madd16;
+    if (has("avx2")) {
+      if (avx2_choice().wino && !(u7_ok && M < WINO_MIN_ROWS)) return Kern::avx2_wino;
+      return u7_ok ? Kern::avx2_u7 : Kern::avx2_madd16;
+    }
     return Kern::scalar;
   }
   Kern k;
@@ -1195,13 +1204,13 @@ py::array_t<i32> gemm_packed(const py::array& a_in, const py::array& P_in, const
     uint8_t top = 0;
     for (ssize_t t = 0; t < M * K; ++t) top |= pa_[t];
     const bool u7 = (top & 0x80) == 0;
-    const Kern kern = pick_kern(version, u7, "int8_gemm_packed");
+    const Kern kern = pick_kern(version, u7, M, "int8_gemm_packed");
     py::gil_scoped_release release;
     packed_run(kern, pa_, M, K, P, N, i32(zero_point), colsum, pc);
   } else {
     auto a = as_int8(a_in, "a");
     // int8 A is offset to 0..255: not 7-bit, so the u7 kernel cannot take it
-    const Kern kern = pick_kern(version == "avx2_u7" ? version : version, false, "int8_gemm_packed");
+    const Kern kern = pick_kern(version, false, M, "int8_gemm_packed");
     py::gil_scoped_release release;
     packed_run(kern, a.data(), M, K, P, N, 0, colsum, pc);
   }
@@ -1426,7 +1435,7 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
   py::array_t<float> sx(R);
   py::array_t<i32> zx(R);
   // kernel: the u7 AVX2 kernel is exact for 7-bit codes, so reduce_range decides the AVX2 variant up front
-  const Kern kern = pick_kern(version, reduce_range, "int8_dynamic_linear");
+  const Kern kern = pick_kern(version, reduce_range, M, "int8_dynamic_linear");
   if (M == 0) return py::make_tuple(y, sx, zx, kern_name(kern));
   const float* px = x.data();
   float* py_ = y.mutable_data();
@@ -1494,6 +1503,7 @@ TL_REGISTER(quant) {
         py::dict d;
         d["kernel"] = c.wino ? "avx2_wino" : "avx2_madd16 / avx2_u7";
         d["madd16_over_fma"] = c.madd16_over_fma;
+        d["wino_min_rows_7bit"] = int(WINO_MIN_ROWS);
         return d;
       },
       "what 'auto' runs on AVX2 without VNNI, and why: {kernel, madd16_over_fma (measured MAC-rate ratio of "

@@ -353,7 +353,8 @@ def test_dynamic_linear_matches_torch(level, m, k, n, monkeypatch):
     y_t = tq(torch.from_numpy(x)).numpy()
     mod = DynamicQuantizedLinear(w, b)  # torch defaults: per-tensor weights, reduce_range
     y = mod(tl.Tensor(x)).data
-    avx2_auto = "avx2_wino" if C_TL.int8_avx2_choice()["kernel"] == "avx2_wino" else "avx2_u7"
+    ch = C_TL.int8_avx2_choice()  # 7-bit codes below wino_min_rows rows keep u7 (no per-call widening of B)
+    avx2_auto = "avx2_wino" if ch["kernel"] == "avx2_wino" and m >= ch["wino_min_rows_7bit"] else "avx2_u7"
     assert mod.last_kernel == {"scalar": "scalar", "avx2": avx2_auto}.get(level, "avx512vnni")
     # same quantization parameters as torch: weight scale, activation scale / zero point (reduce_range: 0..127)
     assert np.isclose(mod.w_scale[0], tq[0].weight().q_scale(), rtol=1e-6)
@@ -457,6 +458,20 @@ def test_avx2_choice_follows_the_measured_multiplier_rate():
     assert c == dict(C_TL.int8_avx2_choice())  # measured once per process
     assert 0.2 < c["madd16_over_fma"] < 8.0
     assert (c["kernel"] == "avx2_wino") == (c["madd16_over_fma"] < 1.5)
+    if c["kernel"] != "avx2_wino" or "avx512vnni" in C_TL.int8_gemm_paths():
+        return
+    # which kernel "auto" ran is visible through the dynamic Linear: 7-bit codes keep u7 below the row threshold
+    from tinylearn.quant.modules import DynamicQuantizedLinear
+
+    w = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    for reduce_range, m, want in [
+        (True, 1, "avx2_u7"),
+        (True, c["wino_min_rows_7bit"], "avx2_wino"),
+        (False, 1, "avx2_wino"),
+    ]:
+        mod = DynamicQuantizedLinear(w, None, reduce_range=reduce_range)
+        mod(np.ones((m, 64), np.float32))
+        assert mod.last_kernel == want, (reduce_range, m)
 
 
 @pytest.mark.skipif("avx2" not in C_TL.int8_gemm_paths(), reason="needs AVX2")

@@ -15,7 +15,8 @@ Versions ladder (cpp_src/quant_int8_gemm.cpp), all exact:
 avx2_madd16, avx2_u7 (vpmaddubsw: only for uint8 codes <= 127, where its int16 pair sums cannot saturate),
 avx2_wino and scalar; uint8 activations with a zero point go straight in (``matmul(a_u8, zero_point=z)``).
 "auto" picks avx512vnni, else on AVX2 avx2_wino where the core's integer multiplier is the bottleneck (measured
-once: ``avx2_choice()``), else avx2_u7 for 7-bit codes, else avx2_madd16; else scalar.
+once: ``avx2_choice()``; 7-bit codes with few rows keep avx2_u7), else avx2_u7 for 7-bit codes, else avx2_madd16;
+else scalar.
 
 Exactness: |sum_k a_ik b_kj| <= K * 128 * 128 = K * 2^14 fits int32 for K <= 2^17. See cpp_src/quant_int8_gemm.cpp
 for the kernel versions (AVX-512 VNNI dpbusd with the +128 offset trick, AVX2 int16 madd, scalar) and why the
@@ -57,8 +58,9 @@ def packed_versions() -> list[str]:
 
 def avx2_choice() -> dict[str, Any]:
     """What "auto" runs on AVX2 without VNNI and why, measured once per process: {"kernel": "avx2_wino" or
-    "avx2_madd16 / avx2_u7", "madd16_over_fma": MAC rate of a vpmaddwd + vpaddd stream / that of an fp32 FMA stream}.
-    Winograd is chosen below 1.5 (the integer multiplier is the bottleneck, e.g. Zen 2: 1.0)."""
+    "avx2_madd16 / avx2_u7", "madd16_over_fma": MAC rate of a vpmaddwd + vpaddd stream / that of an fp32 FMA stream,
+    "wino_min_rows_7bit": below this many rows 7-bit codes keep avx2_u7}. Winograd is chosen below 1.5 (the
+    integer multiplier is the bottleneck, e.g. Zen 2: 1.0); it widens B per call, which few rows do not repay."""
     return dict(_C().int8_avx2_choice())
 
 
