@@ -811,7 +811,7 @@ const char* kern_name(Kern k) {
 // vpmaddwd (or vpmaddubsw) per 16 MACs, Winograd one per 32 MACs plus two vpaddw: the same instruction count,
 // so Winograd only wins where the integer multiplier is the bottleneck, i.e. where a stream of vpmaddwd + vpaddd
 // runs at < 1.5x the MAC rate of a stream of fp32 FMAs (Zen 2: 1.0x, one multiply pipe next to two FMA pipes;
-// cores with two multiply pipes: ~2x). The probe is machine.cpp's mac_rate (best of 3 x 4000 loop trips, ~0.1 ms).
+// cores with two multiply pipes: ~2x). The probe is machine.cpp's mac_rate (~1 ms once per process).
 struct Avx2Choice {
   bool wino = false;
   double madd16_over_fma = 0.0;  // the measured MAC-rate ratio (0: not measured, e.g. no FMA)
@@ -820,10 +820,14 @@ const Avx2Choice& avx2_choice() {
   static const Avx2Choice c = [] {
     Avx2Choice r;
     try {
+      // a warm-up of each (the core leaves its idle clock; short probes read it low: one process measured 1.45
+      // instead of 1.0 with 3 x 4000 trips and no warm-up), then the best of 3 x 20000 trips (~0.1 ms each)
+      tl::mac_rate_raw("int8_madd16_ymm", 20000);
+      tl::mac_rate_raw("fp32_fma_ymm", 20000);
       double m = 0.0, f = 0.0;
       for (int t = 0; t < 3; ++t) {
-        m = std::max(m, tl::mac_rate_raw("int8_madd16_ymm", 4000));
-        f = std::max(f, tl::mac_rate_raw("fp32_fma_ymm", 4000));
+        m = std::max(m, tl::mac_rate_raw("int8_madd16_ymm", 20000));
+        f = std::max(f, tl::mac_rate_raw("fp32_fma_ymm", 20000));
       }
       r.madd16_over_fma = m / f;
       r.wino = r.madd16_over_fma < 1.5;
