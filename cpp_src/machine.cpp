@@ -10,10 +10,10 @@
 //   mac_rate       multiply-accumulates per second of one core issuing only one instruction mix, 10 independent
 //                  accumulators (more than latency x issue rate on current cores): the *instruction ceiling* of an
 //                  fp32 FMA, an exact int8 step (vpmaddwd + vpaddd; vpmaddubsw + vpmaddwd + vpaddd; Winograd's
-//                  vpaddw x 2 + vpmaddwd + vpaddd, 4 products per lane; vpdpbusd) and two
-//                  mixed int + fp32 steps (6 vpmaddwd : 4 FMAs and 8 : 4). Which execution ports issue each instruction differs between cores (Zen 2:
-//                  two FMA pipes but one integer-multiply pipe), so "int8 is 2x fp32" is a property of the core, to
-//                  be measured before a kernel is tuned toward it (tinylearn.bench.roofline.mac_ceilings)
+//                  vpaddw x 2 + vpmaddwd + vpaddd, 4 products per lane; vpdpbusd) and two mixed int + fp32 steps
+//                  (6 vpmaddwd : 4 FMAs and 8 : 4). Which execution ports issue each instruction differs between
+//                  cores (Zen 2: two FMA pipes but one integer-multiply pipe), so "int8 is 2x fp32" is a property
+//                  of the core, to be measured before a kernel is tuned toward it (bench.roofline.mac_ceilings)
 // Each is checked against numpy in tests/test_foundation.py.
 #include "registry.h"
 
@@ -241,7 +241,8 @@ TL_REGISTER(machine) {
   m.def("mac_rate", &mac_rate, py::arg("kind"), py::arg("trips"),
         "multiply-accumulates per second of this core issuing only `kind` (fp32_fma_ymm, int8_madd16_ymm, int8_u7_ymm, "
         "int8_wino_ymm, "
-        "int8_madd16+fp32_fma_ymm, int8_madd16x2+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm) over `trips` loop trips, 10 independent accumulators");
+        "int8_madd16+fp32_fma_ymm, int8_madd16x2+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm) over `trips` loop trips, "
+        "10 independent accumulators");
   m.def(
       "mac_kinds", []() {
         py::list out;

@@ -7,7 +7,7 @@
 namespace tl {
 // multiply-accumulates per second of one core issuing only `kind` (see machine.cpp: fp32_fma_ymm, int8_madd16_ymm,
 // int8_u7_ymm, int8_wino_ymm, int8_madd16+fp32_fma_ymm, int8_madd16x2+fp32_fma_ymm, fp32_fma_zmm, int8_vnni_zmm)
-// for `trips` loop trips. Throws std::invalid_argument for an unknown kind, trips < 1, or a kind the CPU lacks. Takes no lock
-// and does not touch the GIL.
+// for `trips` loop trips. Throws std::invalid_argument for an unknown kind, trips < 1, or a kind the CPU lacks.
+// Takes no lock and does not touch the GIL.
 double mac_rate_raw(const std::string& kind, int64_t trips);
 }  // namespace tl

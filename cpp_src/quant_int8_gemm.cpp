@@ -11,7 +11,8 @@
 // Dispatch happens at run time (tl::cpu_has in cpu_features.h, which honours TINYLEARN_CPU_FEATURES) and each
 // SIMD path is compiled with __attribute__((target(...))), so a portable (-march=x86-64) build still uses them.
 // Register blocking: 6 rows x 4 zmm (VNNI, 24 accumulators) or 6 rows x 2 ymm (avx2_madd16), 3 rows x 4 ymm
-// (avx2_wino, Winograd's inner product, see the packed-B ladder below), 4 rows for avx2_u7 and scalar. Threads: the per-call int8_gemm versions split column panels; the packed GEMM and the dynamic Linear run in
+// (avx2_wino, Winograd's inner product, see the packed-B ladder below), 4 rows for avx2_u7 and scalar.
+// Threads: the per-call int8_gemm versions split column panels; the packed GEMM and the dynamic Linear run in
 // one OpenMP region with no barrier inside (run_row_items: row chunks that prepare their own rows, or column panels
 // for small M).
 #include "cpu_features.h"
@@ -532,9 +533,8 @@ __attribute__((target("avx2"))) void mk_madd16_6(const int16_t* ap, ssize_t lda,
 // Winograd operand layouts. B: kq rows [k0, k1) of a packed panel as [2 halves][k1 - k0][4 column groups][X | Y],
 // X = the 8 columns' (b1, b3), Y = their (b0, b2), int16: one kq of a 32-column half is 256 contiguous bytes and a
 // half's block is contiguous (16 KB at 64 kq), so it spreads over every L1 set (a [kq][8 groups] layout read one
-// half at a time used half the sets and ran 25-30% slower whenever A and the tile landed in them too). A rows: each quad
-// stored (a0, a2, a1, a3), so (a0, a2) and (a1, a3) are one 32-bit broadcast each; the row term a0 a1 + a2 a3
-// summed over the row sits (int32) at element K4 * 4.
+// half at a time maps onto half of them). A rows: each quad stored (a0, a2, a1, a3), so (a0, a2) and (a1, a3) are
+// one 32-bit broadcast each; the row term a0 a1 + a2 a3 summed over the row sits (int32) at element K4 * 4.
 __attribute__((target("avx2"))) void widen_block_wino(const i8* bp, ssize_t k0, ssize_t k1, int16_t* bw) {
   // per 128-bit lane (4 columns x 4 k bytes): odd k bytes (b1, b3) first, then even (b0, b2)
   const __m256i sel = _mm256_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
@@ -557,16 +557,17 @@ __attribute__((target("avx2"))) void wino_col_terms(const int16_t* bw, ssize_t k
   for (ssize_t t = 0; t < kb; ++t)
     for (int g = 0; g < NPW / 8; ++g) {
       const int16_t* b = bw + (g / 4) * kb * 128 + t * 128 + (g % 4) * 32;
-      acc[g] = _mm256_add_epi32(acc[g], _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)),
-                                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16))));
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      acc[g] = _mm256_add_epi32(acc[g], _mm256_madd_epi16(x, y));
     }
   for (int g = 0; g < NPW / 8; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(cc + 8 * g), acc[g]);
 }
 
 // 3 rows x 32 columns per step (two steps per 64-column panel): per row and k quad, two broadcasts xa = (a0, a2),
-// ya = (a1, a3) serve four column groups: x = xa + X, y = ya + Y (B as memory operands: loads are cheap, the
-// broadcasts are not -- on Zen 2 each takes a vector pipe slot, and with one column group per broadcast pair they
-// cost ~20% of the step), acc += vpmaddwd(x, y), one int32 lane per column (no final hadd).
+// ya = (a1, a3) serve four column groups: x = xa + X, y = ya + Y (B as memory operands), acc += vpmaddwd(x, y), one
+// int32 lane per column (no final hadd). Measured on Zen 2 against this tile: 6 x 8 (one column group per broadcast
+// pair) 10% slower, 4 x 16 with B in registers equal, an unrolled-by-2 loop 7% slower.
 // The full tile is one asm block with fixed registers (GCC's allocator renamed the accumulators of an intrinsics
 // loop every step): ymm0-11 accumulators (row r, group g in 4r + g), 12-13 the broadcasts, 14-15 x and y.
 constexpr int WINO_MR = 3;
@@ -619,8 +620,9 @@ __attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, con
           std::memcpy(&v, ap + r * lda + 4 * kq + 2, 4);
           const __m256i xa = _mm256_set1_epi32(u), ya = _mm256_set1_epi32(v);
           for (int g = 0; g < 4; ++g) {
-            const __m256i x = _mm256_add_epi16(xa, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + g * 32)));
-            const __m256i y = _mm256_add_epi16(ya, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + g * 32 + 16)));
+            const __m256i* bg = reinterpret_cast<const __m256i*>(b + g * 32);
+            const __m256i x = _mm256_add_epi16(xa, _mm256_loadu_si256(bg));
+            const __m256i y = _mm256_add_epi16(ya, _mm256_loadu_si256(bg + 1));
             acc[r][g] = _mm256_add_epi32(acc[r][g], _mm256_madd_epi16(x, y));
           }
         }
@@ -642,8 +644,8 @@ __attribute__((target("avx2"))) void wino_row(const T* a, ssize_t K, int16_t* ds
   // 16 codes (4 quads) per step: widen to int16, reorder each quad's words (a0, a1, a2, a3) -> (a0, a2, a1, a3)
   // (vpshufb within 128-bit lanes), row term from vpmaddwd of the reordered vector and its dword-swapped copy
   // (lane 2q and 2q + 1 both hold a0 a1 + a2 a3: the even lanes are kept)
-  const __m256i sel = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9,
-                                       12, 13, 10, 11, 14, 15);
+  const __m256i sel = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,  //
+                                       0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
   __m256i acc = _mm256_setzero_si256();
   ssize_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -1049,7 +1051,7 @@ inline ssize_t wide_kcb(Kern k) { return k == Kern::avx2_wino ? KCB_WINO : KCBW;
 // GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
 // int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB (KCBW for madd16), ep(i, j0, nj, s_row)
 // per row and panel. tile (48 x NPW int32) and bw (madd16: KCBW x NPW x 4 int16) are the calling thread's scratch;
-// wb: madd16's shared int16 B (null otherwise).
+// wb: the shared int16 B of madd16 / avx2_wino (null otherwise).
 template <typename AT, typename EP>
 void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,
                ssize_t p0, ssize_t p1, i32* tile, int16_t* bw, WideB* wb, const EP& ep, ssize_t rot = 0) {
@@ -1064,29 +1066,39 @@ void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssiz
     const ssize_t p = p0 + (q + rot) % (p1 - p0);  // panels from p0 + rot on, wrapping
     const i8* bp = P + p * K4 * NPW * 4;
     const ssize_t j0 = p * NPW, nj = std::min<ssize_t>(NPW, N - j0);
+    if constexpr (wide) {
+      if (wino) {  // the panel's column terms first (widening its blocks now rather than in the K loop below)
+        std::memset(cc, 0, sizeof(cc));
+        for (ssize_t k0 = 0; k0 < K4; k0 += kcb) {
+          const i32* bcc = nullptr;
+          wb->get(p, k0 / kcb, bp, k0, std::min(K4, k0 + kcb), bw, own_cc, &bcc);
+          for (int c = 0; c < NPW; ++c) cc[c] = i32(uint32_t(cc[c]) + uint32_t(bcc[c]));
+        }
+      }
+    }
     for (ssize_t c0 = r0; c0 < r1; c0 += maxrows) {
       const ssize_t c1 = std::min(r1, c0 + maxrows);
-      std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
-      if (wino) std::memset(cc, 0, sizeof(cc));
+      bool started = false;
+      if constexpr (wide) {
+        if (wino) {  // S = W - row term - column term (mod 2^32): the tile starts at -(row term + column term)
+          for (ssize_t i = c0; i < c1; ++i) {
+            const uint32_t rt = uint32_t(wino_row_term(A + i * lda, K4));
+            i32* t = tile + (i - c0) * NPW;
+            for (int c = 0; c < NPW; ++c) t[c] = i32(0u - rt - uint32_t(cc[c]));
+          }
+          started = true;
+        }
+      }
+      if (!started) std::memset(tile, 0, size_t(c1 - c0) * NPW * sizeof(i32));
       for (ssize_t k0 = 0; k0 < K4; k0 += kcb) {
         const ssize_t k1 = std::min(K4, k0 + kcb);
         const int16_t* bwk = nullptr;
         if constexpr (wide) {
           const i32* bcc = nullptr;
           bwk = wb->get(p, k0 / kcb, bp, k0, k1, bw, own_cc, &bcc);
-          if (wino)
-            for (int c = 0; c < NPW; ++c) cc[c] = i32(uint32_t(cc[c]) + uint32_t(bcc[c]));
         }
         for (ssize_t i = c0; i < c1; i += mr)
           micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bwk, k0, k1, tile + (i - c0) * NPW);
-      }
-      if constexpr (wide) {
-        if (wino)  // S = W - row term - column term (mod 2^32)
-          for (ssize_t i = c0; i < c1; ++i) {
-            const uint32_t rt = uint32_t(wino_row_term(A + i * lda, K4));
-            i32* t = tile + (i - c0) * NPW;
-            for (int c = 0; c < NPW; ++c) t[c] = i32(uint32_t(t[c]) - rt - uint32_t(cc[c]));
-          }
       }
       for (ssize_t i = c0; i < c1; ++i) ep(i, j0, nj, tile + (i - c0) * NPW);
     }
@@ -1116,7 +1128,8 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
   std::unique_ptr<AT[], void (*)(void*)> A(static_cast<AT*>(std::aligned_alloc(64, abytes)), std::free);
   if (!A) throw std::bad_alloc();
   std::atomic<bool> ok{true};
-  std::unique_ptr<WideB> wb(std::is_same_v<AT, int16_t> ? new WideB(NP, K4, wide_kcb(kern), kern == Kern::avx2_wino) : nullptr);
+  const bool wide = std::is_same_v<AT, int16_t>;
+  std::unique_ptr<WideB> wb(wide ? new WideB(NP, K4, wide_kcb(kern), kern == Kern::avx2_wino) : nullptr);
   if (!by_rows) {
     std::vector<uint8_t> tmp(static_cast<size_t>(K));
     if (!prep(ssize_t(0), M, A.get(), lda, tmp.data())) return false;
@@ -1124,7 +1137,7 @@ bool run_row_items(Kern kern, ssize_t M, ssize_t K, const i8* P, ssize_t N, cons
 #pragma omp parallel num_threads(T)
   {
     std::vector<i32> tile(size_t(48) * NPW);
-    std::vector<int16_t> bw(std::is_same_v<AT, int16_t> ? size_t(KCBW) * NPW * 4 : 0);
+    std::vector<int16_t> bw(wide ? size_t(KCBW) * NPW * 4 : 0);
     std::vector<uint8_t> tmp(by_rows ? static_cast<size_t>(K) : 0);
 #pragma omp for schedule(dynamic, 1) nowait
     for (ssize_t it = 0; it < nitems; ++it) {
