@@ -566,8 +566,9 @@ __attribute__((target("avx2"))) void wino_col_terms(const int16_t* bw, ssize_t k
 
 // 3 rows x 32 columns per step (two steps per 64-column panel): per row and k quad, two broadcasts xa = (a0, a2),
 // ya = (a1, a3) serve four column groups: x = xa + X, y = ya + Y (B as memory operands), acc += vpmaddwd(x, y), one
-// int32 lane per column (no final hadd). Measured on Zen 2 against this tile: 6 x 8 (one column group per broadcast
-// pair) 10% slower, 4 x 16 with B in registers equal, an unrolled-by-2 loop 7% slower.
+// int32 lane per column (no final hadd). Measured on Zen 2: a 6 x 8 tile (one column group per broadcast pair) ran 7%
+// slower than a 4 x 16 one (before the layout and alignment fixes); with them, 4 x 16 with B held in registers runs
+// 8-10% slower than this tile (broadcasts, not loads, are what it saves), and this loop unrolled by 2 7% slower.
 // The full tile is one asm block with fixed registers (GCC's allocator renamed the accumulators of an intrinsics
 // loop every step): ymm0-11 accumulators (row r, group g in 4r + g), 12-13 the broadcasts, 14-15 x and y.
 constexpr int WINO_MR = 3;
