@@ -1045,13 +1045,14 @@ struct WideB {
 // K block (4-byte k steps) of the madd16 path: 128 x 64 columns of int16 = 64 KB (L2; the kernel streams one
 // 8-column strip, 8 KB, per row block), half the per-block accumulator reductions (hadd) of the 64 used before
 constexpr ssize_t KCBW = 128;
-// the Winograd kernel's K block: one 32-column step reads half of each 512-byte kq row, so 64 kq = 32 KB of lines
+// the Winograd kernel's K block: 64 kq of a panel are 32 KB of int16, two contiguous 16 KB halves (one per 32-column
+// step of mk_wino); on Zen 2 blocks of 32 and 128 kq were slower
 constexpr ssize_t KCB_WINO = 64;
 inline ssize_t wide_kcb(Kern k) { return k == Kern::avx2_wino ? KCB_WINO : KCBW; }
 
 // GEMM of rows [r0, r1) of the prepared A against column panels [p0, p1): chunks of at most 48 rows (the chunk's
-// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB (KCBW for madd16), ep(i, j0, nj, s_row)
-// per row and panel. tile (48 x NPW int32) and bw (madd16: KCBW x NPW x 4 int16) are the calling thread's scratch;
+// int32 tile, 12 KB, stays in L1 next to the 16 KB B block), K blocked by KCB (wide_kcb for madd16 / avx2_wino),
+// ep(i, j0, nj, s_row) per row and panel. tile (48 x NPW int32) and bw (madd16: KCBW x NPW x 4 int16) are the calling thread's scratch;
 // wb: the shared int16 B of madd16 / avx2_wino (null otherwise).
 template <typename AT, typename EP>
 void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssize_t K4, const i8* P, ssize_t N,

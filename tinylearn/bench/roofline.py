@@ -134,27 +134,28 @@ def mac_ceilings(trips: int = 20_000, runs: int = 7) -> dict[str, float] | None:
     return out
 
 
-def int8_ceiling_ratio(ceilings: dict[str, float]) -> tuple[float, str, str]:
-    """(best exact int8 MAC rate / best fp32 FMA MAC rate, int8 kind, fp32 kind) from ``mac_ceilings()``; the
-    mixed int + fp32 kind is left out (no kernel here uses it)."""
+def _ratio_to_fp32(ceilings: dict[str, float], mixed: bool, what: str) -> tuple[float, str, str]:
+    """(best int8 kind's MAC rate / best fp32_* kind's, that int8 kind, that fp32 kind); int8 kinds are the mixed
+    int + fp32 ones (``mixed``) or the others."""
     fp = {k: v for k, v in ceilings.items() if k.startswith("fp32_")}
-    i8 = {k: v for k, v in ceilings.items() if k.startswith("int8_") and "fp32" not in k}
+    i8 = {k: v for k, v in ceilings.items() if k.startswith("int8_") and ("fp32" in k) == mixed}
     if not fp or not i8:
-        raise ValueError(f"ceilings: need an fp32_* and an int8_* kind, got {sorted(ceilings)}")
+        raise ValueError(f"ceilings: need an fp32_* and {what} kind, got {sorted(ceilings)}")
     kf, ki = max(fp, key=fp.__getitem__), max(i8, key=i8.__getitem__)
     return i8[ki] / fp[kf], ki, kf
+
+
+def int8_ceiling_ratio(ceilings: dict[str, float]) -> tuple[float, str, str]:
+    """(best exact int8 MAC rate / best fp32 FMA MAC rate, int8 kind, fp32 kind) from ``mac_ceilings()``; the
+    mixed int + fp32 kinds are left out (``mix_ceiling_ratio``)."""
+    return _ratio_to_fp32(ceilings, False, "an int8_*")
 
 
 def mix_ceiling_ratio(ceilings: dict[str, float]) -> tuple[float, str, str]:
     """(best mixed int + fp32 MAC rate / best fp32 FMA MAC rate, mixed kind, fp32 kind) from ``mac_ceilings()``:
     the most a hybrid int8 kernel (part of the work on the integer-multiply pipe, part as exact fp32 FMAs on
     int8 values, sums below 2**24) could beat an fp32 GEMM by on this core, measured in a loop without loads."""
-    fp = {k: v for k, v in ceilings.items() if k.startswith("fp32_")}
-    mix = {k: v for k, v in ceilings.items() if k.startswith("int8_") and "fp32" in k}
-    if not fp or not mix:
-        raise ValueError(f"ceilings: need an fp32_* and a mixed int8_*+fp32_* kind, got {sorted(ceilings)}")
-    kf, km = max(fp, key=fp.__getitem__), max(mix, key=mix.__getitem__)
-    return mix[km] / fp[kf], km, kf
+    return _ratio_to_fp32(ceilings, True, "a mixed int8_*+fp32_*")
 
 
 def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) -> Peak:
