@@ -574,12 +574,12 @@ __attribute__((target("avx2"))) void wino_col_terms(const int16_t* bw, ssize_t k
 constexpr int WINO_MR = 3;
 template <int R>
 __attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, const int16_t* bw, ssize_t k0,
-                                             ssize_t k1, i32* ct) {
+                                             ssize_t k1, i32* ct, int h0 = 0, int h1 = NPW / 32) {
   static_assert(R >= 1 && R <= WINO_MR, "rows");
   static_assert(NPW == 64, "the asm's tile offsets assume 64-column (256-byte) tile rows and 256-byte B steps");
   const ssize_t n = k1 - k0;
   if (n <= 0) return;
-  for (int cb = 0; cb < NPW; cb += 32) {
+  for (int cb = 32 * h0; cb < 32 * h1; cb += 32) {
     const int16_t* b = bw + (cb / 32) * n * 128;  // this 32-column half's first kq
     i32* c = ct + cb;
     if constexpr (R == WINO_MR) {
@@ -640,7 +640,7 @@ __attribute__((target("avx2"))) void mk_wino(const int16_t* ap, ssize_t lda, con
 // sum a0 a1 + a2 a3 (mod 2^32) stored as int32 at element K4 * 4 (inside the row's stride, see wino_lda)
 template <typename T>
 __attribute__((target("avx2"))) void wino_row(const T* a, ssize_t K, int16_t* dst, ssize_t lda) {
-  static_assert(sizeof(T) == 1, "int8 or uint8 codes");
+  static_assert(sizeof(T) <= 2, "int8 / uint8 codes, or int16 values (Strassen's operand sums, |v| <= 510)");
   const ssize_t K4 = (K + 3) / 4;
   // 16 codes (4 quads) per step: widen to int16, reorder each quad's words (a0, a1, a2, a3) -> (a0, a2, a1, a3)
   // (vpshufb within 128-bit lanes), row term from vpmaddwd of the reordered vector and its dword-swapped copy
@@ -650,8 +650,13 @@ __attribute__((target("avx2"))) void wino_row(const T* a, ssize_t K, int16_t* ds
   __m256i acc = _mm256_setzero_si256();
   ssize_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
-    const __m256i w = std::is_signed_v<T> ? _mm256_cvtepi8_epi16(raw) : _mm256_cvtepu8_epi16(raw);
+    __m256i w;
+    if constexpr (sizeof(T) == 2) {
+      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + k));
+    } else {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+      w = std::is_signed_v<T> ? _mm256_cvtepi8_epi16(raw) : _mm256_cvtepu8_epi16(raw);
+    }
     const __m256i r = _mm256_shuffle_epi8(w, sel);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), r);
     const __m256i t = _mm256_madd_epi16(r, _mm256_shuffle_epi32(r, 0xB1));
@@ -1099,6 +1104,20 @@ void gemm_rows(Kern kern, const AT* A, ssize_t lda, ssize_t r0, ssize_t r1, ssiz
           const i32* bcc = nullptr;
           bwk = wb->get(p, k0 / kcb, bp, k0, k1, bw, own_cc, &bcc);
         }
+        if (wino) {  // one 32-column half (16 KB of B, L1) against every row block, then the other
+          if constexpr (wide) {
+            for (int h = 0; h < NPW / 32; ++h)
+              for (ssize_t i = c0; i < c1; i += mr) {
+                const int rows = int(std::min<ssize_t>(mr, c1 - i));
+                const int16_t* ai = A + i * lda;
+                i32* ti = tile + (i - c0) * NPW;
+                if (rows == 3) mk_wino<3>(ai, lda, bwk, k0, k1, ti, h, h + 1);
+                else if (rows == 2) mk_wino<2>(ai, lda, bwk, k0, k1, ti, h, h + 1);
+                else mk_wino<1>(ai, lda, bwk, k0, k1, ti, h, h + 1);
+              }
+          }
+          continue;
+        }
         for (ssize_t i = c0; i < c1; i += mr)
           micro<AT>(kern, int(std::min<ssize_t>(mr, c1 - i)), A + i * lda, lda, bp, bwk, k0, k1, tile + (i - c0) * NPW);
       }
@@ -1498,6 +1517,8 @@ py::tuple dynamic_linear(const py::array& x_in, const py::array& P_in, const py:
   return py::make_tuple(y, sx, zx, kern_name(kern));
 }
 
+#include "quant_int8_strassen.inc"
+
 }  // namespace
 
 TL_REGISTER(quant) {
@@ -1514,6 +1535,7 @@ TL_REGISTER(quant) {
         py::arg("version") = "auto", py::arg("zero_point") = 0,
         "C = (A - zero_point) @ B, int8 or uint8 A, B from int8_pack; exact int32. version: auto | avx512vnni | "
         "avx2_madd16 | avx2_u7 (uint8 codes <= 127 only) | scalar");
+  register_strassen(m);
   m.def("int8_packed_versions", &packed_versions, "packed-B kernel versions this CPU runs, best first");
   m.def(
       "int8_avx2_choice",

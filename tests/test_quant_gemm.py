@@ -644,3 +644,181 @@ def test_bench_sets_fbgemm_avx2_under_the_avx2_proxy(monkeypatch):
     assert bench.fbgemm_isa() == "AVX2"
     monkeypatch.setenv(bench.FBGEMM_ENV, "AVX512")
     assert bench.fbgemm_isa() == "AVX512"
+
+
+# ------------------------------------------------------------------------------------------ Strassen (avx2_strassen)
+_STRASSEN_SHAPES = [(2, 8, 128), (6, 16, 256), (8, 72, 384), (98, 264, 128), (100, 520, 640), (290, 1032, 256)]
+
+
+@pytest.mark.parametrize("m, k, n", [(2, 8, 4), (4, 64, 6), (16, 32, 64), (8, 8, 8)])
+def test_strassen_reference_is_the_product_with_seven_of_eight_multiplies(m, k, n):
+    """One level: 7 block products of (M/2)(K/2)(N/2); l levels: 7^l of them, exact in int64; the sign tables the C++
+    kernel uses are the ones the reference uses."""
+    rng = np.random.default_rng(m + k + n)
+    a = rng.integers(-128, 128, (m, k)).astype(np.int64)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int64)
+    levels = 0
+    while all(d % (2 << levels) == 0 for d in (m, k, n)) and levels < 3:
+        levels += 1
+    for lv in range(levels + 1):
+        c, mults = Q.strassen_reference(a, b, lv)
+        np.testing.assert_array_equal(c, a @ b, err_msg=f"levels={lv}")
+        assert mults == m * k * n * 7**lv // 8**lv
+    with pytest.raises(ValueError, match="not divisible"):
+        Q.strassen_reference(a[:, :-1], b[:-1], 1) if k % 2 == 0 else Q.strassen_reference(a, b, levels + 1)
+    with pytest.raises(ValueError, match="levels"):
+        Q.strassen_reference(a, b, -1)
+    if Q.gemm.backends.C_available("quant"):
+        sa, sb, sc = Q.gemm.strassen_signs()
+        assert sa.tolist() == [list(r) for r in Q.gemm._STRASSEN_SA]
+        assert sb.tolist() == [list(r) for r in Q.gemm._STRASSEN_SB]
+        assert sc.tolist() == [list(r) for r in Q.gemm._STRASSEN_SC]
+
+
+def test_strassen_in_float_rounds_the_operand_sums():
+    """The same algebra in float32 is not exact: the operand sums round, and the error grows with the levels
+    (why Strassen suits integer GEMM, where every step is exact)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((256, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    err = [float(np.abs(Q.strassen_reference(a, b, lv)[0] - exact).max()) for lv in (0, 3)]
+    assert err[1] > 1.3 * err[0], err
+
+
+def _needs_strassen():
+    if "avx2_wino" not in Q.gemm.packed_versions():
+        pytest.skip("avx2_strassen needs AVX2 and the C++ extension")
+
+
+@pytest.mark.parametrize("m, k, n", _STRASSEN_SHAPES)
+def test_strassen_exact(m, k, n):
+    """avx2_strassen equals numpy's int64 product for int8 A and for uint8 codes minus zero points 0 / 200 / 255,
+    over row counts that split into items with a 1- and 2-row last block (M/2 % 3) and several K blocks."""
+    _needs_strassen()
+    rng = np.random.default_rng(m * k + n)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    b[0] = -128
+    pk = Q.PackedInt8Weight(b)
+    a8 = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    a8[:, 1] = -128
+    np.testing.assert_array_equal(pk.matmul(a8, version="avx2_strassen"), _ref(a8, b))
+    assert pk.last_version == "avx2_strassen"
+    au = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    au[:, 0] = 255
+    for zp in (0, 200, 255):
+        np.testing.assert_array_equal(pk.matmul(au, zp, "avx2_strassen"), _ref(au.astype(np.int64) - zp, b))
+
+
+def test_strassen_quadrant_extremes():
+    """Every quadrant at an extreme: the operand sums reach 510 (uint8 255 - 0 twice) and 256 (B), the kernel's
+    pre-add a + b 766; all 16 A patterns x 4 B patterns stay exact."""
+    _needs_strassen()
+    m, k, n = 4, 64, 128
+    for bits in range(16):
+        au = np.zeros((m, k), np.uint8)
+        a8 = np.zeros((m, k), np.int8)
+        for q in range(4):
+            rows = slice(0, m // 2) if q < 2 else slice(m // 2, m)
+            cols = slice(0, k // 2) if q % 2 == 0 else slice(k // 2, k)
+            au[rows, cols] = 255 if bits >> q & 1 else 0
+            a8[rows, cols] = 127 if bits >> q & 1 else -128
+        for bpat in range(4):
+            b = np.full((k, n), -128, np.int8)
+            if bpat & 1:
+                b[: k // 2, n // 2 :] = 127
+            if bpat & 2:
+                b[k // 2 :, : n // 2] = 127
+            pk = Q.PackedInt8Weight(b)
+            msg = f"A pattern {bits}, B pattern {bpat}"
+            np.testing.assert_array_equal(pk.matmul(a8, version="avx2_strassen"), _ref(a8, b), err_msg=msg)
+            np.testing.assert_array_equal(pk.matmul(au, 0, "avx2_strassen"), _ref(au, b), err_msg=msg)
+
+
+def test_strassen_sums_wrap_and_stay_exact():
+    """At K = 65536 the block products and the Winograd terms wrap modulo 2^32; C = -255 * 128 * K, near the int32
+    limit, must come out exact (and int8 -128 x -128 gives 2^30)."""
+    _needs_strassen()
+    k = 65536
+    pk = Q.PackedInt8Weight(np.full((k, 128), -128, np.int8))
+    au = np.full((2, k), 255, np.uint8)
+    assert (pk.matmul(au, 0, "avx2_strassen") == -255 * 128 * k).all()
+    assert (pk.matmul(au, 255, "avx2_strassen") == 0).all()
+    assert (pk.matmul(np.full((2, k), -128, np.int8), 0, "avx2_strassen") == 1 << 30).all()
+
+
+def test_strassen_prepared_b_copies_and_threads():
+    """The prepared B is 64-byte aligned; a misaligned copy of it (what pickling or np.copy may give) is realigned,
+    not misread; repeated calls (threads racing over the row items) stay exact."""
+    _needs_strassen()
+    rng = np.random.default_rng(11)
+    m, k, n = 194, 256, 384
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    wide, terms = C_TL.int8_strassen_pack(b)
+    assert wide.ctypes.data % 64 == 0
+    buf = np.empty(wide.size + 32, np.int16)
+    moved = buf[8 : 8 + wide.size]  # 16 bytes past a 64-byte boundary at best
+    moved[:] = wide
+    assert moved.ctypes.data % 64 != 0
+    want = _ref(a, b)
+    for w in (wide, moved):
+        for _ in range(5):
+            np.testing.assert_array_equal(C_TL.int8_gemm_strassen(a, w, terms, k, n), want)
+
+
+def test_strassen_refuses_bad_input():
+    """Shapes it cannot block, a prepared B of another shape, a CPU level without AVX2 and zero points outside
+    uint8 are ValueErrors that name the argument and the value."""
+    _needs_strassen()
+    pk = Q.PackedInt8Weight(np.ones((64, 128), np.int8))
+    with pytest.raises(ValueError, match="M=3"):
+        pk.matmul(np.ones((3, 64), np.int8), version="avx2_strassen")
+    for k, n, what in [(60, 128, "K=60"), (64, 100, "N=100")]:
+        with pytest.raises(ValueError, match=what):
+            Q.PackedInt8Weight(np.ones((k, n), np.int8)).matmul(np.ones((2, k), np.int8), version="avx2_strassen")
+    with pytest.raises(ValueError, match="zero_point: 256"):
+        pk.matmul(np.ones((2, 64), np.uint8), 256)
+    with pytest.raises(ValueError, match="zero_point: -1"):
+        pk.matmul(np.ones((2, 64), np.uint8), -1)
+    with pytest.raises(ValueError, match="shape"):
+        C_TL.int8_strassen_pack(np.ones((64, 100), np.int8))
+    wide, terms = C_TL.int8_strassen_pack(np.ones((64, 128), np.int8))
+    with pytest.raises(ValueError, match="prepared B"):
+        C_TL.int8_gemm_strassen(np.ones((2, 64), np.int8), wide[:-1], terms, 64, 128)
+    with pytest.raises(ValueError, match="K=32"):
+        C_TL.int8_gemm_strassen(np.ones((2, 32), np.int8), wide, terms, 64, 128)
+
+
+def test_strassen_refused_without_avx2(monkeypatch):
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "scalar")
+    pk = Q.PackedInt8Weight(np.ones((64, 128), np.int8))
+    with pytest.raises(ValueError, match="avx2_strassen"):
+        pk.matmul(np.ones((2, 64), np.int8), version="avx2_strassen")
+    assert not Q.strassen_auto(512, 1024, 1024)  # "auto" keeps the level's kernels
+    np.testing.assert_array_equal(pk.matmul(np.ones((2, 64), np.int8)), np.full((2, 128), 64))
+    assert pk.last_version == "auto"
+
+
+def test_strassen_auto_rule():
+    """ "auto" runs avx2_strassen where avx2_wino is the AVX2 choice and the shape is in the measured range (M >= 64,
+    512 <= K, N, K N <= 2^21); the result is the same product either way."""
+    _needs_strassen()
+    wino_first = Q.gemm.packed_versions()[0] == "avx2_wino"
+    for (m, k, n), in_range in [
+        ((512, 1024, 1024), True),
+        ((64, 512, 512), True),
+        ((62, 512, 512), False),
+        ((512, 256, 1024), False),
+        ((512, 2048, 2048), False),
+        ((511, 1024, 1024), False),
+    ]:
+        assert Q.strassen_auto(m, k, n) == (in_range and wino_first), (m, k, n)
+    rng = np.random.default_rng(2)
+    b = rng.integers(-128, 128, (512, 512), dtype=np.int8)
+    a = rng.integers(-128, 128, (64, 512), dtype=np.int8)
+    pk = Q.PackedInt8Weight(b)
+    before = pk.nbytes
+    np.testing.assert_array_equal(pk.matmul(a), _ref(a, b))
+    assert pk.last_version == ("avx2_strassen" if wino_first else "auto")
+    assert (pk.nbytes > before) == wino_first  # the seven widened B operands, cached

@@ -15,6 +15,9 @@ from .gemm import (
     maddubs_reference,
     packed_versions,
     requantize,
+    strassen_auto,
+    strassen_reference,
+    strassen_shape_error,
     winograd_reference,
 )
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
@@ -49,6 +52,9 @@ __all__ = [
     "packed_versions",
     "maddubs_reference",
     "winograd_reference",
+    "strassen_reference",
+    "strassen_auto",
+    "strassen_shape_error",
     "avx2_choice",
     "requantize",
     "PackedInt8Weight",

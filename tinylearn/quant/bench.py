@@ -1,7 +1,7 @@
 """Benchmarks for ``tinylearn bench quant``:
 
-1. int8 GEMM, every path (prepacked B: avx512vnni / avx2_madd16 / avx2_u7 / avx2_wino / scalar; per-call int8_gemm
-   versions)
+1. int8 GEMM, every path (prepacked B: avx512vnni / avx2_madd16 / avx2_u7 / avx2_wino / avx2_strassen / scalar;
+   per-call int8_gemm versions)
    vs fp32 sgemm (numpy, torch) and tinygrad (int32 and fp32 matmul), with speed-up columns over both fp32 GEMMs.
 2. dynamic int8 Linear (tinylearn DynamicQuantizedLinear, each kernel) vs torch.ao.quantization.quantize_dynamic
    Linear, batch 1/32/128/512 x 784->512, 512->512, 1024->1024 (and 4096->1024 with full=True).
@@ -61,6 +61,7 @@ _MICRO = {
     "avx2_madd16": "6x8 vpmaddwd (12 ymm acc)",
     "avx2_u7": "4x16 vpmaddubsw",
     "avx2_wino": "3x32 Winograd: 2 vpaddw + 1 vpmaddwd per 4 MACs/lane",
+    "avx2_strassen": "one Strassen level (7 block products) on the 3x32 Winograd kernel",
     "scalar": "4x64 loops",
 }
 
@@ -68,7 +69,7 @@ _MICRO = {
 def _gemm_case(cmp: Comparison, m: int, k: int, n: int, rng: np.random.Generator) -> str:
     import torch
 
-    from .gemm import PackedInt8Weight, int8_gemm, int8_gemm_versions, packed_versions
+    from .gemm import PackedInt8Weight, int8_gemm, int8_gemm_versions, packed_versions, strassen_shape_error
 
     a8 = rng.integers(-128, 128, (m, k), dtype=np.int8)
     a7 = rng.integers(0, 128, (m, k), dtype=np.uint8)  # 7-bit activation codes (reduce_range)
@@ -97,6 +98,10 @@ def _gemm_case(cmp: Comparison, m: int, k: int, n: int, rng: np.random.Generator
             a = a7 if v == "avx2_u7" else a8
             note = ("7-bit A (u8 <= 127)" if v == "avx2_u7" else "int8 A, exact") + f"; {_MICRO[v]}"
             c.add(f"int8 prepacked B [{v}]", lambda v=v, a=a: bpk.matmul(a, 0, v), note=note)
+            if v == "avx2_wino" and not strassen_shape_error(m, k, n):
+                bpk.strassen_operands()  # prepared once, like the packing (not timed)
+                note = f"int8 A, exact; {_MICRO['avx2_strassen']}"
+                c.add("int8 prepacked B [avx2_strassen]", lambda: bpk.matmul(a8, 0, "avx2_strassen"), note=note)
         for v in int8_gemm_versions():
             if v == "scalar" and big:
                 c.unavailable(f"int8_gemm [{v}]", "n/a: scalar path skipped at this size (slow)")
@@ -125,8 +130,9 @@ def _gemm_table(full: bool, progress: Callable[[str], None] | None) -> Table:
         "speed-up vs numpy / vs torch fp32: fp32 GEMM time / this row's time, same shape (> 1 = faster). "
         "Goal (issue 18): >= 1.5x numpy sgemm on AVX2 and on VNNI. avx2_u7 (vpmaddubsw) is exact only for "
         "7-bit A; avx2_madd16, avx2_wino (Winograd's inner product: half the multiplies, for cores with one "
-        "integer-multiply pipe) and avx512vnni are exact for all int8. TINYLEARN_CPU_FEATURES=avx2 shows an "
-        "AVX2-only CPU's paths; numpy's sgemm uses the CPU's best OpenBLAS kernel unless OPENBLAS_CORETYPE "
+        "integer-multiply pipe), avx2_strassen (7/8 of avx2_wino's multiply-accumulates: Strassen's seven "
+        "block products, exact in integers) and avx512vnni are exact for all int8. TINYLEARN_CPU_FEATURES=avx2 "
+        "shows an AVX2-only CPU's paths; numpy's sgemm uses the CPU's best OpenBLAS kernel unless OPENBLAS_CORETYPE "
         f"(now {os.environ.get('OPENBLAS_CORETYPE') or 'unset'}) names one, e.g. Haswell for an AVX2 proxy. 2-core "
         "box shared with other jobs: timings are noisy."
     )

@@ -11,12 +11,17 @@ Versions ladder (cpp_src/quant_int8_gemm.cpp), all exact:
                   (a0 + b1)(a1 + b0) + (a2 + b3)(a3 + b2) - (a0 a1 + a2 a3) - (b0 b1 + b2 b3) = a . b, so one vpmaddwd
                   lane covers 4 products (half the multiplies of madd16, two vpaddw more); the row and column terms
                   are computed once per row / per B block. ``winograd_reference`` is the same algebra in numpy.
+    avx2_strassen one level of Strassen's algorithm (1969) on the avx2_wino kernel: A and B split into 2 x 2 blocks,
+                  seven block products instead of eight (7/8 of the multiply-accumulates), exact because every step
+                  is integer arithmetic mod 2^32 (``strassen_reference`` is the algebra in numpy). Its seven B
+                  operands are widened once and cached by ``PackedInt8Weight`` (1.75x the int16 size of B).
 ``PackedInt8Weight`` packs B once (the byte layout + column sums) and runs the packed kernels: avx512vnni,
 avx2_madd16, avx2_u7 (vpmaddubsw: only for uint8 codes <= 127, where its int16 pair sums cannot saturate),
 avx2_wino and scalar; uint8 activations with a zero point go straight in (``matmul(a_u8, zero_point=z)``).
 "auto" picks avx512vnni, else on AVX2 avx2_wino where the core's integer multiplier is the bottleneck (measured
 once: ``avx2_choice()``; 7-bit codes with few rows keep avx2_u7), else avx2_u7 for 7-bit codes, else avx2_madd16;
-else scalar.
+else scalar. For PackedInt8Weight.matmul, "auto" runs avx2_strassen where avx2_wino is the choice and the shape
+is in the range where it measured faster (``strassen_auto``).
 
 Exactness: |sum_k a_ik b_kj| <= K * 128 * 128 = K * 2^14 fits int32 for K <= 2^17. See cpp_src/quant_int8_gemm.cpp
 for the kernel versions (AVX-512 VNNI dpbusd with the +128 offset trick, AVX2 int16 madd, scalar) and why the
@@ -39,7 +44,12 @@ from .._inputs import as_array
 
 VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2", "scalar")  # C++ code paths; "auto" = best this CPU runs
 # PackedInt8Weight.matmul kernels
-PACKED_VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2_u7", "avx2_wino", "scalar")
+PACKED_KERNELS = ("auto", "avx512vnni", "avx2_madd16", "avx2_u7", "avx2_wino", "scalar")  # the C++ packed kernels
+PACKED_VERSIONS = (*PACKED_KERNELS[:5], "avx2_strassen", "scalar")  # + avx2_strassen (its own prepared B)
+# "auto" runs avx2_strassen for M >= 64, K, N >= 512 and K * N <= 2^21: measured on Zen 2 (2 threads) it took 0.88-0.93x
+# avx2_wino's time at K = N = 512 and 1024 (M 64-1024), 0.95-1.0x at K * N = 4M (its seven widened B operands,
+# 3.5x the int8 B, outgrow the caches) and up to 1.06x at K = N = 256
+STRASSEN_AUTO_MIN_M, STRASSEN_AUTO_MIN_KN, STRASSEN_AUTO_MAX_KXN = 64, 512, 1 << 21
 
 
 def _C() -> Any:
@@ -83,6 +93,76 @@ def winograd_reference(a: Any, b: Any) -> tuple[np.ndarray, int]:
     col = (b[0::2] * b[1::2]).sum(0)  # N x K/2
     main = ((a[:, 0::2, None] + b[None, 1::2, :]) * (a[:, 1::2, None] + b[None, 0::2, :])).sum(1)  # M N K/2
     return main - row[:, None] - col[None, :], (m * n + m + n) * (k // 2)
+
+
+def strassen_shape_error(m: int, k: int, n: int) -> str:
+    """Why avx2_strassen cannot take A [m, k] @ B [k, n] ("" when it can): the blocks must be whole k quads and whole
+    64-column panels, so M even, K a multiple of 8, N a multiple of 128."""
+    why = []
+    if m < 2 or m % 2:
+        why.append(f"M={m} is not even and >= 2")
+    if k < 8 or k % 8:
+        why.append(f"K={k} is not a multiple of 8")
+    if n < 128 or n % 128:
+        why.append(f"N={n} is not a multiple of 128")
+    return "; ".join(why)
+
+
+def strassen_auto(m: int, k: int, n: int) -> bool:
+    """Whether PackedInt8Weight.matmul's "auto" runs avx2_strassen for this shape on this CPU: avx2_wino is the
+    AVX2 choice (no VNNI; the integer multiplier is the bottleneck), the shape fits, and it is in the measured range
+    (STRASSEN_AUTO_*)."""
+    if not backends.C_available("quant") or strassen_shape_error(m, k, n):
+        return False
+    if packed_versions()[:1] != ["avx2_wino"]:
+        return False
+    return m >= STRASSEN_AUTO_MIN_M and min(k, n) >= STRASSEN_AUTO_MIN_KN and k * n <= STRASSEN_AUTO_MAX_KXN
+
+
+def strassen_signs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(SA, SB, SC), each int [7, 4]: product i multiplies sum_q SA[i, q] A_q by sum_q SB[i, q] B_q and adds
+    SC[i, q] times the product to C_q, quadrants q = 11, 12, 21, 22 (the tables the C++ kernel uses)."""
+    return tuple(np.array(t, np.int64) for t in _C().int8_strassen_signs())  # type: ignore[return-value]
+
+
+# Strassen (1969): M1 = (A11 + A22)(B11 + B22), M2 = (A21 + A22) B11, M3 = A11 (B12 - B22), M4 = A22 (B21 - B11),
+# M5 = (A11 + A12) B22, M6 = (A21 - A11)(B11 + B12), M7 = (A12 - A22)(B21 + B22);
+# C11 = M1 + M4 - M5 + M7, C12 = M3 + M5, C21 = M2 + M4, C22 = M1 - M2 + M3 + M6
+_STRASSEN_SA = ((1, 0, 0, 1), (0, 0, 1, 1), (1, 0, 0, 0), (0, 0, 0, 1), (1, 1, 0, 0), (-1, 0, 1, 0), (0, 1, 0, -1))
+_STRASSEN_SB = ((1, 0, 0, 1), (1, 0, 0, 0), (0, 1, 0, -1), (-1, 0, 1, 0), (0, 0, 0, 1), (1, 1, 0, 0), (0, 0, 1, 1))
+_STRASSEN_SC = ((1, 0, 0, 1), (0, 0, 1, -1), (0, 1, 0, 1), (1, 0, 1, 0), (-1, 1, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0))
+
+
+def strassen_reference(a: Any, b: Any, levels: int = 1) -> tuple[np.ndarray, int]:
+    """a @ b by ``levels`` levels of Strassen's algorithm in numpy, in a's dtype (int64 for exact integers, float32
+    to see the rounding the operand sums add), ordinary matmul below. Returns (C, the number of scalar
+    multiplications: 7^levels block products of (M/2^l)(K/2^l)(N/2^l), against M K N). Needs every dimension
+    divisible by 2^levels."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"strassen_reference: a [M, K] and b [K, N] needed, got a {a.shape} and b {b.shape}")
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 0:
+        raise ValueError(f"levels: expected an int >= 0, got {levels!r}")
+    m, k = a.shape
+    n = b.shape[1]
+    if levels == 0:
+        return a @ b, m * k * n
+    if m % 2 or k % 2 or n % 2:
+        raise ValueError(f"strassen_reference: shape (M, K, N) = ({m}, {k}, {n}) is not divisible by 2 at this level")
+    aq = [a[: m // 2, : k // 2], a[: m // 2, k // 2 :], a[m // 2 :, : k // 2], a[m // 2 :, k // 2 :]]
+    bq = [b[: k // 2, : n // 2], b[: k // 2, n // 2 :], b[k // 2 :, : n // 2], b[k // 2 :, n // 2 :]]
+    cq = [np.zeros((m // 2, n // 2), np.result_type(a, b)) for _ in range(4)]
+    mults = 0
+    for sa, sb, sc in zip(_STRASSEN_SA, _STRASSEN_SB, _STRASSEN_SC, strict=True):
+        ai = sum(s * x for s, x in zip(sa, aq, strict=True) if s)
+        bi = sum(s * x for s, x in zip(sb, bq, strict=True) if s)
+        p, cnt = strassen_reference(ai, bi, levels - 1)
+        mults += cnt
+        for q, s in enumerate(sc):
+            if s:
+                cq[q] = cq[q] + s * p
+    return np.block([[cq[0], cq[1]], [cq[2], cq[3]]]), mults
 
 
 def int8_gemm_versions() -> list[str]:
@@ -202,17 +282,33 @@ class PackedInt8Weight:
         self.k, self.n = b_int8.shape
         self.b = np.ascontiguousarray(b_int8)
         self.packed = None
+        self._strassen: tuple[np.ndarray, np.ndarray] | None = None  # avx2_strassen's B operands, made on first use
+        self.last_version: str | None = None  # what the last matmul ran: "avx2_strassen", or the version passed on
         if backends.C_available("quant") and self.n > 0:
             self.packed = _C().int8_pack(self.b)
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.packed is None else int(self.packed[0].nbytes + self.packed[1].nbytes)
+        """Bytes of the packed B, plus avx2_strassen's widened operands once a matmul made them."""
+        if self.packed is None:
+            return 0
+        extra = 0 if self._strassen is None else self._strassen[0].nbytes + self._strassen[1].nbytes
+        return int(self.packed[0].nbytes + self.packed[1].nbytes + extra)
+
+    def strassen_operands(self) -> tuple[np.ndarray, np.ndarray]:
+        """avx2_strassen's prepared B (made once, then cached): the seven B block combinations widened to int16 in
+        the Winograd kernel's layout, and their int32 column terms."""
+        if self._strassen is None:
+            why = strassen_shape_error(2, self.k, self.n)
+            if why:
+                raise ValueError(f"version: avx2_strassen cannot take this B of shape ({self.k}, {self.n}): {why}")
+            self._strassen = _C().int8_strassen_pack(self.b)
+        return self._strassen
 
     def matmul(self, a: Any, zero_point: int = 0, version: str | None = None) -> np.ndarray:
         """(a - zero_point) @ B, exact int32. ``a``: int8 [M, K], or uint8 [M, K] codes with ``zero_point``.
         version: None/"auto" | "avx512vnni" | "avx2_madd16" | "avx2_u7" (uint8 codes <= 127 only) | "avx2_wino" |
-        "scalar"."""
+        "avx2_strassen" (M even, K % 8 == 0, N % 128 == 0) | "scalar". ``last_version`` says what ran."""
         a = as_array(a, "a_int8", dtypes=(np.int8, np.uint8), ndim=2)
         if a.shape[1] != self.k:
             raise ValueError(f"a_int8: inner dimension {a.shape[1]} != packed K {self.k}")
@@ -220,10 +316,26 @@ class PackedInt8Weight:
             raise TypeError(f"zero_point: expected an int, got {type(zero_point).__name__}")
         if a.dtype == np.int8 and zero_point != 0:
             raise ValueError(f"zero_point: {zero_point} given for int8 a_int8 (only uint8 codes take a zero point)")
+        if not 0 <= zero_point <= 255:
+            raise ValueError(f"zero_point: {zero_point} is outside [0, 255], the range of uint8 codes")
         v = "auto" if version is None else version
         if v not in PACKED_VERSIONS:
             raise ValueError(f"version: {version!r} is not one of {PACKED_VERSIONS}")
+        m = a.shape[0]
+        if v == "avx2_strassen":
+            if self.packed is None or "avx2_wino" not in packed_versions():
+                raise ValueError(
+                    "version: avx2_strassen needs the C++ extension and AVX2, which this CPU (or level) lacks"
+                )
+            why = strassen_shape_error(m, self.k, self.n)
+            if why:
+                raise ValueError(f"version: avx2_strassen cannot take a_int8 {a.shape} @ B ({self.k}, {self.n}): {why}")
+        self.last_version = v
         if self.packed is None:
             return ((a.astype(np.int64) - zero_point) @ self.b.astype(np.int64)).astype(np.int32)
         a = np.ascontiguousarray(a)
+        if v == "avx2_strassen" or (v == "auto" and strassen_auto(m, self.k, self.n)):
+            self.last_version = "avx2_strassen"
+            wide, terms = self.strassen_operands()
+            return _C().int8_gemm_strassen(a, wide, terms, self.k, self.n, int(zero_point))
         return _C().int8_gemm_packed(a, self.packed[0], self.packed[1], self.n, v, int(zero_point))

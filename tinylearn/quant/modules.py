@@ -28,7 +28,7 @@ from ..nn import Conv2d, Linear, Module, Parameter
 from .affine import quantize
 from .fake_quant import fake_quantize, fake_quantize_learnable
 from .fp8 import fp8_decode, fp8_encode
-from .gemm import PACKED_VERSIONS, PackedInt8Weight
+from .gemm import PACKED_KERNELS, PackedInt8Weight
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
 from .observers import PerChannelMinMaxObserver
 
@@ -178,8 +178,8 @@ class DynamicQuantizedLinear(Module):
             raise ValueError(f"weight: expected a non-empty 2-D [out_features, in_features] array, got {w.shape}")
         if not np.all(np.isfinite(w)):
             raise ValueError("weight: contains NaN or Inf")
-        if version is not None and version not in PACKED_VERSIONS:
-            raise ValueError(f"version: {version!r} is not one of {PACKED_VERSIONS}")
+        if version is not None and version not in PACKED_KERNELS:
+            raise ValueError(f"version: {version!r} is not one of {PACKED_KERNELS}")
         self.out_features, self.in_features = w.shape
         if per_channel:
             ws, _ = calculate_qparams(w.min(1), w.max(1), "int8", symmetric=True)
