@@ -668,11 +668,8 @@ def test_strassen_reference_is_the_product_with_seven_of_eight_multiplies(m, k, 
         Q.strassen_reference(a[:, :-1], b[:-1], 1) if k % 2 == 0 else Q.strassen_reference(a, b, levels + 1)
     with pytest.raises(ValueError, match="levels"):
         Q.strassen_reference(a, b, -1)
-    if Q.gemm.backends.C_available("quant"):
-        sa, sb, sc = Q.gemm.strassen_signs()
-        assert sa.tolist() == [list(r) for r in Q.gemm._STRASSEN_SA]
-        assert sb.tolist() == [list(r) for r in Q.gemm._STRASSEN_SB]
-        assert sc.tolist() == [list(r) for r in Q.gemm._STRASSEN_SC]
+    if Q.gemm.backends.C_available("quant"):  # the C++ kernel's tables are the reference's
+        assert [t.tolist() for t in Q.gemm.strassen_signs()] == [list(map(list, t)) for t in C_TL.int8_strassen_signs()]
 
 
 def test_strassen_in_float_rounds_the_operand_sums():

@@ -7,7 +7,7 @@ import numpy as np
 import tinylearn as tl
 from tinylearn.quant.affine import QRANGES, qparams_for_range
 from tinylearn.quant.fp8 import fp8_encode
-from tinylearn.quant.gemm import winograd_reference
+from tinylearn.quant.gemm import strassen_reference, winograd_reference
 from tinylearn.quant.int4 import pack_int4 as _pack
 from tinylearn.quant.int4 import unpack_int4 as _unpack
 from tinylearn.quant.observers import kl_threshold as _kl
@@ -70,3 +70,7 @@ def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
 
 def winograd_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return winograd_reference(a, b)[0]
+
+
+def strassen_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return strassen_reference(np.asarray(a, np.int64), np.asarray(b, np.int64), 1)[0]

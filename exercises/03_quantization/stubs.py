@@ -96,3 +96,14 @@ def winograd_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     column of b). Odd K: pad a with a zero column and b with a zero row. Work in int64. Do not call a @ b.
     """
     raise NotImplementedError("reference solution: tinylearn/quant/gemm.py:winograd_reference")
+
+
+def strassen_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b (int64) for integer a [M, K], b [K, N] (M, K, N even) by one level of Strassen: 7 block products.
+
+    Split a and b into 2 x 2 blocks (A11 = a[:M/2, :K/2], A12 = a[:M/2, K/2:], ...). With ordinary matmul for the
+    blocks: M1 = (A11 + A22)(B11 + B22), M2 = (A21 + A22) B11, M3 = A11 (B12 - B22), M4 = A22 (B21 - B11),
+    M5 = (A11 + A12) B22, M6 = (A21 - A11)(B11 + B12), M7 = (A12 - A22)(B21 + B22); then C11 = M1 + M4 - M5 + M7,
+    C12 = M3 + M5, C21 = M2 + M4, C22 = M1 - M2 + M3 + M6. Work in int64 (exact); call @ only on the blocks.
+    """
+    raise NotImplementedError("reference solution: tinylearn/quant/gemm.py:strassen_reference")

@@ -110,3 +110,15 @@ def test_winograd_matmul(impl, m, k, n):
     got = np.asarray(impl.winograd_matmul(a, b))
     assert got.shape == (m, n)
     np.testing.assert_array_equal(got, (torch.from_numpy(a) @ torch.from_numpy(b)).numpy())
+
+
+@pytest.mark.parametrize("m, k, n", [(2, 2, 2), (4, 8, 6), (16, 64, 10)])
+def test_strassen_matmul(impl, m, k, n):
+    rng = np.random.default_rng(m * k + n)
+    a = rng.integers(-128, 128, (m, k))
+    b = rng.integers(-128, 128, (k, n))
+    a[: m // 2, : k // 2] = -128  # every block differs: a wrong sign or block cannot cancel out
+    b[k // 2 :, n // 2 :] = 127
+    got = np.asarray(impl.strassen_matmul(a, b))
+    assert got.shape == (m, n)
+    np.testing.assert_array_equal(got, (torch.from_numpy(a) @ torch.from_numpy(b)).numpy())

@@ -5,6 +5,8 @@
 # **Interview questions this notebook answers** (seed 003; the section answering question n carries `[Qn]`):
 # - **[Q21]** INT8 quantization: affine/symmetric, per-tensor/per-channel, static/dynamic, the int8 GEMM and
 #   requantization, fbgemm's 7-bit activations and VNNI, every GEMM path measured (§1–§3, §7, §7b, §7c, §8, §9)
+# - **[Q3] [Q51] [Q84]** Making a GEMM fast by doing less: Winograd's inner product and Strassen's recursive
+#   2×2 split, exact for integers (§7)
 # - **[Q44]** INT4 weights: packing, group-wise scales, PTQ, QAT with LSQ (§5, §6, §8)
 # - **[Q45]** FP8 E4M3/E5M2: every code, saturation, delayed scaling (§4, §8)
 # - **[Q65]** Dynamic (run-time) vs static quantization; a dynamic int8 Linear vs torch's `quantize_dynamic` (§7c, §10)
@@ -519,6 +521,85 @@ if choice is not None:
             c.add(f"prepacked B [{v}]", lambda v=v: pk_w.matmul(A_w, version=v))
         c.add("numpy fp32 sgemm", lambda: Af_w @ Bf_w)
     print(cmp_w.table)
+
+# %% [markdown]
+# ### Seven products instead of eight: Strassen, exact in integers [Q3] [Q51] [Q84]
+#
+# Winograd's kernel runs at its own instruction ceiling (the adds, not the multiplier, now limit it), so the next
+# cut has to come from fewer multiply-accumulates in total. Strassen (1969) splits $A$ and $B$ into $2\times2$ blocks
+# and forms $C$ from **seven** block products instead of eight:
+#
+# $$M_1 = (A_{11} + A_{22})(B_{11} + B_{22}),\; M_2 = (A_{21} + A_{22})B_{11},\; M_3 = A_{11}(B_{12} - B_{22}),\;
+# M_4 = A_{22}(B_{21} - B_{11}),$$
+# $$M_5 = (A_{11} + A_{12})B_{22},\; M_6 = (A_{21} - A_{11})(B_{11} + B_{12}),\; M_7 = (A_{12} - A_{22})(B_{21} + B_{22}),$$
+# $$C_{11} = M_1 + M_4 - M_5 + M_7,\quad C_{12} = M_3 + M_5,\quad C_{21} = M_2 + M_4,\quad C_{22} = M_1 - M_2 + M_3 + M_6.$$
+#
+# One level does $7/8$ of the multiply-accumulates for 18 block additions ($O(n^2)$); $l$ levels $(7/8)^l$. In
+# floating point each operand sum rounds, so the error grows with the levels (measured below) — the reason BLAS
+# libraries do not use it. **In integers nothing rounds**: block sums of int8 values stay within $\pm 510$ (uint8
+# codes minus their zero point), the Winograd pre-add $a + b$ within $\pm 766$ (int16), and every product and sum is
+# arithmetic modulo $2^{32}$, so $C$ (which fits int32) comes out exact. `avx2_strassen` (`cpp_src/quant_int8_strassen.inc`)
+# runs one level on top of the Winograd kernel: its seven B operands are widened once and cached by
+# `PackedInt8Weight` (the price: 1.75× the int16 size of $B$ in memory), each row item forms its seven A operands,
+# and per output panel the seven products land in one tile each, which is added with its signs into the four
+# quadrants of $C$. `"auto"` takes it where it measured faster (`Q.strassen_auto`: $M \ge 64$, $512 \le K, N$,
+# $KN \le 2^{21}$ — beyond that its widened operands outgrow the caches).
+
+# %%
+a_s = rng_w.integers(-128, 128, (8, 16))
+b_s = rng_w.integers(-128, 128, (16, 8))
+a_s[:4, :8] = -128  # every block different: a wrong sign cannot cancel
+for lv in range(4):
+    c_s, mults_s = Q.strassen_reference(a_s, b_s, lv)
+    assert np.array_equal(c_s, a_s @ b_s)  # exact at every level in integers
+    print(f"{lv} level(s): {mults_s} multiplies = {mults_s / (8 * 16 * 8):.3f} of the textbook {8 * 16 * 8}")
+    assert mults_s * 8**lv == 8 * 16 * 8 * 7**lv
+print(f"512x1024x1024, one level: {7 / 8:.3f} of the multiply-accumulates; two levels {(7 / 8) ** 2:.3f}")
+SA, SB, SC = Q.gemm.strassen_signs()
+adds = int((np.abs(SA).sum(1) - 1).sum() + (np.abs(SB).sum(1) - 1).sum() + (np.abs(SC).sum(0) - 1).sum())
+a_max, b_max = int(np.abs(SA).sum(1).max()) * 255, int(np.abs(SB).sum(1).max()) * 128  # uint8 - zero point; int8
+print(f"block additions: {adds}; |A operand| <= {a_max}, |B operand| <= {b_max}, pre-add |a + b| <= {a_max + b_max}")
+assert adds == 18 and (a_max, b_max) == (510, 256) and a_max + b_max == 766 < 2**15
+assert (Q.gemm.STRASSEN_AUTO_MIN_M, Q.gemm.STRASSEN_AUTO_MIN_KN, Q.gemm.STRASSEN_AUTO_MAX_KXN) == (64, 512, 2**21)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# float32: the same algebra rounds its operand sums (the leaves are BLAS matmuls: summation order is the CPU's)
+a_f = rng_w.standard_normal((256, 256)).astype(np.float32)
+b_f = rng_w.standard_normal((256, 256)).astype(np.float32)
+exact_f = a_f.astype(np.float64) @ b_f.astype(np.float64)
+err_lv = [float(np.abs(Q.strassen_reference(a_f, b_f, lv)[0] - exact_f).max()) for lv in range(4)]
+print("float32 max |error| by levels 0-3:", [f"{e:.2e}" for e in err_lv])
+assert err_lv[3] > 1.3 * err_lv[0]  # grows with the levels; int64 stays exact (cell above)
+if choice is not None and choice["kernel"] == "avx2_wino":
+    assert Q.strassen_auto(M_w, K_w, N_w) == (Q.packed_versions()[0] == "avx2_wino")
+    wide_s, _ = pk_w.strassen_operands()  # prepared once, like the packing
+    assert wide_s.size == 7 * (K_w // 2) * (N_w // 2) == 1.75 * K_w * N_w  # int16: 1.75x B's int16 size
+    assert np.array_equal(pk_w.matmul(A_w, version="avx2_strassen"), want_w)
+    cmp_s = Comparison(f"int8 GEMM {M_w}x{K_w}x{N_w}: Winograd vs Strassen", baseline="numpy fp32 sgemm", repeat=7)
+    with cmp_s.case("GEMM", flops=2 * M_w * K_w * N_w) as c:
+        for v in ("avx2_wino", "avx2_strassen"):
+            c.add(f"prepacked B [{v}]", lambda v=v: pk_w.matmul(A_w, version=v))
+        c.add("numpy fp32 sgemm", lambda: Af_w @ Bf_w)
+    print(cmp_s.table)
+fig, ax = plt.subplots(figsize=(5, 2.4))
+ax.semilogy(range(4), err_lv, "o-", label="float32 Strassen")
+ax.axhline(0.5, color="gray", ls=":", label="int64 / int32: error 0 (exact)")
+ax.set_xlabel("Strassen levels")
+ax.set_ylabel("max |error|")
+ax.set_title("operand sums round in float, not in integers")
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Reading it.** The integer cell is exact at every level and its multiply counts are $(7/8)^l$ of the textbook
+# (asserted). The float error grows with the levels (asserted: level 3 above 1.3× level 0). The timing table is this
+# machine's: on a core where Winograd already runs near its ceiling, one level can remove at most the eighth of the
+# multiply-accumulates it skips, minus the cost of forming the operand sums and adding the seven tiles into $C$
+# (18 block additions, asserted). Interview answer: *Strassen
+# trades multiplies for additions and memory; it is unstable in float but exact in integer arithmetic modulo
+# $2^{32}$, so an int8 GEMM can take it when the multiplies, not bandwidth, are the bottleneck.*
 
 # %% [markdown]
 # ## 7b. Why fbgemm wants 7-bit activations on AVX2, and what VNNI changes [Q21] [Q13]
@@ -1139,7 +1220,13 @@ assert err_plain > 0.9 and err_ef < 0.02 and np.abs(e).max() <= s_g / 2 + 1e-6
 #   Where the integer multiplier is the narrow pipe (one `vpmaddwd` per cycle next to two FMAs), no direct int8 kernel
 #   beats fp32: measure the ceilings first (§7), then cut multiplies — Winograd's inner product
 #   `(a0 + b1)(a1 + b0) − a0a1 − b0b1 = a0b0 + a1b1` halves them exactly (§7, `avx2_wino`, chosen by a probe).
+#   Then fewer products: one level of Strassen does 7 block products instead of 8 — unstable in float, exact in
+#   integers mod 2³² (§7, `avx2_strassen`).
 #   Per-channel int8 PTQ stays within 0.5 pt of fp32 on digits (§8, asserted).
+# - **[Q3] [Q51] [Q84] A faster GEMM by doing less.** Block for the caches and registers first, then cut work:
+#   Winograd's inner product halves the multiplies, and Strassen's recursive 2×2 split does 7 block products of 8
+#   ((7/8)^l at l levels, 18 block additions per level, asserted). Both are exact for integers (sums mod 2³²) and
+#   unstable in float (the error grows with the levels, §7), which is why int8 GEMM can use them and sgemm does not.
 # - **[Q44] INT4.** Two nibbles per byte; group-wise scales (error falls with group size, §5); per-tensor int4 PTQ
 #   loses accuracy and 2 epochs of LSQ QAT bring it within 3 pt of fp32 trained equally long (§8, asserted).
 # - **[Q45] FP8.** E4M3 max 448 (only 0x7F/0xFF are NaN, no inf), E5M2 max 57344 with inf; torch saturates E4M3 and
@@ -1170,3 +1257,4 @@ assert err_plain > 0.9 and err_ef < 0.02 and np.abs(e).max() <= s_g / 2 + 1e-6
 # 5. `fp8_e4m3_encode` — bit-exact with `.to(torch.float8_e4m3fn)` (subnormals, carry, saturation, NaN).
 # 6. `pack_int4` / `unpack_int4`.
 # 7. `winograd_matmul` — `a @ b` through Winograd's inner product (§7), exact for int8 extremes and odd K.
+# 8. `strassen_matmul` — `a @ b` by one level of Strassen's seven block products (§7), exact in int64.

@@ -121,8 +121,9 @@ def strassen_auto(m: int, k: int, n: int) -> bool:
 
 def strassen_signs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(SA, SB, SC), each int [7, 4]: product i multiplies sum_q SA[i, q] A_q by sum_q SB[i, q] B_q and adds
-    SC[i, q] times the product to C_q, quadrants q = 11, 12, 21, 22 (the tables the C++ kernel uses)."""
-    return tuple(np.array(t, np.int64) for t in _C().int8_strassen_signs())  # type: ignore[return-value]
+    SC[i, q] times the product to C_q, quadrants q = 11, 12, 21, 22 (the C++ kernel's tables equal these:
+    ``_C.quant.int8_strassen_signs()``, tested)."""
+    return tuple(np.array(t, np.int64) for t in (_STRASSEN_SA, _STRASSEN_SB, _STRASSEN_SC))  # type: ignore[return-value]
 
 
 # Strassen (1969): M1 = (A11 + A22)(B11 + B22), M2 = (A21 + A22) B11, M3 = A11 (B12 - B22), M4 = A22 (B21 - B11),
