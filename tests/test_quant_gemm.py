@@ -785,6 +785,9 @@ def test_strassen_refuses_bad_input():
         C_TL.int8_gemm_strassen(np.ones((2, 64), np.int8), wide[:-1], terms, 64, 128)
     with pytest.raises(ValueError, match="K=32"):
         C_TL.int8_gemm_strassen(np.ones((2, 32), np.int8), wide, terms, 64, 128)
+    # |C| <= K * 255 * 128 must fit int32: uint8 codes stop at K = 65536 (int8 at 2^17 - 1), as the packed kernels
+    with pytest.raises(ValueError, match="65536"):
+        C_TL.int8_gemm_strassen(np.zeros((2, 65544), np.uint8), wide, terms, 65544, 128)
 
 
 def test_strassen_refused_without_avx2(monkeypatch):

@@ -22,21 +22,25 @@
 
 # %%
 # %matplotlib inline
-import copy
 import os
-import warnings
 
-import matplotlib.pyplot as plt
-import numpy as np
-import torch
-from threadpoolctl import threadpool_limits
-from tqdm.auto import tqdm
+# before numpy loads OpenBLAS, as `import tinylearn` first would (tinylearn/__init__.py): its idle worker otherwise
+# spins ~0.1 s after every BLAS call and takes a core from the next timed 2-thread kernel
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
+import copy  # noqa: E402
+import warnings  # noqa: E402
 
-import tinylearn as tl
-from tinylearn.bench import Comparison, plot_table, tinygrad_jit
-from tinylearn.nn.models import DigitsCNN, DigitsMLP
-from tinylearn.nn.training import evaluate, fit, predict
-from tinylearn.quant.modules import DynamicQuantizedLinear
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import tinylearn as tl  # noqa: E402
+from tinylearn.bench import Comparison, plot_table, tinygrad_jit  # noqa: E402
+from tinylearn.nn.models import DigitsCNN, DigitsMLP  # noqa: E402
+from tinylearn.nn.training import evaluate, fit, predict  # noqa: E402
+from tinylearn.quant.modules import DynamicQuantizedLinear  # noqa: E402
 
 warnings.filterwarnings("ignore")
 Q = tl.quant
@@ -564,13 +568,6 @@ assert (Q.gemm.STRASSEN_AUTO_MIN_M, Q.gemm.STRASSEN_AUTO_MIN_KN, Q.gemm.STRASSEN
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# float32: the same algebra rounds its operand sums (the leaves are BLAS matmuls: summation order is the CPU's)
-a_f = rng_w.standard_normal((256, 256)).astype(np.float32)
-b_f = rng_w.standard_normal((256, 256)).astype(np.float32)
-exact_f = a_f.astype(np.float64) @ b_f.astype(np.float64)
-err_lv = [float(np.abs(Q.strassen_reference(a_f, b_f, lv)[0] - exact_f).max()) for lv in range(4)]
-print("float32 max |error| by levels 0-3:", [f"{e:.2e}" for e in err_lv])
-assert err_lv[3] > 1.3 * err_lv[0]  # grows with the levels; int64 stays exact (cell above)
 if choice is not None and choice["kernel"] == "avx2_wino":
     assert Q.strassen_auto(M_w, K_w, N_w) == (Q.packed_versions()[0] == "avx2_wino")
     wide_s, _ = pk_w.strassen_operands()  # prepared once, like the packing
@@ -582,6 +579,13 @@ if choice is not None and choice["kernel"] == "avx2_wino":
             c.add(f"prepacked B [{v}]", lambda v=v: pk_w.matmul(A_w, version=v))
         c.add("numpy fp32 sgemm", lambda: Af_w @ Bf_w)
     print(cmp_s.table)
+# float32: the same algebra rounds its operand sums (the leaves are BLAS matmuls: summation order is the CPU's)
+a_f = rng_w.standard_normal((256, 256)).astype(np.float32)
+b_f = rng_w.standard_normal((256, 256)).astype(np.float32)
+exact_f = a_f.astype(np.float64) @ b_f.astype(np.float64)
+err_lv = [float(np.abs(Q.strassen_reference(a_f, b_f, lv)[0] - exact_f).max()) for lv in range(4)]
+print("float32 max |error| by levels 0-3:", [f"{e:.2e}" for e in err_lv])
+assert err_lv[3] > 1.3 * err_lv[0]  # grows with the levels; int64 stays exact (cell above)
 fig, ax = plt.subplots(figsize=(5, 2.4))
 ax.semilogy(range(4), err_lv, "o-", label="float32 Strassen")
 ax.axhline(0.5, color="gray", ls=":", label="int64 / int32: error 0 (exact)")

@@ -154,11 +154,12 @@ def _ceiling_note() -> str:
     mix, km, _ = mix_ceiling_ratio(ceil)
     return (
         f"instruction ceilings of one core, MAC/ns (_C.machine.mac_rate, one instruction mix, 10 accumulators): "
-        f"{listed}. Best exact int8 / fp32 FMA = {ki} / {kf} = {ratio:.2f}x: an int8 GEMM cannot beat an fp32 GEMM "
-        f"that runs at the same fraction of its ceiling by more than that here (a direct kernel reaches the goal's "
-        f"1.5x only on a core that issues vpmaddwd at least 3/4 as often as its FMAs, or with VNNI; Winograd's step "
-        f"halves the multiplies). A hybrid kernel using both pipes (int8 products as exact fp32 FMAs for part of N) "
-        f"is bounded by the best mix, {km}: {mix:.2f}x."
+        f"{listed}. Best exact int8 / fp32 FMA = {ki} / {kf} = {ratio:.2f}x: an int8 GEMM that does every "
+        f"multiply-accumulate cannot beat an fp32 GEMM that runs at the same fraction of its ceiling by more than that "
+        f"here (a direct kernel reaches the goal's 1.5x only on a core that issues vpmaddwd at least 3/4 as often as "
+        f"its FMAs, or with VNNI; Winograd's step halves the multiplies). avx2_strassen does 7/8 of them (one level "
+        f"of Strassen's block products): its bound is 8/7 of that, {ratio * 8 / 7:.2f}x. A hybrid kernel using both "
+        f"pipes (int8 products as exact fp32 FMAs for part of N) is bounded by the best mix, {km}: {mix:.2f}x."
     )
 
 
