@@ -717,6 +717,7 @@ for bits in (8, 7):
 # | `avx2_madd16` | B sign-extended to int16 per K block, `vpmaddwd` + `vpaddd`; 6×8 micro-kernel | 16 per ymm op | every u8/s8 × s8 (int16 pairs → int32) |
 # | `avx2_u7` | `vpmaddubsw` (pairs → **saturating** int16) + `vpmaddwd`·1 + `vpaddd` | 32 per 2 ymm ops = 16 | only activation codes ≤ 127 (checked; else ValueError) |
 # | `avx2_wino` | Winograd: 2 `vpaddw` (a + b, int16) + `vpmaddwd` + `vpaddd`; row/column terms once; 3×32 micro-kernel | 32 per ymm op | every u8/s8 × s8 (a + b fits int16; sums wrap mod 2³², the result is exact) |
+# | `avx2_strassen` | one level of Strassen (7 block products of 8) on the `avx2_wino` kernel; B operands widened once (`PackedInt8Weight`) | 32 per ymm op, 7/8 of the products | every u8/s8 × s8 (operand sums ≤ 510, a + b ≤ 766; mod 2³², exact); M even, K % 8 = 0, N % 128 = 0 |
 # | `scalar` | C++ loops | – | everything |
 #
 # **Register blocking.** Each K step of a micro-kernel loads the B vectors once and reuses them for 6 rows of A
