@@ -755,9 +755,10 @@ def test_strassen_prepared_b_copies_and_threads():
     wide, terms = C_TL.int8_strassen_pack(b)
     assert wide.ctypes.data % 64 == 0
     buf = np.empty(wide.size + 32, np.int16)
-    moved = buf[8 : 8 + wide.size]  # 16 bytes past a 64-byte boundary at best
+    off = next(o for o in range(32) if (buf.ctypes.data + 2 * o) % 64 == 16)  # 16 bytes past a 64-byte boundary
+    moved = buf[off : off + wide.size]
     moved[:] = wide
-    assert moved.ctypes.data % 64 != 0
+    assert moved.ctypes.data % 64 == 16
     want = _ref(a, b)
     for w in (wide, moved):
         for _ in range(5):
