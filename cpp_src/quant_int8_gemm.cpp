@@ -987,12 +987,29 @@ inline int16_t* aligned_i16(size_t n) {
   if (p == nullptr) throw std::bad_alloc();
   return static_cast<int16_t*>(p);
 }
+using AlignedI16 = std::unique_ptr<int16_t[], void (*)(void*)>;
+// n int16, 64-byte aligned: while n <= keep, the calling thread's buffer for call site Tag, kept between calls and
+// grown as needed (a fresh mmap'd block per call pays its page faults every time); above keep, a fresh one in `own`
+template <typename Tag>
+int16_t* kept_i16(size_t n, size_t keep, AlignedI16& own) {
+  thread_local AlignedI16 kept{nullptr, std::free};
+  thread_local size_t kept_n = 0;
+  if (n > keep) {
+    own.reset(aligned_i16(n));
+    return own.get();
+  }
+  if (n > kept_n) {
+    kept.reset(aligned_i16(n));
+    kept_n = n;
+  }
+  return kept.get();
+}
 
 struct WideB {
   static constexpr size_t kKeep = size_t(8) << 20;  // int16 elements kept per calling thread (16 MB)
   ssize_t K4 = 0, nkb = 0;
   bool wino = false;                              // Winograd layout (widen_block_wino) instead of madd16's
-  std::unique_ptr<int16_t[], void (*)(void*)> own{nullptr, std::free};  // per-call buffer when B exceeds kKeep
+  AlignedI16 own{nullptr, std::free};  // per-call buffer when B exceeds kKeep
   int16_t* buf = nullptr;                         // [panel][kq][NPW x 4], per K block grouped as widen_block writes
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // per (panel, K block): 0 free, 1 being widened, 2 ready
   std::vector<i32> terms;                         // Winograd: per (panel, K block) the NPW column terms
@@ -1001,18 +1018,7 @@ struct WideB {
         terms(wino_ ? size_t(NP * nkb * NPW) : 0) {
     const size_t n = size_t(NP) * K4_ * NPW * 4;
     // 64-byte aligned (new[] of a large block returns 16 mod 4096: every other 32-byte load of it split a line)
-    thread_local std::unique_ptr<int16_t[], void (*)(void*)> kept{nullptr, std::free};
-    thread_local size_t kept_n = 0;
-    if (n > kKeep) {
-      own.reset(aligned_i16(n));
-      buf = own.get();
-    } else {
-      if (n > kept_n) {
-        kept.reset(aligned_i16(n));
-        kept_n = n;
-      }
-      buf = kept.get();
-    }
+    buf = kept_i16<WideB>(n, kKeep, own);
     for (ssize_t t = 0; t < NP * nkb; ++t) state[t].store(0, std::memory_order_relaxed);
   }
   // int16 rows [k0, k1) of panel p (bp: its bytes): the shared copy, or the caller's scratch `own`; Winograd:

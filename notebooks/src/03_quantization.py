@@ -558,7 +558,7 @@ for lv in range(4):
     assert np.array_equal(c_s, a_s @ b_s)  # exact at every level in integers
     print(f"{lv} level(s): {mults_s} multiplies = {mults_s / (8 * 16 * 8):.3f} of the textbook {8 * 16 * 8}")
     assert mults_s * 8**lv == 8 * 16 * 8 * 7**lv
-print(f"512x1024x1024, one level: {7 / 8:.3f} of the multiply-accumulates; two levels {(7 / 8) ** 2:.3f}")
+print(f"one level: {7 / 8:.3f} of the products to multiply; two levels {(7 / 8) ** 2:.3f}")
 SA, SB, SC = Q.gemm.strassen_signs()
 adds = int((np.abs(SA).sum(1) - 1).sum() + (np.abs(SB).sum(1) - 1).sum() + (np.abs(SC).sum(0) - 1).sum())
 a_max, b_max = int(np.abs(SA).sum(1).max()) * 255, int(np.abs(SB).sum(1).max()) * 128  # uint8 - zero point; int8
