@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 import subprocess
@@ -252,6 +253,15 @@ def test_notebook_is_executed_with_a_plot_and_no_errors(nb):
     assert cells[0]["cell_type"] == "markdown" and "question" in "".join(cells[0]["source"]).lower()
     src = nb.parent / "src" / (nb.stem + ".py")
     assert src.is_file(), f"{nb.name} has no source {src}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_cells_equal_their_source(nb):
+    """The committed .ipynb (what nbval runs) holds exactly the cells of notebooks/src (what is reviewed)."""
+    spec = importlib.util.spec_from_file_location("tl_nb_tool_sync", ROOT / "tools" / "nb.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.out_of_sync(nb.parent / "src" / (nb.stem + ".py")) == []
 
 
 EXERCISES = sorted(p for p in (ROOT / "exercises").iterdir() if p.is_dir() and p.name[:2].isdigit())

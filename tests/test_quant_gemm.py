@@ -823,3 +823,27 @@ def test_strassen_auto_rule():
     np.testing.assert_array_equal(pk.matmul(a), _ref(a, b))
     assert pk.last_version == ("avx2_strassen" if wino_first else "auto")
     assert (pk.nbytes > before) == wino_first  # the seven widened B operands, cached
+
+
+# ---------------------------------------------------------------- cache-oblivious recursion (notebook 03, Q84)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 33, 5), (96, 200, 72), (64, 64, 64), (0, 4, 3)])
+def test_cache_oblivious_matmul_exact(shape) -> None:
+    m, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, n))
+    c, ws = Q.cache_oblivious_matmul(a, b, leaf=8)
+    assert c.dtype == np.int64 and np.array_equal(c, a @ b)
+    assert ws[0] == m * k + k * n + m * n
+    assert all(ws[d + 1] >= ws[d] / 2 for d in range(len(ws) - 1))  # at most 2x smaller per depth
+    assert ws[-1] <= 3 * 8 * 8
+
+
+def test_cache_oblivious_matmul_float_matches_and_bad_input() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((50, 70)).astype(np.float64)
+    b = rng.standard_normal((70, 30)).astype(np.float64)
+    np.testing.assert_allclose(Q.cache_oblivious_matmul(a, b, leaf=16)[0], a @ b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="a \\[M, K\\]"):
+        Q.cache_oblivious_matmul(a, a)
+    with pytest.raises(ValueError, match="leaf"):
+        Q.cache_oblivious_matmul(a, b, leaf=0)

@@ -140,10 +140,10 @@ TOPICS: tuple[Topic, ...] = (
         "All-reduce and collectives",
         ("dist",),
         "06_allreduce",
-        ("test_dist", "test_dist_launchers", "test_dist_model", "test_dist_cost_fit"),
+        ("test_dist", "test_dist_launchers", "test_dist_model", "test_dist_cost_fit", "test_dist_planning"),
         "tinylearn.dist.bench",
         aliases=("allreduce",),
-        questions="20, 25, 30, 61, 85, 94, 122, 141, 160",
+        questions="25, 30, 61, 85, 94, 122, 141, 160",
     ),
     Topic(
         "memory",
@@ -156,7 +156,7 @@ TOPICS: tuple[Topic, ...] = (
         ("memory*.cpp", "memory/*.h"),
         ("memory_*.cu",),
         aliases=("memory_pools",),
-        questions="14, 27, 37, 49, 59, 76, 88, 222",
+        questions="14, 27, 37, 49, 59, 76, 88b, 222",
     ),
     Topic(
         "parallel",

@@ -3,6 +3,7 @@
     python tools/nb.py build notebooks/src/01_autodiff.py [...]   # -> notebooks/01_autodiff.ipynb, executed
     python tools/nb.py build --all                                 # every notebooks/src/*.py (make notebooks)
     python tools/nb.py check                                       # every notebook executed, no error outputs
+    python tools/nb.py sync notebooks/src/03_quantization.py       # markdown-only edit: copy the text, keep outputs
 
 Source format (jupytext "percent"): a line ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown cell whose
 lines are written as ``# text``. The .py source is the reviewable truth; the .ipynb carries the outputs nbval
@@ -112,6 +113,41 @@ def build(src: Path, timeout: int = 600) -> Path:
     return out
 
 
+def out_of_sync(src: Path) -> list[str]:
+    """Where the committed notebook's cells differ from its source (empty when they agree)."""
+    want = [(c.cell_type, c.source) for c in parse_percent(src.read_text())]
+    nb_path = NB_DIR / (src.stem + ".ipynb")
+    have = [(c["cell_type"], "".join(c["source"])) for c in json.loads(nb_path.read_text())["cells"]]
+    diffs = [
+        f"{nb_path.name} cell {i} ({w[0]}) differs from {src.name}"
+        for i, (w, h) in enumerate(zip(want, have))
+        if w != h
+    ]
+    if len(want) != len(have):
+        diffs.append(f"{nb_path.name} has {len(have)} cells, {src.name} {len(want)}")
+    return diffs
+
+
+def sync(src: Path) -> Path:
+    """Copy edited markdown cells from the source into the committed notebook without re-executing it.
+
+    Only for markdown-only edits: if any code cell differs (or the cell list changed), it refuses; rebuild instead.
+    """
+    want = parse_percent(src.read_text())
+    out = NB_DIR / (src.stem + ".ipynb")
+    nb = nbformat.read(out, as_version=4)
+    if [c.cell_type for c in want] != [c.cell_type for c in nb.cells] or any(
+        w.source != h.source for w, h in zip(want, nb.cells) if w.cell_type == "code"
+    ):
+        raise SystemExit(f"{src.name}: code cells changed, so outputs may change: run `tools/nb.py build {src}`")
+    for w, h in zip(want, nb.cells):
+        if w.cell_type == "markdown":
+            h.source = w.source
+    nbformat.write(nb, out)
+    print(f"synced the markdown of {out.relative_to(ROOT)}")
+    return out
+
+
 def check() -> int:
     bad = []
     for p in sorted(NB_DIR.glob("*.ipynb")):
@@ -124,6 +160,8 @@ def check() -> int:
         if not any("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", [])):
             bad.append(f"{p.name}: no plot")
         bad += [f"{p.name}: {e}" for c in code for e in marker_errors("".join(c["source"]))]
+        src = NB_DIR / "src" / (p.stem + ".py")
+        bad += out_of_sync(src) if src.is_file() else [f"{p.name}: no source {src.name}"]
     print("\n".join(bad) or "all notebooks executed, plots present, no errors, nbval markers well formed")
     return 1 if bad else 0
 
@@ -135,9 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("sources", nargs="*", type=Path)
     b.add_argument("--all", action="store_true")
     sub.add_parser("check")
+    sy = sub.add_parser("sync")
+    sy.add_argument("sources", nargs="+", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "check":
         return check()
+    if args.cmd == "sync":
+        for s in args.sources:
+            sync(Path(s).resolve())
+        return 0
     srcs = sorted((NB_DIR / "src").glob("*.py")) if args.all else args.sources
     if not srcs:
         ap.error("build: give source files or --all")

@@ -304,11 +304,14 @@ except AssertionError as e:
 # %%
 xa = tl.Tensor([0.0, 4.0], requires_grad=True)
 out = (xa.sqrt() * 2).sum()
+caught = None
 with tl.autograd.detect_anomaly():
     try:
         out.backward()
     except RuntimeError as e:
+        caught = str(e)
         print(e)
+assert caught is not None and "sqrt" in caught.lower()  # the error names the op whose backward made the inf
 
 # %% [markdown]
 # ## 7. Forward mode (dual numbers) vs reverse mode [Q24] [Q93]

@@ -7,6 +7,8 @@
 # - **[Q22]** im2col: what role does it play, what does it cost in memory and time, how is it optimised? (§2, §3,
 #   §5, §8)
 # - **[Q32]** The core conv optimisations — Winograd, im2col, depthwise, GEMM efficiency, BN folding (§3, §6–§8)
+# - **[Q103]** Reparameterisation for inference: fold adjacent linear layers, a scale/normalisation, Conv +
+#   per-channel scale into one layer — what it saves and when it does not (§7b)
 # - **[Q98]** Why is a naive NCHW 3×3 conv cache-unfriendly, and what does a row-block (tiled) version change? (§5)
 # - **[Q144]** Deformable conv: bilinear-sampled im2col, and how dynamic offsets change tiling / cache reuse (§9)
 #
@@ -175,7 +177,7 @@ assert tl.autograd.gradcheck(lambda a: tl.nn.functional.avg_pool2d(a, 3, 2, 1, c
 print("gradcheck passed: depthwise conv2d, max_pool2d, avg_pool2d(count_include_pad=False)")
 
 # %% [markdown]
-# ### A custom PyTorch conv operator [Q2]
+# ### A custom PyTorch conv operator
 #
 # The same two formulas make a `torch.autograd.Function`: forward is
 # `F.unfold` + one batched matmul, backward is `dW = Σₙ dYₙ·colsₙᵀ`, `dX = F.fold(Wᵀ·dY)` (fold is unfold's
@@ -373,6 +375,100 @@ print(
     "folded conv == conv then BN (fp32 tolerance); max abs diff < 1e-5:",
     bool(np.abs(folded - expected.numpy()).max() < 1e-5),
 )
+
+# %% [markdown]
+# ### 7b. Reparameterisation for inference: linear chains, scales, Conv + channel scale [Q103]
+#
+# **The answer.** Any chain of *affine* ops with no nonlinearity between them is one affine op, so at inference
+# time it can be folded into the weights once, offline:
+#
+# - **Adjacent linear layers** `W2(W1x + b1) + b2 = (W2W1)x + (W2b1 + b2)` — one GEMM instead of two, no
+#   intermediate tensor to write and re-read. It saves FLOPs and parameters only when the hidden width `h`
+#   satisfies `h·(d_in + d_out) > d_in·d_out`; a low-rank bottleneck (`d → r → d`, LoRA-style) gets *bigger* when
+#   folded, so there you keep the factors (or fold only the LoRA delta into a full-rank `W`).
+# - **A scale/normalisation after a layer** (eval BatchNorm, a learned per-channel scale such as LayerScale):
+#   `s·(Wx + b) + t` → `W' = s·W`, `b' = s·b + t`, per output channel, for conv and linear alike.
+# - **A normalisation's affine before a linear** (LayerNorm/RMSNorm γ, β): `W(γ⊙x̂ + β) + b` →
+#   `W' = W·diag(γ)`, `b' = Wβ + b`; the normalisation itself (x̂) stays, only its affine part is folded. Not valid
+#   before a zero-padded conv (the shift would move the padding too).
+#
+# Benefits: fewer kernels and launches, no memory traffic for the intermediate activations (each removed
+# element-wise op reads and writes the whole activation), fewer parameters, and a graph a fusing backend sees as a
+# single GEMM/conv. Costs: the folded layer differs from the original by rounding only (asserted below at fp32
+# tolerance against torch), but folding a wide-ranging per-channel scale into the weights widens their range —
+# quantise *after* folding, per channel. Training-time structure (BN statistics, branches) is kept; only the
+# deployed graph is folded. `tl.conv.fold_linear_chain`, `fold_channel_scale` (which reuses `fold_batchnorm` with
+# mean 0, var 1, eps 0) and `fold_input_affine` implement the three folds; `linear_chain_cost` counts the saving.
+
+# %%
+torch_state = torch.random.get_rng_state()  # restored at the end: later sections keep their random draws
+torch.manual_seed(1)
+mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 32)).eval()
+xl = torch.randn(128, 64)
+with torch.no_grad():
+    expected = mlp(xl)
+Wc, bc = tl.conv.fold_linear_chain([m.weight.detach().numpy() for m in mlp], [m.bias.detach().numpy() for m in mlp])
+tl.testing.assert_close(xl.numpy() @ Wc.T + bc, expected)
+cost = tl.conv.linear_chain_cost([(256, 64), (32, 256)], tokens=128)
+print("Linear(64->256) -> Linear(256->32), 128 tokens:", cost)
+assert cost["params_folded"] * 10 < cost["params_chain"] and cost["flops_folded"] * 10 < cost["flops_chain"]
+print(
+    f"folded: {cost['params_chain'] / cost['params_folded']:.1f}x fewer parameters, "
+    f"{cost['flops_chain'] / cost['flops_folded']:.1f}x fewer FLOPs, and no [128, 256] intermediate"
+)
+bottleneck = tl.conv.linear_chain_cost([(16, 256), (256, 16)])
+print("bottleneck Linear(256->16) -> Linear(16->256):", bottleneck)
+assert bottleneck["params_folded"] > 7 * bottleneck["params_chain"]  # folding a low-rank pair makes it ~7.8x bigger
+
+# Conv -> eval BatchNorm -> per-channel scale (LayerScale) -> one conv
+conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+bn = torch.nn.BatchNorm2d(16).eval()
+with torch.no_grad():
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.weight.uniform_(0.5, 1.5)
+    bn.bias.uniform_(-1, 1)
+gamma = torch.rand(16) * 0.2 + 0.05
+xc = torch.randn(2, 8, 16, 16)
+with torch.no_grad():
+    expected = bn(conv(xc)) * gamma[None, :, None, None]
+w1, b1 = tl.conv.fold_batchnorm(
+    conv.weight.detach().numpy(),
+    conv.bias.detach().numpy(),
+    bn.running_mean.numpy(),
+    bn.running_var.numpy(),
+    bn.weight.detach().numpy(),
+    bn.bias.detach().numpy(),
+    bn.eps,
+)
+w2, b2 = tl.conv.fold_channel_scale(w1, b1, gamma.numpy())
+folded = tl.conv.conv2d(xc.numpy(), w2, b2, 1, 1)
+tl.testing.assert_close(folded, expected)
+n_out = folded.size  # N * OC * OH * OW
+flops_conv = tl.conv.conv2d_flops(xc.shape, w2.shape, 1, 1)
+flops_affine = 2 * n_out + 1 * n_out  # BN: one multiply + one add per element; the scale: one multiply
+traffic_removed = 2 * 2 * n_out * 4  # two element-wise passes, each reads and writes the fp32 activation
+print(
+    f"Conv+BN+scale -> one conv: FLOPs {flops_conv + flops_affine:,} -> {flops_conv:,}, parameters removed "
+    f"{4 * 16 + 16} (BN mean/var/gamma/beta + scale), activation traffic removed {traffic_removed:,} B, kernels 3 -> 1"
+)
+assert flops_affine == 3 * 2 * 16 * 16 * 16 and traffic_removed == 2 * 2 * n_out * 4
+
+# LayerNorm's gamma/beta folded into the next Linear: the normalisation stays, its affine disappears
+ln = torch.nn.LayerNorm(64)
+with torch.no_grad():
+    ln.weight.uniform_(0.5, 1.5)
+    ln.bias.uniform_(-1, 1)
+proj = torch.nn.Linear(64, 32)
+with torch.no_grad():
+    expected = proj(ln(xl))
+    xhat = F.layer_norm(xl, (64,))
+wi, bi = tl.conv.fold_input_affine(
+    proj.weight.detach().numpy(), proj.bias.detach().numpy(), ln.weight.detach().numpy(), ln.bias.detach().numpy()
+)
+tl.testing.assert_close(xhat.numpy() @ wi.T + bi, expected)
+print("all three folds match the unfolded torch computation at fp32 tolerance")
+torch.random.set_rng_state(torch_state)
 
 # %% [markdown]
 # ## 8. Speed vs torch and tinygrad: what really costs, and the roofline [Q22] [Q32]
@@ -851,6 +947,11 @@ print(
 #   `W' = γW/√(σ²+ε)`, `b' = γ(b−μ)/√(σ²+ε)+β` (§7). Against oneDNN the cost is the materialised columns, the
 #   transpose back to NCHW and freshly allocated buffers (§8): implicit GEMM in a blocked layout avoids all three
 #   (v3: reorder the input once to `[N][C/16][H+2p][W+2p][16]`, a 14-column × 32-channel register tile).
+# - **[Q103] Reparameterisation.** Affine ops with no nonlinearity between fold into one: `W2W1`, `W2b1 + b2` for a
+#   linear chain (64→256→32: ~12× fewer parameters and FLOPs, asserted; a 256→16→256 bottleneck grows ~7.8× when
+#   folded, so keep it factored); `s·W`, `s·b + t` for a BN/scale after a conv or linear; `W·diag(γ)`, `Wβ + b` for
+#   a normalisation's affine before a linear. Conv+BN+scale becomes one conv (3 kernels → 1, two activation passes
+#   gone), equal to torch at fp32 tolerance (§7b).
 # - **[Q98] Naive NCHW conv and row blocking.** The inner (c, i, j) loop strides `H·W·4` bytes per channel and
 #   re-fetches each pixel for every tap and filter. Tiling R output rows keeps the input band hot and cuts the
 #   workspace linearly in R (R=1 is 56× smaller than untiled at 56², asserted), at the cost of smaller GEMMs.

@@ -8,7 +8,7 @@
 # 2. [Q14] [Q27] Which pool designs exist and what is each good for (bump, free lists, buddy, slab, caching)? (§2)
 # 3. [Q49] Implement a buddy allocator. What is the buddy of a block, and how do split and merge work? (§3)
 # 4. [Q27] [Q49] What is external vs internal fragmentation, and how do you measure it? (§4)
-# 5. [Q222] [Q88] A long run fragments memory until a large request fails: which few blocks do you move to get
+# 5. [Q222] [Q88b] A long run fragments memory until a large request fails: which few blocks do you move to get
 #    one big hole, and how does a framework move memory that tensors point to? (§4b)
 # 6. [Q59] [Q37] How does PyTorch's CUDA caching allocator work (rounding, small/large pools, splitting, caching,
 #    streams, `empty_cache`, what happens on OOM)? Why does `nvidia-smi` show more than `memory_allocated()`? (§5)
@@ -16,6 +16,8 @@
 #    that be (liveness lower bound)? (§6, §7)
 # 8. [Q14] Make a training loop allocate its tensors from your pool — how do you know it is still correct? (§8)
 # 9. [Q37] [Q14] [Q59] Why can a caching allocator beat `malloc` on its own CPU loop, and when can it not? (§10)
+# 10. [Q217] Branches recompute the same intermediate tensor: how do you cache it with reference counts and an
+#     LRU/TTL eviction under a byte budget? (§8b)
 #
 # Everything here is `tinylearn.memory`: each allocator exists twice, a readable Python reference and a C++
 # implementation (`backend="cpp"`), which return the *same offsets* for the same trace. Allocators own an arena
@@ -219,7 +221,7 @@ plt.show()
 assert s["fragmentation"] == 1 - 16 / 256
 
 # %% [markdown]
-# ### 4b. Compaction: move a few blocks to get one big hole [Q222] [Q88]
+# ### 4b. Compaction: move a few blocks to get one big hole [Q222] [Q88b]
 #
 # **Why long runs run out of memory with memory free.** Sizes and lifetimes interleave: a small long-lived block
 # (optimizer state, a cached activation) left between two freed large ones pins them apart, and over thousands of
@@ -483,6 +485,88 @@ print(
 assert system * 20 <= base["n_system"]
 gc.collect()
 print("after the model is gone, blocks still live:", pool.stats()["n_live"])
+
+# %% [markdown]
+# ### 8b. Caching intermediate tensors across branches: reference counts + LRU/TTL [Q217]
+#
+# **The answer.** When several branches or layers compute the *same* intermediate (the same projection of the
+# same input, a shared positional table), compute it once and keep it in a cache keyed by *what it is*
+# (`(op, weights id, input version)`), not where it is used. Three rules keep the cache from eating the memory it
+# is meant to save:
+#
+# 1. **Byte budget.** The cache owns at most `capacity_bytes`; an insert that does not fit evicts first, and a
+#    tensor that can never fit is simply not cached (recomputed next time) — a cache must not cause an OOM.
+# 2. **Reference counts pin.** A consumer that is using a tensor `acquire`s it; an entry with a count above zero is
+#    never evicted or expired, so no branch loses a tensor under its feet. Everything else is fair game.
+# 3. **Heat = LRU timestamp, plus a TTL.** Each hit refreshes the entry's last-use time; eviction takes the
+#    unreferenced entry with the oldest timestamp first. A TTL drops entries idle for longer than `ttl` even when
+#    memory is not tight — step-scoped activations go stale when the input changes, and the TTL reclaims them
+#    without an explicit invalidation.
+#
+# Cached tensors are shared by every consumer, so they are handed out **read-only** (an in-place op by one branch
+# would corrupt the others). `tl.memory.TensorCache` implements the policy; a `ManualClock` makes time
+# deterministic here. Below: 3 layers × 2 branches share one projection per layer for 4 steps; the cache halves the
+# projection calls with bit-identical outputs, and the TTL clears each step's entries once the step is over.
+
+# %%
+clock = M.ManualClock()
+tcache = M.TensorCache(capacity_bytes=3 * 64 * 64 * 4, ttl=0.5, clock=clock)  # room for one step's 3 projections
+rng_c = np.random.default_rng(0)
+W_proj = [rng_c.standard_normal((64, 64)).astype(np.float32) for _ in range(3)]
+n_calls = {"uncached": 0, "cached": 0}
+
+
+def project(x, layer, counter):
+    n_calls[counter] += 1
+    return x @ W_proj[layer]
+
+
+outs_plain, outs_cached = [], []
+for step in range(4):
+    x_step = rng_c.standard_normal((64, 64)).astype(np.float32)
+    for layer in range(3):
+        for branch in range(2):  # both branches need the same projection of the same input
+            outs_plain.append(np.tanh(project(x_step, layer, "uncached")) * (branch + 1))
+            k = tcache.get_or_compute(("proj", layer, step), lambda x=x_step, i=layer: project(x, i, "cached"))
+            outs_cached.append(np.tanh(k) * (branch + 1))
+    clock.advance(1.0)  # one step = one time unit: last step's entries are idle 1 > ttl when the next step inserts
+st = tcache.stats()
+print("projection calls:", n_calls, "| cache:", {k: st[k] for k in ("hits", "misses", "evictions", "expirations")})
+assert all(np.array_equal(a, b) for a, b in zip(outs_plain, outs_cached))
+assert n_calls == {"uncached": 24, "cached": 12} and st["hits"] == 12 and st["misses"] == 12
+assert st["expirations"] == 9 and st["evictions"] == 0 and st["peak_bytes"] <= tcache.capacity_bytes
+
+# %% [markdown]
+# The policy in isolation, on a 4 KiB budget with 1 KiB tensors: LRU order follows the last use (a hit moves
+# `b` to the back), a pinned entry survives although it is the oldest, a tensor larger than what the pinned entries
+# leave free is rejected instead of evicting everything, and the TTL restarts when the last reference is released.
+
+# %%
+clock = M.ManualClock()
+pc = M.TensorCache(capacity_bytes=4 * KiB, ttl=10.0, clock=clock)
+kib = np.zeros(256, dtype=np.float32)  # 1 KiB
+for key in ("pinned", "a", "b", "c"):
+    pc.put(key, kib.copy(), pin=key == "pinned")
+    clock.advance(1)
+pc.get("b")
+print("LRU order (oldest first):", pc.keys())
+assert pc.keys() == ["pinned", "a", "c", "b"]
+pc.put("d", kib.copy())
+pc.put("e", kib.copy())
+print("after inserting d, e -> evicted", pc.evicted, "| pinned still cached:", "pinned" in pc)
+assert pc.evicted == ["a", "c"] and "pinned" in pc and pc.keys() == ["pinned", "b", "d", "e"]
+fits = pc.put("huge", np.zeros(1024, dtype=np.float32))  # 4 KiB > 4 KiB - 1 KiB pinned
+print("4 KiB insert with 1 KiB pinned cached?", fits, "| evicted unchanged:", pc.evicted)
+assert not fits and pc.stats()["rejected"] == 1 and pc.evicted == ["a", "c"]
+clock.advance(20)  # everything unpinned is idle > ttl
+print("expired after 20 idle units:", pc.expire(), "| left:", pc.keys())
+assert pc.keys() == ["pinned"]
+pc.release("pinned")
+clock.advance(5)
+assert pc.expire() == []  # the TTL restarted at release
+clock.advance(6)
+assert pc.expire() == ["pinned"] and pc.bytes == 0
+print("pinned entry expired 11 units after its release, not before; cache empty:", len(pc) == 0)
 
 # %% [markdown]
 # ## 9. Speed [Q37]
@@ -793,7 +877,7 @@ assert ns["64 B", "caching thread cache C++"] < 10 * ns["64 B", "glibc malloc C+
 #   `offset ^ size`; malloc splits the smallest fitting block, free merges while the buddy is free (§3).
 # * **[Q27] Fragmentation**: external = 1 − largest_free / total_free (every other 16 KiB block freed: 0.9375 and a
 #   32 KiB request fails, §4); internal = rounding waste inside handed-out blocks.
-# * **[Q222] [Q88] Compaction**: choose the target-size window with the fewest live bytes and move only its blocks
+# * **[Q222] [Q88b] Compaction**: choose the target-size window with the fewest live bytes and move only its blocks
 #   (fewer bytes than full compaction, asserted; the ratio greedy can fail), behind a handle table, at idle points
 #   or as OOM fallback; PyTorch uses expandable segments instead (§4b).
 # * **[Q59] Caching allocator**: 512 B rounding, small (≤ 1 MiB, 2 MiB segments) and large pools, best fit per
@@ -801,6 +885,10 @@ assert ns["64 B", "caching thread cache C++"] < 10 * ns["64 B", "glibc malloc C+
 #   segments and retry once on OOM (§5).
 # * **[Q76] Planning**: liveness peak = lower bound; greedy-by-size ≤ 1.05x of it, interval colouring = online
 #   first fit (§7).
+# * **[Q217] Intermediate-tensor cache**: key by (op, weights, input version); byte budget; `acquire`d (referenced)
+#   entries are never evicted or expired; otherwise evict LRU by last-use timestamp, and expire entries idle past the
+#   TTL; reject what cannot fit; hand out read-only views. 3 layers × 2 branches × 4 steps: 24 → 12 projections,
+#   bit-identical outputs, every stale step expired by the TTL (§8b).
 # * **[Q37] [Q14] [Q59] Beating malloc**: a caching allocator never returns memory (no mmap/munmap, no page faults:
 #   > 10x faster than glibc at 64 MiB, asserted) and can make reuse O(1): memoise best fit per size class and
 #   defer the split so that freeing the block just handed out cancels it — zero tree operations per pair (counted),

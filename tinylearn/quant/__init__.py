@@ -9,6 +9,7 @@ from .fp8 import FORMATS, DelayedScaling, fp8_decode, fp8_encode, fp8_matmul, fp
 from .gemm import (
     PackedInt8Weight,
     avx2_choice,
+    cache_oblivious_matmul,
     int8_gemm,
     int8_gemm_paths,
     int8_gemm_versions,
@@ -53,6 +54,7 @@ __all__ = [
     "maddubs_reference",
     "winograd_reference",
     "strassen_reference",
+    "cache_oblivious_matmul",
     "strassen_auto",
     "strassen_shape_error",
     "avx2_choice",
@@ -110,4 +112,23 @@ __all__ += [
     "cross_layer_equalize",
     "equalize_scales",
     "bias_correction",
+]
+
+from .autotune import KernelAutotuner, int8_gemm_autotuner  # noqa: E402
+from .error_budget import allocate_bits, allocate_error_budget, choose_bits, measure_sensitivities  # noqa: E402
+from .online_calib import OnlineRecalibrator, saturation_rate  # noqa: E402
+from .shift_scale import LearnableShiftScale, fold_shift_scale, quantized_block  # noqa: E402
+
+__all__ += [
+    "OnlineRecalibrator",
+    "saturation_rate",
+    "allocate_error_budget",
+    "allocate_bits",
+    "choose_bits",
+    "measure_sensitivities",
+    "LearnableShiftScale",
+    "fold_shift_scale",
+    "quantized_block",
+    "KernelAutotuner",
+    "int8_gemm_autotuner",
 ]

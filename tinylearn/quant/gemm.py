@@ -166,6 +166,46 @@ def strassen_reference(a: Any, b: Any, levels: int = 1) -> tuple[np.ndarray, int
     return np.block([[cq[0], cq[1]], [cq[2], cq[3]]]), mults
 
 
+def cache_oblivious_matmul(a: Any, b: Any, leaf: int = 32) -> tuple[np.ndarray, list[int]]:
+    """a @ b by recursive halving, the cache-oblivious GEMM (Frigo, Leiserson, Prokop, Ramachandran 1999).
+
+    Split the largest of M, K, N in two (K: C = A1 B1 + A2 B2; M or N: two independent halves) until all three are
+    <= ``leaf``; the leaves are ordinary numpy matmuls in a's dtype (int64: exact). No cache size appears anywhere:
+    some depth of the recursion has blocks that fit each cache level, whatever its size. Returns (C, ws) with
+    ``ws[d]`` the largest working set in elements (M K + K N + M N of one block) at recursion depth d; each depth
+    shrinks it by at most 2x, so every cache between the leaf's working set and the whole problem's is met within a
+    factor of 2.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"cache_oblivious_matmul: a [M, K] and b [K, N] needed, got a {a.shape} and b {b.shape}")
+    if isinstance(leaf, bool) or not isinstance(leaf, int) or leaf < 1:
+        raise ValueError(f"leaf: expected an int >= 1, got {leaf!r}")
+    c = np.zeros((a.shape[0], b.shape[1]), np.result_type(a, b))
+    ws: list[int] = []
+
+    def rec(i0: int, i1: int, k0: int, k1: int, j0: int, j1: int, depth: int) -> None:
+        m, k, n = i1 - i0, k1 - k0, j1 - j0
+        if depth == len(ws):
+            ws.append(0)
+        ws[depth] = max(ws[depth], m * k + k * n + m * n)
+        if max(m, k, n) <= leaf or min(m, k, n) == 0:
+            c[i0:i1, j0:j1] += a[i0:i1, k0:k1] @ b[k0:k1, j0:j1]
+        elif m >= k and m >= n:
+            rec(i0, i0 + m // 2, k0, k1, j0, j1, depth + 1)
+            rec(i0 + m // 2, i1, k0, k1, j0, j1, depth + 1)
+        elif n >= k:
+            rec(i0, i1, k0, k1, j0, j0 + n // 2, depth + 1)
+            rec(i0, i1, k0, k1, j0 + n // 2, j1, depth + 1)
+        else:
+            rec(i0, i1, k0, k0 + k // 2, j0, j1, depth + 1)
+            rec(i0, i1, k0 + k // 2, k1, j0, j1, depth + 1)
+
+    rec(0, a.shape[0], 0, a.shape[1], 0, b.shape[1], 0)
+    return c, ws
+
+
 def int8_gemm_versions() -> list[str]:
     """Every explicit ``int8_gemm`` version this CPU runs (the paths plus the packed-layout avx2_madd16)."""
     out = int8_gemm_paths()
