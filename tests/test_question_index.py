@@ -121,3 +121,12 @@ def test_markers_are_required() -> None:
         qi.updated("# README without the markers\n", "body")
     text = f"head\n{qi.BEGIN}\nold\n{qi.END}\ntail\n"
     assert qi.updated(text, "new") == f"head\n{qi.BEGIN}\nnew\n{qi.END}\ntail\n"
+
+
+def test_every_tagged_section_calls_tinylearn_and_asserts() -> None:
+    """The mechanical half of the tag rule over the real notebooks: no tag on a section without a tinylearn call or
+    without an assert (``tools/question_index.py --audit`` prints the table and the offenders)."""
+    if not _tool().BANK.is_file():
+        pytest.skip("no question bank beside the repository")
+    r = subprocess.run([sys.executable, str(TOOL), "--audit"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -148,3 +149,63 @@ def compressed_all_reduce(
 def dense_ring_bytes(numel: int, world_size: int, itemsize: int = 4) -> float:
     """Bytes one rank sends in a ring all-reduce of ``numel`` elements: 2(p-1)/p * n * itemsize."""
     return 2 * (world_size - 1) / world_size * numel * itemsize if world_size > 1 else 0.0
+
+
+class TwoBit:
+    """2-bit (ternary) quantisation: codes in {-1, 0, +1} times one fp32 scale s = max|v| (round to the nearest
+    level, half to even: |v| > s/2 -> +-s), packed 4 codes per byte; payload = (uint8 packed codes, scale[1])."""
+
+    name = "2bit"
+
+    def compress(self, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        flat = v.reshape(-1).float()
+        n = flat.numel()
+        amax = float(flat.abs().max()) if n else 0.0
+        scale = amax if amax > 0 else 1.0
+        codes = torch.round(flat / scale).clamp_(-1, 1).to(torch.int64) + 1  # {0, 1, 2}
+        pad = (-n) % 4
+        c = torch.cat([codes, torch.ones(pad, dtype=torch.int64)]).view(-1, 4)
+        packed = (c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6)).to(torch.uint8)
+        return packed, torch.tensor([scale], dtype=torch.float32)
+
+    def decompress(self, payload: tuple[torch.Tensor, ...], numel: int, dtype: torch.dtype) -> torch.Tensor:
+        packed, scale = payload
+        p = packed.to(torch.int64)
+        c = torch.stack([p & 3, (p >> 2) & 3, (p >> 4) & 3, (p >> 6) & 3], dim=1).reshape(-1)[:numel]
+        return ((c - 1).float() * scale).to(dtype)
+
+    def payload_bytes(self, numel: int, itemsize: int = 4) -> int:
+        return -(-numel // 4) + 4
+
+
+class ClippedLowBit:
+    """2- or 3-bit quantisation with an adaptive clipping threshold instead of the max: scale s = k * rms(v) (it
+    follows the current scale of v), L = 2^(bits-1) - 1 levels per side, code q = clamp(round(v / s * L), -L, L),
+    value q * s / L. Entries beyond s are clipped to +-s; with error feedback the clipped excess stays in the residual
+    and is sent over the following steps (at most s per step), so outliers no longer set a huge scale that rounds
+    every other entry to 0. Codes are bit-packed (``bits`` bits each); payload = (uint8 packed codes, scale[1])."""
+
+    def __init__(self, bits: int = 2, k: float = 1.0) -> None:
+        if bits not in (2, 3):
+            raise ValueError(f"bits: expected 2 or 3, got {bits!r}")
+        if not (math.isfinite(k) and k > 0):
+            raise ValueError(f"k: expected a finite value > 0, got {k}")
+        self.bits, self.k, self.levels = bits, k, 2 ** (bits - 1) - 1
+        self.name = f"clip{bits}bit"
+
+    def compress(self, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        flat = v.reshape(-1).float()
+        rms = float(flat.pow(2).mean().sqrt()) if flat.numel() else 0.0
+        scale = self.k * rms if rms > 0 else 1.0
+        u = (torch.round(flat / scale * self.levels).clamp_(-self.levels, self.levels) + self.levels).to(torch.uint8)
+        planes = (u.numpy()[:, None] >> np.arange(self.bits, dtype=np.uint8)) & 1
+        return torch.from_numpy(np.packbits(planes.reshape(-1))), torch.tensor([scale], dtype=torch.float32)
+
+    def decompress(self, payload: tuple[torch.Tensor, ...], numel: int, dtype: torch.dtype) -> torch.Tensor:
+        packed, scale = payload
+        planes = np.unpackbits(packed.numpy())[: numel * self.bits].reshape(numel, self.bits).astype(np.int64)
+        q = (planes << np.arange(self.bits)).sum(axis=1) - self.levels
+        return (torch.from_numpy(q).float() * (scale / self.levels)).to(dtype)
+
+    def payload_bytes(self, numel: int, itemsize: int = 4) -> int:
+        return -(-numel * self.bits // 8) + 4
