@@ -21,6 +21,7 @@ from .batchnorm_fold import fold_batchnorm
 from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward
 from .im2col import col2im, im2col
 from .pooling import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
+from .reparam import fold_channel_scale, fold_input_affine, fold_linear_chain, linear_chain_cost
 from .tiled import conv2d_tiled, im2col_workspace_bytes
 from .winograd import MULS_DIRECT_PER_TILE, MULS_WINOGRAD_PER_TILE, winograd_conv2d
 
@@ -40,8 +41,12 @@ __all__ = [
     "conv_output_size",
     "cpp_available",
     "fold_batchnorm",
+    "fold_channel_scale",
+    "fold_input_affine",
+    "fold_linear_chain",
     "im2col",
     "im2col_workspace_bytes",
+    "linear_chain_cost",
     "max_pool2d",
     "max_pool2d_backward",
     "winograd_conv2d",

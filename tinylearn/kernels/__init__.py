@@ -11,6 +11,7 @@ numba.cuda lessons for the CUDA simulator.
     o = tl.kernels.flash_attention(q, k, v, causal=True)       # q, k, v: [B, H, N, D]
 """
 
+from . import fusion_split  # the split-point model of a register-heavy fused kernel
 from .ops import (
     available_backends,
     bias_gelu,
@@ -35,4 +36,5 @@ __all__ = [
     "bias_gelu_backward",
     "flash_attention",
     "flash_attention_backward",
+    "fusion_split",
 ]

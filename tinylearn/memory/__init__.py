@@ -17,6 +17,7 @@ from .freelist import BestFitAllocator, FirstFitAllocator
 from .planner import check_plan, lower_bound, plan, plan_greedy
 from .pooled import TraceRecorder, count_numpy_allocations, pooled
 from .slab import SlabAllocator
+from .tensor_cache import ManualClock, TensorCache
 from .trace import lifetimes_from_ops, ops_from_lifetimes, pair_ops, random_ops, replay_python, replay_stats
 from .viz import plot_arena
 
@@ -38,7 +39,9 @@ __all__ = [
     "BumpAllocator",
     "CachingAllocator",
     "FirstFitAllocator",
+    "ManualClock",
     "SlabAllocator",
+    "TensorCache",
     "TraceRecorder",
     "align_up",
     "CachingConfig",
