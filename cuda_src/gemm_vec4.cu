@@ -2,11 +2,17 @@
 // (one LDG.128 moves 4 floats: a quarter of the load instructions for the same bytes), shared reads of the 4
 // A values and 4 B values a thread needs as float4 too. Requires K % 4 == 0 and N % 4 == 0 (rows 16-byte aligned);
 // the host pads other shapes with zeros. Launch: block 256, grid (ceil(N/64), ceil(M/64)).
+// The transposed store of A (thread (am, ak) writes As[ak + j][am], am = tid / 4 in 0..7 per warp) put the 4 rows
+// ak + j of one store instruction in the same 8 banks (4-way conflict). Padding would break the 16-byte alignment of
+// the float4 reads, so the column is XOR-swizzled instead: As[k][m ^ SWZ(k)] moves rows k = 0-3, 4-7, 8-11, 12-15
+// to four different groups of 8 banks; SWZ(k) is a multiple of 8, so a float4 at (ty * TM) ^ SWZ(k) stays aligned
+// and holds the same 4 values in order (replayed and emulated in tinylearn/gemm/cuda_trace.py).
 #define BM 64
 #define BN 64
 #define BK 16
 #define TM 4
 #define TN 4
+#define SWZ(k) ((((k) >> 2) & 3) << 3)
 
 extern "C" __global__ void gemm_vec4(const float* __restrict__ A, const float* __restrict__ B,
                                      float* __restrict__ C, int M, int N, int K) {
@@ -23,15 +29,15 @@ extern "C" __global__ void gemm_vec4(const float* __restrict__ A, const float* _
     float4 va = make_float4(0.f, 0.f, 0.f, 0.f), vb = make_float4(0.f, 0.f, 0.f, 0.f);
     if (row0 + am < M && t + ak < K) va = *reinterpret_cast<const float4*>(A + (size_t)(row0 + am) * K + t + ak);
     if (t + bk < K && col0 + bn < N) vb = *reinterpret_cast<const float4*>(B + (size_t)(t + bk) * N + col0 + bn);
-    As[ak + 0][am] = va.x;  // transpose on the way into shared memory
-    As[ak + 1][am] = va.y;
-    As[ak + 2][am] = va.z;
-    As[ak + 3][am] = va.w;
+    As[ak + 0][am ^ SWZ(ak + 0)] = va.x;  // transpose on the way into shared memory
+    As[ak + 1][am ^ SWZ(ak + 1)] = va.y;
+    As[ak + 2][am ^ SWZ(ak + 2)] = va.z;
+    As[ak + 3][am ^ SWZ(ak + 3)] = va.w;
     *reinterpret_cast<float4*>(&Bs[bk][bn]) = vb;
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
-      const float4 a4 = *reinterpret_cast<const float4*>(&As[k][ty * TM]);
+      const float4 a4 = *reinterpret_cast<const float4*>(&As[k][(ty * TM) ^ SWZ(k)]);
       const float4 b4 = *reinterpret_cast<const float4*>(&Bs[k][tx * TN]);
       const float a[TM] = {a4.x, a4.y, a4.z, a4.w}, b[TN] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll

@@ -184,7 +184,21 @@ def test_roofline_values() -> None:
     # exactly at the ridge point the two roofs meet: compute-bound by definition (not below the roof)
     assert tl.gemm.roofline(10.0, 1.0, 100.0, 10.0)["bound"] == "compute"
     flops, nbytes = tl.gemm.matmul_traffic(1024, 1024, 1024)
-    assert flops == 2 * 1024**3 and nbytes == 4 * 3 * 1024**2
+    assert flops == 2 * 1024**3 and nbytes == 4 * 4 * 1024**2  # A, B read; C read (write-allocate) and written
+    assert tl.gemm.matmul_traffic(1024, 1024, 1024, write_allocate=False)[1] == 4 * 3 * 1024**2
+    assert tl.gemm.matmul_traffic(2, 3, 5, itemsize=8) == (60.0, 8.0 * (10 + 15 + 12))
+
+
+def test_tile_intensity() -> None:
+    assert tl.gemm.tile_intensity(1, 1) == 0.25  # naive: one A and one B load per FMA
+    assert tl.gemm.tile_intensity(6, 16) == pytest.approx(192 / 88)
+    assert tl.gemm.tile_intensity(6, 16, itemsize=8) == pytest.approx(192 / 176)
+    assert tl.gemm.tile_intensity(4, 4, c_in_registers=False) == pytest.approx(1 / 6)  # load B, load + store C
+    # a bigger register tile never lowers the intensity
+    assert tl.gemm.tile_intensity(8, 16) > tl.gemm.tile_intensity(6, 16) > tl.gemm.tile_intensity(4, 4)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="mr"):
+            tl.gemm.tile_intensity(bad, 4)  # type: ignore[arg-type]
 
 
 def test_roofline_errors() -> None:
@@ -285,3 +299,82 @@ def test_public_api_signatures() -> None:
         "shared_bytes_per_block": e,
         "arch": "sm_80",
     }
+
+
+# ---------------------------------------------------------------------------------------------- CUDA ladder replay
+def test_wavefronts() -> None:
+    from tinylearn.gemm import gpu_model
+
+    assert gpu_model.wavefronts(np.arange(32)) == {"degree": 1, "wavefronts": 1, "ideal": 1}
+    assert gpu_model.wavefronts(np.arange(32) * 32)["degree"] == 32
+    # float4 per thread, consecutive: 4 phases of 8 threads, each covering 32 banks once
+    assert gpu_model.wavefronts(np.arange(32) * 4, width=4) == {"degree": 1, "wavefronts": 4, "ideal": 4}
+    # float4 with a 64-word stride: the 8 threads of a phase share 4 banks -> 8-way per phase
+    assert gpu_model.wavefronts(np.arange(32) * 64, width=4)["degree"] == 8
+    with pytest.raises(ValueError, match="width"):
+        gpu_model.wavefronts(np.arange(32), width=3)
+
+
+@pytest.mark.parametrize("kernel", ["naive", "smem", "regtile", "vec4"])
+def test_trace_mirrors_current_sources(kernel: str) -> None:
+    from tinylearn.gemm import cuda_trace
+
+    present = cuda_trace.source_lines_present(kernel)
+    assert present and all(present.values()), present
+
+
+def test_trace_counts_before_and_after_the_fix() -> None:
+    from tinylearn.gemm import cuda_trace
+
+    before = {k: cuda_trace.trace(k, fixed=False) for k in cuda_trace.KERNELS}
+    after = {k: cuda_trace.trace(k, fixed=True) for k in cuda_trace.KERNELS}
+    assert before["regtile"]["As store"]["degree"] == 16  # m in {0,1} x k in 0..15, 64-word rows: banks 0 and 1
+    assert before["regtile"]["Bs read"]["degree"] == 2  # columns 4*tx + j: tx and tx + 8 share a bank
+    assert before["vec4"]["As store"]["degree"] == 4
+    assert before["regtile"]["C store"]["efficiency"] == 0.25
+    for k in cuda_trace.KERNELS:
+        assert all(r["degree"] == 1 for r in after[k].values() if r["space"] == "shared"), k
+        assert all(r["efficiency"] == 1.0 for n_, r in after[k].items() if n_ in ("B load", "C store")), k
+    assert after["smem"] == before["smem"] and after["naive"] == before["naive"]  # untouched kernels
+    with pytest.raises(ValueError, match="kernel"):
+        cuda_trace.trace("tensorcore")
+
+
+@pytest.mark.parametrize("kernel", ["regtile", "vec4"])
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("shape", [(1, 4, 4), (70, 36, 68), (64, 16, 64), (5, 20, 132)])
+def test_emulated_kernels_match_numpy(kernel: str, fixed: bool, shape: tuple[int, int, int]) -> None:
+    from tinylearn.gemm import cuda_trace
+
+    m, k, n = shape
+    rng = np.random.default_rng(m * 1000 + k + n)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    assert_close(cuda_trace.emulate(kernel, a, b, fixed), a.astype(np.float64) @ b, dtype="float32", reduction_size=k)
+
+
+def test_emulate_rejects_bad_input() -> None:
+    from tinylearn.gemm import cuda_trace
+
+    with pytest.raises(ValueError, match="K % 4"):
+        cuda_trace.emulate("vec4", np.ones((4, 3), np.float32), np.ones((3, 4), np.float32))
+    with pytest.raises(ValueError, match="kernel"):
+        cuda_trace.emulate("naive", np.ones((4, 4), np.float32), np.ones((4, 4), np.float32))
+
+
+def test_regtile_emulation_would_catch_a_wrong_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading B with the old column mapping while storing C with the new one gives a wrong product."""
+    from tinylearn.gemm import cuda_trace
+
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (64, 16)).astype(np.float32)
+    b = rng.uniform(-1, 1, (16, 64)).astype(np.float32)
+    orig = cuda_trace.accesses
+
+    def swapped(kernel: str, fixed: bool = True, *args: int) -> list:
+        old = {x.name: x for x in orig(kernel, not fixed, *args)}
+        return [old["Bs read"] if x.name == "Bs read" else x for x in orig(kernel, fixed, *args)]
+
+    assert np.allclose(cuda_trace.emulate("regtile", a, b), a @ b, atol=1e-4)
+    monkeypatch.setattr(cuda_trace, "accesses", swapped)
+    assert not np.allclose(cuda_trace.emulate("regtile", a, b), a @ b, atol=1e-2)

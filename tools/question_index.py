@@ -193,9 +193,9 @@ def _tinylearn_names(tree: ast.AST) -> set[str]:
                     names.add(a.asname or a.name.split(".")[0])
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tinylearn":
             names.update(a.asname or a.name for a in node.names)
-    for node in ast.walk(tree):  # module aliases by assignment: Q = tl.quant
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute):
-            root = _dotted(node.value)
+    for node in ast.walk(tree):  # aliases by assignment: Q = tl.quant, G = backends.load_C("gemm")
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.Call)):
+            root = _dotted(node.value.func if isinstance(node.value, ast.Call) else node.value)
             if root is not None and root.split(".")[0] in names:
                 names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return names

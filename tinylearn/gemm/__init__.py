@@ -9,14 +9,15 @@
     tl.gemm.occupancy(256, 64, 16384, arch="sm_80")
 
 Modules: ops (matmul + backend registration), packing (numpy blocking/packing references), roofline, occupancy,
-gpu_model (warps, coalescing, bank conflicts), numba_cpu, numba_sim (numba.cuda simulator), triton_kernels,
-cuda (cupy RawModule for cuda_src/gemm_*.cu), bench (``tinylearn bench gemm``).
+gpu_model (warps, coalescing, bank conflicts), cuda_trace (the CUDA ladder's shared/global accesses replayed),
+numba_cpu, numba_sim (numba.cuda simulator), triton_kernels, cuda (cupy RawModule for cuda_src/gemm_*.cu),
+bench (``tinylearn bench gemm``).
 """
 
 from .occupancy import ARCHS, occupancy
 from .ops import CPP_VERSIONS, CUDA_VERSIONS, matmul, versions
 from .packing import blocked_matmul, pack_a, pack_b, packed_matmul
-from .roofline import machine_peak, matmul_traffic, roofline
+from .roofline import machine_peak, matmul_traffic, roofline, tile_intensity
 
 __all__ = [
     "matmul",
@@ -24,6 +25,7 @@ __all__ = [
     "machine_peak",
     "roofline",
     "matmul_traffic",
+    "tile_intensity",
     "occupancy",
     "ARCHS",
     "CPP_VERSIONS",

@@ -64,3 +64,21 @@ def row_words(tile: int = 32, pad: int = 0, row: int = 0) -> np.ndarray:
 def column_words(tile: int = 32, pad: int = 0, col: int = 0) -> np.ndarray:
     """Word indices when thread t reads tile[t][col]."""
     return np.arange(WARP) * (tile + pad) + col
+
+
+def wavefronts(first_words: Sequence[int] | np.ndarray, width: int = 1, banks: int = BANKS) -> dict:
+    """Shared-memory passes of one warp access where thread t touches words first_words[t] .. + width - 1.
+
+    32-bit accesses (width 1) are served for the whole warp at once; 64-bit (2) in 2 phases of 16 threads, 128-bit
+    (4) in 4 phases of 8 threads. Returns degree (worst phase's conflict degree: 1 = conflict-free), wavefronts
+    (passes summed over phases) and ideal (the phase count: the wavefronts of a conflict-free access)."""
+    w = _as_int_array("first_words", first_words)
+    if width not in (1, 2, 4):
+        raise ValueError(f"width: must be 1, 2 or 4 words per thread, got {width!r}")
+    per_phase = WARP // width
+    degree, total = 1, 0
+    for p in range(0, w.size, per_phase):
+        words = (w[p : p + per_phase, None] + np.arange(width)).ravel()
+        d = bank_conflicts(words, banks)["degree"]
+        degree, total = max(degree, d), total + d
+    return {"degree": degree, "wavefronts": total, "ideal": -(-w.size // per_phase)}

@@ -1,6 +1,7 @@
-"""GEMM in numba.cuda, run by numba's CUDA simulator on a CPU box (NUMBA_ENABLE_CUDASIM=1), plus two kernels that
-record which addresses each thread of a warp touches — the inputs of the coalescing / bank-conflict models in
-``gpu_model`` (so those examples come from running real kernel index arithmetic, not from a formula).
+"""GEMM in numba.cuda, run by numba's CUDA simulator on a CPU box (NUMBA_ENABLE_CUDASIM=1), plus two small kernels
+that write, per thread of a warp, the address of a textbook access pattern (their index formulas are typed in
+here: they illustrate ``gpu_model``, they do not record the CUDA ladder; ``cuda_trace`` replays the accesses of the
+real cuda_src/gemm_*.cu kernels).
 
   tiled_matmul_kernel   TILE x TILE threads per block, A and B tiles staged in cuda.shared.array, syncthreads
   record_global_kernel  thread (ty, tx) of the naive kernel writes the A and B element index it loads at step k

@@ -83,6 +83,28 @@ def roofline(flops: float, nbytes: float, peak_gflops: float | None = None, band
     }
 
 
-def matmul_traffic(m: int, n: int, k: int, itemsize: int = 4) -> tuple[float, float]:
-    """(FLOPs, compulsory bytes) of C = A @ B: 2mnk FLOPs; read A and B once, write C once."""
-    return 2.0 * m * n * k, float(itemsize * (m * k + k * n + m * n))
+def matmul_traffic(m: int, n: int, k: int, itemsize: int = 4, write_allocate: bool = True) -> tuple[float, float]:
+    """(FLOPs, compulsory DRAM bytes) of C = A @ B: 2mnk FLOPs; read A and B once and write C once.
+
+    With ``write_allocate`` (the default: what a write-back cache does on a normal store) the first store to each
+    line of C reads that line from memory before it is overwritten, so C costs a read and a write:
+    itemsize * (mk + kn + 2mn) bytes — 16 n^2 for fp32 n x n x n, intensity n / 8 (n / 6 without the read of C,
+    which only non-temporal / streaming stores avoid)."""
+    c_bytes = 2 * m * n if write_allocate else m * n
+    return 2.0 * m * n * k, float(itemsize * (m * k + k * n + c_bytes))
+
+
+def tile_intensity(mr: int, nr: int, itemsize: int = 4, c_in_registers: bool = True) -> float:
+    """FLOPs per byte an inner loop moves between registers and the L1 cache, from its register blocking.
+
+    ``c_in_registers``: an mr x nr tile of C stays in registers for the whole k loop; per k the loop loads mr
+    values of A and nr of B for 2*mr*nr FLOPs: intensity 2*mr*nr / (itemsize*(mr + nr)) (naive: 1 x 1 -> 1/4;
+    a 6 x 16 micro-kernel -> 192/88 = 2.18 FLOP/byte for fp32). Otherwise (the ikj / blocked inner loop
+    ``C[i, j] += a * B[k, j]``: only the scalar of A in a register) every FMA loads B, loads C and stores C:
+    2 / (3*itemsize) = 1/6 for fp32, whatever mr and nr."""
+    for name, v in (("mr", mr), ("nr", nr), ("itemsize", itemsize)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: must be a positive int, got {v!r}")
+    if not c_in_registers:
+        return 2.0 / (3 * itemsize)
+    return 2.0 * mr * nr / (itemsize * (mr + nr))
