@@ -290,3 +290,21 @@ def test_tinygrad_decode_step_matches_torch() -> None:
         outs = f(*make(t, pos, caches))
         caches = list(outs[1:])
         assert_close(outs[0].numpy()[0], exp[pos], np.float32)
+
+
+def test_speculative_alpha_counts_judged_drafts_only() -> None:
+    """alpha = accepted / (accepted + rejected): drafts after a rejection are never judged. With context-free
+    tables (every row equal) the acceptance is i.i.d. with alpha = sum(min(p, q)), so tokens per target call
+    follows (1 - alpha^(k+1)) / (1 - alpha)."""
+    v, k = 8, 3
+    rng = np.random.default_rng(15)
+    lp, lq = rng.standard_normal(v), rng.standard_normal(v)
+    target, draft = TableLM(np.tile(lp, (v, 1))), TableLM(np.tile(lq, (v, 1)))
+    alpha = float(np.minimum(filter_probs(lp, 1.0), filter_probs(lq, 1.0)).sum())
+    _, st = speculative_generate(target, draft, [0], 4001, k=k, temperature=1.0, seed=0)
+    assert st["accepted"] + st["rejected"] <= st["proposed"] and st["rejected"] <= st["rounds"]
+    n = st["accepted"] + st["rejected"]
+    assert abs(st["alpha"] - alpha) < 4 * np.sqrt(alpha * (1 - alpha) / n)
+    assert st["acceptance_rate"] < st["alpha"]  # accepted / proposed is biased low
+    expected = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert abs(st["tokens_per_target_call"] - expected) < 0.05 * expected

@@ -256,3 +256,117 @@ def test_append_accepts_strided_views() -> None:
     k, v = cache.gather(sid, 0)
     np.testing.assert_array_equal(k, k_hd.transpose(1, 0, 2))
     assert_close(v, v64.astype(np.float32), np.float32)
+
+
+def test_prefix_hash_index_shares_full_blocks_and_counts_hits() -> None:
+    from tinylearn.inference import TinyGPT
+
+    model = TinyGPT(29, 32, 4, 2, 64, n_kv_heads=2)
+    cache = PagedKVCache(2, 2, 8, num_blocks=32, block_size=4)
+    rng = np.random.default_rng(4)
+    system = list(rng.integers(0, 29, 10))  # 2 full blocks + 2 tokens
+    first = system + list(rng.integers(0, 29, 3))
+    a, n = cache.match_prefix(first)
+    assert n == 0 and cache.stats()["prefix_hit_tokens"] == 0  # empty index: a miss
+    model(np.array([first]), cache.model_cache(a))
+    assert cache.register_prefix(a, first) == 3  # 13 tokens = 3 full blocks of 4
+    assert cache.register_prefix(a, first) == 0  # idempotent
+    second = system + list(rng.integers(0, 29, 5))
+    b, n = cache.match_prefix(second)
+    assert n == 8 and cache.block_table(b) == cache.block_table(a)[:2]  # only the 2 full system blocks match
+    out = model(np.array([second[n:]]), cache.model_cache(b)).numpy()
+    assert_close(out, model(np.array([second])).numpy()[:, n:], np.float32)
+    s = cache.stats()
+    assert s["prefix_queries"] == 2 and s["prefix_lookup_tokens"] == 13 + 15 and s["prefix_hit_tokens"] == 8
+    assert s["prefix_hit_rate"] == 8 / 28 and s["shared_blocks"] == 2
+    # an exact repeat matches every full block but leaves the last token to compute (its logits are needed)
+    c, n = cache.match_prefix(first[:12])
+    assert n == 8
+    # a different first block changes every chained hash after it: no match, even if block 2 is equal
+    d, n = cache.match_prefix([(first[0] + 1) % 29] + first[1:])
+    assert n == 0
+    # freeing the owners unindexes blocks whose refcount reaches 0
+    for sid in (a, b, c, d):
+        cache.free(sid)
+    assert cache.stats()["blocks_used"] == 0 and cache.stats()["indexed_blocks"] == 0
+    e, n = cache.match_prefix(first)
+    assert n == 0
+
+
+def test_prefix_index_rejects_collisions_and_bad_input() -> None:
+    cache = PagedKVCache(1, H, D, num_blocks=8, block_size=2)
+    sid = cache.new_sequence()
+    fill(cache, sid, 4, 0)
+    cache.register_prefix(sid, [1, 2, 3, 4])
+    h, _ = cache._block_hashes([5, 6], 1)[0]  # forge a collision: the hash of [5, 6] points at block [1, 2]
+    cache._prefix_index[h] = cache._prefix_index[cache._block_hashes([1, 2], 1)[0][0]]
+    _, n = cache.match_prefix([5, 6, 7])
+    assert n == 0  # the stored token ids differ, so the hit is refused
+    with pytest.raises(ValueError, match="ids"):
+        cache.register_prefix(sid, [1, 2, 3, 4, 5])  # more ids than cached tokens
+    with pytest.raises(ValueError, match="ids"):
+        cache.match_prefix([])
+    with pytest.raises(TypeError, match="ids"):
+        cache.match_prefix([1.5, 2.0])
+
+
+def test_slo_priority_queue_meets_more_deadlines() -> None:
+    """EDF admission: under overload, tight-SLO requests overtake loose ones queued before them."""
+    reqs = poisson_requests(300, rate=160, prompt_len=(8, 64), output_len=(8, 128), seed=3)
+    for i, r in enumerate(reqs):
+        r["slo"] = 1.0 if i % 4 == 0 else 30.0
+    cost = linear_step_cost(2e-3, 50e-6)
+    fcfs = simulate_serving(reqs, "continuous", 1024, cost)
+    edf = simulate_serving(reqs, "continuous", 1024, cost, order="slo")
+    assert edf["slo_attainment"] > fcfs["slo_attainment"]
+    tight = [i for i in range(len(reqs)) if i % 4 == 0]
+    assert max(edf["latencies"][i] for i in tight) < max(fcfs["latencies"][i] for i in tight)
+    assert edf["output_tokens"] == fcfs["output_tokens"] and len(edf["latencies"]) == len(reqs)
+    # without slo fields (and no preemption) both orders admit by arrival time: identical schedules
+    plain = poisson_requests(50, rate=60, seed=3)
+    a, b = (simulate_serving(plain, "continuous", 8192, COST, order=o) for o in ("fcfs", "slo"))
+    assert a["preemptions"] == 0 and all(a[x] == b[x] for x in ("mean_latency", "p99_latency", "ttft_p99"))
+    with pytest.raises(ValueError, match="order"):
+        simulate_serving(plain, "static", 1024, COST, order="slo")
+    with pytest.raises(ValueError, match=r"requests\[0\]"):
+        simulate_serving([dict(arrival=0, prompt_len=4, output_len=2, slo=0)], "continuous", 50, COST)
+
+
+def test_priority_keep_policy() -> None:
+    from tinylearn.inference import priority_keep
+
+    scores = np.array([5.0, 0.1, 3.0, 0.2, 0.3, 4.0, 0.0, 0.0])
+    keep = priority_keep(scores, 4, recent=2)
+    assert keep.tolist() == [True, False, False, False, False, True, True, True]  # 2 recent + top-2 of the rest
+    assert priority_keep(scores, 3).tolist() == [True, False, True, False, False, True, False, False]
+    assert priority_keep(scores, 10).all() and priority_keep(scores, 0).sum() == 0
+    with pytest.raises(ValueError, match="budget"):
+        priority_keep(scores, 2, recent=3)
+
+
+def test_evict_and_restore_tokens() -> None:
+    from tinylearn.inference import attention_received, priority_keep
+
+    cache = PagedKVCache(L, H, D, num_blocks=16, block_size=4)
+    sid = cache.new_sequence()
+    ref = fill(cache, sid, 30, 5)  # 8 blocks
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2 * H, D)).astype(np.float32)
+    full = [paged_attention(q, cache, sid, layer) for layer in range(L)]
+    prio = attention_received(q[None], ref[0][0])
+    assert prio.shape == (30,) and abs(prio.sum() - 2 * H) < 1e-4  # each query head spreads mass 1
+    keep = priority_keep(prio, 10, recent=3)
+    ev = cache.evict_tokens(sid, keep)
+    assert cache.length(sid) == 10 and cache.stats()["blocks_used"] == 3 and len(ev["pos"]) == 20
+    for layer in range(L):
+        k, v = cache.gather(sid, layer)
+        np.testing.assert_array_equal(k, ref[layer][0][keep])
+        np.testing.assert_array_equal(ev["kv"][layer][1], ref[layer][1][~keep])
+    cache.restore_tokens(sid, ev)
+    assert cache.length(sid) == 30 and cache.stats()["blocks_used"] == 8
+    for layer in range(L):
+        assert_close(paged_attention(q, cache, sid, layer), full[layer], np.float32)
+    with pytest.raises(ValueError, match="keep"):
+        cache.evict_tokens(sid, np.ones(29, bool))
+    cache.evict_tokens(sid, np.zeros(30, bool))
+    assert cache.stats()["blocks_used"] == 0 and cache.length(sid) == 0

@@ -1,6 +1,7 @@
 """tl.inference — LLM inference on tinylearn's own nn: TinyGPT (RoPE, GQA/MQA, dense KV cache), sampling and
-``generate``, a paged KV cache with copy-on-write prefix sharing and INT8 mode, paged attention, speculative
-decoding, and a static-vs-continuous batching serving simulator.
+``generate``, a paged KV cache with copy-on-write prefix sharing, a hash index over full blocks (automatic prefix
+caching), INT8 mode and token-priority eviction / re-expansion, paged attention, speculative decoding, and a
+static-vs-continuous batching serving simulator with an SLA (earliest-deadline) priority queue.
 
     model = tl.inference.TinyGPT(vocab_size=64, d_model=64, n_heads=4, n_layers=2, max_seq_len=128, n_kv_heads=2)
     tokens = tl.inference.generate(model, [1, 2, 3], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=0)
@@ -10,12 +11,14 @@ from .config import GPTConfig
 from .model import DenseKVCache, TinyGPT, apply_rope, causal_mask, kv_append, kv_gather, rope_tables, rotate_half
 from .paged import (
     PagedKVCache,
+    attention_received,
     blocks_needed,
     dense_attention,
     dequantize_int8,
     kv_bytes_per_token,
     locate,
     paged_attention,
+    priority_keep,
     quantize_int8,
 )
 from .sampling import filter_probs, generate, sample_from, softmax, top_k_filter, top_p_filter
@@ -43,6 +46,8 @@ __all__ = [
     "sample_from",
     "PagedKVCache",
     "paged_attention",
+    "priority_keep",
+    "attention_received",
     "blocks_needed",
     "locate",
     "dense_attention",

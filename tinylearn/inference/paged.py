@@ -10,6 +10,12 @@ partially filled block.
     fork(seq)                  new sequence sharing every block (refcount + 1): prefix sharing / parallel sampling
     copy-on-write              a write into a block with refcount > 1 first copies it to a fresh block
     free(seq)                  refcount - 1 for each block; blocks reaching 0 go back to the allocator
+    register_prefix(seq, ids)  index the sequence's FULL blocks by a chained hash of their token ids
+    evict_tokens(seq, keep)    token-priority eviction: keep only the tokens in ``keep`` (e.g. the heaviest attention
+                               receivers + a recent window, see ``priority_keep``), re-pack them into fewer blocks
+                               and return the evicted K/V (an offload store); ``restore_tokens`` re-expands them
+    match_prefix(ids)          automatic prefix caching (vLLM): a new sequence sharing the longest run of indexed
+                               full blocks that equals a prefix of ``ids``; counts lookups and hit tokens
     out of blocks              MemoryError naming num_blocks, raised before anything is modified
 
 INT8 mode stores each token's K and V per head as int8 codes with one float32 scale per (token, head):
@@ -85,6 +91,12 @@ class PagedKVCache:
         self._ids = itertools.count()
         self.cow_copies = 0
         self.peak_blocks_used = 0
+        # prefix index: chained block hash -> (physical block, its token ids); block -> hash, to unindex on free
+        self._prefix_index: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self._block_hash: dict[int, int] = {}
+        self.prefix_queries = 0
+        self.prefix_lookup_tokens = 0
+        self.prefix_hit_tokens = 0
 
     # -- sequences ----------------------------------------------------------------------------------------------
     def new_sequence(self) -> int:
@@ -138,7 +150,70 @@ class PagedKVCache:
     def _release(self, b: int) -> None:
         self.refcount[b] -= 1
         if self.refcount[b] == 0:
+            h = self._block_hash.pop(b, None)
+            if h is not None:
+                del self._prefix_index[h]
             self.allocator.free(b * self.slot_bytes)
+
+    # -- prefix index (hash of token ids -> block) ------------------------------------------------------------
+    def _token_ids(self, ids: Any) -> list[int]:
+        a = np.asarray(ids).reshape(-1)
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"ids: expected integer token ids, got dtype {a.dtype}")
+        return [int(t) for t in a]
+
+    def _block_hashes(self, ids: list[int], n_blocks: int) -> list[tuple[int, tuple[int, ...]]]:
+        """(chained hash, tokens) of the first n_blocks full blocks: h_i = hash((h_{i-1}, tokens of block i)), so
+        a block's hash identifies the whole prefix up to and including it, not just its own tokens."""
+        out, h, bs = [], 0, self.block_size
+        for i in range(n_blocks):
+            toks = tuple(ids[i * bs : (i + 1) * bs])
+            h = hash((h, toks))
+            out.append((h, toks))
+        return out
+
+    def register_prefix(self, seq_id: int, ids: Any) -> int:
+        """Index the full blocks of ``seq_id`` whose tokens are ``ids`` (its token ids from position 0) so that later
+        ``match_prefix`` calls can share them. Blocks already indexed (same hash) keep their first owner.
+        Returns the number of blocks newly indexed."""
+        s = self._seq(seq_id)
+        ids = self._token_ids(ids)
+        if len(ids) > min(s.lens):
+            raise ValueError(f"ids: {len(ids)} token ids but sequence {seq_id} holds only {min(s.lens)} tokens")
+        new = 0
+        for i, (h, toks) in enumerate(self._block_hashes(ids, len(ids) // self.block_size)):
+            b = s.table[i]
+            if h in self._prefix_index or b in self._block_hash:
+                continue
+            self._prefix_index[h] = (b, toks)
+            self._block_hash[b] = h
+            new += 1
+        return new
+
+    def match_prefix(self, ids: Any) -> tuple[int, int]:
+        """A new sequence for a request with token ids ``ids`` that shares every indexed full block matching a
+        prefix of ``ids`` (refcount + 1, no copy, no recompute). Returns (seq_id, n_cached_tokens): the caller
+        computes ``ids[n_cached_tokens:]`` only. At least one token is left uncached (its logits are needed).
+        A hash hit is confirmed by comparing the block's stored token ids (collisions cannot share wrong KV).
+        Counters: prefix_queries, prefix_lookup_tokens (len(ids)) and prefix_hit_tokens, in ``stats()``."""
+        ids = self._token_ids(ids)
+        if not ids:
+            raise ValueError("ids: need at least one token id")
+        table: list[int] = []
+        for h, toks in self._block_hashes(ids, (len(ids) - 1) // self.block_size):
+            hit = self._prefix_index.get(h)
+            if hit is None or hit[1] != toks:
+                break
+            table.append(hit[0])
+        n = len(table) * self.block_size
+        sid = next(self._ids)
+        self.seqs[sid] = _Seq(table, [n] * self.n_layers)
+        for b in table:
+            self.refcount[b] += 1
+        self.prefix_queries += 1
+        self.prefix_lookup_tokens += len(ids)
+        self.prefix_hit_tokens += n
+        return sid, n
 
     # -- data ---------------------------------------------------------------------------------------------------
     def _check_kv(self, name: str, x: Any, t: int | None) -> np.ndarray:
@@ -217,6 +292,39 @@ class PagedKVCache:
             slot = np.arange(n)
             yield self._read(b, layer, 0, slot), self._read(b, layer, 1, slot)
 
+    # -- token-priority eviction and re-expansion -----------------------------------------------------------------
+    def evict_tokens(self, seq_id: int, keep: Any) -> dict[str, Any]:
+        """Keep only the cached tokens where ``keep`` (bool [S], same for every layer) is True; the kept tokens are
+        re-packed in order into freshly allocated blocks and the old blocks released, so the memory of the evicted
+        ones comes back to the free list. Returns the evicted tokens -- {"pos": original positions, "kv": [(k, v)]
+        per layer, float32} -- to offload (host memory) for ``restore_tokens``.
+
+        Decode attention is a sum over cached keys, so dropping and re-ordering tokens is valid for it (RoPE was
+        applied before caching); the positions of new tokens must still count the evicted ones (the caller's)."""
+        s = self._seq(seq_id)
+        n = s.lens[0]
+        if any(x != n for x in s.lens):
+            raise ValueError(f"seq_id: sequence {seq_id} holds {s.lens} tokens per layer; evict needs equal lengths")
+        keep = np.asarray(keep)
+        if keep.dtype != bool or keep.shape != (n,):
+            raise ValueError(f"keep: expected a bool mask of shape ({n},), got {keep.dtype} {keep.shape}")
+        kv = [self.gather(seq_id, layer) for layer in range(self.n_layers)]
+        for b in s.table:
+            self._release(b)
+        s.table, s.lens = [], [0] * self.n_layers
+        if keep.any():
+            for layer, (k, v) in enumerate(kv):
+                self.append(seq_id, layer, k[keep], v[keep])
+        drop = ~keep
+        return dict(pos=np.flatnonzero(drop), kv=[(k[drop], v[drop]) for k, v in kv])
+
+    def restore_tokens(self, seq_id: int, evicted: dict[str, Any]) -> None:
+        """Re-expand: append previously evicted tokens (from ``evict_tokens``) back to the sequence's blocks."""
+        if len(evicted["pos"]) == 0:
+            return
+        for layer, (k, v) in enumerate(evicted["kv"]):
+            self.append(seq_id, layer, k, v)
+
     def model_cache(self, seq_id: int) -> PagedSequenceCache:
         """An adapter so ``TinyGPT.forward(ids, cache=...)`` reads and writes this sequence's paged blocks."""
         self._seq(seq_id)
@@ -244,6 +352,11 @@ class PagedKVCache:
             shared_blocks=int(np.count_nonzero(self.refcount > 1)),
             blocks_saved_by_sharing=logical - used,
             cow_copies=self.cow_copies,
+            indexed_blocks=len(self._prefix_index),
+            prefix_queries=self.prefix_queries,
+            prefix_lookup_tokens=self.prefix_lookup_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+            prefix_hit_rate=self.prefix_hit_tokens / self.prefix_lookup_tokens if self.prefix_lookup_tokens else 0.0,
             slot_utilization=tokens / (logical * self.block_size) if logical else 0.0,
         )
 
@@ -282,6 +395,38 @@ class PagedSequenceCache:
         self.cache.append(self.seq_id, layer, k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2))
         kg, vg = self.cache.gather(self.seq_id, layer)
         return kg.transpose(1, 0, 2)[None], vg.transpose(1, 0, 2)[None]
+
+
+def priority_keep(scores: Any, budget: int, recent: int = 0) -> np.ndarray:
+    """Token-priority eviction policy (H2O, Zhang et al. 2023): bool mask [S] keeping the last ``recent`` tokens
+    and, up to ``budget`` in total, the tokens with the highest ``scores`` (e.g. the attention each token received
+    from recent queries, summed over heads and queries: the "heavy hitters")."""
+    sc = np.asarray(scores, dtype=np.float64)
+    if sc.ndim != 1 or not 0 <= recent <= budget:
+        raise ValueError(
+            f"scores, budget, recent: need 1-D scores and 0 <= recent <= budget, got {sc.shape}, {budget}, {recent}"
+        )
+    n = sc.shape[0]
+    keep = np.zeros(n, dtype=bool)
+    if budget >= n:
+        keep[:] = True
+        return keep
+    keep[n - recent :] = recent > 0
+    rest = np.flatnonzero(~keep)
+    order = rest[np.argsort(-sc[rest], kind="stable")]
+    keep[order[: budget - int(keep.sum())]] = True
+    return keep
+
+
+def attention_received(q: Any, k: Any) -> np.ndarray:
+    """Attention mass each cached token receives: softmax(q k^T / sqrt(D)) summed over queries and heads.
+    q [Nq, Hq, D] (recent queries), k [S, H, D] (Hq a multiple of H, GQA) -> [S]."""
+    q, k = np.asarray(q, np.float32), np.asarray(k, np.float32)
+    g = q.shape[1] // k.shape[1]
+    s = np.einsum("nhd,shd->nhs", q, np.repeat(k, g, axis=1)) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return p.sum(axis=(0, 1))
 
 
 def blocks_needed(n_tokens: int, block_size: int) -> int:

@@ -15,10 +15,20 @@ continuous (Orca / vLLM): before every step admit arrived requests FCFS while th
     its KV is dropped, it goes back to the front of the queue and, when re-admitted, prefills prompt + the tokens
     it had generated (no swap space; generated tokens are kept, only their KV is recomputed).
 The first output token comes from the prefill step (TTFT = end of that step - arrival).
+
+order (continuous only): "fcfs" admits the queue in arrival order (preempted requests first) and preempts the
+    newest; "slo" is an SLA priority queue: each request may carry ``slo`` (seconds from arrival to its last
+    token; default inf), and the queue is a heap on the deadline arrival + slo (earliest deadline first = least
+    remaining slack first, ties to the longest-waiting request); requests already past their deadline drop behind
+    every request that can still meet its own and are served longest-waiting first; under memory pressure the
+    running request with the latest deadline is preempted. ``slo_attainment``: the fraction of requests with an slo
+    that met it.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,15 +41,18 @@ def _check_requests(requests: Sequence[dict[str, Any]], budget: int) -> list[dic
     for i, r in enumerate(requests):
         try:
             a, p, o = float(r["arrival"]), int(r["prompt_len"]), int(r["output_len"])
+            slo = float(r.get("slo", math.inf))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"requests[{i}]: need arrival (s), prompt_len and output_len, got {r!r}") from e
-        if not math.isfinite(a) or a < 0 or p < 1 or o < 1:
-            raise ValueError(f"requests[{i}]: arrival >= 0, prompt_len >= 1, output_len >= 1 required, got {r!r}")
+        if not math.isfinite(a) or a < 0 or p < 1 or o < 1 or not slo > 0:
+            raise ValueError(
+                f"requests[{i}]: arrival >= 0, prompt_len >= 1, output_len >= 1, slo > 0 required, got {r!r}"
+            )
         if p + o > budget:
             raise ValueError(
                 f"requests[{i}]: prompt_len + output_len = {p + o} tokens can never fit max_batch_tokens={budget}"
             )
-        out.append(dict(id=i, arrival=a, prompt_len=p, output_len=o, generated=0, first=None, finish=None))
+        out.append(dict(id=i, arrival=a, prompt_len=p, output_len=o, slo=slo, generated=0, first=None, finish=None))
     return sorted(out, key=lambda r: (r["arrival"], r["id"]))
 
 
@@ -76,14 +89,59 @@ def _static(reqs: list[dict[str, Any]], budget: int, cost: Callable[[int], float
         i = j
 
 
-def _continuous(reqs: list[dict[str, Any]], budget: int, cost: Callable[[int], float], st: dict[str, Any]) -> None:
+class _Queue:
+    """The waiting queue. "fcfs": FIFO with preempted requests at the front. "slo": a heap on the deadline
+    (arrival + slo) -- least remaining slack first, ties to the longest-waiting request -- plus a FIFO of requests
+    whose deadline has already passed: they are served by waiting time after every request that can still make
+    it, so one late request cannot push all the others past their deadlines too (the EDF domino effect)."""
+
+    def __init__(self, order: str) -> None:
+        self.order = order
+        self.items: list[Any] = []
+        self.late: list[Any] = []  # (arrival, id, request), sorted
+
+    def __len__(self) -> int:
+        return len(self.items) + len(self.late)
+
+    def push(self, r: dict[str, Any], now: float, front: bool = False) -> None:
+        if self.order == "slo":
+            if r["arrival"] + r["slo"] < now:
+                bisect.insort(self.late, (r["arrival"], r["id"], r))
+            else:
+                heapq.heappush(self.items, (r["arrival"] + r["slo"], r["arrival"], r["id"], r))
+        elif front:
+            self.items.insert(0, r)
+        else:
+            self.items.append(r)
+
+    def _expire(self, now: float) -> None:
+        while self.items and self.items[0][0] < now:
+            _, a, i, r = heapq.heappop(self.items)
+            bisect.insort(self.late, (a, i, r))
+
+    def peek(self, now: float) -> dict[str, Any]:
+        if self.order != "slo":
+            return self.items[0]
+        self._expire(now)
+        return self.items[0][-1] if self.items else self.late[0][-1]
+
+    def pop(self, now: float) -> dict[str, Any]:
+        if self.order != "slo":
+            return self.items.pop(0)
+        self._expire(now)
+        return heapq.heappop(self.items)[-1] if self.items else self.late.pop(0)[-1]
+
+
+def _continuous(
+    reqs: list[dict[str, Any]], budget: int, cost: Callable[[int], float], st: dict[str, Any], order: str = "fcfs"
+) -> None:
     t, nxt = 0.0, 0
-    waiting: list[dict[str, Any]] = []  # FCFS queue (preempted requests go back to the front)
+    waiting = _Queue(order)
     running: list[dict[str, Any]] = []  # in admission order
     done = 0
     while done < len(reqs):
         while nxt < len(reqs) and reqs[nxt]["arrival"] <= t:
-            waiting.append(reqs[nxt])
+            waiting.push(reqs[nxt], t)
             nxt += 1
         if not running and not waiting:
             t = reqs[nxt]["arrival"]
@@ -91,23 +149,25 @@ def _continuous(reqs: list[dict[str, Any]], budget: int, cost: Callable[[int], f
         used = sum(r["prompt_len"] + r["generated"] for r in running)
         prefill = []
         while waiting:
-            r = waiting[0]
+            r = waiting.peek(t)
             ctx = r["prompt_len"] + r["generated"]  # recompute: re-prefill what it had
             if used + ctx + 1 > budget:
                 break
-            waiting.pop(0)
+            waiting.pop(t)
             prefill.append((r, ctx))
             used += ctx
         decode = list(running)
+        if order == "slo":  # victims: latest deadline first
+            decode.sort(key=lambda r: (r["arrival"] + r["slo"], r["arrival"], r["id"]))
         # growth: every sequence in the step adds one token of KV; preempt the newest until it fits
         while used + len(decode) + len(prefill) > budget and decode:
             victim = decode.pop()
             running.remove(victim)
             used -= victim["prompt_len"] + victim["generated"]
-            waiting.insert(0, victim)
+            waiting.push(victim, t, front=True)
             st["preemptions"] += 1
         if not decode and not prefill:  # nothing fits (only possible transiently); admit the head alone
-            r = waiting.pop(0)
+            r = waiting.pop(t)
             prefill.append((r, r["prompt_len"] + r["generated"]))
         tokens = sum(c for _, c in prefill) + len(decode)
         t += cost(tokens)
@@ -130,12 +190,16 @@ def simulate_serving(
     policy: str = "continuous",
     max_batch_tokens: int = 4096,
     step_cost: Callable[[int], float] | None = None,
+    order: str = "fcfs",
 ) -> dict[str, Any]:
     """Simulate serving ``requests``; returns throughput_tok_s, p50/p99 latency, TTFT, preemptions and more.
 
-    ``step_cost(batch_tokens) -> seconds`` (default: 5 ms + 20 us per token). See the module docstring."""
+    ``step_cost(batch_tokens) -> seconds`` (default: 5 ms + 20 us per token). ``order``: "fcfs" or "slo" (continuous
+    only; see the module docstring). See the module docstring."""
     if policy not in ("static", "continuous"):
         raise ValueError(f"policy: expected 'static' or 'continuous', got {policy!r}")
+    if order not in ("fcfs", "slo") or (order == "slo" and policy != "continuous"):
+        raise ValueError(f"order: expected 'fcfs' or 'slo' (slo needs policy='continuous'), got {order!r}")
     if not isinstance(max_batch_tokens, int | np.integer) or max_batch_tokens < 2:
         raise ValueError(f"max_batch_tokens: must be an int >= 2, got {max_batch_tokens!r}")
     cost = step_cost if step_cost is not None else linear_step_cost(5e-3, 20e-6)
@@ -145,12 +209,18 @@ def simulate_serving(
     if not reqs:
         raise ValueError("requests: empty trace")
     st: dict[str, Any] = dict(steps=0, batch_tokens=[], preemptions=0, recomputed_tokens=0, kv_peak=0)
-    (_static if policy == "static" else _continuous)(reqs, int(max_batch_tokens), cost, st)
+    if policy == "static":
+        _static(reqs, int(max_batch_tokens), cost, st)
+    else:
+        _continuous(reqs, int(max_batch_tokens), cost, st, order)
     lat = np.array([r["finish"] - r["arrival"] for r in reqs])
     ttft = np.array([r["first"] - r["arrival"] for r in reqs])
     out_tok = sum(r["output_len"] for r in reqs)
     span = max(r["finish"] for r in reqs) - min(r["arrival"] for r in reqs)
     tpot = [(r["finish"] - r["first"]) / (r["output_len"] - 1) for r in reqs if r["output_len"] > 1]
+    with_slo = [r for r in reqs if math.isfinite(r["slo"])]
+    met = [r["finish"] - r["arrival"] <= r["slo"] for r in with_slo]
+    bt = np.array(st["batch_tokens"])
     return dict(
         policy=policy,
         n_requests=len(reqs),
@@ -164,7 +234,12 @@ def simulate_serving(
         ttft_p99=float(np.percentile(ttft, 99)),
         tpot_mean=float(np.mean(tpot)) if tpot else 0.0,
         steps=st["steps"],
-        mean_batch_tokens=float(np.mean(st["batch_tokens"])),
+        mean_batch_tokens=float(np.mean(bt)),
+        batch_tokens_p5=float(np.percentile(bt, 5)),
+        batch_tokens_p95=float(np.percentile(bt, 95)),
+        batch_tokens_max=int(bt.max()),
+        slo_attainment=float(np.mean(met)) if met else float("nan"),
+        latencies=[r["finish"] - r["arrival"] for r in sorted(reqs, key=lambda r: r["id"])],  # in input order
         preemptions=st["preemptions"],
         recomputed_tokens=st["recomputed_tokens"],
         kv_peak_tokens=st["kv_peak"],

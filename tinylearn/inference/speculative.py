@@ -50,7 +50,11 @@ def speculative_generate(
     ``target``/``draft``: TinyGPT or any model with ``session(kv_cache)`` (see tinylearn.inference.session); same
     vocabulary. Sampling uses softmax(logits / temperature) for both p and q (top-k/top-p would have to filter
     both the same way; not offered here). stats: rounds, target_calls, draft_calls, proposed, accepted,
-    acceptance_rate (accepted / proposed), tokens_per_target_call (generate(target) needs 1 target call per token)."""
+    acceptance_rate (accepted / proposed), rejected (rounds that ended in a rejection), alpha (accepted /
+    (accepted + rejected): the per-token acceptance probability of the i.i.d. model -- drafts after a rejection are
+    never judged, so accepted / proposed underestimates it), round_log ([(drafts proposed, tokens emitted)] per
+    round), tokens_per_target_call (generate(target) needs 1 target
+    call per token)."""
     if not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"k: number of draft tokens must be an int >= 1, got {k!r}")
     if not isinstance(temperature, int | float) or not np.isfinite(temperature) or temperature < 0:
@@ -80,7 +84,8 @@ def speculative_generate(
         sd.extend(prompt[:-1])
     last = prompt[-1]
     out: list[int] = []
-    stats = dict(rounds=0, target_calls=0, draft_calls=0, proposed=0, accepted=0, k=int(k))
+    stats: dict[str, Any] = dict(rounds=0, target_calls=0, draft_calls=0, proposed=0, accepted=0, rejected=0, k=int(k))
+    stats["round_log"] = []  # (drafts proposed, tokens emitted) per round; the last round may propose fewer than k
     while len(out) < max_new_tokens:
         kk = min(int(k), max_new_tokens - len(out) - 1)
         base_t, base_d = st.length, sd.length
@@ -118,6 +123,8 @@ def speculative_generate(
         stats["rounds"] += 1
         stats["proposed"] += kk
         stats["accepted"] += n_acc
+        stats["rejected"] += int(n_acc < kk)
+        stats["round_log"].append((kk, n_acc + 1))
         st.truncate(base_t + 1 + n_acc)
         keep_d = base_d + 1 + n_acc
         if kk > 0 and sd.length > keep_d:
@@ -127,5 +134,7 @@ def speculative_generate(
             stats["draft_calls"] += 1
         last = new  # (kk == 0 only in the final round: the draft never needs to catch up)
     stats["acceptance_rate"] = stats["accepted"] / stats["proposed"] if stats["proposed"] else float("nan")
+    judged = stats["accepted"] + stats["rejected"]
+    stats["alpha"] = stats["accepted"] / judged if judged else float("nan")
     stats["tokens_per_target_call"] = len(out) / stats["target_calls"] if stats["target_calls"] else float("nan")
     return out, stats
