@@ -98,3 +98,20 @@ def test_pipeline_equals_single_process(ranks: list[dict]) -> None:
             assert all(e >= s for _, _, s, e in ev)
         stage = ranks.index(r)
         assert p["gpipe_peak_held"] == 4 and p["1f1b_peak_held"] == min(n - stage, 4)
+
+
+def test_map_reduce_word_count(ranks: list[dict]) -> None:
+    for r in ranks:
+        m = r["mr"]
+        assert m["plain_equal"] and m["combined_equal"]  # == collections.Counter of the whole corpus
+        plain, comb = m["plain_stats"], m["combined_stats"]
+        assert comb["pairs_shuffled"] <= plain["pairs_shuffled"] < plain["pairs_mapped"] + 1
+        assert comb["pairs_shuffled"] <= m["distinct_words_here"]  # after combining: at most one pair per word
+    assert sum(r["mr"]["plain_stats"]["keys_reduced"] for r in ranks) == ranks[0]["mr"]["n_keys"]  # each key once
+
+
+def test_dp_times_tp_equals_single_process(ranks: list[dict]) -> None:
+    for r in ranks:  # world 2: dp=2 x tp=1; world 4: dp=2 x tp=2 (two process groups per rank)
+        c = r["dp_tp"]
+        assert c["dp"] * c["tp"] == len(ranks)
+        assert c["grad_maxdiff"] < FP32_TOL, c

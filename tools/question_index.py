@@ -219,10 +219,42 @@ def _parse(code: str) -> ast.AST | None:
         return None
 
 
+def _scan(
+    cells: list[tuple[str, int, list[str]]], first: int, last: int, tl_names: set[str]
+) -> tuple[list[str], list[str]]:
+    """(tinylearn calls, asserts) of the code cells that start between source lines ``first`` and ``last``."""
+    calls: dict[str, None] = {}
+    asserts: list[str] = []
+    for kind, start, lines in cells:
+        if kind != "code" or not first < start < last:
+            continue
+        code = "\n".join(lines)
+        tree = _parse(code)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert):
+                asserts.append(ast.get_source_segment(code, node) or "assert ...")
+            elif isinstance(node, ast.Call):
+                name = _dotted(node.func)
+                if name is None:
+                    continue
+                if name.split(".")[-1].startswith("assert_"):
+                    asserts.append(name + "(...)")
+                if name.split(".")[0] in tl_names:
+                    calls[name] = None
+                for arg in node.args:  # tinylearn passed as a module: train(tl) runs a torch script on it
+                    if isinstance(arg, ast.Name) and arg.id in tl_names:
+                        calls[f"{name}({arg.id})"] = None
+    return list(calls), asserts
+
+
 def audit(src_dir: Path = SOURCES, ids: list[str] | None = None) -> list[Audit]:
     """For each tagged section: the tinylearn functions its code cells call and the asserts they make.
 
     A section runs from its heading to the next heading of the same or a higher level (its subsections belong to it).
+    A subsection with no tinylearn call of its own that checks results its parent section computed (one process
+    launch, several checked claims) lists the parent's calls before it, marked ``^``.
     """
     secs = sections(src_dir, ids)
     out: list[Audit] = []
@@ -241,29 +273,11 @@ def audit(src_dir: Path = SOURCES, ids: list[str] | None = None) -> list[Audit]:
                         headings.append((start + off, len(m.group(1))))
         for s in mine:
             end = min((ln for ln, lv in headings if ln > s.line and lv <= s.level), default=10**9)
-            calls: dict[str, None] = {}
-            asserts: list[str] = []
-            for kind, start, lines in cells:
-                if kind != "code" or not s.line < start < end:
-                    continue
-                code = "\n".join(lines)
-                tree = _parse(code)
-                if tree is None:
-                    continue
-                for node in ast.walk(tree):
-                    if isinstance(node, ast.Assert):
-                        asserts.append(ast.get_source_segment(code, node) or "assert ...")
-                    elif isinstance(node, ast.Call):
-                        name = _dotted(node.func)
-                        if name is None:
-                            continue
-                        if name.split(".")[-1].startswith("assert_"):
-                            asserts.append(name + "(...)")
-                        if name.split(".")[0] in tl_names:
-                            calls[name] = None
-                        for arg in node.args:  # tinylearn passed as a module: train(tl) runs a torch script on it
-                            if isinstance(arg, ast.Name) and arg.id in tl_names:
-                                calls[f"{name}({arg.id})"] = None
+            calls, asserts = _scan(cells, s.line, end, tl_names)
+            if not calls:  # a subsection that checks what its parent section ran (one launch, several checks)
+                parent = max((ln for ln, lv in headings if ln < s.line and lv < s.level), default=None)
+                if parent is not None:
+                    calls = [f"^{c}" for c in _scan(cells, parent, s.line, tl_names)[0]]
             out.append(Audit(s, tuple(calls), tuple(asserts)))
     return out
 

@@ -5,11 +5,15 @@ pipeline schedules (GPipe, 1F1B, interleaved) with a runtime, and a 3D-parallel 
     opt = tl.parallel.ZeroOptimizer(model, torch.optim.Adam, stage=2, lr=1e-3)     # inside a launched rank
     tl.parallel.zero_memory_per_rank(7_000_000_000, stage=3, world_size=64)          # bytes per rank
     tl.parallel.pipeline_schedule("1f1b", 4, 8); tl.parallel.bubble_fraction("1f1b", 4, 8)
+    tl.parallel.map_reduce(my_records, mapper, reducer)                             # inside a launched rank
     tl.parallel.plan_3d(64, 7_000_000_000, 32, 4096, 2048, 512, 80e9, link=dict(alpha_s=5e-6, beta_s_per_byte=1e-11))
 
 Same code under ``torchrun`` (NCCL or gloo) on many machines: ``tl.dist.launch`` then runs in place.
 """
 
+from .bandit import microbatch_step_time, tune_microbatch
+from .buffers import buffer_depths, simulate_stream, stream_period
+from .mapreduce import map_reduce, partition
 from .pipeline import PipelineParallel
 from .planner import Plan, estimate_3d, plan_3d
 from .schedules import SCHEDULES, bubble_fraction, peak_in_flight, pipeline_schedule, simulate, validate_schedule
@@ -43,10 +47,14 @@ __all__ = [
     "ZeroOptimizer",
     "allreduces_per_layer",
     "bubble_fraction",
+    "buffer_depths",
     "collective_counts",
     "consolidate_state",
     "copy_to_tp",
     "estimate_3d",
+    "map_reduce",
+    "microbatch_step_time",
+    "partition",
     "peak_in_flight",
     "pipeline_schedule",
     "plan_3d",
@@ -57,6 +65,9 @@ __all__ = [
     "simulate",
     "simulate_column_parallel",
     "simulate_row_parallel",
+    "simulate_stream",
+    "stream_period",
+    "tune_microbatch",
     "validate_schedule",
     "zero_memory_per_rank",
 ]

@@ -6,6 +6,7 @@ Each ``*_check`` runs on every rank and returns plain data (numbers, booleans, l
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..dist import all_reduce
+from .mapreduce import map_reduce
 from .pipeline import PipelineParallel
 from .tensor_parallel import (
     ColumnParallelLinear,
@@ -250,17 +252,83 @@ def pp_check(m: int = 4, batch: int = 8, width: int = 8, n_blocks: int = 4) -> d
     return out
 
 
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "the dog sleeps and the fox runs",
+    "a pipeline of stages passes activations",
+    "data parallel ranks all reduce the gradients",
+    "the map phase emits pairs and the reduce phase sums them",
+    "tensor parallel ranks split the matrices",
+    "the shuffle sends every key to the rank that owns it",
+    "ray actors keep state and ray tasks do not",
+]
+
+
+def mapreduce_check() -> dict[str, Any]:
+    """Word count with tl.parallel.map_reduce over this world (rank r maps lines r, r + n, ...), with and without
+    a combiner, against collections.Counter of the whole corpus in one process."""
+    from collections import Counter
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    shard = CORPUS[r::n]
+    out: dict[str, Any] = {"world_size": n}
+    expected = dict(Counter(w for line in CORPUS for w in line.split()))
+    for name, comb in (("plain", None), ("combined", lambda k, vs: [sum(vs)])):
+        stats: dict[str, int] = {}
+        got = map_reduce(
+            shard, lambda line: [(w, 1) for w in line.split()], lambda k, vs: sum(vs), combiner=comb, stats=stats
+        )
+        out[f"{name}_equal"] = got == expected
+        out[f"{name}_stats"] = stats
+    out["distinct_words_here"] = len({w for line in shard for w in line.split()})
+    out["n_keys"] = len(expected)
+    return out
+
+
+def dp_tp_check(width: int = 8, n_blocks: int = 2, batch: int = 8) -> dict[str, Any]:
+    """2-D parallelism on a real process grid: dp = 2 replicas × tp = world/2 Megatron shards (tp innermost,
+    ``_groups``). Each replica runs half the batch, the TP layers all-reduce inside their tp group, the gradients
+    are averaged over the dp group; every rank's gradient shard must equal the slice of the single-process
+    gradient of the whole batch."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    dp, tp = 2, p // 2
+    tp_group, dp_group = _groups(dp, tp)
+    torch.manual_seed(0)
+    dense = nn.Sequential(*[DenseMLP(width, 4 * width) for _ in range(n_blocks)])
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(batch, width, generator=torch.Generator().manual_seed(2))
+    nn.functional.mse_loss(dense(x), y).backward()
+    model = nn.Sequential(*[ParallelMLP(b, group=tp_group) if tp > 1 else copy.deepcopy(b) for b in dense])
+    model.zero_grad()
+    d, t = r // tp, r % tp
+    rows = slice(d * batch // dp, (d + 1) * batch // dp)
+    nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+    ddp_average(list(model.parameters()), group=dp_group)
+    k = 4 * width // tp
+    pairs = []
+    for mine, ref in zip(model, dense, strict=True):
+        pairs += [
+            (mine.fc1.weight.grad, ref.fc1.weight.grad[t * k : (t + 1) * k]),
+            (mine.fc1.bias.grad, ref.fc1.bias.grad[t * k : (t + 1) * k]),
+            (mine.fc2.weight.grad, ref.fc2.weight.grad[:, t * k : (t + 1) * k]),
+            (mine.fc2.bias.grad, ref.fc2.bias.grad),
+        ]
+    return {"dp": dp, "tp": tp, "grad_maxdiff": _maxdiff([a for a, _ in pairs], [b for _, b in pairs])}
+
+
 def all_checks() -> dict[str, Any]:
     """Everything the tests need from one launch (process start-up costs seconds: launch once per world size)."""
     out, t0 = {}, time.perf_counter()
-    for name, fn in (("zero", lambda: zero_check(steps=2)), ("tp", tp_check), ("pp", pp_check)):
+    checks = (("zero", lambda: zero_check(steps=2)), ("tp", tp_check), ("pp", pp_check), ("mr", mapreduce_check))
+    checks += (("dp_tp", dp_tp_check),)
+    for name, fn in checks:
         out[name] = fn()
         out[f"{name}_s"] = time.perf_counter() - t0
     return out
 
 
 # ------------------------------------------------------------------------------------------------- timing jobs
-def _median_time(fn: Any, repeats: int) -> float:
+def _median_time(fn: Any, repeats: int, stat: str = "median") -> float:
     times = []
     for _ in range(repeats):
         dist.barrier()
@@ -270,7 +338,7 @@ def _median_time(fn: Any, repeats: int) -> float:
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank defines the step
         times.append(float(dt))
     times.sort()
-    return times[len(times) // 2]
+    return times[0] if stat == "min" else times[len(times) // 2]
 
 
 def _train_step_fn(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, ddp_sync: bool = False) -> Any:
@@ -363,58 +431,136 @@ def bench_job(repeats: int = 5) -> dict[str, Any]:
     return {"zero": bench_zero(repeats=repeats), "tp": bench_tp(repeats=repeats)}
 
 
-def three_d_timing(width: int = 256, depth: int = 4, tokens: int = 64, m: int = 4, repeats: int = 5) -> dict[str, Any]:
-    """Measured Adam step time (ms) of the same MLP stack (depth blocks of Linear(width, 4 width) -> GeLU ->
-    Linear(4 width, width)) on this world as pure DP (dp=p), pure TP (tp=p) and pure PP (pp=p, 1F1B, m
-    microbatches); plus the alpha/beta of a ping-pong and this rank's matmul FLOP/s for plan_3d."""
+def _groups(dp: int, tp: int) -> tuple[Any, Any]:
+    """(tp_group, dp_group) of this rank for world = dp·tp, tp innermost (rank = d·tp + t). Every rank creates
+    every group in the same order, as torch.distributed requires."""
+    r = dist.get_rank()
+    tp_group = dp_group = None
+    for d in range(dp):
+        g = dist.new_group(list(range(d * tp, (d + 1) * tp))) if tp > 1 else None
+        if r // tp == d:
+            tp_group = g
+    for t in range(tp):
+        g = dist.new_group(list(range(t, dp * tp, tp))) if dp > 1 else None
+        if r % tp == t:
+            dp_group = g
+    return tp_group, dp_group
+
+
+def _dp_tp_step(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, dp_group: Any, m: int) -> Any:
+    """One Adam step: forward/backward of this replica's rows in ``m`` microbatches (gradient accumulation, as
+    Megatron does without pipelining), then the DDP average over ``dp_group`` (None: no DP)."""
+    xs, ys = x.chunk(m), y.chunk(m)
+
+    def fn() -> None:
+        opt.zero_grad()
+        for xi, yi in zip(xs, ys, strict=True):
+            (nn.functional.mse_loss(model(xi), yi) / m).backward()
+        if dp_group is not None:
+            ddp_average(list(model.parameters()), group=dp_group)
+        opt.step()
+
+    return fn
+
+
+def _pp_step(pipe: PipelineParallel, opt: Any, x: torch.Tensor | None, y: torch.Tensor | None) -> Any:
+    def fn() -> None:
+        opt.zero_grad()
+        pipe.train_step(x, y, nn.functional.mse_loss)
+        opt.step()
+
+    fn.pipe = pipe  # type: ignore[attr-defined]
+    return fn
+
+
+def _fwd_bwd(module: nn.Module, x: torch.Tensor) -> Any:
+    def fn() -> None:
+        module(x.clone().requires_grad_()).sum().backward()
+
+    return fn
+
+
+def three_d_timing(
+    configs: tuple[tuple[int, int, int], ...] | None = None,
+    width: int = 256,
+    depth: int = 4,
+    seq: int = 32,
+    n_seqs: int = 4,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """Measured Adam step time of the same MLP stack (``depth`` blocks of Linear(width, 4 width) -> GeLU ->
+    Linear(4 width, width), fp32, a global batch of ``n_seqs`` sequences of ``seq`` tokens) for each (dp, tp, pp)
+    in ``configs`` (default: pure DP, pure TP and pure PP on this world; dp·tp with pp = 1, or pure pp).
+
+    Every configuration runs one sequence per microbatch: PP with 1F1B, DP/TP accumulate gradients over the
+    n_seqs/dp microbatches of their replica (the planner's m). Times in ms are the median of ``repeats`` steps of
+    the slowest rank; the repeats are interleaved, one step of each configuration and one of each calibration
+    probe in turn, so that load drift hits all of them alike. Probes of short operations time several
+    back-to-back calls: a step pays the typical (mean) wait for the other rank at every message, not the best.
+
+    Per configuration, next to each of its steps and with every rank busy at once, the calibration plan_3d needs:
+    ``layer_ms``, the forward+backward of one block's local shard (1/tp of the block) on one microbatch, and
+    ``adam_ms``, this rank's Adam step. Once per job, alpha/beta fitted to the tl.dist ring all-reduce (the
+    collective DP and TP use here) over message sizes between a TP activation and the DP gradients.
+    """
     from ..dist import cost_model
-    from ..dist.workers import ping_pong
 
     p, r = dist.get_world_size(), dist.get_rank()
-    x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(r))
-    y = torch.randn(tokens, width, generator=torch.Generator().manual_seed(100 + r))
+    if configs is None:
+        configs = ((p, 1, 1), (1, p, 1), (1, 1, p))
+    tokens = seq * n_seqs
+    xg = torch.randn(tokens, width, generator=torch.Generator().manual_seed(0))
+    yg = torch.randn(tokens, width, generator=torch.Generator().manual_seed(1))
     torch.manual_seed(0)
     blocks = [DenseMLP(width, 4 * width) for _ in range(depth)]
-    res: dict[str, Any] = {"n_params": sum(q.numel() for b in blocks for q in b.parameters())}
-    # data parallel: every rank the whole model, its own tokens, DDP gradient average
-    dp_model = nn.Sequential(*blocks)
-    dp_opt = torch.optim.Adam(dp_model.parameters(), lr=1e-3)
-    fn = _train_step_fn(dp_model, dp_opt, x, y, ddp_sync=True)
-    fn()
-    res["dp"] = _median_time(fn, repeats) * 1e3
-    # tensor parallel: every rank 1/p of every block, all ranks see the same p*tokens (the same global batch)
-    xs, ys = [torch.empty_like(x) for _ in range(p)], [torch.empty_like(y) for _ in range(p)]
-    dist.all_gather(xs, x)
-    dist.all_gather(ys, y)
-    xg, yg = torch.cat(xs), torch.cat(ys)
-    tp_model = nn.Sequential(*[ParallelMLP(b) for b in blocks])
-    tp_opt = torch.optim.Adam(tp_model.parameters(), lr=1e-3)
-    fn = _train_step_fn(tp_model, tp_opt, xg, yg)
-    fn()
-    res["tp"] = _median_time(fn, repeats) * 1e3
-    # pipeline parallel: rank r holds blocks [r*depth/p, (r+1)*depth/p), global batch through m microbatches
-    per = depth // p
-    stage = nn.Sequential(*blocks[r * per : (r + 1) * per])
-    pipe = PipelineParallel(stage, "1f1b", m)
-    pp_opt = torch.optim.Adam(stage.parameters(), lr=1e-3)
-
-    def pp_step() -> None:
-        pp_opt.zero_grad()
-        pipe.train_step(xg if r == 0 else None, yg if r == p - 1 else None, nn.functional.mse_loss)
-        pp_opt.step()
-
-    pp_step()
-    res["pp"] = _median_time(pp_step, repeats) * 1e3
-    res["pp_events"] = pipe.events
-    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
-    pp_times = ping_pong(sizes, repeats=10)
-    if pp_times is not None:
-        res["alpha_s"], res["beta_s_per_byte"] = cost_model.fit_alpha_beta(sizes, pp_times)
-    a = torch.randn(tokens * p, width)
-    b = torch.randn(width, 4 * width)
-    fl = 2 * a.shape[0] * width * 4 * width
-    t = _median_time(lambda: a @ b, repeats)
-    res["flops_per_s"] = fl / t
+    psi_block = sum(q.numel() for q in blocks[0].parameters())
+    res: dict[str, Any] = {"n_params": depth * psi_block, "world_size": p, "times": {}, "layer_ms": {}, "adam_ms": {}}
+    steps: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}  # config -> (train step, layer probe, optimizer)
+    for dp, tp, pp in configs:
+        if dp * tp * pp != p or (pp > 1 and dp * tp > 1) or n_seqs % dp or depth % pp:
+            raise ValueError(f"configs: ({dp}, {tp}, {pp}) is not dp·tp = {p} with pp = 1, nor pure pp = {p}")
+        if pp > 1:
+            per = depth // pp
+            stage = nn.Sequential(*[copy.deepcopy(b) for b in blocks[r * per : (r + 1) * per]])
+            pipe = PipelineParallel(stage, "1f1b", n_seqs)
+            opt: Any = torch.optim.Adam(stage.parameters(), lr=1e-3)
+            fn = _pp_step(pipe, opt, xg if r == 0 else None, yg if r == p - 1 else None)
+        else:
+            tp_group, dp_group = _groups(dp, tp)
+            d = r // tp
+            rows = slice(d * tokens // dp, (d + 1) * tokens // dp)
+            model = nn.Sequential(*[ParallelMLP(b, group=tp_group) if tp > 1 else copy.deepcopy(b) for b in blocks])
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            fn = _dp_tp_step(model, opt, xg[rows], yg[rows], dp_group if dp > 1 else None, n_seqs // dp)
+        probe = DenseMLP(width, 4 * width // tp)  # one block's local shard on one microbatch, no communication
+        steps[(dp, tp, pp)] = (fn, _fwd_bwd(probe, xg[:seq]), opt)
+        fn()  # warm-up: allocates Adam state
+        steps[(dp, tp, pp)][1]()
+    # interleaved repeats (config after config, calibration next to each): load drift hits all of them alike
+    samples: dict[str, dict[Any, list[float]]] = {"times": {}, "layer_ms": {}, "adam_ms": {}, "ar": {}}
+    # the link as the ring all-reduce sees it: t = L·alpha + B·n·beta, (L, B) = coefficients("ring", p)
+    sizes = [seq * width * 4, 1 << 20, res["n_params"] * 4]
+    bufs = [torch.ones(nb // 4) for nb in sizes]
+    for _ in range(repeats):
+        for nb, buf, k in zip(sizes, bufs, (8, 2, 1), strict=True):  # small ones: the mean of k back-to-back calls
+            t = _median_time(
+                lambda buf=buf, k=k: [all_reduce(buf, op="sum", algorithm="ring", check=False) for _ in range(k)], 1
+            )
+            samples["ar"].setdefault(nb, []).append(t / k)
+        for key, (fn, probe_fn, opt) in steps.items():
+            t = _median_time(lambda probe_fn=probe_fn: [probe_fn() for _ in range(4)], 1) / 4
+            samples["layer_ms"].setdefault(key, []).append(t * 1e3)
+            samples["adam_ms"].setdefault(key, []).append(_median_time(opt.step, 1) * 1e3)
+            samples["times"].setdefault(key, []).append(_median_time(fn, 1) * 1e3)
+            if key[2] > 1:
+                res["pp_events"] = fn.pipe.events
+    for name in ("times", "layer_ms", "adam_ms"):
+        res[name] = {key: sorted(v)[len(v) // 2] for key, v in samples[name].items()}
+    times = [sorted(samples["ar"][nb])[repeats // 2] for nb in sizes]
+    lat, bcoef, _ = cost_model.coefficients("ring", p)
+    a_fit, res["beta_s_per_byte"] = cost_model.fit_alpha_beta([bcoef * n for n in sizes], times)
+    res["alpha_s"] = a_fit / lat
+    res["allreduce_ms"] = {nb: t * 1e3 for nb, t in zip(sizes, times, strict=True)}
     return res
 
 
@@ -424,5 +570,12 @@ def notebook_job() -> dict[str, Any]:
         "zero": zero_check(steps=2),
         "tp": tp_check(),
         "pp": pp_check(m=4, n_blocks=2),
+        "mr": mapreduce_check(),
         "3d": three_d_timing(),
+        "bench": bench_job(repeats=3),
     }
+
+
+def three_d_job() -> dict[str, Any]:
+    """Notebook 10's 4-rank run: pure DP, TP, PP and the 2-D mix dp=2 x tp=2 of the same MLP stack."""
+    return three_d_timing(((4, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1)))
