@@ -20,6 +20,8 @@
 #   error-feedback scale γ of 2-bit quantisation from the residual variance so it does not oscillate? (§8d)
 #   [Q235] How to keep top-k from starving small gradients: sampled, residual-ranked recovery slots? (§8e)
 #   [Q201] 2–3 bit codes lose a lot: how to clip at an adaptive threshold and redistribute the excess? (§8f)
+# * [Q209] Can linear coding (XOR / addition) of several messages save rounds, and which messages to combine? (§9a)
+#   [Q192] Over NVLink + PCIe + Ethernet, how big should the chunks of a Gather / All-to-All be on each level? (§9b)
 #
 # 3D-parallel group layout (Q96) is answered in `10_parallel_training`.
 #
@@ -990,6 +992,113 @@ for noise in (0.1, 0.01):
     assert clip_loss[noise, "2-bit, clipped at 3 rms"] > 10 * dense_f  # too high a threshold for 2 bits diverges
 
 # %% [markdown]
+# ## 9. Topology tricks: coding at a relay, chunk sizes per link level
+#
+# ### 9a. Network coding: a relay broadcasts a ⊕ b instead of a and b [Q209]
+#
+# **Answer.** An all-reduce already combines messages linearly: a ring's reduce-scatter forwards a + b instead of a
+# and b, and in-network reduction (SHARP) does the same at a switch — that is the *addition* code, and for a sum
+# it is all you need. XOR coding pays where data must arrive **verbatim** (the all-gather half, all-to-all,
+# parameter broadcast) **and** one transmission reaches several receivers (a broadcast or multicast hop). Which
+# messages to combine: x and y may share one packet x ⊕ y only if every receiver of x already holds y and every
+# receiver of y holds x — then each decodes with one XOR. Partners of a pairwise exchange satisfy this, so a
+# round of recursive doubling routed through a relay needs p/2 broadcasts instead of p
+# (`tinylearn.dist.xor_coding`: `plan_xor_pairs` pairs messages greedily under that rule, `relay_exchange` runs the
+# relay on real bytes). Below: an 8-rank recursive-doubling **all-gather through one relay** on random byte blocks
+# of unequal length (a **model** of the relay: uploads arrive in parallel, its one output sends one packet at a
+# time, α + n·β each). On point-to-point links coding saves nothing: every receiver still needs a transmission
+# of its own.
+
+# %%
+from tinylearn.dist.xor_coding import recursive_doubling_demands, relay_exchange  # noqa: E402
+
+p_x, alpha_x, beta_x = 8, 5e-6, 1 / 12.5e9
+rng_x = np.random.default_rng(209)
+blocks_x = [rng_x.integers(0, 256, 65536 + 13 * r, dtype=np.uint8).tobytes() for r in range(p_x)]
+stats_x = {}
+for coded in (False, True):
+    held = [{r: blocks_x[r]} for r in range(p_x)]  # rank r: block id -> bytes
+    ups = downs = 0
+    t_x = 0.0
+    for k in range(3):
+        wants, has = recursive_doubling_demands(p_x, k)
+        ids_x = {r: sorted(held[r]) for r in range(p_x)}  # blocks each rank holds before this round
+        payloads = {r: b"".join(held[r][i] for i in ids_x[r]) for r in range(p_x)}
+        res = relay_exchange(payloads, wants, has, coded=coded)
+        ups, downs = ups + p_x, downs + res.broadcasts
+        t_x += alpha_x + max(map(len, payloads.values())) * beta_x  # parallel uploads to the relay
+        t_x += res.broadcasts * alpha_x + res.bytes_down * beta_x  # the relay's output, one packet at a time
+        for r, x in wants:  # split the partner's payload back into blocks (block lengths travel in a header)
+            got, off = res.decoded[r, x], 0
+            for i in ids_x[x]:
+                held[r][i], off = got[off : off + len(blocks_x[i])], off + len(blocks_x[i])
+        assert res.unicasts_needed == p_x  # point-to-point: p transmissions per round, coded or not
+    assert all(held[r] == dict(enumerate(blocks_x)) for r in range(p_x))  # every rank decoded every byte exactly
+    stats_x[coded] = (ups, downs, t_x)
+    label_x = "pairwise XOR" if coded else "uncoded     "
+    print(f"{label_x}: {ups} uploads + {downs} broadcasts, relay time {t_x * 1e6:.1f} us")
+(u0, d0, t0), (u1, d1, t1) = stats_x[False], stats_x[True]
+print(f"transmissions {u1 + d1} vs {u0 + d0} ({1 - (u1 + d1) / (u0 + d0):.0%} fewer), time ratio {t1 / t0:.3f}")
+assert d1 * 2 == d0 == 3 * p_x and (u1 + d1) * 4 == (u0 + d0) * 3  # half the broadcasts, 25% fewer transmissions
+assert t1 < 0.57 * t0  # the relay's output is the bottleneck: (1 + p/2) / (1 + p) of the time
+
+# %% [markdown]
+# ### 9b. Chunk sizes per link level for a Gather over NVLink → PCIe → Ethernet [Q192]
+#
+# **Answer.** Each level of a multi-hop path has its own α and β, so one chunk size cannot suit all of them:
+# small chunks drown the Ethernet hop in per-message latency, large ones lengthen the pipeline's fill and drain.
+# Pipelined store-and-forward (a chunk leaves a hop once all its bytes have arrived), with per-level chunks
+# (`tinylearn.dist.multihop_chunks.adaptive_chunks`): the **bottleneck level** b (largest β per source byte,
+# after the streams that merge into it) sets the throughput, and its chunk balances its latencies (n_b/c_b)·α_b
+# against fill and drain c_b·β′: $c_b = \sqrt{n_b\,\alpha_b / (\beta'_{up} + \beta'_{down})}$; every other level
+# uses the smallest chunk whose α is ≤ 10% of its transfer time, rounded to divide c_b (no partial chunks at the
+# boundary). Below, a **model** (`pipeline_time`, deterministic): a Gather of n bytes from each of 32 GPUs
+# (4 machines × 8) — NVLink (2 µs, 150 GB/s) to the GPU next to the NIC, PCIe (5 µs, 25 GB/s) where the node's 8
+# streams merge, Ethernet (25 µs, 12.5 GB/s) to the switch, the root machine's Ethernet link where 4 machines
+# merge, the root's PCIe — against every fixed size 4 KiB … 64 MiB used on all levels. From 256 KiB per GPU up the
+# adaptive chunks are at least as fast as the best fixed size for that message (up to 9% faster), at 64 KiB within
+# 1% of it; a bad fixed size is > 30x slower, and any *one* fixed size for all five message sizes loses > 10% on
+# some of them. On a plain point-to-point path (the cross-machine leg of an All-to-All, no merging) the rule is
+# within 2% of the best fixed size: there, per-level sizes mostly buy not having to search for one.
+
+# %%
+from tinylearn.dist.multihop_chunks import Hop, adaptive_chunks, pipeline_time  # noqa: E402
+
+gather_g = [
+    Hop("NVLink", 2e-6, 1 / 150e9),
+    Hop("PCIe to NIC", 5e-6, 1 / 25e9, fan_in=8),
+    Hop("Ethernet up", 25e-6, 1 / 12.5e9),
+    Hop("Ethernet into root", 25e-6, 1 / 12.5e9, fan_in=4),
+    Hop("root PCIe", 5e-6, 1 / 25e9),
+]
+path_g = [gather_g[0], Hop("PCIe", 5e-6, 1 / 25e9), gather_g[2], Hop("PCIe", 5e-6, 1 / 25e9), gather_g[0]]
+sizes_g = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
+fixed_sizes_g = [1 << k for k in range(12, 27)]
+rows_g = {}
+for hops_g in (gather_g, path_g):
+    for n in sizes_g:
+        cs = adaptive_chunks(n, hops_g)
+        fixed = {c: pipeline_time(n, hops_g, c) for c in fixed_sizes_g}
+        rows_g[hops_g is gather_g, n] = (cs, pipeline_time(n, hops_g, cs), fixed)
+for n in sizes_g:
+    cs, t_ad, fixed = rows_g[True, n]
+    best_c = min(fixed, key=fixed.get)
+    print(
+        f"gather {n >> 10:6d} KiB/GPU: adaptive {t_ad * 1e3:7.3f} ms  chunks (KiB) {[c >> 10 for c in cs]}; best fixed "
+        f"{best_c >> 10} KiB {fixed[best_c] / t_ad:.3f}x, worst fixed {max(fixed.values()) / t_ad:.0f}x"
+    )
+gain_g = {n: min(rows_g[True, n][2].values()) / rows_g[True, n][1] for n in sizes_g}
+one_size_g = min(max(rows_g[True, n][2][c] / rows_g[True, n][1] for n in sizes_g) for c in fixed_sizes_g)
+path_gap_g = max(rows_g[False, n][1] / min(rows_g[False, n][2].values()) for n in sizes_g)
+print(f"best single fixed size for all five message sizes: {one_size_g:.3f}x the adaptive time at its worst size")
+print(f"point-to-point path: adaptive at most {path_gap_g:.3f}x the best fixed size per message size")
+assert all(g >= 1.0 for n, g in gain_g.items() if n >= 1 << 18) and gain_g[1 << 16] > 0.99  # ≥ best fixed from 256 KiB
+assert max(gain_g.values()) > 1.08
+assert all(max(rows_g[True, n][2].values()) > 30 * rows_g[True, n][1] for n in sizes_g)  # a bad fixed size: > 30x
+assert one_size_g > 1.1  # any one size for every message size loses > 10% somewhere
+assert path_gap_g < 1.02
+
+# %% [markdown]
 # ## Recap
 #
 # * **[Q25] [Q30] Why all-reduce, how many bytes?** Data parallelism needs the *sum* of all gradients every step.
@@ -1042,6 +1151,14 @@ for noise in (0.1, 0.01):
 # * **[Q201] Clipped 2–3 bit codes**: scale at k·rms(v) instead of max|v|, clip beyond, let error feedback send the
 #   excess later: on the §8d problem 2-bit loss > 30% lower than max-scaled 2-bit and within 10% of dense SGD;
 #   k = 3 is too high for 2 bits and diverges (§8f).
+# * **[Q209] XOR coding at a relay**: combine x ⊕ y only when every receiver of one holds the other; a
+#   recursive-doubling all-gather of 8 ranks through a broadcasting relay then needs 12 instead of 24 broadcasts
+#   (25% fewer transmissions, 0.56x the relay time in the α-β model), every byte decoded exactly; on point-to-point
+#   links, and for sums (where the relay just forwards a + b), XOR buys nothing (§9a).
+# * **[Q192] Chunks per link level**: size the bottleneck level's chunk as √(n_b α_b / (β′_up + β′_down)) and the
+#   others for ≤ 10% latency, dividing it: on the modelled 32-GPU Gather at least as fast as the best fixed size from
+#   256 KiB per GPU up (within 1% at 64 KiB), > 30x faster than a bad one, > 10% better than any one size for all
+#   message sizes (§9b).
 #
 # 3D-parallel layout (Q96) is answered in `10_parallel_training`.
 #
