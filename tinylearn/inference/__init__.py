@@ -7,7 +7,10 @@ static-vs-continuous batching serving simulator with an SLA (earliest-deadline) 
     tokens = tl.inference.generate(model, [1, 2, 3], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=0)
 """
 
+from .adaptive_temperature import TemperatureController, generate_adaptive, repetition_rate
+from .batching import form_batches, padding_stats
 from .config import GPTConfig
+from .kv_delta import delta_compress, delta_decompress, delta_stats
 from .model import DenseKVCache, TinyGPT, apply_rope, causal_mask, kv_append, kv_gather, rope_tables, rotate_half
 from .paged import (
     PagedKVCache,
@@ -24,6 +27,7 @@ from .paged import (
 from .sampling import filter_probs, generate, sample_from, softmax, top_k_filter, top_p_filter
 from .serving import linear_step_cost, poisson_requests, simulate_serving
 from .session import GPTSession, TableLM, open_session
+from .shared_device import estimate_footprint, simulate_shared_device, weighted_tail_latency
 from .speculative import accept_draft, residual_distribution, speculative_generate
 from .torch_ref import torch_reference
 
@@ -63,4 +67,15 @@ __all__ = [
     "GPTSession",
     "TableLM",
     "open_session",
+    "form_batches",
+    "padding_stats",
+    "simulate_shared_device",
+    "weighted_tail_latency",
+    "estimate_footprint",
+    "delta_compress",
+    "delta_decompress",
+    "delta_stats",
+    "TemperatureController",
+    "generate_adaptive",
+    "repetition_rate",
 ]

@@ -71,3 +71,43 @@ __all__ = [
     "validate_schedule",
     "zero_memory_per_rank",
 ]
+
+from .checkpoint_interval import (  # noqa: E402 - appended exports (issue 36)
+    CheckpointTuner,
+    failure_trace,
+    simulate_checkpointing,
+    waste_rate,
+    young_daly_interval,
+)
+from .rebalance import (  # noqa: E402
+    LayerRebalancer,
+    migration_seconds,
+    partition_layers,
+    pipeline_step_time,
+    simulate_rebalance,
+    simulate_reslicing,
+    split_batch,
+    stage_times,
+)
+from .topology import Level, Placement, comm_per_step, group_levels, map_3d  # noqa: E402
+
+__all__ += [
+    "CheckpointTuner",
+    "Level",
+    "LayerRebalancer",
+    "Placement",
+    "comm_per_step",
+    "failure_trace",
+    "group_levels",
+    "map_3d",
+    "migration_seconds",
+    "partition_layers",
+    "pipeline_step_time",
+    "simulate_checkpointing",
+    "simulate_rebalance",
+    "simulate_reslicing",
+    "split_batch",
+    "stage_times",
+    "waste_rate",
+    "young_daly_interval",
+]
