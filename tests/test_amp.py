@@ -253,3 +253,40 @@ def test_autocast_nd_convs_lower_precision_like_torch(name, xs, ws):
     assert yt.dtype == torch.bfloat16 and "bfloat16" in str(y.dtype)
     ref = yt.float().numpy()
     assert np.abs(y.data.astype(np.float32) - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def test_fp16_rounds_to_zero_at_half_the_smallest_subnormal_like_torch():
+    tiny = np.float32(2.0**-25)  # half of fp16's smallest subnormal 2^-24: a tie, rounds to even (0)
+    above = np.nextafter(tiny, np.float32(1))
+    xs = np.array([tiny, above, 4e-8, 2.0**-24], np.float32)
+    ours = tl.Tensor(xs).half().data.astype(np.float32)
+    ref = torch.from_numpy(xs).half().float().numpy()
+    np.testing.assert_array_equal(ours, ref)
+    assert ours[0] == 0 and (ours[1:] == np.float32(2.0**-24)).all()
+
+
+def test_autocast_fp32_lists_match_torch_cuda_list_plus_tinylearn_extras():
+    from tinylearn.amp import FP32_OPS, TINYLEARN_FP32_OPS, op_category
+
+    # torch's CUDA "autocast to float32" list has these; batch_norm / mean / var are on no torch autocast list
+    assert {"softmax", "log_softmax", "layer_norm", "sum", "exp", "log", "pow"} <= set(FP32_OPS)
+    assert not {"batch_norm", "mean", "var"} & set(FP32_OPS)
+    assert all(op_category(v) == "fp32" for v in TINYLEARN_FP32_OPS.values())
+
+
+def test_grad_scaler_falls_back_after_consecutive_overflows():
+    scaler = tl.amp.GradScaler(init_scale=1024.0, growth_interval=2, fallback_after=3)
+    p = tl.nn.Parameter(tl.ones(2))
+    opt = tl.optim.SGD([p], lr=0.1)
+    seen = []
+    for bad in [1, 1, 0, 1, 1, 1, 0]:
+        scaler.scale((p * 0).sum())
+        p.grad = tl.Tensor(np.array([np.inf if bad else 1.0, 1.0], np.float32))
+        scaler.step(opt)
+        scaler.update()
+        seen.append((scaler.consecutive_skips, scaler.fell_back))
+    assert seen == [(1, False), (2, False), (0, False), (1, False), (2, False), (3, True), (0, True)]
+    assert scaler.autocast_dtype("float16") is None
+    assert tl.amp.GradScaler().autocast_dtype("float16") == "float16"
+    with pytest.raises(ValueError, match="fallback_after"):
+        tl.amp.GradScaler(fallback_after=0)

@@ -139,3 +139,74 @@ def test_allocate_bits_respects_budget_and_prefers_sensitive_layers():
     assert bits2 == bits[::-1]
     with pytest.raises(ValueError, match="avg_bits"):
         allocate_bits([1.0], ws[:1], avg_bits=1.0)
+
+
+# -- activation bit allocation (Hutchinson through a zero probe) ---------------------------------------------------
+def test_activation_traces_match_the_exact_hessian_of_a_quadratic():
+    from tinylearn.amp import activation_traces
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    x = tl.Tensor(rng.standard_normal((4, 5)).astype(np.float32))
+    layers = [lambda h: h * 1.0, lambda h: h @ tl.Tensor(w)]
+    # loss = 1/2 ||h W||^2 with h the activation entering layer 1: Hessian w.r.t. h is I_batch (x) W W^T
+    traces, acts = activation_traces(layers, x, lambda o: (o * o).sum() * 0.5, [1], n_samples=64, eps=1e-2)
+    assert acts[0].shape == (4, 5)
+    # the central difference is exact for a quadratic: each sample is v^T H v for the Rademacher v drawn by seed 0
+    rng = np.random.default_rng(0)
+    w64 = w.astype(np.float64)
+    vs = [rng.choice(np.array([-1.0, 1.0]), size=(4, 5)) for _ in range(64)]
+    expected = np.mean([np.sum((v @ w64) ** 2) for v in vs])
+    np.testing.assert_allclose(traces[0], expected, rtol=1e-3)
+    assert abs(traces[0] / (4 * np.trace(w64 @ w64.T)) - 1) < 0.15  # and near the true trace
+    with pytest.raises(ValueError, match="points"):
+        activation_traces(layers, x, lambda o: o.sum(), [3])
+
+
+def test_forward_quantized_activations_widths():
+    from tinylearn.amp import forward_quantized_activations, quantize_symmetric
+
+    x = tl.Tensor(np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8))
+    ident = [lambda h: h]
+    np.testing.assert_array_equal(forward_quantized_activations(ident, x, [0], [32]).data, x.data)
+    q2 = forward_quantized_activations(ident, x, [0], [2]).data
+    np.testing.assert_allclose(q2, quantize_symmetric(x.data, 2), rtol=1e-6)
+    mixed = forward_quantized_activations(ident, x, [0], [np.array([8] * 4 + [2] * 4)]).data
+    np.testing.assert_allclose(mixed[:, 4:], quantize_symmetric(x.data[:, 4:], 2), rtol=1e-6)
+    assert len(np.unique(mixed[:, :4])) > len(np.unique(mixed[:, 4:]))
+
+
+# -- per-layer precision planner ---------------------------------------------------------------------------------
+def _stats(name, n=1000, act=500, gmax=1e-3, gsmall=1e-6, amax=10.0, snr=1.0, err=0.004):
+    return {"name": name, "n_params": n, "act_elems": act, "act_absmax": amax, "grad_absmax": gmax,
+            "grad_small": gsmall, "grad_snr": snr, "int8_err": err}  # fmt: skip
+
+
+def test_allowed_formats_gates():
+    from tinylearn.amp import allowed_formats
+
+    assert allowed_formats(_stats("a")) == ["fp32", "bf16", "fp16", "int8"]
+    assert "fp16" not in allowed_formats(_stats("a", gsmall=1e-9))  # small grads would round to 0 in fp16
+    assert "fp16" in allowed_formats(_stats("a", gsmall=1e-9), loss_scale=2.0**10)
+    assert "fp16" not in allowed_formats(_stats("a", amax=9000.0))  # 9000 * margin 8 > 65504
+    assert "bf16" not in allowed_formats(_stats("a", snr=1e3))  # gradient spread below bf16 rounding
+    assert "int8" not in allowed_formats(_stats("a", err=0.05))
+    assert allowed_formats(_stats("a"), fp32_pinned=True) == ["fp32"]
+
+
+def test_plan_precision_speed_and_memory_pressure():
+    from tinylearn.amp import plan_precision
+
+    st = [_stats("a", n=4000, act=1000), _stats("b", n=1000, act=4000), _stats("c", n=100, act=100)]
+    slow = plan_precision(st, speed={"bf16": 1.5, "fp16": 1.5}, fp32_layers=["c"])
+    assert slow["formats"] == {"a": "fp32", "b": "fp32", "c": "fp32"} and slow["time"] == 1.0
+    fast = plan_precision(st, speed={"bf16": 0.5, "fp16": 0.6})
+    assert set(fast["formats"].values()) == {"bf16"} and fast["time"] == pytest.approx(0.5)
+    fp32_bytes = sum(4 * (s["n_params"] + s["act_elems"]) for s in st)
+    tight = plan_precision(st, speed={"bf16": 1.5, "fp16": 1.5}, mem_budget=0.5 * fp32_bytes, fp32_layers=["c"])
+    assert tight["fits"] and tight["bytes"] <= 0.5 * fp32_bytes and tight["formats"]["c"] == "fp32"
+    assert tight["formats"]["a"] == "int8"  # weight-heavy layer: int8 weights cost no time in this model
+    impossible = plan_precision(st, mem_budget=10)
+    assert not impossible["fits"]
+    with pytest.raises(ValueError, match="speed"):
+        plan_precision(st, speed={"fp8": 0.5})

@@ -144,3 +144,15 @@ def test_checkpoint_recompute_ignores_the_autocast_state_of_the_backward():
         (y * y).sum().backward()
     for a, b in zip([*[p.grad.data for p in net.parameters()], x.grad.data], [*g0, gx0]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoint_table_against_torch_rows():
+    from tinylearn.amp.bench import checkpoint_table
+
+    t = checkpoint_table(n_layers=16, width=16, batch=64, segments=4, repeat=1)
+    rows = {r.impl: r for r in t.rows}
+    assert set(rows) == {"tinylearn k=1", "tinylearn k=4", "torch k=1", "torch k=4", "tinygrad"}
+    saved = {k: r.extra.get("saved_mb") for k, r in rows.items()}
+    assert saved["tinylearn k=4"] < saved["tinylearn k=1"] and saved["torch k=4"] < saved["torch k=1"]
+    assert rows["tinylearn k=4"].peak_mb < rows["tinylearn k=1"].peak_mb
+    assert rows["tinygrad"].median_ms is None and rows["tinygrad"].note.startswith("n/a")

@@ -134,3 +134,76 @@ def test_measure_peak_counts_a_known_allocation():
     assert 8 << 20 <= measure_peak(f) < (8 << 20) + 4096
     with pytest.raises(TypeError, match="fn"):
         measure_peak(3)
+
+
+def test_transformer_memory_flash_attention_drops_the_attention_matrices():
+    kw = dict(n_layers=32, hidden=4096, heads=32, seq=4096, micro_batch=2)
+    std = transformer_memory(6.7e9, **kw)
+    fa = transformer_memory(6.7e9, **kw, flash_attention=True)
+    assert fa["activations"] == 32 * (4096 * 2 * 4096 * 34 + 4 * 32 * 4096 * 2)  # sbh*34 + fp32 log-sum-exp
+    assert std["activations"] / fa["activations"] == pytest.approx((34 + 5 * 32 * 4096 / 4096) / (34 + 4 * 32 / 4096))
+    assert fa["model_states"] == std["model_states"]
+
+
+def test_estimate_checkpoint_tracks_measured_peak_and_sqrt_2n():
+    """checkpoint_sequential keeps its last segment, whose activations are alive while the others are rebuilt:
+    peak ~ k + 2n/k + 1 layer outputs, minimal at sqrt(2n) (= 8 for n = 32), and 2 segments cost more than 1."""
+
+    def make():
+        tl.manual_seed(0)
+        return tl.nn.Sequential(*[m for _ in range(16) for m in (tl.nn.Linear(128, 128), tl.nn.ReLU())])
+
+    def step(k):
+        def f():
+            net, x = make(), tl.randn(1024, 128)
+            out = tl.autograd.checkpoint_sequential(net, k, x) if k > 1 else net(x)
+            out.sum().backward()
+
+        return f
+
+    meas = {k: measure_peak(step(k)) for k in (1, 2, 4, 8, 16)}
+    for k, m in meas.items():
+        est = estimate(make(), (1024, 128), optimizer="sgd", checkpoint_segments=k if k > 1 else None,
+                       loss=lambda o: o.sum())  # fmt: skip
+        assert abs(est["peak"] / m - 1) < 0.01, (k, est["peak"], m)
+    assert min(meas, key=meas.get) == 8 and meas[2] > meas[1]
+
+
+def _brute_recompute(a, f, budget, working_set):
+    best = None
+    for mask in range(1 << len(a)):
+        drop = [i for i in range(len(a)) if mask >> i & 1]
+        peak = sum(a) - sum(a[i] for i in drop) + (max((a[i] for i in drop), default=0) if working_set else 0)
+        cost = sum(f[i] for i in drop)
+        if peak <= budget and (best is None or cost < best - 1e-12):
+            best = cost
+    return best
+
+
+@pytest.mark.parametrize("working_set", [True, False])
+def test_plan_recompute_is_optimal_and_greedy_fits(working_set):
+    from tinylearn.memory.estimate import greedy_recompute, plan_recompute
+
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n = int(rng.integers(1, 9))
+        a, f = rng.integers(1, 12, n).tolist(), rng.uniform(0.1, 5, n).round(3).tolist()
+        budget = int(rng.integers(max(a), sum(a) + 2))
+        plan = plan_recompute(a, f, budget, working_set=working_set)
+        assert plan["recompute"] == pytest.approx(_brute_recompute(a, f, budget, working_set))
+        assert plan["peak"] <= budget and sorted(plan["drop"] + plan["keep"]) == list(range(n))
+        assert plan["step_time"] == pytest.approx(3 * sum(f) + plan["recompute"])
+        g = greedy_recompute(a, f, budget, working_set=working_set)
+        assert g["peak"] <= budget and g["recompute"] >= plan["recompute"] - 1e-9
+
+
+def test_recompute_planners_validate():
+    from tinylearn.memory.estimate import greedy_recompute, plan_recompute
+
+    with pytest.raises(ValueError, match="budget"):
+        plan_recompute([4, 4], [1, 1], 3)  # even dropping both leaves a 4-unit working set
+    with pytest.raises(TypeError, match="integer"):
+        plan_recompute([1.5, 2.0], [1, 1], 3)
+    with pytest.raises(ValueError, match="lengths"):
+        greedy_recompute([1, 2], [1], 3)
+    assert plan_recompute([1, 2], [1, 1], 3)["drop"] == []  # everything fits: nothing recomputed

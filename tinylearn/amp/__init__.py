@@ -13,6 +13,7 @@ scaling), sensitivity (Hutchinson Hessian trace, bit allocation), bench (``tinyl
 from .autocast_mode import (
     FP32_OPS,
     LOWER_PRECISION_OPS,
+    TINYLEARN_FP32_OPS,
     autocast,
     get_autocast_dtype,
     is_autocast_enabled,
@@ -32,15 +33,25 @@ from .lowbit import (
     int2_quantize,
 )
 from .mx import MX_FORMATS, mx_bits_per_element, mx_dequantize, mx_quantize, mx_round
-from .sensitivity import allocate_bits, hutchinson_trace, quantize_symmetric
+from .planner import allowed_formats, layer_stats, plan_precision
+from .sensitivity import (
+    activation_traces,
+    allocate_bits,
+    forward_quantized_activations,
+    hutchinson_trace,
+    quantize_symmetric,
+)
 
 __all__ = [
     "FP32_OPS",
     "FP4_VALUES",
     "LOWER_PRECISION_OPS",
     "MX_FORMATS",
+    "TINYLEARN_FP32_OPS",
     "GradScaler",
     "absmax_scale",
+    "allowed_formats",
+    "activation_traces",
     "allocate_bits",
     "autocast",
     "bf16_bits",
@@ -48,6 +59,7 @@ __all__ = [
     "bfloat16",
     "fake_quant_fp4",
     "fake_quant_int2",
+    "forward_quantized_activations",
     "finfo",
     "float16",
     "fp4_decode",
@@ -58,12 +70,14 @@ __all__ = [
     "int2_quantize",
     "is_autocast_enabled",
     "is_floating",
+    "layer_stats",
     "low_dtype",
     "mx_bits_per_element",
     "mx_dequantize",
     "mx_quantize",
     "mx_round",
     "op_category",
+    "plan_precision",
     "quantize_symmetric",
     "round_to_bf16",
     "to_bfloat16",

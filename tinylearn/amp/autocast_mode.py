@@ -9,11 +9,15 @@ two lists (torch's autocast op categories, aten/src/ATen/autocast_mode.cpp):
   matmul, linalg_vecdot, prelu, scaled_dot_product_attention, _native_multi_head_attention, conv_tbc,
   mkldnn_rnn_layer. tinylearn has: matmul (MatMul), linear (Linear), conv2d (Conv2dFunction), conv1d/conv3d
   (ConvNdFunction), conv_transpose1d/2d/3d (ConvTransposeNdFunction).
-- **fp32** (``FP32_OPS``): low-precision inputs are cast up to float32 and the output is float32: reductions,
-  softmax / log_softmax, norms, losses, exp / log / pow. torch's CUDA fp32 list has all of these; torch's CPU
-  fp32 list has only the losses (mse_loss, nll_loss, cross_entropy_loss, ...) and runs softmax / layer_norm /
-  batch_norm / sum in their input dtype (with fp32 math inside), so on CPU the two policies differ only in
-  whether those outputs are rounded to bf16 -- within bf16 tolerance either way.
+- **fp32** (``FP32_OPS``): low-precision inputs are cast up to float32 and the output is float32. These entries
+  are on torch's CUDA fp32 list ("CUDA Ops that can autocast to float32": softmax, log_softmax, layer_norm,
+  sum, cross_entropy, exp, log, pow, ...); torch's CPU fp32 list has only the losses (mse_loss, nll_loss,
+  cross_entropy_loss, ...) and runs softmax / layer_norm / sum in their input dtype (with fp32 math inside), so
+  on CPU the two policies differ only in whether those outputs are rounded to bf16.
+  ``TINYLEARN_FP32_OPS`` are tinylearn's own additions, on **no** torch autocast list: batch_norm (torch runs it
+  in the input dtype; cuDNN keeps the statistics and affine parameters in fp32), mean and var (torch: input
+  dtype, fp32 accumulation). tinylearn's kernels for them have no low-precision path with fp32 accumulation, so
+  they run in fp32 -- within bf16 tolerance of torch either way.
 - everything else (add, mul, relu, reshape, pooling, ...) runs in whatever dtype its inputs have; mixed inputs
   promote (bf16 + fp32 -> fp32), like torch's "promote" list.
 
@@ -45,18 +49,21 @@ LOWER_PRECISION_OPS: dict[str, str] = {
     "conv_transpose2d": "ConvTransposeNdFunction",
     "conv_transpose3d": "ConvTransposeNdFunction",
 }
-FP32_OPS: dict[str, str] = {
+FP32_OPS: dict[str, str] = {  # a subset of torch's CUDA autocast-to-float32 list
     "softmax": "Softmax",
     "log_softmax": "LogSoftmax",
     "layer_norm": "LayerNormFn",
-    "batch_norm": "BatchNormFn",
     "sum": "Sum",
-    "mean": "Mean",
-    "var": "Var",
     "cross_entropy_loss": "CrossEntropyFn",
     "exp": "Exp",
     "log": "Log",
     "pow": "Pow",
+}
+# run in fp32 by tinylearn although no torch autocast list has them (torch: input dtype, fp32 math inside)
+TINYLEARN_FP32_OPS: dict[str, str] = {
+    "batch_norm": "BatchNormFn",
+    "mean": "Mean",
+    "var": "Var",
 }
 # lower-precision ops whose tinylearn kernels only take fp32: inputs are rounded to the low dtype, the op runs in
 # fp32 on those values and the output is rounded (same numbers as a low-precision kernel with fp32 accumulation)
@@ -64,6 +71,7 @@ EMULATED_OPS = frozenset({"Conv2dFunction", "ConvNdFunction", "ConvTransposeNdFu
 _CATEGORY: dict[str, str] = {
     **{v: "lower" for v in LOWER_PRECISION_OPS.values()},
     **{v: "fp32" for v in FP32_OPS.values()},
+    **{v: "fp32" for v in TINYLEARN_FP32_OPS.values()},
 }
 
 

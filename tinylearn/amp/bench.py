@@ -204,6 +204,82 @@ def step_table(kind: str, width: int, batch: int, progress: Callable[[str], None
     return cmp.table
 
 
+def checkpoint_table(
+    n_layers: int = 32, width: int = 128, batch: int = 1024, segments: int = 8, repeat: int = 3
+) -> Table:
+    """One training step (forward + backward) of ``n_layers`` Linear/ReLU layers with and without activation
+    checkpointing: ``tl.autograd.checkpoint_sequential`` vs ``torch.utils.checkpoint.checkpoint_sequential``
+    (use_reentrant=True, so the segment inputs it keeps pass through saved_tensors_hooks). tinygrad has no
+    activation-checkpointing API: its row says so."""
+    import torch
+    from torch.utils.checkpoint import checkpoint_sequential as torch_ckpt
+
+    from .. import autograd, nn
+    from ..memory import estimate, measure_peak
+
+    def tl_net() -> Any:
+        autograd.manual_seed(0)
+        return nn.Sequential(*[m for _ in range(n_layers // 2) for m in (nn.Linear(width, width), nn.ReLU())])
+
+    def tl_step(k: int) -> Callable[[], Any]:
+        net, x = tl_net(), autograd.randn(batch, width)
+
+        def step() -> Any:
+            net.zero_grad()
+            out = autograd.checkpoint_sequential(net, k, x) if k > 1 else net(x)
+            out.sum().backward()
+
+        return step
+
+    def tl_fresh(k: int) -> Callable[[], Any]:
+        return lambda: tl_step(k)()  # model creation inside: measure_peak sees the whole step
+
+    torch.manual_seed(0)
+    tnet = torch.nn.Sequential(
+        *[m for _ in range(n_layers // 2) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]
+    )
+    tx = torch.randn(batch, width, requires_grad=True)
+
+    def torch_fwd(k: int) -> Any:
+        return torch_ckpt(tnet, k, tx, use_reentrant=True) if k > 1 else tnet(tx)
+
+    def torch_step(k: int) -> Callable[[], Any]:
+        def step() -> Any:
+            tnet.zero_grad()
+            torch_fwd(k).sum().backward()
+
+        return step
+
+    def torch_saved(k: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: Any) -> Any:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            torch_fwd(k)
+        return sum(seen.values())
+
+    cmp = Comparison(
+        f"checkpoint: {n_layers} x Linear({width})/ReLU, batch {batch}, forward + backward", baseline="torch k=1",
+        repeat=repeat,
+    )  # fmt: skip
+    with cmp.case(f"L{n_layers} w{width} b{batch}") as case:
+        for k in (1, segments):
+            est = estimate(tl_net(), (batch, width), optimizer="sgd", checkpoint_segments=k if k > 1 else None,
+                           loss=lambda o: o.sum())  # fmt: skip
+            row = case.add(f"tinylearn k={k}", tl_step(k), saved_mb=round(est["activations"] / 2**20, 3))
+            row.peak_mb = measure_peak(tl_fresh(k)) / 2**20
+        for k in (1, segments):
+            case.add(f"torch k={k}", torch_step(k), saved_mb=round(torch_saved(k) / 2**20, 3))
+        case.unavailable("tinygrad", "n/a: tinygrad has no activation checkpointing (no torch.utils.checkpoint)")
+    cmp.note("k = segments (k=1: no checkpointing); peak MB: tl.memory.measure_peak (tinylearn only: torch's CPU "
+             "allocator keeps no peak statistics); saved MB: activations kept for backward after the forward "
+             "(tinylearn: tl.memory.estimate, incl. the rebuilt segment; torch: saved_tensors_hooks)")  # fmt: skip
+    return cmp.table
+
+
 def run(full: bool = False, progress: Callable[[str], None] | None = None) -> list[Table]:
     cases = [("mlp", 512, 256), ("cnn", 256, 128)]
     if full:

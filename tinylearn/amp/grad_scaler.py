@@ -1,6 +1,7 @@
 """``tl.amp.GradScaler``: dynamic loss scaling, the same state machine as ``torch.amp.GradScaler``.
 
-Why: fp16 has 5 exponent bits; gradients below ~6e-8 (the smallest subnormal) flush to zero. Multiplying the loss
+Why: fp16 has 5 exponent bits; its smallest subnormal is 2^-24 ~ 5.96e-8 and round-to-nearest-even sends every
+|g| <= 2^-25 ~ 2.98e-8 to zero (2^-25 itself is a tie and rounds to the even code, 0). Multiplying the loss
 by S shifts every gradient up by log2(S) binades (the chain rule is linear in the upstream gradient), and
 unscaling by 1/S in fp32 before the optimizer step restores the true values.
 
@@ -11,6 +12,10 @@ The update rule (torch's _amp_update_scale_), after each iteration:
                                   if tracker == growth_interval:  S *= growth_factor (if finite);  tracker = 0
 
 The scale is kept as a float32 like torch's scale tensor, so the sequences agree exactly.
+
+Fallback to a safe precision (not in torch): with ``fallback_after=N``, N consecutive skipped (Inf/NaN) steps set
+``fell_back`` (sticky). The training loop then leaves autocast (``autocast_dtype(requested)`` returns None): a
+model whose fp16 step keeps overflowing even after N halvings of S trains on in fp32 instead of skipping forever.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class GradScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         enabled: bool = True,
+        fallback_after: int | None = None,
     ) -> None:
         if not init_scale > 0:
             raise ValueError(f"init_scale: must be > 0, got {init_scale}")
@@ -47,6 +53,15 @@ class GradScaler:
         self._growth_tracker = 0
         self._opt_state: dict[int, dict[str, Any]] = {}  # id(optimizer) -> {"unscaled": bool, "found_inf": bool}
         self.n_skipped = 0
+        if fallback_after is not None and (not isinstance(fallback_after, int) or fallback_after < 1):
+            raise ValueError(f"fallback_after: expected a positive int or None, got {fallback_after!r}")
+        self.fallback_after = fallback_after
+        self.consecutive_skips = 0  # Inf/NaN steps in a row (reset by a clean step)
+        self.fell_back = False  # set once consecutive_skips reaches fallback_after; never cleared
+
+    def autocast_dtype(self, requested: Any) -> Any:
+        """The autocast dtype the next step should use: ``requested`` until the scaler fell back, then None."""
+        return None if self.fell_back else requested
 
     # -- the four calls of a training step ------------------------------------------------------------------
     def scale(self, loss: Tensor) -> Tensor:
@@ -105,6 +120,9 @@ class GradScaler:
             if not self._opt_state:
                 raise RuntimeError("update: no inf checks were recorded (call step(optimizer) first)")
             found_inf = any(s["found_inf"] for s in self._opt_state.values())
+            self.consecutive_skips = self.consecutive_skips + 1 if found_inf else 0
+            if self.fallback_after is not None and self.consecutive_skips >= self.fallback_after:
+                self.fell_back = True
             self._scale, self._growth_tracker = update_scale(
                 self._scale,
                 self._growth_tracker,

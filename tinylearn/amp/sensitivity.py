@@ -144,3 +144,72 @@ def allocate_bits(
         "avg_bits": float(sum(b * ni for b, ni in zip(bits, n)) / n.sum()),
     }
     return bits, info
+
+
+def _run_layers(layers: Sequence[Callable[[Any], Any]], x: Any, points: Sequence[int], hook: Callable) -> Any:
+    h = x
+    for i, m in enumerate(layers):
+        if i in points:
+            h = hook(points.index(i), h)
+        h = m(h)
+    if len(layers) in points:
+        h = hook(points.index(len(layers)), h)
+    return h
+
+
+def activation_traces(
+    layers: Sequence[Callable[[Any], Any]],
+    x: Any,
+    loss_of_output: Callable[[Any], Tensor],
+    points: Sequence[int],
+    n_samples: int = 8,
+    eps: float = 1e-2,
+    seed: int = 0,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Hutchinson Tr(H) of the loss w.r.t. the **activations** entering ``layers[p]`` for p in ``points``.
+
+    A zero "probe" parameter d_p is added to each of those activations (h_p + d_p): the Hessian w.r.t. d_p at 0 is
+    the Hessian w.r.t. h_p, so ``hutchinson_trace`` over the probes estimates Tr(H_hh) per point. Returns
+    (traces, the activation arrays at the points) -- the inputs ``allocate_bits`` needs to give activations bits."""
+    from ..autograd import no_grad
+    from ..nn import Parameter
+
+    pts = list(points)
+    if not pts or any(not 0 <= p <= len(layers) for p in pts) or len(set(pts)) != len(pts):
+        raise ValueError(f"points: expected distinct layer indices in [0, {len(layers)}], got {points!r}")
+    acts: list[np.ndarray | None] = [None] * len(pts)
+
+    def record(j: int, h: Any) -> Any:
+        acts[j] = np.array(h.data)
+        return h
+
+    with no_grad():
+        _run_layers(layers, x, pts, record)
+    probes = [Parameter(np.zeros(a.shape, np.float32)) for a in acts]
+
+    def loss_fn() -> Tensor:
+        return loss_of_output(_run_layers(layers, x, pts, lambda j, h: h + probes[j]))
+
+    return hutchinson_trace(loss_fn, probes, n_samples=n_samples, eps=eps, seed=seed), [a for a in acts]
+
+
+def forward_quantized_activations(
+    layers: Sequence[Callable[[Any], Any]], x: Any, points: Sequence[int], bits: Sequence[Any]
+) -> Any:
+    """Run ``layers`` on x with the activation entering ``layers[p]`` fake-quantized to ``bits[j]`` (per-tensor
+    symmetric, ``quantize_symmetric``); an entry may be an array of per-element widths (contiguous runs along the
+    flattened per-sample features, each run with its own scale), 32 leaves it in fp32."""
+    pts = list(points)
+
+    def q(j: int, h: Any) -> Any:
+        b = np.asarray(bits[j])
+        a = np.asarray(h.data, np.float32)
+        if b.ndim == 0:
+            return Tensor(a if int(b) >= 32 else quantize_symmetric(a, int(b)).astype(np.float32))
+        flat, out = a.reshape(a.shape[0], -1), np.empty((a.shape[0], b.size), np.float32)
+        for w in np.unique(b):
+            idx = np.flatnonzero(b == w)
+            out[:, idx] = flat[:, idx] if w >= 32 else quantize_symmetric(flat[:, idx], int(w))
+        return Tensor(out.reshape(a.shape))
+
+    return _run_layers(layers, x, pts, q)

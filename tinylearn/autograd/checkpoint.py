@@ -13,8 +13,10 @@ recomputed graph unrounded (a bf16 segment output does not round an fp32 gradien
 Cost: one extra forward of every checkpointed segment.
 
 checkpoint_sequential(modules, segments, x): split n layers into ``segments`` chunks and checkpoint all but the
-last (as torch does). Activation memory ~ segments boundary tensors + one segment's internals in the backward,
-n/k + k layers' worth: minimal at k = sqrt(n) -> O(sqrt(n)) instead of O(n) (Chen et al. 2016).
+last (as torch does). Activation memory ~ k boundary tensors + one segment's internals in the backward, i.e.
+k + n/k layers' worth (minimal at k = sqrt(n), O(sqrt(n)) instead of O(n): Chen et al. 2016). Here the last,
+uncheckpointed segment stays alive while the others are recomputed, so the measured peak is ~ k + 2n/k + 1 layer
+outputs, minimal at k = sqrt(2n) (notebook 11 §6 measures and asserts it).
 """
 
 from __future__ import annotations

@@ -25,8 +25,14 @@ the peak is in the backward, at the cast node of the largest weight, where the w
 the GEMM (the cast's incoming gradient) and the fp32 copy ``astype`` makes of it are alive together -- two
 parameter-sized fp32 arrays, not one activation. Adam hides it: its step (2 x params of state) is the larger peak.
 
-With ``checkpoint_segments=k`` (Sequential models) only the k segment inputs are kept, and one segment's
-activations are rebuilt at a time in the backward: activations = boundaries + max segment.
+With ``checkpoint_segments=k`` (Sequential models) the k segment inputs and the last (un-checkpointed) segment's
+graph are kept -- the engine frees node inputs only when the backward returns, so the last segment is still alive
+while the others are rebuilt one at a time: activations = boundaries + last segment + max rebuilt segment, and the
+workspace is the backward walk of a rebuilt segment plus the gradient handed into it. For n equal layers that is
+about k + 2n/k + 1 layer outputs, minimal at k = sqrt(2n) (not Chen et al.'s sqrt(n), which assumes every segment
+is checkpointed and freed after its backward); 2 segments cost more than none (n + 3 vs n + 1).
+
+Recompute planning (``greedy_recompute``, ``plan_recompute``): which layers to drop and rebuild under a budget.
 
 ``measure_peak(fn)`` runs ``fn`` with every numpy allocation served by a C++ CachingAllocator arena
 (``tl.memory.pooled(alloc, numpy=True)``) and returns the allocator's peak of allocated bytes: what the step
@@ -35,7 +41,8 @@ really used, temporaries included (sizes rounded up to 64 bytes).
 Large models (``transformer_memory``): mixed-precision Adam keeps 16 bytes per parameter (Rajbhandari et al.,
 ZeRO, 2020): fp16/bf16 params (2) + grads (2) + fp32 master params (4) + Adam m and v (4 + 4); activations per
 transformer layer ~ s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations, no recomputation, no sequence/tensor
-parallelism (Korthikanti et al., 2022), where s = sequence, b = micro-batch, h = hidden, a = heads.
+parallelism (Korthikanti et al., 2022), where s = sequence, b = micro-batch, h = hidden, a = heads; with
+FlashAttention the 5*a*s/h term (the attention matrices) vanishes: s*b*h*34 + the fp32 log-sum-exp 4*a*s*b.
 """
 
 from __future__ import annotations
@@ -241,7 +248,7 @@ def estimate(
         kept, retained, largest = _graph_bytes(root, exclude)
         # the backward rebuilds one segment at a time: add the largest segment's own graph
         size = len(layers) // checkpoint_segments
-        h, seg_max = x, 0
+        h, seg_max, ws_ck = x, 0, 0
         with autograd.no_grad():
             bounds = [i * size for i in range(checkpoint_segments)] + [len(layers)]
         for s in range(checkpoint_segments - 1):
@@ -251,6 +258,9 @@ def estimate(
                 out = m(out)
             seg, _, big = _graph_bytes(out.sum(), exclude)
             seg_max, largest = max(seg_max, seg), max(largest, big)
+            # the rebuilt segment's own backward walk: gradients in flight beyond its graph and its leaf gradients
+            seg_peak, seg_leaves = _backward_peak(out.sum(), exclude)
+            ws_ck = max(ws_ck, seg_peak - seg - seg_leaves)
             h = out.detach()
         activations = kept + seg_max
         retained = kept  # after the backward only the segment boundaries are still referenced
@@ -264,8 +274,11 @@ def estimate(
     opt_state = _OPT_STATES[opt] * n_param_bytes
     # backward workspace: what the walk of the backward holds beyond the activations and the parameter gradients
     # (output gradients in flight, the gradients a node is producing, casts back to fp32); with checkpointing the
-    # largest array of the rebuilt segment stands in for it
-    ws_bwd = largest if checkpoint_segments else max(0, int(bwd_peak * scale) - activations - grads)
+    # same walk over a rebuilt segment, plus the gradient handed into that segment (at most its largest array)
+    if checkpoint_segments:
+        ws_bwd = int(ws_ck * scale) + largest
+    else:
+        ws_bwd = max(0, int(bwd_peak * scale) - activations - grads)
     ws_step = 0  # tinylearn's Adam/SGD update in place (fused C++ step): no parameter-sized temporaries
     peak_bwd = n_param_bytes + activations + grads + ws_bwd
     peak_step = n_param_bytes + grads + opt_state + retained + ws_step
@@ -303,15 +316,22 @@ def transformer_memory(
     seq: int,
     micro_batch: int,
     checkpoint: bool = False,
+    flash_attention: bool = False,
 ) -> dict[str, float]:
     """Bytes for mixed-precision Adam training of a dense transformer on one device (no sharding).
 
     model_states = 16 * n_params (2 fp16 params + 2 fp16 grads + 4 fp32 master + 4 + 4 Adam m, v);
     activations = n_layers * s*b*h*(34 + 5*a*s/h) (or 2*s*b*h per layer, the layer inputs, with full
-    recomputation)."""
+    recomputation). The 5*a*s/h term is the attention matrices (softmax output 2*a*s^2*b, dropout mask a*s^2*b,
+    dropout output 2*a*s^2*b bytes); ``flash_attention=True`` never materialises them (the kernel recomputes the
+    scores block by block in the backward) and keeps only the fp32 log-sum-exp per row, 4*a*s*b bytes:
+    s*b*h*34 + 4*a*s*b per layer."""
     if min(n_params, n_layers, hidden, heads, seq, micro_batch) <= 0:
         raise ValueError("transformer_memory: every size must be > 0")
-    per_layer = seq * micro_batch * hidden * (34 + 5 * heads * seq / hidden)
+    if flash_attention:
+        per_layer = seq * micro_batch * hidden * 34 + 4 * heads * seq * micro_batch
+    else:
+        per_layer = seq * micro_batch * hidden * (34 + 5 * heads * seq / hidden)
     act = n_layers * (2 * seq * micro_batch * hidden if checkpoint else per_layer)
     return {
         "params_16bit": 2 * n_params,
@@ -337,3 +357,83 @@ def model_state_bytes(n_params: float, optimizer: str = "adam", mixed_precision:
         raise ValueError(f"n_params: must be >= 0, got {n_params}")
     per = (2 + 2 + 4 if mixed_precision else 4 + 4) + states[optimizer]
     return per * n_params
+
+
+def greedy_recompute(
+    act_bytes: list[int] | list[float], fwd_cost: list[float], budget: float, working_set: bool = False
+) -> dict[str, Any]:
+    """Greedy recompute plan: drop layers in decreasing act_bytes / fwd_cost (memory saved per unit of recompute)
+    until the kept activations fit ``budget`` (with ``working_set``: kept + the largest dropped activation, which
+    must be rebuilt in the backward, fit). Returns dict(drop, keep, recompute, peak) or raises if it cannot fit.
+
+    The ratio rule is the classic knapsack heuristic: not optimal in general (``plan_recompute`` is)."""
+    a, f = _check_layers(act_bytes, fwd_cost, budget)
+    keep = set(range(len(a)))
+
+    def peak(k: set[int]) -> float:
+        dropped = [a[i] for i in range(len(a)) if i not in k]
+        return sum(a[i] for i in k) + (max(dropped, default=0) if working_set else 0)
+
+    for i in sorted(range(len(a)), key=lambda i: (-a[i] / f[i] if f[i] > 0 else -np.inf, i)):
+        if peak(keep) <= budget:
+            break
+        keep.discard(i)
+    if peak(keep) > budget:
+        raise ValueError(f"greedy_recompute: no plan fits budget {budget} (best peak {peak(keep)})")
+    drop = sorted(set(range(len(a))) - keep)
+    return {"drop": drop, "keep": sorted(keep), "recompute": float(sum(f[i] for i in drop)), "peak": peak(keep)}
+
+
+def _check_layers(act_bytes: Any, fwd_cost: Any, budget: float) -> tuple[list, list]:
+    a, f = list(act_bytes), [float(x) for x in fwd_cost]
+    if len(a) != len(f) or not a:
+        raise ValueError(f"act_bytes/fwd_cost: expected equal non-zero lengths, got {len(a)} and {len(f)}")
+    if min(a) < 0 or min(f) < 0 or budget < 0:
+        raise ValueError("act_bytes, fwd_cost and budget must be >= 0")
+    return a, f
+
+
+def plan_recompute(
+    act_bytes: list[int], fwd_cost: list[float], budget: int, working_set: bool = True, backward_factor: float = 2.0
+) -> dict[str, Any]:
+    """Optimal set of layers to recompute (Q119): minimise the step time forward + backward + recompute, i.e. the
+    recompute cost sum_{i dropped} F_i (recomputing layer i costs its forward F_i again), subject to the memory
+    peak fitting ``budget``. With ``working_set`` the peak is sum_{kept} A_i + max_{dropped} A_i (a dropped
+    activation is rebuilt in the backward and lives next to the kept ones), else sum_{kept} A_i.
+
+    Exact dynamic programme (a 0/1 knapsack) over integer sizes (bytes, or KiB, ...): for every threshold t (the
+    largest dropped A_i), a min-cost cover dp[c] = least recompute cost of dropping layers with A_i <= t whose
+    sizes sum to >= c, for c up to the amount that must go, total - (budget - t). O(n^2 * total) time.
+    Returns dict(drop, keep, recompute, peak, step_time) with step_time = (1 + backward_factor) sum F + recompute.
+    """
+    a, f = _check_layers(act_bytes, fwd_cost, budget)
+    if not all(isinstance(x, int | np.integer) for x in a):
+        raise TypeError("act_bytes: plan_recompute needs integer sizes (bytes, KiB, ...)")
+    a = [int(x) for x in a]
+    total, n = sum(a), len(a)
+    best: tuple[float, list[int]] | None = (0.0, []) if total <= budget else None
+    thresholds = sorted(set(a)) if working_set else [0]
+    for t in thresholds:
+        cap = budget - t if working_set else budget
+        need = total - cap
+        if need <= 0 or cap < 0:
+            continue
+        items = [i for i in range(n) if not working_set or a[i] <= t]
+        inf = float("inf")
+        dp = [0.0] + [inf] * need  # dp[c]: least cost to drop >= c units (c capped at need)
+        choice: list[list[int] | None] = [[]] + [None] * need
+        for i in items:
+            for c in range(need, -1, -1):
+                src = max(0, c - a[i])
+                if dp[src] + f[i] < dp[c]:
+                    dp[c], choice[c] = dp[src] + f[i], [*choice[src], i]
+            # (iterating c downwards keeps it 0/1: dp[src] with src < c is still the previous row's value)
+        if dp[need] < inf and (best is None or dp[need] < best[0]):
+            best = (dp[need], sorted(choice[need]))
+    if best is None:
+        raise ValueError(f"plan_recompute: no set of layers fits budget {budget}")
+    drop = best[1]
+    keep = [i for i in range(n) if i not in drop]
+    peak = sum(a[i] for i in keep) + (max((a[i] for i in drop), default=0) if working_set else 0)
+    rc = float(sum(f[i] for i in drop))
+    return {"drop": drop, "keep": keep, "recompute": rc, "peak": peak, "step_time": (1 + backward_factor) * sum(f) + rc}
