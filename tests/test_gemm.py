@@ -378,3 +378,32 @@ def test_regtile_emulation_would_catch_a_wrong_index(monkeypatch: pytest.MonkeyP
     assert np.allclose(cuda_trace.emulate("regtile", a, b), a @ b, atol=1e-4)
     monkeypatch.setattr(cuda_trace, "accesses", swapped)
     assert not np.allclose(cuda_trace.emulate("regtile", a, b), a @ b, atol=1e-2)
+
+
+# ---------------------------------------------------------------- the cache simulator of notebook 08 §1b (Q11)
+def test_cache_sim_lru_set_associative() -> None:
+    from tinylearn.gemm.cache_sim import CacheSim
+
+    c = CacheSim(256, line_bytes=64, ways=2)  # 2 sets of 2 lines
+    assert c.n_sets == 2
+    assert [c.access(a) for a in (0, 8, 64)] == [False, True, False]  # 0 and 8 share a line; 64 is set 1
+    assert [c.access(a) for a in (128, 256, 0)] == [False, False, False]  # set 0 holds 2 lines: 0 was evicted (LRU)
+    assert c.access(256) and c.misses == 5 and c.accesses == 7
+    for bad in ({"size_bytes": 0}, {"size_bytes": 256, "line_bytes": 48}, {"size_bytes": 200}):
+        with pytest.raises(ValueError):
+            CacheSim(**bad)
+
+
+def test_cache_sim_matmul_orders() -> None:
+    from tinylearn.gemm import cache_sim
+
+    n = 16
+    for o in cache_sim.ORDERS:
+        trace = list(cache_sim.matmul_trace(n, o, tile=4))
+        assert len(trace) == 3 * n**3 and len(set(trace)) == 3 * n * n  # every element of A, B, C, each order
+    big = cache_sim.simulate_matmul(n, "ijk", 1 << 16)  # everything fits: only compulsory misses
+    assert big["misses"] == cache_sim.compulsory_misses(n) == 3 * n * n * 4 // 64
+    small = {o: cache_sim.simulate_matmul(32, o, 2048, tile=8)["misses"] for o in cache_sim.ORDERS}
+    assert small["ijk"] > small["ikj"] > small["tiled"]
+    with pytest.raises(ValueError, match="order"):
+        list(cache_sim.matmul_trace(4, "kji"))
