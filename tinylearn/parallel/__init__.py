@@ -111,3 +111,20 @@ __all__ += [
     "waste_rate",
     "young_daly_interval",
 ]
+from .staleness import (  # noqa: E402 - appended exports (Q185)
+    RULES,
+    aggregate_stale,
+    delay_compensate,
+    least_squares_problem,
+    simulate_async_sgd,
+    staleness_weight,
+)
+
+__all__ += [
+    "RULES",
+    "aggregate_stale",
+    "delay_compensate",
+    "least_squares_problem",
+    "simulate_async_sgd",
+    "staleness_weight",
+]
