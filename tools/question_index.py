@@ -243,6 +243,7 @@ def _scan(
                     asserts.append(name + "(...)")
                 if name.split(".")[0] in tl_names:
                     calls[name] = None
+                    continue
                 for arg in node.args:  # tinylearn passed as a module: train(tl) runs a torch script on it
                     if isinstance(arg, ast.Name) and arg.id in tl_names:
                         calls[f"{name}({arg.id})"] = None
