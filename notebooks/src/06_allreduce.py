@@ -20,6 +20,7 @@
 #   error-feedback scale γ of 2-bit quantisation from the residual variance so it does not oscillate? (§8d)
 #   [Q235] How to keep top-k from starving small gradients: sampled, residual-ranked recovery slots? (§8e)
 #   [Q201] 2–3 bit codes lose a lot: how to clip at an adaptive threshold and redistribute the excess? (§8f)
+#   [Q157] Split a parameter matrix by columns into k shards plus r parity fragments: how to recover ≤ r lost? (§8g)
 # * [Q209] Can linear coding (XOR / addition) of several messages save rounds, and which messages to combine? (§9a)
 #   [Q192] Over NVLink + PCIe + Ethernet, how big should the chunks of a Gather / All-to-All be on each level? (§9b)
 #
@@ -992,6 +993,56 @@ for noise in (0.1, 0.01):
     assert clip_loss[noise, "2-bit, clipped at 3 rms"] > 10 * dense_f  # too high a threshold for 2 bits diverges
 
 # %% [markdown]
+# ### 8g. Column shards with r parity fragments: recover any r lost shards bit-exactly [Q157]
+#
+# **Answer.** Cut the parameter matrix into k column shards d₀ … d_{k−1} (their raw fp32 bytes, zero-padded to one
+# length) and send r extra fragments that are linear combinations of them; a lost shard is an unknown, each parity
+# an equation, so any r losses are solvable when every r×r sub-matrix of the weights is invertible. r = 1: the XOR
+# P = d₀ ⊕ … ⊕ d_{k−1} (addition in GF(2)); one lost shard is d_a = P ⊕ (all other shards). r = 2: add a
+# *weighted* sum Q = Σ gⁱ·dᵢ with distinct weights gⁱ, computed byte-wise in GF(2⁸) (addition = XOR, g = 2: the
+# RAID-6 code, so Q stays shard-sized); two lost shards a, b give S = d_a ⊕ d_b and T = g^a·d_a ⊕ g^b·d_b, hence
+# d_a = (T ⊕ g^b·S)/(g^a ⊕ g^b), d_b = S ⊕ d_a (works for k ≤ 255). A second *plain* XOR parity cannot do this:
+# with 0/1 weights a lost pair {a, b} is solvable only if the weight columns (c1_a, c2_a) ≠ (c1_b, c2_b) are both
+# non-zero, and GF(2)² has only 3 non-zero vectors, so k > 3 shards always leave an unsolvable pair. (Plain integer
+# weights 1…k need exact, wider parities: modulo 2³² the division by b − a fails when b − a is even.) Cost: r/k
+# more bytes (`tinylearn.dist.parity.encode_shards` / `recover_shards`). Below: a 64×250 fp32 `nn.Linear` weight,
+# k = 8 shards (31–32 columns each); every loss pattern of at most r fragments (data or parity) is recovered
+# bit-exactly for r = 1 and r = 2, and r + 1 losses are refused.
+
+# %%
+from itertools import combinations  # noqa: E402
+
+from tinylearn.dist.parity import encode_shards, recover_shards, shard_columns  # noqa: E402
+
+torch.manual_seed(0)
+w_par = torch.nn.Linear(250, 64).weight.detach().numpy()
+print("shard widths:", [s.shape[1] for s in shard_columns(w_par, 8)])
+shard_ok = {}
+for r_par in (1, 2):
+    code = encode_shards(w_par, 8, r=r_par)
+    print(f"r = {r_par}: {len(code.fragments)} fragments of {code.fragments[0].nbytes} B, overhead {code.overhead:.0%}")
+    cases = [c for m in range(r_par + 1) for c in combinations(range(8 + r_par), m)]
+    n_ok = 0
+    for lost_set in cases:
+        code = encode_shards(w_par, 8, r=r_par)
+        for i in lost_set:
+            code.fragments[i] = None
+        n_ok += np.array_equal(recover_shards(code).view(np.uint32), w_par.view(np.uint32))  # bit-exact
+    code = encode_shards(w_par, 8, r=r_par)
+    for i in range(r_par + 1):
+        code.fragments[i] = None
+    try:
+        recover_shards(code)
+        refused = False
+    except ValueError as exc:
+        refused = True
+        print("  ", exc)
+    shard_ok[r_par] = (n_ok, len(cases), refused)
+    print(f"   loss patterns of <= {r_par} fragments recovered bit-exactly: {n_ok}/{len(cases)}")
+assert shard_ok[1] == (10, 10, True)  # no loss + each of 9 single losses
+assert shard_ok[2] == (56, 56, True)  # no loss + 10 single + 45 pairs (data + data, data + P, data + Q, P + Q)
+
+# %% [markdown]
 # ## 9. Topology tricks: coding at a relay, chunk sizes per link level
 #
 # ### 9a. Network coding: a relay broadcasts a ⊕ b instead of a and b [Q209]
@@ -1151,6 +1202,9 @@ assert path_gap_g < 1.02
 # * **[Q201] Clipped 2–3 bit codes**: scale at k·rms(v) instead of max|v|, clip beyond, let error feedback send the
 #   excess later: on the §8d problem 2-bit loss > 30% lower than max-scaled 2-bit and within 10% of dense SGD;
 #   k = 3 is too high for 2 bits and diverges (§8f).
+# * **[Q157] Column shards + r parities**: P = XOR of the k shards repairs one lost shard; a second parity needs
+#   distinct weights (Q = Σ gⁱ·dᵢ in GF(2⁸), RAID-6; two 0/1 XOR parities fail for k > 3): every loss of ≤ r of
+#   the k + r fragments of a 64×250 fp32 weight (k = 8) is recovered bit-exactly, r + 1 is refused (§8g).
 # * **[Q209] XOR coding at a relay**: combine x ⊕ y only when every receiver of one holds the other; a
 #   recursive-doubling all-gather of 8 ranks through a broadcasting relay then needs 12 instead of 24 broadcasts
 #   (25% fewer transmissions, 0.56x the relay time in the α-β model), every byte decoded exactly; on point-to-point
