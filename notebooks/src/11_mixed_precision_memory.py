@@ -1,10 +1,11 @@
 # %% [markdown]
 # # 11 · Mixed precision and training memory: autocast, loss scaling, FP4/INT2/MX, checkpointing, a memory model
 #
-# **Interview questions this notebook answers** (seed 003: 64, 74, 81, 105, 119, 148, 169):
+# **Interview questions this notebook answers** (seed 003: 64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 253):
 #
 # 1. Why does fp16 training need loss scaling, and how does a dynamic loss scaler decide the scale?
 #    [Q81] How is a NaN/Inf step detected, skipped, and -- after N in a row -- answered by falling back to fp32?
+#    [Q253] Why keep one loss scale per layer group, each backing off and growing on its own?
 # 2. What does `autocast` actually run in low precision, and what stays in fp32? What is bf16 and how do you round
 #    to it?
 # 3. [Q74] What do FP4 (E2M1) and INT2 look like, how does a straight-through estimator train through them, and
@@ -13,10 +14,13 @@
 #    activations -- more bits?
 # 5. [Q64] [Q119] [Q169] Activation checkpointing: what does it cost, what does it save, how many segments (why
 #    sqrt(2n) here, not sqrt(n)), and which layers to recompute under a memory budget (greedy by memory saved per
-#    unit of recompute; exact knapsack DP with the recompute working set)?
+#    unit of recompute; exact knapsack DP with the recompute working set)? [Q239] On several nodes, how does a
+#    priority alpha*m - beta*r - gamma*c weigh the communication a recomputation repeats? [Q102b] How much does saving a
+#    low-rank factorisation of an activation instead of the activation save, for what gradient error?
 # 6. [Q64] [Q119] How much memory does training take? Params, grads, Adam states, activations, backward workspace
 #    -- for the digits MLP/CNN and TinyGPT here (predicted vs measured, fp32 and bf16, SGD and Adam) and for 7B /
-#    70B models (with and without FlashAttention).
+#    70B models (with and without FlashAttention). [Q219] How do you keep sharded Adam states in bf16/fp16/int8
+#    without the rounding errors accumulating (error feedback)?
 # 7. [Q105] What does bf16 buy on this hardware (step time, memory), for tinylearn, torch and tinygrad, and how
 #    does a per-layer precision planner combine stability metrics, measured speed and memory pressure?
 #
@@ -228,6 +232,60 @@ for bad in [0, 0, 1, 0, 0, 0, 1, 1, 0]:
 print(seq, "skipped steps:", scaler.n_skipped, "| fell back to fp32 after step", fell.index(True))
 assert seq == [1024.0, 2048.0, 1024.0, 1024.0, 2048.0, 2048.0, 1024.0, 512.0, 512.0] and scaler.n_skipped == 3
 assert fell.index(True) == 7 and scaler.autocast_dtype("float16") is None  # the 2nd overflow in a row (steps 6, 7)
+
+# %% [markdown]
+# ### One loss scale per layer group [Q253]
+#
+# One global scale S has to keep the *largest* gradient of every layer below 65504, so a layer with large
+# gradients (an embedding, the last layer, a layer during a spike) pins S low, and a layer whose gradients are
+# 1e-10 of those then sits below fp16's 2^-25 flush-to-zero threshold even after scaling: its gradient underflows
+# and it stops learning, with no Inf to signal it. `tl.amp.PerGroupScaler(n_groups)` keeps one scale S_l per
+# parameter group (the gradient entering group l is multiplied by S_l -- a backward hook at the group boundary --
+# and unscaled in fp32 before the step) and runs the GradScaler rule on each group's own overflow flag: halve S_l
+# and skip that group's step on Inf/NaN in *its* gradient, double S_l after `growth_interval` clean steps of that
+# group. Each scale follows its own gradient distribution: the large group's settles where its largest values
+# approach 65504 (it overflows and backs off now and then, like the global one), the small group's keeps doubling
+# every 10 clean steps without ever overflowing. Below, three groups with gradients of scale
+# 1e2, 1e-3 and 1e-10 (200 steps of Gaussian draws, 512 per group) go through fp16 (`amp.fp16_grad_roundtrip`:
+# fp32 g -> fp16(g S) -> fp32 / S): under the global scaler the small group is almost entirely zero; with
+# per-group scales none of it is.
+
+# %%
+rng253 = np.random.default_rng(253)
+mags253 = {"large (1e2)": 1e2, "medium (1e-3)": 1e-3, "small (1e-10)": 1e-10}
+glob253 = amp.PerGroupScaler(1, init_scale=2.0**16, growth_interval=10)  # the global scaler: one group
+per253 = amp.PerGroupScaler(3, init_scale=2.0**16, growth_interval=10)
+zeros253 = {"global": np.zeros(3), "per-group": np.zeros(3)}
+pairs253 = []  # (true, global roundtrip, per-group roundtrip) of the small group, last 100 steps
+for step in range(200):
+    g253 = [(m * rng253.standard_normal(512)).astype(np.float32) for m in mags253.values()]
+    outs_g = [amp.fp16_grad_roundtrip(g, glob253.get_scales()[0]) for g in g253]
+    glob253.update([any(o[1] for o in outs_g)])  # any overflow anywhere backs off the one scale
+    outs_p, inf_p = per253.roundtrip(g253)
+    per253.update(inf_p)
+    if step >= 100:  # after the scales settled
+        zeros253["global"] += [np.mean(o[0] == 0) / 100 for o in outs_g]
+        zeros253["per-group"] += [np.mean(o == 0) / 100 for o in outs_p]
+        pairs253.append((g253[2], outs_g[2][0], outs_p[2]))
+print("global scale:", glob253.get_scales(), " skipped steps:", glob253.n_skipped)
+print("per-group scales:", per253.get_scales(), " skipped steps per group:", per253.n_skipped)
+for k in zeros253:
+    print(f"{k:9s} fraction of gradients flushed to 0:",
+          ", ".join(f"{n} {z:.3f}" for n, z in zip(mags253, zeros253[k])))  # fmt: skip
+assert glob253.get_scales()[0] <= 2.0**8  # pinned low by the large group
+assert per253.get_scales()[2] >= 2.0**32 and per253.n_skipped[2] == 0  # the small group's scale grew freely
+assert zeros253["global"][2] > 0.9 and zeros253["per-group"][2] == 0.0
+assert zeros253["per-group"][0] == zeros253["global"][0]  # the large group is served the same either way
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rel253 = {
+    k: float(np.mean([np.linalg.norm(p[i] - p[0]) / np.linalg.norm(p[0]) for p in pairs253]))
+    for i, k in ((1, "global"), (2, "per-group"))
+}
+print("small group, relative error of the fp16 gradient:", {k: f"{v:.1e}" for k, v in rel253.items()})
+assert rel253["global"] > 0.9 and rel253["per-group"] < 1e-3
+
 
 # %% [markdown]
 # ## 4. Below 8 bits: FP4 E2M1, INT2, MX block scaling [Q74]
@@ -608,6 +666,97 @@ for _ in range(30):  # random layer tables: the DP always matches brute force
     assert abs(plan_recompute(A_r, F_r, M_r)["recompute"] - brute_recompute(A_r, F_r, M_r)[0]) < 1e-9
 
 # %% [markdown]
+# ### Store or recompute on several nodes: a priority with communication [Q239]
+#
+# The knapsack above prices a recomputation by its FLOPs. On a multi-node run a recomputation can also repeat a
+# collective: a tensor-parallel / sequence-parallel layer's input is all-gathered in the forward, and recomputing
+# from the sharded input repeats the all-gather in the backward. `tl.amp.recompute_priority` scores every saved
+# tensor by P = alpha * m - beta * r - gamma * c (m: MiB freed, r: recompute ms, c: extra communication ms;
+# alpha = 0.05 ms per MiB is what one MiB is worth here) and `tl.amp.select_by_priority` recomputes in decreasing
+# P until the kept bytes fit the budget. Below, one transformer block on a TP = 4 run (made-up but typical sizes)
+# under a 120 MiB budget: with gamma = 0 (the single-node rule) the all-gathered input looks nearly free (0.1 ms
+# of FLOPs) and is picked, costing a 3 ms all-gather; with gamma = 1 the rule picks the MLP GEMM output instead,
+# 0.6 ms less per step, the optimum of a brute force over all 2^7 subsets.
+
+# %%
+t239 = [  # name, MiB, recompute ms, extra communication ms
+    ("attention scores QK^T", 64, 0.5, 0.0),
+    ("softmax probabilities", 64, 0.3, 0.0),
+    ("all-gathered LN output (SP)", 48, 0.1, 3.0),
+    ("attention output proj input", 16, 2.0, 0.0),
+    ("MLP up-projection output", 64, 2.5, 0.0),
+    ("GELU output", 64, 0.2, 0.0),
+    ("all-gathered MLP input (SP)", 32, 0.1, 2.0),
+]
+m239, r239, c239 = ([row[i] for row in t239] for i in (1, 2, 3))
+budget239 = 120
+overhead239 = {}
+for gamma in (0.0, 1.0):
+    pr = amp.recompute_priority(m239, r239, c239, alpha=0.05, beta=1.0, gamma=gamma)
+    sel = amp.select_by_priority(m239, pr, budget239)
+    overhead239[gamma] = sum(r239[i] + c239[i] for i in sel["recompute"])
+    print(f"gamma {gamma}: recompute {[t239[i][0] for i in sel['recompute']]}, kept {sel['kept']} MiB, "
+          f"extra time {overhead239[gamma]:.1f} ms")  # fmt: skip
+    assert sel["kept"] <= budget239
+best239 = min(
+    sum(r239[i] + c239[i] for i in range(7) if mask >> i & 1)
+    for mask in range(1 << 7)
+    if sum(m239) - sum(m239[i] for i in range(7) if mask >> i & 1) <= budget239
+)
+print(f"brute force optimum: {best239:.1f} ms")
+assert abs(overhead239[1.0] - best239) < 1e-9 and overhead239[0.0] - overhead239[1.0] > 0.5
+
+
+# %% [markdown]
+# ### Low-rank saved activations [Q102b]
+#
+# A third way to shrink what backward keeps, next to recomputing and storing in fewer bits: a Linear layer saves
+# its input x [N, in] only for dW = g^T x, so it can save a rank-r factorisation instead. `tl.amp.lowrank_linear`
+# (a `Function`) takes the truncated SVD x ~ U_r S_r V_r^T with the smallest r whose discarded energy is within a
+# relative Frobenius tolerance, sqrt(sum_{i>r} s_i^2) / ||x||_F <= tol, keeps (N + in) r numbers instead of N in,
+# and computes dW = (g^T U_r S_r) V_r^T; dX = g W needs no x and stays exact. The weight-gradient error is bounded by
+# ||g||_2 tol ||x||_F. It pays when activations have a fast-decaying spectrum and r < N in / (N + in); it costs
+# one SVD per layer in the forward, so combine it with recomputation: factor the GEMM inputs that are expensive to
+# recompute, recompute the cheap elementwise layers, and keep exact the activations that nonlinear backwards need
+# (ReLU masks, softmax). Below:
+# the 128 ReLU outputs of 512 digit images entering the MLP's last Linear. At tol = 0.1 the factors hold under
+# half the numbers of x and dW is within 10% of the exact gradient; a tighter tol costs more rank, and at full rank
+# the factors are *larger* than x.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn.amp import lowrank_linear  # noqa: E402
+
+tl.manual_seed(0)
+mlp_lr = DigitsMLP((128,))
+x_lr = tl.Tensor(Xtr[:512].reshape(512, 64))
+with tl.no_grad():
+    h_lr = tl.relu(mlp_lr.net[1](x_lr))  # the input the last Linear saves: [512, 128]
+lin_lr, y_lr = mlp_lr.net[-1], tl.Tensor(ytr[:512])
+gw_lr, saved_lr = {}, {}
+for tol in (0.0, 0.01, 0.03, 0.1, 0.3):
+    lin_lr.zero_grad()
+    out_lr = lowrank_linear(h_lr, lin_lr.weight, lin_lr.bias, tol=tol)
+    F.cross_entropy(out_lr, y_lr).backward()
+    gw_lr[tol], saved_lr[tol] = lin_lr.weight.grad.data.copy(), out_lr.grad_fn.saved_elems
+lin_lr.zero_grad()
+F.cross_entropy(F.linear(h_lr, lin_lr.weight, lin_lr.bias), y_lr).backward()
+gw_ref = lin_lr.weight.grad.data.copy()
+n_lr, d_lr = h_lr.shape
+err_lr = {t: float(np.linalg.norm(gw_lr[t] - gw_ref) / np.linalg.norm(gw_ref)) for t in gw_lr}
+frac_lr = {t: saved_lr[t] / (n_lr * d_lr) for t in gw_lr}
+print(" tol   rank  kept/full  dW rel. error")
+for t in gw_lr:
+    print(f"{t:5.2f}  {saved_lr[t] // (n_lr + d_lr):4d}  {frac_lr[t]:9.3f}  {err_lr[t]:.2e}")
+assert err_lr[0.0] < 1e-5  # tol 0: full rank, the exact gradient (up to float32 rounding)
+assert frac_lr[0.1] < 0.5 and err_lr[0.1] < 0.1  # under half the activation memory, dW within 10%
+us_lr, vt_lr = amp.lowrank_factors(h_lr.data, 0.1)
+assert np.linalg.norm(us_lr @ vt_lr - h_lr.data) <= 0.1 * np.linalg.norm(h_lr.data) * (1 + 1e-5)  # tol honoured
+assert frac_lr[0.0] > 1  # full rank: (N + in) r > N in -- factors only pay below r = N in / (N + in)
+assert all(err_lr[a] <= err_lr[b] and frac_lr[a] >= frac_lr[b] for a, b in [(0.01, 0.03), (0.03, 0.1), (0.1, 0.3)])
+
+
+# %% [markdown]
 # ## 7. Where training memory goes: predicted vs measured [Q64] [Q119]
 #
 # `tl.memory.estimate(model, input_shape, optimizer, amp, checkpoint_segments)` is the estimator a checkpointing
@@ -750,6 +899,66 @@ assert [int(np.ceil(big[k][1]["total"] / 80e9)) for k in ("7B", "70B")] == [2, 1
 
 
 # %% [markdown]
+# ### Optimizer state in bf16 / fp16 / int8, sharded, with error feedback [Q219]
+#
+# Adam's m and v are 8 of the 16 bytes per parameter above. Sharding them over W ranks (ZeRO-1) divides that by W;
+# storing them in 16 or 8 bits halves or quarters it again -- but rounding every step *accumulates*: v is an EMA
+# with beta2 = 0.999, each step moves it by 0.1%, less than half a bf16 ulp (2^-9 relative), so round-to-nearest
+# returns the old value and v stagnates; m's small increments are lost the same way. Error feedback keeps a
+# compensation buffer e per shard (the rounding error of the stored state, itself stored in the same format) and adds
+# it back before the next update: s = dequant(s_q) + e; s = beta s + (1 - beta) x; s_q = quant(s); e = s - s_q.
+# Rounding errors are carried forward instead of lost, so small increments pile up in e until they flip s_q.
+# `tl.amp.ShardedLowPrecisionAdam(numel, state_format, error_feedback, world_size)` does this per rank on its
+# contiguous shard (int8: symmetric, one absmax scale per shard). First the mechanism on one element of v, then
+# 300 Adam steps on a fixed noisy quadratic (512 parameters, 4 shards, the same gradient noise for every run),
+# parameters compared with fp32-state Adam. With error feedback the drift is more than 100x smaller in every format
+# (about 700x in bf16, 400x in int8 here); the buffer doubles the state bytes (bf16 + e = fp32's 4 bytes but ~16
+# significant bits; int8 + e = 2 bytes + scales, half of fp32).
+
+# %%
+# v's EMA with g^2 = 1.5 from v = 1: the exact value climbs towards 1.5; stored in bf16 it never leaves 1.0
+v_true, v_q, v_ef, e_ef = 1.0, np.float32(1.0), np.float32(1.0), np.float32(0.0)
+for _ in range(200):
+    v_true = 0.999 * v_true + 0.001 * 1.5
+    v_q = amp.quantize_state(np.array([0.999 * v_q + 0.001 * 1.5], np.float32), "bf16")[0]
+    full = np.float32(0.999) * (v_ef + e_ef) + np.float32(0.001 * 1.5)
+    v_ef = amp.quantize_state(np.array([full], np.float32), "bf16")[0]
+    e_ef = amp.quantize_state(np.array([full - v_ef], np.float32), "bf16")[0]
+print(f"after 200 steps: exact v {v_true:.4f} | bf16 without feedback {v_q:.4f} | bf16 with feedback {v_ef + e_ef:.4f}")
+assert v_q == 1.0 and abs(v_ef + e_ef - v_true) < 1e-3 < v_true - 1.0
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rng219 = np.random.default_rng(219)
+n219 = 512
+A219 = rng219.standard_normal((n219, n219)).astype(np.float32) / np.sqrt(n219)
+H219 = (A219.T @ A219 + 0.1 * np.eye(n219)).astype(np.float32)
+b219 = rng219.standard_normal(n219).astype(np.float32)
+noise219 = (0.5 * rng219.standard_normal((300, n219))).astype(np.float32)
+
+
+def run219(fmt, ef):
+    th = np.zeros(n219, np.float32)
+    opt = amp.ShardedLowPrecisionAdam(n219, lr=1e-2, state_format=fmt, error_feedback=ef, world_size=4)
+    for t in range(300):
+        opt.step(th, H219 @ th - b219 + noise219[t])
+    return th, opt.state_bytes()
+
+
+ref219, bytes_fp32 = run219("fp32", False)
+drift219, bytes219 = {}, {}
+for fmt in ("bf16", "fp16", "int8"):
+    for ef in (False, True):
+        th, bytes219[fmt, ef] = run219(fmt, ef)
+        drift219[fmt, ef] = float(np.linalg.norm(th - ref219) / np.linalg.norm(ref219))
+        print(f"{fmt} error feedback {ef!s:5s}: state {bytes219[fmt, ef]:5d} B (fp32: {bytes_fp32}), "
+              f"drift ||theta - theta_fp32|| / ||theta_fp32|| = {drift219[fmt, ef]:.1e}")  # fmt: skip
+assert all(drift219[f, True] < 0.01 * drift219[f, False] for f in ("bf16", "fp16", "int8"))
+assert drift219["int8", True] < 1e-3 and drift219["int8", False] > 0.01 and bytes219["int8", True] < bytes_fp32
+assert bytes219["bf16", True] == bytes_fp32 and bytes219["bf16", False] == bytes_fp32 // 2
+
+
+# %% [markdown]
 # ## 9. Benchmark: a training step in fp32 vs bf16 autocast (tinylearn, torch, tinygrad), and a precision plan [Q105]
 #
 # `tinylearn bench amp` (timings below were taken on a shared, loaded machine). tinylearn's bf16 GEMMs are
@@ -871,6 +1080,9 @@ assert abs(peak9["tinylearn autocast bf16"] / peak9["tinylearn fp32"] - 1) < 0.1
 #   the loss by S so gradients live in fp16's range, unscale in fp32 before the step. Dynamic: Inf/NaN in any
 #   gradient -> skip the step, S /= 2; after N clean steps S *= 2; after `fallback_after` skips in a row, leave
 #   autocast and train in fp32. bf16 has fp32's range and usually needs no scaling.
+# - **Per-group scales [Q253]**: one global S is pinned by the layer with the largest gradients and flushes a
+#   layer with 1e-10-scale gradients to zero (96% of them here); one S_l per group, each with its own
+#   backoff/growth on its own overflow, keeps all of them (0% zeros, 2e-4 relative error).
 # - **Autocast [Q81]**: GEMM-like ops (matmul/linear/conv) in bf16/fp16 with fp32 accumulation; softmax,
 #   layer_norm, sum, losses, exp/log/pow in fp32 (torch's CUDA list; tinylearn adds batch_norm/mean/var); master
 #   weights and optimizer states stay fp32. bf16 = upper 16 bits of fp32, round to nearest even by adding
@@ -886,10 +1098,20 @@ assert abs(peak9["tinylearn autocast bf16"] / peak9["tinylearn fp32"] - 1) < 0.1
 #   (k = sqrt(2n)). Under a budget: greedy by memory saved per unit of recompute, or the exact knapsack DP with
 #   the recompute working set (kept + largest rebuilt). Exact only if the recomputation replays the forward's
 #   RNG and autocast state.
+# - **Store vs recompute on several nodes [Q239]**: P = alpha * memory - beta * recompute - gamma * communication;
+#   recompute in decreasing P until the budget fits. Without the gamma term a sequence-parallel all-gathered input
+#   looks free and costs a repeated all-gather (4.1 vs 3.5 ms extra per block here, 3.5 = brute-force optimum).
+# - **Low-rank saved activations [Q102b]**: a Linear needs x only for dW = g^T x; keep the truncated SVD with the
+#   smallest rank meeting a Frobenius tolerance ((N + in) r numbers), dW = (g^T U S) V^T, dX exact. On the digits
+#   MLP: tol 0.1 keeps 38% of the numbers for a 4% dW error; pays only when r < N in / (N + in).
 # - **Memory [Q64] [Q119]**: params + grads + optimizer (Adam 2x) + activations + backward workspace (gradients in
 #   flight, fp32 copies of weight grads under autocast); peak = max(backward, optimizer step). 16 bytes/param for
 #   mixed-precision Adam (7B: 107 GB, 70B: 1.1 TB before activations) -> sharding (ZeRO) + recomputation;
 #   FlashAttention removes the 5as/h attention-matrix term of the activations.
+# - **Low-precision optimizer state [Q219]**: shard m, v (ZeRO-1) and store them in bf16/fp16/int8 with an error-
+#   feedback buffer per shard (the stored state's rounding error, added back before the next update): without it
+#   v's 0.1% steps round away in bf16 and Adam drifts (int8: 4.6% from fp32-state Adam after 300 steps); with it
+#   the drift is more than 100x smaller (bf16 + buffer: fp32's bytes; int8 + buffer: half of them).
 # - **Precision as a plan [Q105]**: gate each layer's formats on measured ranges and gradient noise, rank them by
 #   measured step time, narrow them under memory pressure. bf16 saves activation bytes, not model-state bytes,
 #   and is a speed win only on hardware with bf16 units.

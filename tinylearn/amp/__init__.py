@@ -83,3 +83,23 @@ __all__ = [
     "to_bfloat16",
     "update_scale",
 ]
+
+# issue 36 Part C: per-group loss scales (Q253), low-precision sharded Adam state with error feedback (Q219),
+# low-rank saved activations (Q102b)
+from .layer_scaler import PerGroupScaler, fp16_grad_roundtrip  # noqa: E402
+from .lowprec_state import STATE_FORMATS, ShardedLowPrecisionAdam, quantize_state  # noqa: E402
+from .lowrank_act import LowRankLinear, lowrank_factors, lowrank_linear  # noqa: E402
+
+__all__ += [
+    "STATE_FORMATS",
+    "LowRankLinear",
+    "PerGroupScaler",
+    "ShardedLowPrecisionAdam",
+    "fp16_grad_roundtrip",
+    "lowrank_factors",
+    "lowrank_linear",
+    "quantize_state",
+]
+from .recompute_priority import recompute_priority, select_by_priority  # noqa: E402
+
+__all__ += ["recompute_priority", "select_by_priority"]

@@ -1,0 +1,90 @@
+"""Per-parameter-group dynamic loss scaling (``tl.amp.PerGroupScaler``) -- seed question Q253.
+
+One global loss scale S must satisfy max_l |g_l| * S < 65504 (fp16 max) for *every* layer, so a single layer
+with large gradients forces a small S, and a layer whose gradients are 1e-6 of that then sits below fp16's
+2^-25 rounding-to-zero threshold: its gradient underflows. A per-group scaler keeps one scale S_l per group
+(the gradient entering group l is multiplied by S_l, e.g. by a backward hook at the group boundary, and
+unscaled in fp32 before the step). Each group runs the GradScaler state machine on its own overflow flag:
+
+    group l overflowed:  S_l *= backoff_factor; tracker_l = 0       (only that group's step is skipped)
+    else:                tracker_l += 1; tracker_l == growth_interval -> S_l *= growth_factor; tracker_l = 0
+
+``fp16_grad_roundtrip`` models the fp16 path of one gradient: fp32 g -> fp16(g * S) -> fp32 / S, and reports
+whether it overflowed. ``PerGroupScaler.roundtrip`` applies it to every group with that group's scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .grad_scaler import update_scale
+
+__all__ = ["PerGroupScaler", "fp16_grad_roundtrip"]
+
+
+def fp16_grad_roundtrip(grad: np.ndarray, scale: float) -> tuple[np.ndarray, bool]:
+    """(fp32 gradient after ``fp16(grad * scale) / scale``, overflowed?) -- the fp16 storage of a scaled grad."""
+    if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":
+        raise ValueError(f"grad: expected a floating numpy array, got {type(grad).__name__}")
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: must be finite and > 0, got {scale}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = (grad.astype(np.float32) * np.float32(scale)).astype(np.float16)
+    overflow = not bool(np.isfinite(h).all())
+    return h.astype(np.float32) / np.float32(scale), overflow
+
+
+class PerGroupScaler:
+    """One dynamic loss scale per parameter group; each backs off / grows on its own overflow history."""
+
+    def __init__(
+        self,
+        n_groups: int,
+        init_scale: float = 65536.0,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 100,
+    ) -> None:
+        if not isinstance(n_groups, int) or n_groups < 1:
+            raise ValueError(f"n_groups: must be a positive int, got {n_groups!r}")
+        if not init_scale > 0:
+            raise ValueError(f"init_scale: must be > 0, got {init_scale}")
+        if not growth_factor > 1.0:
+            raise ValueError(f"growth_factor: must be > 1.0, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"backoff_factor: must be in (0, 1), got {backoff_factor}")
+        if not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"growth_interval: must be a positive int, got {growth_interval!r}")
+        self.scales = [np.float32(init_scale)] * n_groups
+        self.trackers = [0] * n_groups
+        self.growth_factor = np.float32(growth_factor)
+        self.backoff_factor = np.float32(backoff_factor)
+        self.growth_interval = growth_interval
+        self.n_skipped = [0] * n_groups
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.scales)
+
+    def get_scales(self) -> list[float]:
+        return [float(s) for s in self.scales]
+
+    def roundtrip(self, grads: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[bool]]:
+        """Each group's gradient through fp16 at its own scale: (unscaled fp32 gradients, overflow flags)."""
+        if len(grads) != self.n_groups:
+            raise ValueError(f"grads: expected {self.n_groups} group gradients, got {len(grads)}")
+        out = [fp16_grad_roundtrip(g, float(s)) for g, s in zip(grads, self.scales)]
+        return [o[0] for o in out], [o[1] for o in out]
+
+    def update(self, found_inf: Sequence[bool]) -> None:
+        """Per group: back off on its overflow, grow after ``growth_interval`` clean steps of that group."""
+        if len(found_inf) != self.n_groups:
+            raise ValueError(f"found_inf: expected {self.n_groups} flags, got {len(found_inf)}")
+        for i, bad in enumerate(found_inf):
+            self.n_skipped[i] += bool(bad)
+            self.scales[i], self.trackers[i] = update_scale(
+                self.scales[i], self.trackers[i], bool(bad), self.growth_factor, self.backoff_factor,
+                self.growth_interval,
+            )  # fmt: skip
