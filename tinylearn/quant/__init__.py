@@ -132,3 +132,7 @@ __all__ += [
     "KernelAutotuner",
     "int8_gemm_autotuner",
 ]
+
+from .pareto import BitCostModel, bit_width_search, dominates, enumerate_bit_configs, layer_profile, pareto_front  # noqa: E402
+
+__all__ += ["pareto_front", "dominates", "enumerate_bit_configs", "BitCostModel", "layer_profile", "bit_width_search"]
