@@ -224,10 +224,17 @@ TOPICS: tuple[Topic, ...] = (
         "Mixed precision and training memory: autocast, loss scaling, FP4/INT2/MX, checkpointing, memory estimate",
         ("amp",),
         "11_mixed_precision_memory",
-        ("test_amp", "test_amp_formats", "test_checkpoint", "test_memory_estimate", "test_amp_more"),
+        (
+            "test_amp",
+            "test_amp_formats",
+            "test_checkpoint",
+            "test_memory_estimate",
+            "test_amp_more",
+            "test_amp_saved_precision",
+        ),
         "tinylearn.amp.bench",
         aliases=("mixed_precision", "autocast"),
-        questions="64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 253",
+        questions="64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 250, 253",
     ),
 )
 

@@ -541,8 +541,10 @@ assert other.order == ("tp", "dp", "pp") and other.levels == {"tp": "nvlink", "d
 # `torch.distributed.tensor.parallel` (DTensor on a CPU device mesh over gloo), and unsplit in one process. Medians
 # of 3 steps of the slowest rank; tinygrad has no multi-process collectives or process groups, so it has no
 # ZeRO or TP column to fill. torch's TP computes the same output as the dense MLP (fp32 rounding); tinylearn's
-# ZeRO-3 is slower than ZeRO-1 (asserted: by more than 1.2x, a margin a loaded 2-core box keeps): it all-gathers
-# every layer's parameters in forward and again in backward, many small latency-bound messages.
+# ZeRO-3 all-gathers every layer's parameters in forward and again in backward: 1.5x the communication volume of
+# stages 1-2 (§1), in many small latency-bound messages. What that costs in time on 2 ranks of a small MLP depends
+# on the load of this 2-core box (about as fast as ZeRO-1 when quiet, several times slower when loaded), so the
+# timing assert is only that stage 3 is never faster than stage 1 beyond timing noise (more than 0.8x).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -567,7 +569,7 @@ ax.set_xticks(list(xs), [r[0] for r in table], rotation=15, fontsize=8)
 ax.set_ylabel("ms (2 gloo ranks)")
 ax.legend()
 assert bt.get("torch_tp_maxdiff", 1.0) < 1e-5, bt.get("torch_tp_error")  # torch TP == dense MLP
-assert bz["tl ZeRO-3"] > 1.2 * bz["tl ZeRO-1"]  # stage 3's per-layer all-gathers
+assert bz["tl ZeRO-3"] > 0.8 * bz["tl ZeRO-1"]  # the extra all-gathers never make a step faster
 
 # %% [markdown]
 # ## 7. Fault tolerance: how often to checkpoint [Q207]

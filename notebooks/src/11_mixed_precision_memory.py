@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 11 · Mixed precision and training memory: autocast, loss scaling, FP4/INT2/MX, checkpointing, a memory model
 #
-# **Interview questions this notebook answers** (seed 003: 64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 253):
+# **Interview questions this notebook answers** (seed 003: 64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 250, 253):
 #
 # 1. Why does fp16 training need loss scaling, and how does a dynamic loss scaler decide the scale?
 #    [Q81] How is a NaN/Inf step detected, skipped, and -- after N in a row -- answered by falling back to fp32?
@@ -17,6 +17,7 @@
 #    unit of recompute; exact knapsack DP with the recompute working set)? [Q239] On several nodes, how does a
 #    priority alpha*m - beta*r - gamma*c weigh the communication a recomputation repeats? [Q102b] How much does saving a
 #    low-rank factorisation of an activation instead of the activation save, for what gradient error?
+#    [Q250] Which saved activations to keep in fp32, bf16 or int8 under a byte budget, by gradient sensitivity?
 # 6. [Q64] [Q119] How much memory does training take? Params, grads, Adam states, activations, backward workspace
 #    -- for the digits MLP/CNN and TinyGPT here (predicted vs measured, fp32 and bf16, SGD and Adam) and for 7B /
 #    70B models (with and without FlashAttention). [Q219] How do you keep sharded Adam states in bf16/fp16/int8
@@ -708,6 +709,75 @@ assert abs(overhead239[1.0] - best239) < 1e-9 and overhead239[0.0] - overhead239
 
 
 # %% [markdown]
+# ### Which saved activations stay in high precision under a memory budget [Q250]
+#
+# Between keeping an activation in fp32 and recomputing it there is a third choice: keep it in fewer bits. A Linear
+# layer keeps its input x only for dW = g^T x, so storing x as q(x) adds the error g^T (x - q(x)) to dW: the
+# layer's *gradient sensitivity* (how large its g is) times the *quantization error* of the format. Backward
+# through the other layers does not read that x (dX = g W), so each layer's error lands in its own dW and the
+# errors add up. The policy: measure the error each layer adds in each format (one backward per layer and format,
+# which includes whatever accumulates through the graph), then choose one format per layer minimising the summed
+# error under the byte budget — a multiple-choice knapsack, exact by enumeration for a few layers
+# (`tl.amp.plan_saved_precision`); `tl.amp.quant_saved_linear` stores the saved input in bf16 or int8 (one absmax
+# scale). Below: an MLP 64-128-128-64-10 after one epoch on the digits, 512 images, formats fp32 / bf16 / int8.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (gradient errors come from float32 BLAS products: the values depend on the CPU path; the asserts do not)
+tl.manual_seed(0)
+mlp_sp = DigitsMLP((128, 128, 64))
+opt_sp = tl.optim.Adam(mlp_sp.parameters(), lr=1e-2)
+for xb_, yb_ in tl.data.DataLoader(Xtr, ytr, batch_size=128, shuffle=True, seed=3):  # one epoch: real gradients
+    opt_sp.zero_grad()
+    F.cross_entropy(mlp_sp(tl.Tensor(xb_)), tl.Tensor(yb_)).backward()
+    opt_sp.step()
+lins_sp = [m for m in mlp_sp.net if isinstance(m, tl.nn.Linear)]
+x_sp, y_sp = tl.Tensor(Xtr[:512].reshape(512, 64)), tl.Tensor(ytr[:512])
+
+
+def grads_sp(fmts):
+    """Weight gradients of every Linear when layer i's saved input is stored in fmts[i]; and the bytes kept."""
+    mlp_sp.zero_grad()
+    h, i, kept = x_sp, 0, 0
+    for m in mlp_sp.net:
+        if isinstance(m, tl.nn.Linear):
+            h = amp.quant_saved_linear(h, m.weight, m.bias, fmt=fmts[i])
+            kept, i = kept + h.grad_fn.saved_bytes, i + 1
+        elif not isinstance(m, tl.nn.Flatten):
+            h = m(h)
+    F.cross_entropy(h, y_sp).backward()
+    return [lin.weight.grad.data.copy() for lin in lins_sp], kept
+
+
+ref_sp, bytes32 = grads_sp(["fp32"] * 4)
+norm2_sp = sum(float(np.sum(g**2)) for g in ref_sp)
+
+
+def rel_err_sp(gs):  # squared relative error of all weight gradients together
+    return sum(float(np.sum((g - r) ** 2)) for g, r in zip(gs, ref_sp)) / norm2_sp
+
+
+fmts_sp = ("fp32", "bf16", "int8")
+errors_sp = [{f: rel_err_sp(grads_sp(["fp32"] * i + [f] + ["fp32"] * (3 - i))[0]) for f in fmts_sp} for i in range(4)]
+sizes_sp = [lin.weight.shape[1] * 512 for lin in lins_sp]
+print("layer  saved elems  dW error bf16  dW error int8   (squared, relative to all weight gradients)")
+for i, e in enumerate(errors_sp):
+    print(f"{i:5d}  {sizes_sp[i]:11d}  {e['bf16']:13.2e}  {e['int8']:13.2e}")
+int8_all = rel_err_sp(grads_sp(["int8"] * 4)[0])
+for frac in (0.5, 0.35, 0.3):
+    plan_sp, pbytes, pred = amp.plan_saved_precision(sizes_sp, errors_sp, frac * bytes32)
+    gs_sp, kept_sp = grads_sp(plan_sp)
+    meas = rel_err_sp(gs_sp)
+    print(f"budget {frac:.2f}: {plan_sp} kept {kept_sp / bytes32:.3f} of fp32, error {meas:.2e} (predicted {pred:.2e})")
+    assert kept_sp == pbytes <= frac * bytes32 and abs(meas - pred) <= 1e-3 * pred + 1e-15  # the errors add up
+    if frac < 0.5:  # below 2 bytes per element only all-int8 fits uniformly
+        print(f"  all int8 ({0.25:.2f} of fp32): error {int8_all:.2e}, {int8_all / meas:.1f}x the plan's")
+        assert meas < 0.5 * int8_all and plan_sp[3] != "int8"  # the most sensitive layer (the logits') stays wide
+assert errors_sp[0]["bf16"] == 0.0  # the input pixels are integers 0..16: exact in bf16
+assert all(e["int8"] > e["bf16"] >= e["fp32"] == 0.0 for e in errors_sp[1:])
+
+
+# %% [markdown]
 # ### Low-rank saved activations [Q102b]
 #
 # A third way to shrink what backward keeps, next to recomputing and storing in fewer bits: a Linear layer saves
@@ -1101,6 +1171,10 @@ assert abs(peak9["tinylearn autocast bf16"] / peak9["tinylearn fp32"] - 1) < 0.1
 # - **Store vs recompute on several nodes [Q239]**: P = alpha * memory - beta * recompute - gamma * communication;
 #   recompute in decreasing P until the budget fits. Without the gamma term a sequence-parallel all-gathered input
 #   looks free and costs a repeated all-gather (4.1 vs 3.5 ms extra per block here, 3.5 = brute-force optimum).
+# - **Saved activations in mixed precision [Q250]**: storing a Linear's saved input in fewer bits adds
+#   g^T (x - q(x)) to its dW only, so per-layer errors add up; measure each (layer, format) once and solve the
+#   multiple-choice knapsack under the byte budget. Below 2 bytes per element the plan keeps the logits layer's
+#   input wider than int8 and beats all-int8 by more than 2x in gradient error (asserted).
 # - **Low-rank saved activations [Q102b]**: a Linear needs x only for dW = g^T x; keep the truncated SVD with the
 #   smallest rank meeting a Frobenius tolerance ((N + in) r numbers), dW = (g^T U S) V^T, dX exact. On the digits
 #   MLP: tol 0.1 keeps 38% of the numbers for a 4% dW error; pays only when r < N in / (N + in).

@@ -103,3 +103,12 @@ __all__ += [
 from .recompute_priority import recompute_priority, select_by_priority  # noqa: E402
 
 __all__ += ["recompute_priority", "select_by_priority"]
+from .saved_precision import (  # noqa: E402
+    FORMAT_BYTES,
+    QuantSavedLinear,
+    plan_saved_precision,
+    quant_saved_linear,
+    quantize_saved,
+)
+
+__all__ += ["FORMAT_BYTES", "QuantSavedLinear", "plan_saved_precision", "quant_saved_linear", "quantize_saved"]
