@@ -3,6 +3,8 @@ and strided layouts; ISA paths; packing; roofline; machine_peak; validation erro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -319,7 +321,7 @@ def test_wavefronts() -> None:
 def test_trace_mirrors_current_sources(kernel: str) -> None:
     from tinylearn.gemm import cuda_trace
 
-    present = cuda_trace.source_lines_present(kernel)
+    present = cuda_trace.source_lines_present(kernel, Path(__file__).resolve().parents[1] / "cuda_src")
     assert present and all(present.values()), present
 
 

@@ -622,6 +622,7 @@ assert legacy_pools == {"Im2colMaxPool2d"} and tl.optim.SGD._omp_kw == {} and AB
 # threads: ≈ 1.3x torch before, ≈ 1.1x after (asserted below 1.45 and 1.15).
 
 # %%
+# stable-output: recorded timings typed into RECORDED with their load, printed as a table, not measured here
 RECORDED = {  # (kind, threads, path): {"tinylearn": (fwd, bwd, opt) ms, "torch": (fwd, bwd, opt) ms}, load in note
     ("mlp", 1, "before"): {"tinylearn": (2.43, 2.66, 0.27), "torch": (2.23, 3.17, 0.58)},  # load 1.7
     ("mlp", 2, "before"): {"tinylearn": (3.74, 6.37, 3.80), "torch": (2.06, 7.10, 0.93)},  # load 1.5

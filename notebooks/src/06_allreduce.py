@@ -53,6 +53,7 @@ print(tl.dist.ALGORITHMS)
 # model therefore moves ~8 GB per rank per step; at 25 GB/s that is ~0.3 s, comparable to the compute of a step.
 
 # %%
+# stable-output: the alpha-beta cost model's predictions for fixed alpha and beta, no measurement
 for params in (125e6, 1.3e9, 7e9):
     n = 4 * params
     t = cost_model.predict("ring", n, 64, alpha_s=5e-6, beta_s_per_byte=1 / 25e9)
@@ -428,6 +429,7 @@ assert fastest > 50e-6  # > 10x a few-us RDMA latency: kernel, copies and wake-u
 # needs 2(k+m−2) instead of 2(p−1) latencies.
 
 # %%
+# stable-output: the event simulator and the alpha-beta model on fixed constants, no timing
 topo = tl.dist.TwoLevel(node_size=8)
 ps = [8, 16, 32, 64, 128, 256, 512, 1024]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -479,6 +481,7 @@ assert small["hierarchical"] > 10 * min(small["tree"], small["halving_doubling"]
 
 
 # %%
+# stable-output: ring times of a fixed cost matrix (a model), exact heuristic and orders
 p_het, chunk = 16, (64 << 20) / 16
 rack = np.arange(p_het) % 4
 inter_gbs = np.array([[0, 12.5, 25, 25], [12.5, 0, 25, 25], [25, 25, 0, 12.5], [25, 25, 12.5, 0]])  # 0-1, 2-3 slow
@@ -572,6 +575,7 @@ assert runs[True][0]["bytes_sent"] == runs[False][0]["bytes_sent"]  # overlap ch
 
 
 # %%
+# stable-output: the overlap model's step times for fixed constants, no timing
 def overlap_step(b, buckets, c):
     t, done = 0.0, {}
     for i in reversed(range(len(b))):  # backward: last layer first
@@ -652,6 +656,7 @@ assert abs(comp["int8"]["losses"][-1] - single["losses"][-1]) < 0.1  # int8 + er
 
 
 # %%
+# stable-output: the chunking model on a fixed bandwidth trace, deterministic
 def congested(t):
     return (25e9, 5e-3) if t < 5e-3 else (2.5e9, 12e-3) if t < 12e-3 else (25e9, float("inf"))
 
@@ -1113,6 +1118,7 @@ assert t1 < 0.57 * t0  # the relay's output is the bottleneck: (1 + p/2) / (1 + 
 # within 2% of the best fixed size: there, per-level sizes mostly buy not having to search for one.
 
 # %%
+# stable-output: the multi-hop pipeline model on fixed link constants, no timing
 from tinylearn.dist.multihop_chunks import Hop, adaptive_chunks, pipeline_time  # noqa: E402
 
 gather_g = [

@@ -180,6 +180,7 @@ assert 2 / 24 < peak["gflops_fp32"] / peak["bandwidth_gbs"]
 # does at most 2 FMAs + 2–3 loads + 1 store per cycle.
 
 # %%
+# stable-output: instruction counts and model intensities of a fixed 100 GFLOP/s / 10 GB/s machine
 mr, nr = 6, 16
 mem_ops_simd = (mr + 2) / (mr * nr // 8)
 print(

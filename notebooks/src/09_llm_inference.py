@@ -904,6 +904,7 @@ assert p99["urgency"][2] > p99["edf"][2] and p99["urgency"][0] < p99["edf"][0] /
 # device (no occupancy estimate).
 
 # %%
+# stable-output: a roofline-style footprint model and a seeded simulation, no timing
 kinds = [
     ("7B decode b=8", estimate_footprint(8, 7e9, 4096), 0.03),
     ("1B embed b=16", estimate_footprint(16, 1e9, 2048), 0.01),

@@ -272,6 +272,7 @@ for weight in (0.0, 3e4):
 # re-derives B_i from the transfer times it observed (every 20 microbatches) restores the full rate.
 
 # %%
+# stable-output: Little's-law depths and a deterministic stream simulation, no timing
 t_ms = [1.0, 1.2, 0.8, 1.0]
 links = [(0.005, 1 / 100e6), (0.02, 1 / 12.5e6), (0.05, 1 / 2.5e6)]  # (alpha ms, beta ms per byte)
 act = 8_000_000
@@ -661,6 +662,9 @@ ax.legend(fontsize=8)
 # a poor Hessian for least squares.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (200-step simulations through numpy BLAS: the last digits, and a diverging run's value, depend on the CPU path;
+# the asserts below hold on every path)
 print("weights at tau = 0, 1, 4, 8:")
 for rule in par.RULES:
     print(f"  {rule:9s}", [round(par.staleness_weight(t, rule), 3) for t in (0, 1, 4, 8)])

@@ -632,6 +632,7 @@ assert rck["tinygrad"].median_ms is None and rck["tinygrad"].note.startswith("n/
 # Both live in `tinylearn.memory.estimate`; below they are checked against brute force over all 2^n subsets.
 
 # %%
+# stable-output: made-up tensor sizes and recompute costs, exact greedy / DP / brute force
 from tinylearn.memory.estimate import greedy_recompute, plan_recompute  # noqa: E402
 
 
@@ -680,6 +681,7 @@ for _ in range(30):  # random layer tables: the DP always matches brute force
 # 0.6 ms less per step, the optimum of a brute force over all 2^7 subsets.
 
 # %%
+# stable-output: a made-up table of sizes and costs, exact priority and brute force
 t239 = [  # name, MiB, recompute ms, extra communication ms
     ("attention scores QK^T", 64, 0.5, 0.0),
     ("softmax probabilities", 64, 0.3, 0.0),

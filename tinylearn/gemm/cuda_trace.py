@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .._resources import cuda_source
 from . import gpu_model
 
 BM = BN = 64
 BK = 16
 TM = TN = 4
 KERNELS = ("naive", "smem", "regtile", "vec4")
-CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 
 
 @dataclass(frozen=True)
@@ -178,9 +178,14 @@ def trace(kernel: str, fixed: bool = True) -> dict[str, dict]:
     return out
 
 
-def source_lines_present(kernel: str) -> dict[str, bool]:
-    """Whether each access's mirrored source line occurs verbatim in cuda_src/gemm_<kernel>.cu (fixed layout)."""
-    text = (CUDA_SRC / f"gemm_{kernel}.cu").read_text()
+def source_lines_present(kernel: str, src_dir: str | Path | None = None) -> dict[str, bool]:
+    """Whether each access's mirrored source line occurs verbatim in cuda_src/gemm_<kernel>.cu (fixed layout).
+
+    ``src_dir``: the folder of the .cu files (default: the CUDA sources tinylearn ships, ``_resources.cuda_source``)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    path = Path(src_dir) / f"gemm_{kernel}.cu" if src_dir is not None else cuda_source(f"gemm_{kernel}")
+    text = path.read_text()
     return {a.name: a.source in text for a in accesses(kernel, fixed=True)}
 
 
