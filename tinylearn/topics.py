@@ -18,12 +18,24 @@ class Topic:
     title: str
     packages: tuple[str, ...]  # tinylearn subpackages this topic owns
     exercises: str | None  # exercises/<exercises>/ (None: no exercise folder)
-    tests: tuple[str, ...]  # tests/<name>.py modules
+    tests: tuple[str, ...]  # test modules, in tests/<name>/<module>.py
     bench: str | None  # module defining run(full=False, progress=None) -> list[Table]
     cpp: tuple[str, ...] = ()  # cpp_src/ files (globs allowed)
     cuda: tuple[str, ...] = ()  # cuda_src/ files (globs allowed)
     aliases: tuple[str, ...] = ()
     questions: str = ""  # seed question numbers the notebook answers (the README map's column)
+    # test modules run by the sanitizer job (tools/sanitize_all.sh) against the ASan/UBSan build of _C: None = all of
+    # them when the topic has C++ sources, none otherwise; a tuple names the ones that reach C++
+    sanitize: tuple[str, ...] | None = None
+
+    def sanitized_tests(self) -> tuple[str, ...]:
+        """The test files (paths) the sanitizer job runs for this topic."""
+        mods = self.sanitize if self.sanitize is not None else (self.tests if self.cpp else ())
+        return tuple(f"tests/{self.name}/{m}.py" for m in mods)
+
+    def test_paths(self) -> tuple[str, ...]:
+        """The test files, relative to the repository root."""
+        return tuple(f"tests/{self.name}/{m}.py" for m in self.tests)
 
     @property
     def number(self) -> str:
@@ -40,11 +52,26 @@ TOPICS: tuple[Topic, ...] = (
         "Tour: roofline and honest benchmarking",
         ("bench", "testing"),
         None,
-        ("test_foundation", "test_api_surface", "test_roofline", "test_question_index", "test_bench_record"),
+        (
+            "test_foundation",
+            "test_api_surface",
+            "test_roofline",
+            "test_question_index",
+            "test_bench_record",
+            "test_cpu_dispatch",
+            "test_input_policy",
+            "test_lab",
+            "test_notebook_markers",
+            "test_packaging",
+        ),
         "tinylearn.bench.matmul",
         ("machine.cpp",),
         aliases=("matmul",),
         questions="—",
+        sanitize=(
+            "test_cpu_dispatch",
+            "test_roofline",
+        ),
     ),
     Topic(
         "autograd",
@@ -65,6 +92,15 @@ TOPICS: tuple[Topic, ...] = (
         ("optim*.cpp",),
         aliases=("autodiff",),
         questions="4, 17, 18, 24, 34, 70, 93",
+        sanitize=(
+            "test_autograd",
+            "test_nn",
+            "test_optim",
+            "test_data",
+            "test_ops_breadth",
+            "test_ops_modules",
+            "test_relu_kernel",
+        ),
     ),
     Topic(
         "conv",
@@ -85,6 +121,14 @@ TOPICS: tuple[Topic, ...] = (
         ("conv_*.cpp",),
         aliases=("im2col",),
         questions="2, 22, 32, 98, 103, 144",
+        sanitize=(
+            "test_conv",
+            "test_conv_im2col",
+            "test_conv_implicit",
+            "test_conv_nn",
+            "test_conv_deformable",
+            "test_ops_spatial",
+        ),
     ),
     Topic(
         "quant",
@@ -105,6 +149,12 @@ TOPICS: tuple[Topic, ...] = (
         ("quant_*.cu",),
         aliases=("quantization",),
         questions="3, 13, 21, 44, 45, 51, 65, 66, 74, 80, 84, 130, 148, 156, 180, 190, 196, 208, 238",
+        sanitize=(
+            "test_quant",
+            "test_quant_fp8",
+            "test_quant_gemm",
+            "test_quant_ptq",
+        ),
     ),
     Topic(
         "prune",
@@ -118,6 +168,11 @@ TOPICS: tuple[Topic, ...] = (
         ("sparse_*.cu",),
         aliases=("pruning", "sparse"),
         questions="26, 46, 95, 97, 128, 152, 167, 173, 184, 187, 197",
+        sanitize=(
+            "test_prune",
+            "test_sparse",
+            "test_prune_rigl",
+        ),
     ),
     Topic(
         "kernels",
@@ -136,12 +191,21 @@ TOPICS: tuple[Topic, ...] = (
             "test_kernels_traffic",
             "test_flash_cpu",
             "test_kernels_split",
+            "test_cuda_compile",
+            "test_vec_math",
         ),
         "tinylearn.kernels.bench",
         ("kernels*.cpp", "flash_attention_simd.inc"),
         ("kernels_*.cu", "vector_reduce.cu"),
         aliases=("fused_kernels",),
         questions="5, 13, 17, 18, 31, 54, 55, 69, 72, 79, 101, 205",
+        sanitize=(
+            "test_kernels",
+            "test_kernels_cpu",
+            "test_kernels_torch",
+            "test_flash_cpu",
+            "test_vec_math",
+        ),
     ),
     Topic(
         "dist",
@@ -182,17 +246,12 @@ TOPICS: tuple[Topic, ...] = (
         ("memory_*.cu",),
         aliases=("memory_pools",),
         questions="14, 27, 37, 49, 59, 76, 88b, 217, 222",
-    ),
-    Topic(
-        "parallel",
-        "10_parallel_training",
-        "Parallel training: ZeRO, tensor and pipeline parallelism, 3D planning",
-        ("parallel",),
-        "10_parallel_training",
-        ("test_parallel", "test_parallel_dist", "test_parallel_more", "test_parallel_staleness"),
-        "tinylearn.parallel.bench",
-        aliases=("parallel_training", "zero", "pipeline"),
-        questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 176, 185, 207, 240, 252, 255",
+        sanitize=(
+            "test_memory",
+            "test_memory_planner",
+            "test_memory_compaction",
+            "test_memory_fastpath",
+        ),
     ),
     Topic(
         "gemm",
@@ -206,6 +265,7 @@ TOPICS: tuple[Topic, ...] = (
         ("gemm_*.cu",),
         aliases=("matmul_ladder",),
         questions="3, 5, 7, 11, 23, 50, 51, 55, 56, 63, 77, 226",
+        sanitize=("test_gemm",),
     ),
     Topic(
         "inference",
@@ -217,6 +277,21 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.inference.bench",
         aliases=("llm_inference", "serving"),
         questions="17, 106, 107, 114, 124, 133, 137, 155, 203, 247",
+        sanitize=(
+            "test_inference",
+            "test_inference_paged",
+        ),
+    ),
+    Topic(
+        "parallel",
+        "10_parallel_training",
+        "Parallel training: ZeRO, tensor and pipeline parallelism, 3D planning",
+        ("parallel",),
+        "10_parallel_training",
+        ("test_parallel", "test_parallel_dist", "test_parallel_more", "test_parallel_staleness"),
+        "tinylearn.parallel.bench",
+        aliases=("parallel_training", "zero", "pipeline"),
+        questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 176, 185, 207, 240, 252, 255",
     ),
     Topic(
         "amp",
@@ -235,8 +310,28 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.amp.bench",
         aliases=("mixed_precision", "autocast"),
         questions="64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 250, 253",
+        sanitize=(
+            "test_amp",
+            "test_amp_formats",
+            "test_checkpoint",
+        ),
     ),
 )
+
+
+# cross-topic suites in tests/common/ (no single topic owns them): why each is exempt from a row
+COMMON_TESTS: dict[str, str] = {
+    "test_bad_input": "bad-input probes across every topic's public functions (one process per probe)",
+    "test_bad_input_topics": "the bad-input cases of each topic package, driven by this table",
+    "test_properties": "hypothesis property tests over conv, kernels, sparse, quant, gemm and the allocators",
+}
+
+
+def sanitizer_tests() -> list[str]:
+    """Every test file the sanitizer job runs: each row's C++-reaching modules, then the common suites that probe
+    the C++ kernels (bad input, properties)."""
+    out = [path for t in TOPICS for path in t.sanitized_tests()]
+    return out + ["tests/common/test_bad_input.py", "tests/common/test_properties.py"]
 
 
 def all_topics() -> tuple[Topic, ...]:

@@ -14,7 +14,7 @@ The index sits between two markers in README.md; nothing else in the README is t
 
 Usage: ``python tools/question_index.py`` rewrites the index and prints the coverage; ``--check`` exits 1 when the
 README is out of date, or when a question that tinylearn/topics.py cites for a topic (its ``questions`` field) has
-no tagged section in that topic's notebook (tests/test_question_index.py runs it). ``--audit`` lists every tag with
+no tagged section in that topic's notebook (tests/tour/test_question_index.py runs it). ``--audit`` lists every tag with
 the tinylearn functions its section calls and the asserts that check it, and exits 1 for a tag whose section calls
 no tinylearn function or asserts nothing (the mechanical half of the four-part rule in DESIGN.md: a tag promises
 that the section states the answer, implements it in tinylearn, measures or checks it, and asserts the claim).

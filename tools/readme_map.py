@@ -7,7 +7,7 @@ The table sits between two markers in README.md; nothing else in the README is t
     <!-- curriculum-map:end -->
 
 Usage: ``python tools/readme_map.py`` rewrites the map; ``--check`` exits 1 (printing the expected table) when the
-README is out of date, which tests/test_foundation.py runs.
+README is out of date, which tests/tour/test_foundation.py runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sanitizer job: build tinylearn._C with -fsanitize=address,undefined -D_GLIBCXX_ASSERTIONS into a separate build
 # dir (the project's .venv build is untouched), overlay it on a copy of the Python package and run the unit tests
-# of the C++-backed topics against it. Usage: tools/sanitize_all.sh [pytest args]   (default: the C++ topic tests)
+# of the C++-backed topics against it. Usage: tools/sanitize_all.sh [pytest args]   (default: the C++ topic tests,
+# tinylearn.topics.sanitizer_tests())
 # Env: SAN_BUILD (default <checkout>/build/sanitize: per checkout, git-ignored), JOBS (default nproc).
 # A CMake cache in SAN_BUILD that was generated from another source tree (another checkout) is wiped first.
 set -euo pipefail
@@ -37,19 +38,10 @@ libasan=$(g++ -print-file-name=libasan.so)
 libubsan=$(g++ -print-file-name=libubsan.so)
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-  tests=(tests/test_conv.py tests/test_kernels.py tests/test_kernels_cpu.py tests/test_sparse.py tests/test_memory.py
-    tests/test_quant.py tests/test_gemm.py tests/test_optim.py tests/test_bad_input.py tests/test_properties.py
-    tests/test_quant_gemm.py tests/test_conv_im2col.py tests/test_conv_implicit.py tests/test_vec_math.py tests/test_cpu_dispatch.py
-    tests/test_flash_cpu.py tests/test_quant_fp8.py tests/test_memory_fastpath.py tests/test_nn.py tests/test_relu_kernel.py
-    # the Python-level suites that reach the C++ kernels through autograd/nn/quant/memory (~60 s more)
-    tests/test_autograd.py tests/test_conv_nn.py tests/test_conv_deformable.py tests/test_ops_breadth.py
-    tests/test_ops_modules.py tests/test_ops_spatial.py tests/test_quant_ptq.py tests/test_inference.py
-    tests/test_inference_paged.py tests/test_amp.py tests/test_amp_formats.py tests/test_prune.py tests/test_prune_rigl.py
-    tests/test_memory_compaction.py tests/test_memory_planner.py tests/test_kernels_torch.py tests/test_data.py
-    tests/test_checkpoint.py
-    -q -x -p no:cacheprovider
-    # nvcc is not an ASan binary and segfaults with libasan preloaded; the .cu compile checks do not touch _C
-    -k "not kernel_compiles")
+  # the C++-reaching test modules of every topic row (tinylearn.topics.sanitizer_tests: the table decides)
+  mapfile -t tests < <(cd "$root" && "$py" -c "from tinylearn import topics; print(*topics.sanitizer_tests(), sep='\n')")
+  # nvcc is not an ASan binary and segfaults with libasan preloaded; the .cu compile checks do not touch _C
+  tests+=(-q -x -p no:cacheprovider -k "not kernel_compiles")
 fi
 cd "$root"
 # sanitizer options; pytest runs with --capture=sys: its default fd capture would swallow a report written to fd 2

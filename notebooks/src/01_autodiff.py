@@ -737,7 +737,7 @@ assert abs(loss_torch[0] - np.log(V_TOK)) < 0.5 and loss_torch[-1] < 0.2 * loss_
 # two curves agree to within 1 % at every step (both asserted; the printed maximum relative difference is float32
 # rounding, accumulated through 40 Adam steps). The pieces this needed beyond the MLP — `nn.MultiheadAttention`,
 # `nn.TransformerEncoderLayer`, `Embedding`, `triu`, bool masks, `load_state_dict` from torch — are tested op by op
-# against torch in `tests/test_ops_modules.py` and `tests/test_ops_breadth.py`.
+# against torch in `tests/autograd/test_ops_modules.py` and `tests/autograd/test_ops_breadth.py`.
 
 # %% [markdown]
 # ## Recap: interview answers

@@ -143,7 +143,7 @@ assert round(best_clip[("gaussian", 4)], 2) == 0.50 and round(best_clip[("heavy-
 # (TensorRT entropy calibration) minimises $KL(P\,\|\,Q)$ between the clipped reference histogram $P$ and its
 # 128-level quantized version $Q$. The threshold for candidate $i$ is `edges[i]`, the *upper edge* of the last
 # kept bin — taking a bin centre (or $i+1$) misaligns threshold and histogram, one of the seed's errors.
-# MinMax / MovingAverage / PerChannel observers match torch's qparams exactly (tests/test_quant.py).
+# MinMax / MovingAverage / PerChannel observers match torch's qparams exactly (tests/quant/test_quant.py).
 
 # %%
 observers = {
@@ -723,7 +723,7 @@ for bits in (8, 7):
 # steps (its int16 pair sums saturated); with VNNI its kernels accumulate in int32 and the 8-bit row is expected to
 # be exact up to requantization ties. So this cell's numbers are machine-specific and not compared by nbval; its
 # asserts hold on every CPU: tinylearn equals the oracle bit for bit on every int8 path, and fbgemm is exact with
-# 7-bit activations. (tests/test_quant_ptq.py checks the same, also for Conv2d.)
+# 7-bit activations. (tests/quant/test_quant_ptq.py checks the same, also for Conv2d.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1640,7 +1640,7 @@ plt.show()
 #
 # | seed claim | correct statement | where it is checked |
 # |---|---|---|
-# | E4M3 max is 2⁸·(1 + 7/8) = 448 | the number is right, the derivation is not: 2⁸·(1 + 7/8) = 480 is the code s.1111.111, which is NaN; the max is s.1111.110 = 1.75·2⁸ = **448** (240 would be an IEEE-style E4M3 with inf) | §4 asserts, tests/test_quant_fp8.py |
+# | E4M3 max is 2⁸·(1 + 7/8) = 448 | the number is right, the derivation is not: 2⁸·(1 + 7/8) = 480 is the code s.1111.111, which is NaN; the max is s.1111.110 = 1.75·2⁸ = **448** (240 would be an IEEE-style E4M3 with inf) | §4 asserts, tests/quant/test_quant_fp8.py |
 # | 0x7F / 0xFF saturate to the max | 0x7F / 0xFF are the **only NaN codes**; saturation goes to 0x7E / 0xFE (±448), which is what torch's cast does | §4, bit-exact vs torch |
 # | round the mantissa, keep the exponent | rounding **carries** into the exponent (1.9375 → 2.0 = 0x40); subnormals round on the fixed 2⁻⁹ grid | §4, all 2¹⁶ high halves vs torch |
 # | fake-quant gradient is round()'s derivative (0) / no estimator | **STE**: gradient 1 inside [qmin, qmax], 0 where clipped; LSQ adds d/ds | §6 asserts equality with torch's backward |

@@ -109,7 +109,7 @@ print(
 # Every algorithm against `dist.all_reduce` (gloo) on 3 ranks — a world size that is not a power of two, with a
 # length (1001) not divisible by 3. Integer-valued data must match **exactly**; random fp32 data differs only by
 # summation order (a few ulps), and each algorithm gives bitwise-identical results on all ranks.
-# (The full grid — sizes 0, 1, primes × 7 dtypes × ops × world sizes 1–4 — is `tests/test_dist.py`.)
+# (The full grid — sizes 0, 1, primes × 7 dtypes × ops × world sizes 1–4 — is `tests/dist/test_dist.py`.)
 
 # %%
 res = tl.dist.launch(workers.compare_algorithms, 3, 1001, timeout_s=120)

@@ -620,7 +620,7 @@ assert all(r.median_ms is None or r.median_ms > 0 for r in lat.rows)
 #   operation first does the deferred tree work (once, exactly what the tree path would have done).
 #
 # Because the decisions are identical, offsets, statistics and snapshots equal the tree path's and the Python
-# reference's (tests/test_memory_fastpath.py replays random programs through all three); only the tree work
+# reference's (tests/memory/test_memory_fastpath.py replays random programs through all three); only the tree work
 # disappears. This is the jemalloc/tcmalloc idea — size classes and a cache in front of the general structure —
 # without giving up best fit.
 #
@@ -696,7 +696,7 @@ print(
 #   synchronise — the very cost the cache removes).
 #
 # The price: blocks sitting in a cache are not free for best fit, so placement (offsets, segment count) differs from
-# the tree path; the user's view (requested bytes, counts, live sizes) does not (tests/test_memory_fastpath.py
+# the tree path; the user's view (requested bytes, counts, live sizes) does not (tests/memory/test_memory_fastpath.py
 # checks it against the Python reference after every operation of random programs).
 #
 # **Matching glibc's tcache means counting instructions.** glibc's tcache hit is a pointer pop or push, so every

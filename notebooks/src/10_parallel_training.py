@@ -27,7 +27,7 @@
 #
 # Everything distributed runs on **real processes**: `tl.dist.launch` starts ranks joined by a gloo process group
 # (127.0.0.1); the same code runs under `torchrun` with NCCL. This box has 2 cores, so a process launch costs
-# seconds: the notebook launches **once** (2 ranks) and the tests (`tests/test_parallel_dist.py`) repeat the
+# seconds: the notebook launches **once** (2 ranks) and the tests (`tests/parallel/test_parallel_dist.py`) repeat the
 # checks on 2 and 4 ranks.
 
 # %%
@@ -487,7 +487,7 @@ assert {(2, 2, 1), (2, 1, 2), (1, 2, 2)} <= {p[:3] for p in four}
 
 # %% [markdown]
 # The model this replaced was far off on DP and ranked the configurations backwards; three errors, now fixed
-# and tested (`tests/test_parallel.py`): it charged 4 TP all-reduces per layer where `ParallelMLP` does 2, it
+# and tested (`tests/parallel/test_parallel.py`): it charged 4 TP all-reduces per layer where `ParallelMLP` does 2, it
 # priced the DP all-reduce at bf16 bytes for an fp32 job, and it divided the measured FLOP/s by 3 although
 # 6·Ψ·b·s already counts forward and backward. Its calibration (a ping-pong α, β and a bare matmul rate, measured
 # once) also missed what a step really pays here: the optimizer step, and all-reduces on cores both ranks share.
@@ -498,7 +498,7 @@ assert {(2, 2, 1), (2, 1, 2), (1, 2, 2)} <= {p[:3] for p in four}
 # core, which the model does not describe (every step then waits on the OS scheduler). Timing it is left to a
 # real cluster (`tl.dist.launch(workers.three_d_job, 4)` times dp = 4, tp = 4, pp = 4 and dp = 2 × tp = 2); that
 # the 2 × 2 grid computes the right thing — every rank's gradient shard equals the slice of the single-process
-# gradient — is checked on 4 processes by `tests/test_parallel_dist.py`. The procedure is the same everywhere:
+# gradient — is checked on 4 processes by `tests/parallel/test_parallel_dist.py`. The procedure is the same everywhere:
 # model, prune, then time the top few candidates, which is what auto-parallel planners do.
 
 # %% [markdown]

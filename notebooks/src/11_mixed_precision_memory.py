@@ -159,7 +159,7 @@ tl.testing.assert_close(out.data.astype(np.float32), tout.float().detach().numpy
 # factor. Under `autocast("float16")` the gradient that enters the fp16 part of the graph is rounded to fp16:
 # without scaling it is 0 everywhere and nothing learns. The GradScaler multiplies the loss by S, checks the
 # unscaled gradients for Inf/NaN (skipping that step and halving S), and doubles S after `growth_interval`
-# clean steps -- the same state machine as `torch.amp.GradScaler` (tests/test_amp.py compares the sequences).
+# clean steps -- the same state machine as `torch.amp.GradScaler` (tests/amp/test_amp.py compares the sequences).
 
 
 # %%
@@ -214,7 +214,7 @@ plt.show()
 assert max(sc) > 2.0**16  # the scale grew
 
 # %% [markdown]
-# The update rule on a scripted sequence of clean / overflowing steps (exact, like `tests/test_amp.py`), with the
+# The update rule on a scripted sequence of clean / overflowing steps (exact, like `tests/amp/test_amp.py`), with the
 # fallback of Q81: `fallback_after=2` consecutive skipped steps set `fell_back`, and from then on
 # `scaler.autocast_dtype("float16")` returns None -- the loop runs the step in fp32 (the safe precision).
 
@@ -477,7 +477,7 @@ assert aacc["Hessian allocation"] > aacc["reversed (same bits)"] and aacc["Hessi
 #
 # `tl.autograd.checkpoint(fn, x)` runs `fn` without recording its graph and keeps only `x`; in the backward it
 # restores the RNG state (dropout draws the same masks), recomputes `fn(x)` with grad on and backpropagates through
-# it. Same outputs and gradients bit for bit (tests/test_checkpoint.py), one extra forward per segment -- also under
+# it. Same outputs and gradients bit for bit (tests/amp/test_checkpoint.py), one extra forward per segment -- also under
 # autocast: the recomputation runs under the autocast state the forward had (saved with the RNG state, as torch
 # does), not the one around the backward, and the incoming gradient is not rounded to the bf16 segment output.
 # `checkpoint_sequential(layers, k, x)` splits n layers into k segments of s = n // k and checkpoints all but the

@@ -5,7 +5,7 @@
     order_ring(cost) -> the order found by greedy nearest neighbour from every start, then 2-opt
 
 Choosing the order is a bottleneck travelling-salesman problem; the heuristic is exact on the small symmetric
-cases of notebook 06 §5b and tests/test_dist_planning.py, not in general.
+cases of notebook 06 §5b and tests/dist/test_dist_planning.py, not in general.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 (zero-padded), the order the micro-kernel reads them. ``pack_b(b, nr)`` -> (ceil(N/nr), K, nr) likewise for column
 panels of B. ``blocked_matmul(a, b, mc, kc, nc)`` is the BLIS loop nest (jc, pc, ic) with each block product done by
 numpy: the same arithmetic in a different order. ``packed_matmul`` runs the micro-kernel loops on packed panels.
-Matching C++: tinylearn._C.gemm.pack_a / pack_b (tests/test_gemm.py checks they agree).
+Matching C++: tinylearn._C.gemm.pack_a / pack_b (tests/gemm/test_gemm.py checks they agree).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``cpu`` backend: fused C++ kernels from ``cpp_src/kernels_*.cpp`` (tinylearn._C.kernels), OpenMP over rows.
 
-Each op keeps its versions ladder (llm.c style), every rung selectable and tested in tests/test_kernels_cpu.py:
+Each op keeps its versions ladder (llm.c style), every rung selectable and tested in tests/kernels/test_kernels_cpu.py:
 
 - softmax: ``three_pass`` (compiler-vectorised, libm-free exp), ``online`` (lane-wise online max/sum, 2 exps per
   element), ``simd`` (three passes on the explicit vector exp of ``cpp_src/vec_math.h``, one thread), ``simd_omp``

@@ -2,7 +2,7 @@
 
 ``load(name)`` returns the cupy.RawModule of ``cuda_src/<name>.cu`` and raises RuntimeError when no CUDA device
 is usable (``tinylearn.backends.cuda_available()`` is False): nothing here ever pretends a CPU result came from a GPU.
-On a CPU-only box the sources are still compiled to PTX by tests/test_cuda_compile.py (nvcc -ptx -arch=sm_80).
+On a CPU-only box the sources are still compiled to PTX by tests/kernels/test_cuda_compile.py (nvcc -ptx -arch=sm_80).
 
 Launch choices (see each .cu header for the kernel versions): softmax v3 (one warp per row, online max/sum with
 __shfl_xor_sync, float4 loads), LayerNorm v2 (warp Welford), bias+GELU v2 float4 when cols % 4 == 0 else v1,

@@ -7,7 +7,7 @@ shows up as a wrong answer). It has no warp shuffles, so every reduction here is
 
     for s in (T/2, T/4, ..., 1):  if tid < s: buf[tid] += buf[tid + s];  syncthreads()     # log2(T) steps
 
-Kernels (validated against numpy in tests/test_kernels_numba.py):
+Kernels (validated against numpy in tests/kernels/test_kernels_numba.py):
   block_reduce_sum_kernel   tiled reduction: block b sums x[b*2T : (b+1)*2T] (two loads per thread), writes out[b]
   softmax_rows_kernel       one block per row: strided max -> tree max, strided exp-sum -> tree sum, write
 

@@ -5,7 +5,7 @@
     o = torch_ops.flash_attention(q, k, v, causal=True)    # [B, H, N, D]; backward recomputes P from lse
 
 Forward and backward both call the ``cpu`` backend (C++/OpenMP); float32 and float64 run natively (float64 is
-what torch.autograd.gradcheck uses; tests/test_kernels_torch.py runs it on every op). Saved for backward:
+what torch.autograd.gradcheck uses; tests/kernels/test_kernels_torch.py runs it on every op). Saved for backward:
 softmax its output y; LayerNorm x, weight, mean, rstd; bias+GELU x, bias; attention q, k, v, o, lse.
 """
 

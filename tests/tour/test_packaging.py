@@ -15,7 +15,7 @@ import pytest
 from tinylearn import _resources
 from tinylearn.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_checkout_wins_in_an_editable_install():

@@ -9,7 +9,7 @@ import pytest
 
 import tinylearn as tl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lab_test():

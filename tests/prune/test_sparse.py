@@ -17,7 +17,7 @@ import tinylearn as tl
 from tinylearn.sparse import BSR, CSR, ELL
 from tinylearn.testing import assert_close, cuda_available, make_layouts, nvcc_available, nvcc_compile_ptx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sparse_matrix(shape, density, seed=0, dtype="float32", empty_rows=(), empty_cols=()):

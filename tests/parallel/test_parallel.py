@@ -1,5 +1,5 @@
 """tinylearn.parallel without processes: pipeline schedules and bubble formulas, ZeRO memory formulas, plan_3d,
-bad inputs. (The real-process checks are tests/test_parallel_dist.py.)"""
+bad inputs. (The real-process checks are tests/parallel/test_parallel_dist.py.)"""
 
 from __future__ import annotations
 

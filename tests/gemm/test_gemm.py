@@ -321,7 +321,7 @@ def test_wavefronts() -> None:
 def test_trace_mirrors_current_sources(kernel: str) -> None:
     from tinylearn.gemm import cuda_trace
 
-    present = cuda_trace.source_lines_present(kernel, Path(__file__).resolve().parents[1] / "cuda_src")
+    present = cuda_trace.source_lines_present(kernel, Path(__file__).resolve().parents[2] / "cuda_src")
     assert present and all(present.values()), present
 
 

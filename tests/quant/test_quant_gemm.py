@@ -12,7 +12,7 @@ import tinylearn as tl
 from tinylearn.testing import make_layouts, nvcc_available, nvcc_compile_ptx
 
 Q = tl.quant
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PATHS = Q.int8_gemm_paths()
 
 

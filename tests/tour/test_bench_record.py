@@ -13,7 +13,7 @@ from tinylearn.__main__ import main
 from tinylearn.bench import Row, Table
 from tinylearn.bench.record import compare, cpu_slug, default_record_path, load_record, make_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _table(title: str, times: dict[tuple[str, str], float]) -> Table:

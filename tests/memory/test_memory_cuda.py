@@ -10,7 +10,7 @@ import pytest
 
 from tinylearn.testing import cuda_available, nvcc_available
 
-CU = Path(__file__).resolve().parents[1] / "cuda_src" / "memory_stream_ordered_alloc.cu"
+CU = Path(__file__).resolve().parents[2] / "cuda_src" / "memory_stream_ordered_alloc.cu"
 
 
 @pytest.mark.skipif(not nvcc_available(), reason="nvcc not found")

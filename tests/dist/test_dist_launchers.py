@@ -14,7 +14,7 @@ import pytest
 
 from tinylearn.testing import mpi_available
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from tinylearn import backends
 from tinylearn.testing import assert_close, make_array, make_layouts
 
 K = tl.kernels
-BACKENDS = [b for b in K.available_backends() if b != "cuda"]  # cuda: tests/test_kernels_cuda.py (gpu marker)
+BACKENDS = [b for b in K.available_backends() if b != "cuda"]  # cuda: tests/kernels/test_kernels_cuda.py (gpu marker)
 BACKWARD = [b for b in BACKENDS if b != "triton"]
 
 

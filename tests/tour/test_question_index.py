@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "question_index.py"
 BANK = [str(i) for i in range(1, 88)] + ["88a", "88b"] + [str(i) for i in range(90, 102)] + ["102a", "102b"]
 BANK += [str(i) for i in range(103, 285) if i != 273]

@@ -22,7 +22,7 @@ from tinylearn.bench import Comparison, Table, measure
 from tinylearn.bench.table import Row
 from tinylearn.testing import assert_close, broadcast_shape_pairs, make_array, make_layouts, tolerance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- tolerance table / assert_close
@@ -304,8 +304,8 @@ def test_topic_row_lists_files_that_exist(t):
         for f in ("stubs.py", "reference.py", f"test_{t.exercises}.py"):
             assert (folder / f).is_file(), f"{t.name}: exercises/{t.exercises}/{f} missing"
     assert t.tests, f"{t.name}: no test modules"
-    for m in t.tests:
-        assert (ROOT / "tests" / f"{m}.py").is_file(), f"{t.name}: tests/{m}.py missing"
+    for path in t.test_paths():
+        assert (ROOT / path).is_file(), f"{t.name}: {path} missing"
     assert t.bench is not None, f"{t.name}: no benchmark module"
     assert callable(importlib.import_module(t.bench).run)
     for pkg in t.packages:
@@ -313,6 +313,18 @@ def test_topic_row_lists_files_that_exist(t):
     for folder, globs in (("cpp_src", t.cpp), ("cuda_src", t.cuda)):
         for g in globs:
             assert list((ROOT / folder).glob(g)), f"{t.name}: {folder}/{g} matches no file"
+
+
+def test_every_test_file_belongs_to_a_topic_row_or_is_a_named_common_suite():
+    """tests/<topic>/test_*.py for every module of a row; tests/common/ holds exactly the COMMON_TESTS (each with
+    its reason); nothing else under tests/."""
+    listed = {path for t in TOPIC_ROWS for path in t.test_paths()}
+    listed |= {f"tests/common/{m}.py" for m in tinylearn.topics.COMMON_TESTS}
+    found = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")}
+    assert found == listed, (
+        f"not in the topic table: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"
+    )
+    assert all(why.strip() for why in tinylearn.topics.COMMON_TESTS.values())
 
 
 def test_topic_names_resolve_uniquely_and_every_topic_folder_has_a_row():

@@ -8,7 +8,7 @@ import pytest
 
 from tinylearn.testing import nvcc_available, nvcc_compile_ptx
 
-CUDA_SRC = Path(__file__).resolve().parents[1] / "cuda_src"
+CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 SOURCES = sorted(CUDA_SRC.glob("*.cu"))
 
 

@@ -13,7 +13,7 @@ import tinylearn as tl
 from tinylearn.gemm import gpu_model
 from tinylearn.testing import assert_close, nvcc_available, nvcc_compile_ptx, triton_available
 
-CUDA_SRC = Path(__file__).resolve().parents[1] / "cuda_src"
+CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 KERNELS = {n: n for n in ("gemm_naive", "gemm_smem", "gemm_regtile", "gemm_vec4")}  # source stem -> entry name
 
 

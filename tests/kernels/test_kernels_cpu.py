@@ -102,7 +102,7 @@ def test_reference_tiled_flash_matches_naive(causal: bool, block: int) -> None:
 @pytest.mark.parametrize("version", cpu_k.ATTENTION_VERSIONS)
 @pytest.mark.parametrize("block", [1, 5, 16, 128])
 def test_cpu_flash_block_sizes(block: int, version: str) -> None:
-    """Every flash rung (tests/test_flash_cpu.py runs them on every CPU path, with more shapes)."""
+    """Every flash rung (tests/kernels/test_flash_cpu.py runs them on every CPU path, with more shapes)."""
     q, k, v = (make_array((2, 3, 41, 16), seed=10 + i) for i in range(3))
     for causal in (False, True):
         o = tl.kernels.flash_attention(q, k, v, causal, block_size=block, backend="cpu", version=version)

@@ -541,7 +541,7 @@ int main() {
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ with AddressSanitizer")
 def test_fast_path_is_clean_under_asan(tmp_path: Path) -> None:
     """The C++ core alone under ASan+UBSan: fast vs tree path in lockstep, blocks filled, leaks, 4 threads."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     src = tmp_path / "driver.cpp"
     src.write_text("#include <cstring>\n" + ASAN_DRIVER)
     exe = tmp_path / "driver"
@@ -678,7 +678,7 @@ def test_thread_cache_stress_from_cpp_threads(tmp_path: Path, sanitizer: str) ->
     and checked: two live blocks never overlap), empty_cache() and stats() from inside; after the threads exit every
     block is back (stats exact, empty_cache() returns every byte), double free detected, an allocator destroyed
     while a thread still holds a cache for it. ASan+UBSan (leaks included) and ThreadSanitizer (data races)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     src = tmp_path / "tc_driver.cpp"
     src.write_text(TC_DRIVER)
     exe = tmp_path / "tc_driver"

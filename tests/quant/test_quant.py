@@ -504,7 +504,7 @@ def test_cpp_bad_input():
         Q.quantize(x, 0.1, 0, version="v7")
     with pytest.raises(ValueError, match="version"):
         C.dequantize_per_tensor_int8(np.zeros(3, np.int8), 0.1, 0, "simd")
-    with pytest.raises(TypeError, match="x"):  # project policy (tests/test_input_policy.py): dtype -> TypeError
+    with pytest.raises(TypeError, match="x"):  # project policy (tests/tour/test_input_policy.py): dtype -> TypeError
         Q.quantize(np.ones(3, np.complex64), 0.1, 0)
     with pytest.raises(TypeError, match="q"):
         Q.dequantize(np.ones(3, np.float32), 0.1, 0)
