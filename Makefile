@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 EXTRAS ?= notebooks,kernels,dist,dev
 NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
+# pytest-xdist workers for the unit tests and nbval (auto = one per core; 0 = in-process, no xdist)
+JOBS ?= auto
+XDIST := -n $(JOBS)
 STAMP := $(VENV)/.tinylearn-installed
 
 .PHONY: setup system-deps lab bench test test-tests test-exercises test-notebooks test-portable test-lab wheel-smoke exercises \
@@ -36,18 +39,23 @@ bench: setup
 test: setup test-tests test-exercises test-notebooks
 
 test-tests: $(STAMP)
-	$(PY) -m pytest tests/ -q
+	$(PY) -m pytest tests/ -q $(XDIST)
 
 test-exercises: $(STAMP)
 	$(PY) -m pytest exercises/ --impl=reference -q
 
+# one notebook per worker (--dist loadfile keeps a notebook's cells in order on one kernel)
 test-notebooks: $(STAMP)
-	$(PY) -m pytest $(NBVAL) -q
+	$(PY) -m pytest $(NBVAL) -q $(XDIST) --dist loadfile
 
 # the suites again with other numeric paths forced (torch ATEN_CPU_CAPABILITY, OPENBLAS_CORETYPE, numpy
-# NPY_DISABLE_CPU_FEATURES, TINYLEARN_CPU_FEATURES); prints and verifies the paths of each run (tools/portable.py)
+# NPY_DISABLE_CPU_FEATURES, TINYLEARN_CPU_FEATURES); prints and verifies the paths of each run (tools/portable.py).
+# Tests marked path_independent are not run again; the first forced run's notebooks run in JupyterLab in headless
+# Chromium (Run All, plots, widgets) and are compared with the committed outputs by nbval's rules: the browser test
+# and the forced-path nbval run in one execution (nbval instead when no browser: PORTABLE_ARGS=--notebooks-via lab
+# makes a missing browser an error, as CI does)
 test-portable: $(STAMP)
-	$(PY) tools/portable.py
+	$(PY) tools/portable.py $(PORTABLE_ARGS)
 
 # a real JupyterLab in headless Chromium: Run All on every notebook, no error cells, plots and widgets rendered,
 # one screenshot per notebook under build/lab-test/ (tools/lab_test.py; skips with the install command if no browser)
@@ -66,8 +74,9 @@ notebooks: setup  ## re-execute every notebook from notebooks/src and write clea
 	$(PY) tools/nb.py check
 
 # lint needs only ruff (pinned), so CI can fail fast before the full setup
-$(VENV)/bin/ruff: | system-deps
-	@test -x $(PY) || python3 -m venv $(VENV)
+# (before apt: the system tools are installed only if python3 cannot make a venv without them)
+$(VENV)/bin/ruff:
+	@test -x $(PY) || python3 -m venv $(VENV) || (rm -rf $(VENV) && tools/system_deps.sh && python3 -m venv $(VENV))
 	$(PIP) install -q -c constraints.txt ruff
 
 lint: $(VENV)/bin/ruff

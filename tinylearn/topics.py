@@ -27,6 +27,9 @@ class Topic:
     # test modules run by the sanitizer job (tools/sanitize_all.sh) against the ASan/UBSan build of _C: None = all of
     # them when the topic has C++ sources, none otherwise; a tuple names the ones that reach C++
     sanitize: tuple[str, ...] | None = None
+    # test modules whose results cannot depend on a CPU numeric path (file layout, CLI, packaging, docs, nvcc,
+    # process launchers): marked ``path_independent`` by tests/conftest.py, so make test-portable does not rerun them
+    path_independent: tuple[str, ...] = ()
 
     def sanitized_tests(self) -> tuple[str, ...]:
         """The test files (paths) the sanitizer job runs for this topic."""
@@ -63,14 +66,23 @@ TOPICS: tuple[Topic, ...] = (
             "test_lab",
             "test_notebook_markers",
             "test_packaging",
+            "test_nbcompare",
+            "test_machine",
         ),
         "tinylearn.bench.matmul",
         ("machine.cpp",),
         aliases=("matmul",),
         questions="—",
-        sanitize=(
-            "test_cpu_dispatch",
-            "test_roofline",
+        sanitize=("test_cpu_dispatch", "test_roofline", "test_machine"),
+        path_independent=(
+            "test_foundation",
+            "test_api_surface",
+            "test_question_index",
+            "test_bench_record",
+            "test_lab",
+            "test_notebook_markers",
+            "test_packaging",
+            "test_nbcompare",
         ),
     ),
     Topic(
@@ -206,6 +218,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_flash_cpu",
             "test_vec_math",
         ),
+        path_independent=("test_cuda_compile",),
     ),
     Topic(
         "dist",
@@ -226,6 +239,7 @@ TOPICS: tuple[Topic, ...] = (
         "tinylearn.dist.bench",
         aliases=("allreduce",),
         questions="25, 30, 61, 85, 94, 102a, 122, 141, 145, 157, 160, 192, 201, 209, 223, 230, 235, 283",
+        path_independent=("test_dist_launchers",),
     ),
     Topic(
         "memory",
@@ -325,6 +339,11 @@ COMMON_TESTS: dict[str, str] = {
     "test_bad_input_topics": "the bad-input cases of each topic package, driven by this table",
     "test_properties": "hypothesis property tests over conv, kernels, sparse, quant, gemm and the allocators",
 }
+
+
+def path_independent_tests() -> set[str]:
+    """The test files (paths) whose results cannot depend on the CPU numeric path (not rerun by test-portable)."""
+    return {f"tests/{t.name}/{m}.py" for t in TOPICS for m in t.path_independent}
 
 
 def sanitizer_tests() -> list[str]:

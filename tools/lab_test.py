@@ -4,7 +4,10 @@ For each notebook: open it in JupyterLab, Run All, wait for the kernel to go idl
   - no cell has an error output, and the last code cell ran;
   - at least one plot is rendered as an image in the page;
   - notebooks that use tqdm render their progress bars as widgets (ipywidgets), not as text fragments;
-and save a screenshot (PNG) of the first plot. The server's log is kept and the run fails on a server-side
+and save a screenshot (PNG) of the first plot. With --compare, each cell's outputs are also compared with the
+committed ones by nbval's rules (tools/nbcompare.py), so a run under forced numeric paths (tools/portable.py starts
+this script with its environment: the server and its kernels inherit it) is that path's nbval run as well.
+The server's log is kept and the run fails on a server-side
 traceback. The server runs from the project's .venv on 127.0.0.1 with a random token and temporary settings,
 workspace and runtime dirs; autosave is off, so the committed notebooks are never modified. The server (and its
 kernels) are started in their own process group and stopped by pid.
@@ -13,7 +16,7 @@ Browser: Debian's chromium (`apt-get install chromium`) driven by Playwright for
 to it — no browser download. Without them the run prints the exact install command and exits 0 (SKIPPED), unless
 --require is given (CI).
 
-    python tools/lab_test.py [NOTEBOOK ...] [--out DIR] [--timeout-s 600] [--require]
+    python tools/lab_test.py [NOTEBOOK ...] [--out DIR] [--timeout-s 600] [--require] [--compare]
 """
 
 from __future__ import annotations
@@ -189,7 +192,9 @@ def check_cells(cells: list[dict]) -> list[str]:
     return problems
 
 
-def run_notebook(browser, server: LabServer, name: str, out_dir: Path, timeout_s: float) -> list[str]:
+def run_notebook(
+    browser, server: LabServer, name: str, out_dir: Path, timeout_s: float, compare: bool = False
+) -> list[str]:
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     problems: list[str] = []
     try:
@@ -210,6 +215,11 @@ def run_notebook(browser, server: LabServer, name: str, out_dir: Path, timeout_s
             time.sleep(1)
         cells = page.evaluate(_COLLECT_JS)
         problems += check_cells(cells)
+        if compare:
+            import nbcompare
+
+            reference = nbcompare.nbformat.read(NB_DIR / name, as_version=4)
+            problems += nbcompare.compare_cells(reference, cells, nbcompare.sanitize_patterns())
         n_img = page.evaluate(
             "() => { const i = document.querySelectorAll('.jp-RenderedImage img');"
             " if (i.length) i[0].scrollIntoView({block: 'center'}); return i.length; }"
@@ -236,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "build" / "lab-test"), help="screenshots and server log go here")
     ap.add_argument("--timeout-s", type=float, default=600, help="per-notebook limit for Run All")
     ap.add_argument("--require", action="store_true", help="fail (instead of skipping) without chromium/playwright")
+    ap.add_argument("--compare", action="store_true", help="compare outputs with the committed ones (nbval)")
     args = ap.parse_args(argv)
 
     chromium = _chromium()
@@ -267,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 browser = pw.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
                 for n in names:
                     t0 = time.time()
-                    probs = run_notebook(browser, server, n, out_dir, args.timeout_s)
+                    probs = run_notebook(browser, server, n, out_dir, args.timeout_s, args.compare)
                     status = "ok" if not probs else "FAIL"
                     print(f"{status:4s} {n:40s} {time.time() - t0:6.1f} s", flush=True)
                     for p in probs:
@@ -289,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print(f"lab test: FAILED ({len(failures)} problem group(s): {', '.join(failures)})")
         return 1
-    print(f"lab test: {len(names)} notebooks ran in JupyterLab without errors")
+    same = ", outputs equal to the committed ones by nbval's rules" if args.compare else ""
+    print(f"lab test: {len(names)} notebooks ran in JupyterLab without errors{same}")
     return 0
 
 

@@ -20,6 +20,14 @@ the int8 GEMM path) and the run fails if an override did not take effect. A run 
 the ones ``make test`` already used on this CPU (e.g. ``avx2`` on an AVX2-only CPU) is reported and skipped
 (``--no-skip`` runs it anyway).
 
+No suite runs twice on the same numeric path: the unit tests marked ``path_independent`` (their result cannot
+depend on a SIMD/BLAS path: file layout, CLI, packaging, docs, process launchers) are deselected here. The
+notebooks of the first run execute in a real JupyterLab in headless Chromium (tools/lab_test.py --compare: Run
+All, no error cell, plots and widgets rendered, and every compared cell equal to the committed output by nbval's
+rules); the server and its kernels inherit the run's environment, so that one execution is both the browser test
+and this path's nbval run. Later runs (e.g. avx2 on an AVX-512 CPU) use nbval. ``--notebooks-via lab`` fails when
+no browser is installed (CI); ``auto`` (default) falls back to nbval; ``nbval`` never starts a browser.
+
     python tools/portable.py                  # every run, then the suites
     python tools/portable.py --report-only    # print and verify the paths, run no tests
     python tools/portable.py --runs baseline  # one run
@@ -36,8 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKERS = os.environ.get("JOBS", "auto")  # pytest-xdist workers, as in the Makefile
 SUITES = {
-    "tests": ["-m", "pytest", "tests/", "-q", "-p", "no:cacheprovider"],
+    "tests": ["-m", "pytest", "tests/", "-q", "-p", "no:cacheprovider", "-m", "not path_independent", "-n", WORKERS],
     "exercises": ["-m", "pytest", "exercises/", "--impl=reference", "-q", "-p", "no:cacheprovider"],
     "notebooks": [
         "-m",
@@ -49,8 +58,24 @@ SUITES = {
         "-q",
         "-p",
         "no:cacheprovider",
+        "-n",
+        WORKERS,
+        "--dist",
+        "loadfile",
     ],
 }
+LAB = ["tools/lab_test.py", "--compare", "--require", "--out", str(ROOT / "build" / "lab-test-portable")]
+
+
+def lab_available() -> bool:
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import lab_test
+
+    return lab_test._chromium() is not None and importlib.util.find_spec("playwright") is not None
+
+
 FORCED_VARS = (
     "TINYLEARN_CPU_FEATURES",
     "ATEN_CPU_CAPABILITY",
@@ -190,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suites", nargs="*", default=list(SUITES), choices=list(SUITES))
     ap.add_argument("--report-only", action="store_true", help="print and verify the paths, run no tests")
     ap.add_argument("--no-skip", action="store_true", help="run suites even when the paths equal the default ones")
+    ap.add_argument(
+        "--notebooks-via",
+        choices=("auto", "lab", "nbval"),
+        default="auto",
+        help="the first run's notebooks: JupyterLab + nbval comparison (lab), nbval, or lab when a browser exists",
+    )
     args = ap.parse_args(argv)
 
     base = clean_env()
@@ -202,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"portable: unknown or inapplicable run(s) {sorted(unknown)}; known here: {list(runs)}", file=sys.stderr)
         return 2
     failed: list[str] = []
+    via_lab = args.notebooks_via == "lab" or (args.notebooks_via == "auto" and lab_available())
     for name in args.runs or list(runs):
         forced = runs[name]
         env = {**base, **forced}
@@ -221,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for suite in args.suites:
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, *SUITES[suite]], env=env, cwd=ROOT)
+            cmd = SUITES[suite]
+            if suite == "notebooks" and via_lab:
+                print(f"portable: [{name}] notebooks run in JupyterLab (headless Chromium), compared by nbval's rules")
+                cmd, via_lab = LAB, False  # later runs use nbval
+            p = subprocess.run([sys.executable, *cmd], env=env, cwd=ROOT)
             status = "passed" if p.returncode == 0 else f"FAILED (exit {p.returncode})"
             print(f"portable: [{name}] {suite} {status} in {time.perf_counter() - t0:.0f} s", flush=True)
             if p.returncode:

@@ -3,7 +3,8 @@
 # dir (the project's .venv build is untouched), overlay it on a copy of the Python package and run the unit tests
 # of the C++-backed topics against it. Usage: tools/sanitize_all.sh [pytest args]   (default: the C++ topic tests,
 # tinylearn.topics.sanitizer_tests())
-# Env: SAN_BUILD (default <checkout>/build/sanitize: per checkout, git-ignored), JOBS (default nproc).
+# Env: SAN_BUILD (default <checkout>/build/sanitize: per checkout, git-ignored), JOBS (build jobs, default nproc),
+# SAN_WORKERS (pytest-xdist workers, default auto; 0 runs in-process, which prints a crashing test's full report).
 # A CMake cache in SAN_BUILD that was generated from another source tree (another checkout) is wiped first.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +42,7 @@ if [ ${#tests[@]} -eq 0 ]; then
   # the C++-reaching test modules of every topic row (tinylearn.topics.sanitizer_tests: the table decides)
   mapfile -t tests < <(cd "$root" && "$py" -c "from tinylearn import topics; print(*topics.sanitizer_tests(), sep='\n')")
   # nvcc is not an ASan binary and segfaults with libasan preloaded; the .cu compile checks do not touch _C
-  tests+=(-q -x -p no:cacheprovider -k "not kernel_compiles")
+  tests+=(-q -x -p no:cacheprovider -n "${SAN_WORKERS:-auto}" -k "not kernel_compiles")
 fi
 cd "$root"
 # sanitizer options; pytest runs with --capture=sys: its default fd capture would swallow a report written to fd 2

@@ -174,39 +174,6 @@ def test_matmul_benchmark_has_all_columns():
     )
 
 
-# ---------------------------------------------------------------- compiled extension + roofline
-def test_extension_builds_and_machine_kernels_match_numpy():
-    from tinylearn import _C
-
-    assert "machine" in _C.submodules
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((33, 17), dtype=np.float32)
-    b = rng.standard_normal((17, 29), dtype=np.float32)
-    assert_close(_C.machine.matmul_naive(a, b), a @ b, reduction_size=17)
-    assert_close(_C.machine.matmul_ikj(a.T.copy().T, b), a @ b)  # non-contiguous input is copied
-    x, y, z = np.zeros(1001), rng.standard_normal(1001), rng.standard_normal(1001)
-    _C.machine.triad(x, y, z, 2.5)
-    assert_close(x, y + 2.5 * z)
-    with pytest.raises(ValueError, match="inner dimensions"):
-        _C.machine.matmul_naive(a, a)
-    with pytest.raises(ValueError, match="unknown feature"):
-        _C.cpu_supports("sse9")
-
-
-def test_roofline_measurements_are_plausible():
-    from tinylearn.bench import roofline
-
-    p = roofline.peak_gflops(n=256, repeat=2)
-    assert p.gflops > 0.1
-    assert roofline.stream_bandwidth(n=2_000_000, repeat=2) > 0.1
-    th = roofline.theoretical_peak_gflops()
-    assert th.gflops > 0
-    assert roofline.attainable_gflops(1e6, 100.0, 10.0) == 100.0
-    assert roofline.attainable_gflops(1.0, 100.0, 10.0) == 10.0
-    with pytest.raises(ValueError, match="n"):
-        roofline.peak_gflops(n=4)
-
-
 # ---------------------------------------------------------------- packaging
 def _norm(name: str) -> str:
     return re.split(r"[<>=!~\[ ;]", name.strip(), maxsplit=1)[0].lower().replace("_", "-")

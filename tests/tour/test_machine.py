@@ -1,0 +1,44 @@
+"""The compiled extension's machine probes (tinylearn._C.machine) and the roofline measurements built on them.
+
+Kept apart from test_foundation (layout, docs, packaging: path independent) because these results come from C++
+kernels and run again under make test-portable's forced CPU paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinylearn.backends import load_C
+from tinylearn.testing import assert_close
+
+
+def test_extension_builds_and_machine_kernels_match_numpy():
+    _C = load_C()
+
+    assert "machine" in _C.submodules
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((33, 17), dtype=np.float32)
+    b = rng.standard_normal((17, 29), dtype=np.float32)
+    assert_close(_C.machine.matmul_naive(a, b), a @ b, reduction_size=17)
+    assert_close(_C.machine.matmul_ikj(a.T.copy().T, b), a @ b)  # non-contiguous input is copied
+    x, y, z = np.zeros(1001), rng.standard_normal(1001), rng.standard_normal(1001)
+    _C.machine.triad(x, y, z, 2.5)
+    assert_close(x, y + 2.5 * z)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        _C.machine.matmul_naive(a, a)
+    with pytest.raises(ValueError, match="unknown feature"):
+        _C.cpu_supports("sse9")
+
+
+def test_roofline_measurements_are_plausible():
+    from tinylearn.bench import roofline
+
+    p = roofline.peak_gflops(n=256, repeat=2)
+    assert p.gflops > 0.1
+    assert roofline.stream_bandwidth(n=2_000_000, repeat=2) > 0.1
+    th = roofline.theoretical_peak_gflops()
+    assert th.gflops > 0
+    assert roofline.attainable_gflops(1e6, 100.0, 10.0) == 100.0
+    assert roofline.attainable_gflops(1.0, 100.0, 10.0) == 10.0
+    with pytest.raises(ValueError, match="n"):
+        roofline.peak_gflops(n=4)
