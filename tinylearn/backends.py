@@ -1,6 +1,7 @@
 """The one backend registry every multi-backend op dispatches through, the one ``_C`` loader, device detection.
 
 Layers (read top-down): topic packages (``tl.conv``, ``tl.quant`` ...) -> this module -> ``tinylearn._C``.
+One loader each: ``load_C(submodule)`` for the C++ extension, ``cuda_module(source)`` for cuda_src/*.cu.
 
 Names (one set for every topic):
 
@@ -24,7 +25,9 @@ A topic registers each implementation once::
 and its public function calls ``backends.dispatch("conv.im2col", x, ..., backend=backend, version=version)``.
 ``backend=None`` picks the available backend with the highest priority whose ``when(*args, **kw)`` accepts the
 input (e.g. the C++ path only above a size threshold); ``version=None`` picks the backend's default version
-(the first registered unless one is registered with ``default=True``).
+(the first registered unless one is registered with ``default=True``). ``with backends.use(op, backend=...,
+version=...)`` pins that choice for calls passing ``backend=None`` (the one pin; no topic keeps a global switch).
+``versions(op, backend)`` lists one backend's ladder; ``versions(op)`` gives ``{backend: [version, ...]}``.
 
 Errors (one policy): an unknown backend or version name is a ``ValueError`` naming the argument and listing
 what exists; a known backend that cannot run here is a ``RuntimeError`` that says why.
@@ -32,14 +35,16 @@ what exists; a known backend that cannot run here is a ``RuntimeError`` that say
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 BACKENDS: tuple[str, ...] = ("python", "numpy", "numba", "cpp", "triton", "cuda")
@@ -134,6 +139,28 @@ def C_available(submodule: str | None = None) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------- the CUDA loader
+@functools.cache
+def cuda_module(source: str) -> Any:
+    """``cupy.RawModule`` of ``cuda_src/<source>.cu`` (nvrtc-compiled on first use, cached): the one CUDA loader.
+
+    RuntimeError when no CUDA device is usable (nothing here pretends a CPU result came from a GPU); ValueError
+    listing the shipped sources for an unknown ``source``. Sources come from the checkout or the wheel's copy
+    (``tinylearn._resources.cuda_source``); ``-I`` lets kernels include ``cuda_src/common.cuh``.
+    """
+    from ._resources import cuda_source
+
+    path = cuda_source(source)
+    if not cuda_available():
+        raise RuntimeError(
+            f"cuda: cannot load {path.name}: no CUDA device (tinylearn.backends.cuda_available() is False); "
+            "the sources are only compile-checked on this machine"
+        )
+    import cupy
+
+    return cupy.RawModule(code=path.read_text(), options=("-std=c++14", f"-I{path.parent}"))
+
+
 _PROBES: dict[str, Callable[[], bool]] = {
     "python": lambda: True,
     "numpy": lambda: True,
@@ -163,6 +190,7 @@ class _Op:
     name: str
     impls: dict[str, dict[str, _Impl]] = field(default_factory=dict)  # backend -> version -> impl
     defaults: dict[str, str] = field(default_factory=dict)  # backend -> default version
+    example: Callable[[Any], tuple[tuple, dict]] | None = None  # rng -> (args, kwargs) for the conformance test
 
 
 _REGISTRY: dict[str, _Op] = {}
@@ -195,12 +223,15 @@ def register(
     priority: int | None = None,
     when: Callable[..., bool] | None = None,
     available: Callable[[], bool] | None = None,
+    example: Callable[[Any], tuple[tuple, dict]] | None = None,
 ) -> Any:
     """Register ``fn`` as ``op`` on ``backend`` (variant ``version``). Usable as a decorator when ``fn`` is None.
 
     priority: higher wins for ``backend=None`` (defaults: cuda 30 > cpp 20 > numba 15 > numpy 10 > triton 5 >
     python 0). when: predicate on the call's arguments; False means "not the fastest for this input" (it is still
     used when named explicitly). available: extra probe beyond the backend's own (e.g. one _C submodule).
+    example: ``rng -> (args, kwargs)``, a small random input for the op (one per op, any registration may give
+    it): tests/common/test_conformance.py runs every backend x version on it against the reference backend.
     """
     b = canonical(backend)
 
@@ -208,6 +239,8 @@ def register(
         _RESOLVED.clear()
         _RANKED.clear()
         o = _REGISTRY.setdefault(op, _Op(op))
+        if example is not None:
+            o.example = example
         versions = o.impls.setdefault(b, {})
         versions[version] = _Impl(f, _DEFAULT_PRIORITY[b] if priority is None else priority, when, available)
         if default or b not in o.defaults:
@@ -223,13 +256,28 @@ def ops() -> list[str]:
 
 
 def _op(op: str) -> _Op:
+    if op not in _REGISTRY and isinstance(op, str) and "." in op:  # "conv.x" registers when tinylearn.conv imports
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"tinylearn.{op.split('.', 1)[0]}")
     if op not in _REGISTRY:
         raise ValueError(f"op: no backend registered for {op!r}; known ops: {ops()}")
     return _REGISTRY[op]
 
 
-def _runs_here(backend: str, impl: _Impl) -> bool:
-    return backend_available(backend) and (impl.available is None or bool(impl.available()))
+def example(op: str, rng: Any) -> tuple[tuple, dict] | None:
+    """``(args, kwargs)``: the op's registered example input drawn from ``rng`` (None if it registered none)."""
+    o = _op(op)
+    return None if o.example is None else o.example(rng)
+
+
+def runs_here(op: str, backend: str, version: str) -> bool:
+    """Whether ``op`` on ``backend`` (variant ``version``) can run on this machine (names must be registered)."""
+    b = canonical(backend)
+    return _runs_here(b, _op(op).impls[b][version])
+
+
+def _runs_here(backend: str, impl: _Impl) -> bool:  # backend is canonical here (asked on every dispatch)
+    return _PROBES[backend]() and (impl.available is None or bool(impl.available()))
 
 
 def available(op: str) -> list[str]:
@@ -248,13 +296,70 @@ def registered(op: str) -> list[str]:
     return list(_op(op).impls)
 
 
-def versions(op: str, backend: str) -> list[str]:
-    """The variants of ``op`` inside ``backend``, in registration order (the ladder)."""
+def versions(op: str, backend: str | None = None) -> list[str] | dict[str, list[str]]:
+    """The variants of ``op``, in registration order (the ladder).
+
+    ``versions(op, backend)``: the list for one backend. ``versions(op)``: every backend's list as a dict
+    ``{backend: [version, ...]}`` in registration order (canonical backend names, whether or not they run here).
+    """
     o = _op(op)
+    if backend is None:
+        return {b: list(vs) for b, vs in o.impls.items()}
     b = canonical(backend)
     if b not in o.impls:
         raise ValueError(f"backend: {backend!r} has no {op}; registered: {list(o.impls)}")
     return list(o.impls[b])
+
+
+# ------------------------------------------------------------------------------------------------------ pinning
+# op -> (backend, version) pinned by use(); never mutated in place (use() sets a new mapping)
+_PINS: contextvars.ContextVar[Mapping[str, tuple[str | None, str | None]]] = contextvars.ContextVar(
+    "tinylearn_backend_pins", default=MappingProxyType({})
+)
+
+
+@contextlib.contextmanager
+def use(op: str, *, backend: str | None = None, version: str | None = None) -> Iterator[None]:
+    """Pin what ``dispatch``/``resolve`` pick for ``op`` when the caller passes ``backend=None`` (the one pin).
+
+    ``backend`` (and ``version``, else that backend's default) replaces the automatic choice; ``version`` alone
+    restricts the automatic choice to backends that have it. A caller that names a backend is not affected; a
+    caller that names only a version keeps its version on the pinned backend. Nestable (the innermost wins;
+    ``use(op)`` with neither restores the automatic choice inside an outer pin), restored on exit, per thread and
+    per asyncio task (a ``contextvars.ContextVar``). Names are checked on entry (ValueError naming the argument
+    and listing what exists); whether the backend runs here is checked on dispatch (RuntimeError)::
+
+        with backends.use("kernels.softmax", backend="numpy", version="online"):
+            tl.kernels.softmax(x)          # numpy's online softmax
+    """
+    o = _op(op)
+    b = None if backend is None else canonical(backend)
+    if b is not None and b not in o.impls:
+        raise ValueError(f"backend: {backend!r} has no {op}; backends with it: {list(o.impls)}")
+    if version is not None:
+        if not isinstance(version, str):
+            raise TypeError(f"version: must be a str or None, got {type(version).__name__} {version!r}")
+        where = o.impls[b] if b is not None else {v for vs in o.impls.values() for v in vs}
+        if version not in where:
+            raise ValueError(
+                f"version: {version!r} is not a version of {op} on {b or 'any backend'}; versions: "
+                f"{list(o.impls[b]) if b is not None else versions(op)}"
+            )
+    pins = dict(_PINS.get())
+    if b is None and version is None:
+        pins.pop(op, None)
+    else:
+        pins[op] = (b, version)
+    token = _PINS.set(pins)
+    try:
+        yield
+    finally:
+        _PINS.reset(token)
+
+
+def pinned(op: str) -> tuple[str | None, str | None] | None:
+    """The (backend, version) ``use`` pins for ``op`` in this context, or None when the choice is automatic."""
+    return _PINS.get().get(op)
 
 
 def _rank(op: str, version: str | None) -> list[tuple[str, str, _Impl]]:
@@ -279,7 +384,13 @@ def resolve(
     args: tuple = (),
     kwargs: dict | None = None,
 ) -> tuple[str, str, Callable[..., Any]]:
-    """Pick (backend, version, fn) for a call. ``backend=None``: the fastest available one accepting the input."""
+    """Pick (backend, version, fn) for a call. ``backend=None``: what ``use`` pins for ``op``, else the fastest
+    available one accepting the input."""
+    if backend is None:
+        pins = _PINS.get()
+        if pins and op in pins:
+            pb, pv = pins[op]
+            backend, version = pb, pv if version is None else version
     if backend is not None:  # a named backend's choice depends on nothing else: after one full check, a dict lookup
         hit = _RESOLVED.get((op, backend, version))
         if hit is not None:

@@ -155,6 +155,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_quant_ptq",
             "test_quant_calibration_more",
             "test_quant_pareto",
+            "test_quant_equalize",
         ),
         "tinylearn.quant.bench",
         ("quant_*.cpp",),
@@ -338,6 +339,8 @@ COMMON_TESTS: dict[str, str] = {
     "test_bad_input": "bad-input probes across every topic's public functions (one process per probe)",
     "test_bad_input_topics": "the bad-input cases of each topic package, driven by this table",
     "test_properties": "hypothesis property tests over conv, kernels, sparse, quant, gemm and the allocators",
+    "test_conformance": "every registered op x backend x version against its python/numpy reference on the op's "
+    "registered example (backends.register(example=)): cross-topic by construction",
 }
 
 
@@ -350,7 +353,8 @@ def sanitizer_tests() -> list[str]:
     """Every test file the sanitizer job runs: each row's C++-reaching modules, then the common suites that probe
     the C++ kernels (bad input, properties)."""
     out = [path for t in TOPICS for path in t.sanitized_tests()]
-    return out + ["tests/common/test_bad_input.py", "tests/common/test_properties.py"]
+    common = ("test_bad_input", "test_properties", "test_conformance")
+    return out + [f"tests/common/{m}.py" for m in common]
 
 
 def all_topics() -> tuple[Topic, ...]:

@@ -58,10 +58,6 @@ SUITES = {
         "-q",
         "-p",
         "no:cacheprovider",
-        "-n",
-        WORKERS,
-        "--dist",
-        "loadfile",
     ],
 }
 LAB = ["tools/lab_test.py", "--compare", "--require", "--out", str(ROOT / "build" / "lab-test-portable")]

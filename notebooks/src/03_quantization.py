@@ -351,7 +351,7 @@ a8 = np.full((7, 1031), -128, np.int8)
 b8 = np.full((1031, 33), -128, np.int8)
 ref = a8.astype(np.int64) @ b8.astype(np.int64)
 for p in Q.int8_gemm_paths():
-    assert np.array_equal(Q.int8_gemm(a8, b8, p), ref), p
+    assert np.array_equal(Q.int8_gemm(a8, b8, version=p), ref), p
 print("all paths exact at the -128 x -128 extreme:", int(ref[0, 0]))
 
 # %%
@@ -365,7 +365,7 @@ B8_packed = Q.PackedInt8Weight(B8)  # weights packed once, as a quantized Linear
 with cmp.case("256x1024x1024", flops=2 * 256 * 1024 * 1024) as c:
     c.add("tinylearn int8 GEMM, prepacked B", lambda: B8_packed.matmul(A8))
     for p in Q.int8_gemm_paths():
-        c.add(f"tinylearn int8_gemm [{p}]", lambda p=p: Q.int8_gemm(A8, B8, p))
+        c.add(f"tinylearn int8_gemm [{p}]", lambda p=p: Q.int8_gemm(A8, B8, version=p))
     c.add("numpy fp32 sgemm", lambda: Af @ Bf)
     c.add("torch fp32 matmul", lambda: tAf @ tBf)
     with threadpool_limits(1):
@@ -823,7 +823,7 @@ u8_codes = np.rint(pix * 255).astype(np.uint8)
 pk_t = Q.PackedInt8Weight(B_t)
 for v in Q.gemm.packed_versions():
     if v != "avx2_u7":
-        assert np.array_equal(pk_t.matmul(u8_codes, 0, v), u8_codes.astype(np.int64) @ B_t.astype(np.int64)), v
+        assert np.array_equal(pk_t.matmul(u8_codes, 0, version=v), u8_codes.astype(np.int64) @ B_t.astype(np.int64)), v
 
 # %% [markdown]
 # The saturated pairs sit in the bright strokes in the middle of the image (the table above: rows are image rows,
@@ -853,13 +853,13 @@ with threadpool_limits(1):
     with cmp_g.case("GEMM", flops=2 * M_ * K_ * N_) as c:
         for v in Q.gemm.packed_versions():
             a_ = A7g if v == "avx2_u7" else A8g
-            assert np.array_equal(pkg.matmul(a_, 0, v), a_.astype(np.int64) @ B8g.astype(np.int64)), v
+            assert np.array_equal(pkg.matmul(a_, 0, version=v), a_.astype(np.int64) @ B8g.astype(np.int64)), v
             c.add(
-                f"prepacked B [{v}]", lambda v=v, a_=a_: pkg.matmul(a_, 0, v), note="7-bit A" if v == "avx2_u7" else ""
+                f"prepacked B [{v}]", lambda v=v, a_=a_: pkg.matmul(a_, 0, version=v), note="7-bit A" if v == "avx2_u7" else ""
             )
         for v in Q.gemm.int8_gemm_versions():
-            assert np.array_equal(Q.int8_gemm(A8g, B8g, v), ref_g), v
-            c.add(f"int8_gemm [{v}] (packs B per call)", lambda v=v: Q.int8_gemm(A8g, B8g, v))
+            assert np.array_equal(Q.int8_gemm(A8g, B8g, version=v), ref_g), v
+            c.add(f"int8_gemm [{v}] (packs B per call)", lambda v=v: Q.int8_gemm(A8g, B8g, version=v))
         c.add("numpy fp32 sgemm", lambda: Afg @ Bfg)
         c.add("torch fp32 matmul", lambda: tAg @ tBg)
     torch.set_num_threads(torch_threads)

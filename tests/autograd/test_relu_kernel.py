@@ -15,6 +15,7 @@ import torch
 
 import tinylearn as tl
 import tinylearn.autograd.ops_elementwise as E
+from tinylearn import backends
 from tinylearn.autograd import gradcheck
 from tinylearn.autograd.ops_elementwise import relu_array, relu_backward_array
 from tinylearn.backends import load_C
@@ -35,7 +36,6 @@ def available_paths() -> list[str]:
 
 @pytest.fixture(params=available_paths())
 def path(request, monkeypatch) -> str:
-    monkeypatch.setattr(E, "RELU_BACKWARD_KERNEL", True)  # relu_backward_array through the kernel (off by default)
     monkeypatch.setenv("TINYLEARN_CPU_FEATURES", request.param)
     assert K.relu_isa() == request.param
     return request.param
@@ -200,11 +200,26 @@ def test_gradcheck_fp64(path):
 
 
 @pytest.mark.parametrize("kernel", [True, False])
-def test_backward_matches_torch(kernel, monkeypatch):
-    """With RELU_BACKWARD_KERNEL (the default) relu_backward_array equals torch's threshold_backward bit for bit,
-    non-finite values included; switched off (g * (y > 0), the A/B baseline) it agrees wherever g and y are finite."""
-    assert E.RELU_BACKWARD_KERNEL is True
-    monkeypatch.setattr(E, "RELU_BACKWARD_KERNEL", kernel)
+def test_backward_matches_torch(kernel):
+    """By default (the C++ select, or numpy's exact select) relu_backward_array equals torch's threshold_backward
+    bit for bit, non-finite values included; pinned to numpy "mul" (g * (y > 0), the A/B baseline) it agrees
+    wherever g and y are finite."""
+    assert backends.resolve("autograd.relu_backward", args=(np.ones(2), np.ones(2)))[0] == "cpp"
+    pin = {} if kernel else {"backend": "numpy", "version": "mul"}
+    with backends.use("autograd.relu_backward", **pin):
+        _check_backward(kernel)
+
+
+def test_relu_ops_are_registered():
+    """Both ReLU directions are registry ops with numpy and cpp backends (numpy's backward has the A/B baseline)."""
+    assert backends.versions("autograd.relu") == {"numpy": ["default"], "cpp": ["default"]}
+    assert backends.versions("autograd.relu_backward") == {"numpy": ["select", "mul"], "cpp": ["select"]}
+    assert E.relu_backward_array is relu_backward_array
+    with backends.use("autograd.relu", backend="numpy"):
+        assert backends.resolve("autograd.relu", args=(np.ones(2),))[0] == "numpy"
+
+
+def _check_backward(kernel: bool) -> None:
     rng = np.random.default_rng(20)
     for dt in (np.float32, np.float64):
         g = rng.standard_normal((7, 33)).astype(dt)

@@ -27,7 +27,7 @@ def test_int8_gemm_exact(path, mkn):
     rng = np.random.default_rng(m * 1000 + k * 10 + n)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    np.testing.assert_array_equal(Q.int8_gemm(a, b, path), _ref(a, b))
+    np.testing.assert_array_equal(Q.int8_gemm(a, b, version=path), _ref(a, b))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -36,7 +36,7 @@ def test_int8_gemm_extremes(path, va, vb):
     # -128 * -128 pairs overflow int16 (maddubs-style) accumulators; the result must still be exact
     a = np.full((9, 1030), va, np.int8)
     b = np.full((1030, 37), vb, np.int8)
-    np.testing.assert_array_equal(Q.int8_gemm(a, b, path), _ref(a, b))
+    np.testing.assert_array_equal(Q.int8_gemm(a, b, version=path), _ref(a, b))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -45,7 +45,7 @@ def test_int8_gemm_layouts(path):
         make_layouts((23, 41), "int8", seed=1, low=-128, high=127),
         make_layouts((41, 19), "int8", seed=9, low=-128, high=127),
     ):
-        np.testing.assert_array_equal(Q.int8_gemm(a, b, path), _ref(a, b), err_msg=f"{na} @ {nb}")
+        np.testing.assert_array_equal(Q.int8_gemm(a, b, version=path), _ref(a, b), err_msg=f"{na} @ {nb}")
 
 
 def test_int8_gemm_paths_have_fallback():
@@ -70,7 +70,7 @@ def test_int8_gemm_bad_input(a, b, exc, match):
 
 def test_int8_gemm_unknown_version():
     with pytest.raises(ValueError, match="version: 'sse9'"):
-        Q.int8_gemm(np.ones((2, 2), np.int8), np.ones((2, 2), np.int8), "sse9")
+        Q.int8_gemm(np.ones((2, 2), np.int8), np.ones((2, 2), np.int8), version="sse9")
 
 
 def test_int8_gemm_backends_versions_and_path_alias():
@@ -240,7 +240,7 @@ def test_levels_select_the_kernels(level, monkeypatch):
     pk = Q.PackedInt8Weight(np.ones((8, 3), np.int8))
     for v in {"avx512vnni", "avx2_madd16", "avx2_u7", "avx2_wino"} - set(vs):
         with pytest.raises(ValueError, match=v):
-            pk.matmul(np.ones((2, 8), np.uint8), 0, v)
+            pk.matmul(np.ones((2, 8), np.uint8), 0, version=v)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -256,8 +256,8 @@ def test_packed_versions_exact(level, mkn, monkeypatch):
     for v in _versions_at(level, monkeypatch):
         if v != "avx2_u7":
             np.testing.assert_array_equal(pk.matmul(a8, version=v), _ref(a8, b), err_msg=v)
-            np.testing.assert_array_equal(pk.matmul(au, 17, v), _ref(au.astype(np.int64) - 17, b), err_msg=v)
-        np.testing.assert_array_equal(pk.matmul(a7, 3, v), _ref(a7.astype(np.int64) - 3, b), err_msg=v)
+            np.testing.assert_array_equal(pk.matmul(au, 17, version=v), _ref(au.astype(np.int64) - 17, b), err_msg=v)
+        np.testing.assert_array_equal(pk.matmul(a7, 3, version=v), _ref(a7.astype(np.int64) - 3, b), err_msg=v)
     np.testing.assert_array_equal(pk.matmul(a8), _ref(a8, b))  # auto
 
 
@@ -275,9 +275,9 @@ def test_packed_adversarial_u8_exact(level, va, vb, monkeypatch):
     for v in _versions_at(level, monkeypatch):
         if v == "avx2_u7" and va > 127:
             with pytest.raises(ValueError, match="0..127"):
-                pk.matmul(a, 0, v)
+                pk.matmul(a, 0, version=v)
             continue
-        np.testing.assert_array_equal(pk.matmul(a, 0, v), want, err_msg=v)
+        np.testing.assert_array_equal(pk.matmul(a, 0, version=v), want, err_msg=v)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -486,8 +486,8 @@ def test_winograd_sums_wrap_and_stay_exact():
     got = pk.matmul(a, version="avx2_wino")
     assert (got == 1 << 30).all()
     au = np.full((4, k), 255, np.uint8)
-    assert (pk.matmul(au, 0, "avx2_wino") == -255 * 128 * k).all()
-    assert (pk.matmul(au, 255, "avx2_wino") == 0).all()
+    assert (pk.matmul(au, 0, version="avx2_wino") == -255 * 128 * k).all()
+    assert (pk.matmul(au, 255, version="avx2_wino") == 0).all()
 
 
 def test_packed_k_limit_and_wrapping_offset():
@@ -531,8 +531,10 @@ def test_packed_versions_row_and_k_tails(level, k, n, monkeypatch):
             msg = f"{v} m={m} k={k} n={n}"
             if v != "avx2_u7":
                 np.testing.assert_array_equal(pk.matmul(a8, version=v), _ref(a8, b), err_msg=msg)
-                np.testing.assert_array_equal(pk.matmul(au, 200, v), _ref(au.astype(np.int64) - 200, b), err_msg=msg)
-            np.testing.assert_array_equal(pk.matmul(a7, 64, v), _ref(a7.astype(np.int64) - 64, b), err_msg=msg)
+                np.testing.assert_array_equal(
+                    pk.matmul(au, 200, version=v), _ref(au.astype(np.int64) - 200, b), err_msg=msg
+                )
+            np.testing.assert_array_equal(pk.matmul(a7, 64, version=v), _ref(a7.astype(np.int64) - 64, b), err_msg=msg)
 
 
 def test_madd16_shared_widened_b_under_threads():
@@ -550,7 +552,7 @@ def test_madd16_shared_widened_b_under_threads():
         want8, wantu = _ref(a8, b), _ref(au.astype(np.int64) - 131, b)
         for _ in range(5):
             np.testing.assert_array_equal(pk.matmul(a8, version="avx2_madd16"), want8, err_msg=f"{m}x{k}x{n}")
-            np.testing.assert_array_equal(pk.matmul(au, 131, "avx2_madd16"), wantu, err_msg=f"{m}x{k}x{n} u8")
+            np.testing.assert_array_equal(pk.matmul(au, 131, version="avx2_madd16"), wantu, err_msg=f"{m}x{k}x{n} u8")
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -704,7 +706,7 @@ def test_strassen_exact(m, k, n):
     au = rng.integers(0, 256, (m, k), dtype=np.uint8)
     au[:, 0] = 255
     for zp in (0, 200, 255):
-        np.testing.assert_array_equal(pk.matmul(au, zp, "avx2_strassen"), _ref(au.astype(np.int64) - zp, b))
+        np.testing.assert_array_equal(pk.matmul(au, zp, version="avx2_strassen"), _ref(au.astype(np.int64) - zp, b))
 
 
 def test_strassen_quadrant_extremes():
@@ -729,7 +731,7 @@ def test_strassen_quadrant_extremes():
             pk = Q.PackedInt8Weight(b)
             msg = f"A pattern {bits}, B pattern {bpat}"
             np.testing.assert_array_equal(pk.matmul(a8, version="avx2_strassen"), _ref(a8, b), err_msg=msg)
-            np.testing.assert_array_equal(pk.matmul(au, 0, "avx2_strassen"), _ref(au, b), err_msg=msg)
+            np.testing.assert_array_equal(pk.matmul(au, 0, version="avx2_strassen"), _ref(au, b), err_msg=msg)
 
 
 def test_strassen_sums_wrap_and_stay_exact():
@@ -739,9 +741,9 @@ def test_strassen_sums_wrap_and_stay_exact():
     k = 65536
     pk = Q.PackedInt8Weight(np.full((k, 128), -128, np.int8))
     au = np.full((2, k), 255, np.uint8)
-    assert (pk.matmul(au, 0, "avx2_strassen") == -255 * 128 * k).all()
-    assert (pk.matmul(au, 255, "avx2_strassen") == 0).all()
-    assert (pk.matmul(np.full((2, k), -128, np.int8), 0, "avx2_strassen") == 1 << 30).all()
+    assert (pk.matmul(au, 0, version="avx2_strassen") == -255 * 128 * k).all()
+    assert (pk.matmul(au, 255, version="avx2_strassen") == 0).all()
+    assert (pk.matmul(np.full((2, k), -128, np.int8), 0, version="avx2_strassen") == 1 << 30).all()
 
 
 def test_strassen_prepared_b_copies_and_threads():
@@ -847,3 +849,40 @@ def test_cache_oblivious_matmul_float_matches_and_bad_input() -> None:
         Q.cache_oblivious_matmul(a, a)
     with pytest.raises(ValueError, match="leaf"):
         Q.cache_oblivious_matmul(a, b, leaf=0)
+
+
+def test_packed_and_dynamic_ladders_are_registry_ops():
+    """PackedInt8Weight.matmul and DynamicQuantizedLinear dispatch through quant.int8_packed_gemm /
+    quant.int8_dynamic_linear: backends.use pins them, the version lists are the registry's rungs this CPU runs,
+    and backend/version are keyword-only."""
+    from tinylearn import backends
+    from tinylearn.quant.gemm import PACKED_OP, PACKED_VERSIONS
+    from tinylearn.quant.modules import DYNAMIC_OP, DynamicQuantizedLinear
+
+    assert backends.versions(PACKED_OP, "cpp") == list(dict.fromkeys(PACKED_VERSIONS))
+    assert backends.registered(DYNAMIC_OP) == ["cpp", "numpy"]
+    for listing, op in ((Q.packed_versions(), PACKED_OP), (Q.int8_gemm_paths(), "quant.int8_gemm")):
+        assert listing and set(listing) <= set(backends.versions(op, "cpp"))
+    assert set(Q.gemm.int8_gemm_versions()) <= set(backends.versions("quant.int8_gemm", "cpp"))
+    rng = np.random.default_rng(4)
+    b = rng.integers(-128, 128, (40, 9), dtype=np.int8)
+    a = rng.integers(0, 128, (3, 40), dtype=np.uint8)
+    pk = Q.PackedInt8Weight(b)
+    with backends.use(PACKED_OP, backend="numpy"):
+        np.testing.assert_array_equal(pk.matmul(a, 5), _ref(a.astype(np.int64) - 5, b))
+    with backends.use(PACKED_OP, backend="cpp", version="scalar"):
+        np.testing.assert_array_equal(pk.matmul(a, 5), _ref(a.astype(np.int64) - 5, b))
+        assert pk.last_version == "scalar"
+    np.testing.assert_array_equal(pk.matmul(a, 5, backend="numpy", version="scalar"), _ref(a.astype(np.int64) - 5, b))
+    mod = DynamicQuantizedLinear(rng.standard_normal((9, 40)).astype(np.float32))
+    x = rng.standard_normal((2, 40)).astype(np.float32)
+    y = mod(x).data
+    with backends.use(DYNAMIC_OP, backend="numpy"):
+        np.testing.assert_allclose(mod(x).data, y, rtol=1e-6, atol=1e-6)
+        assert mod.last_kernel == "numpy"
+    with pytest.raises(TypeError):
+        Q.int8_gemm(b.T.copy(), b, "scalar")  # version is keyword-only
+    with pytest.raises(TypeError):
+        pk.matmul(a, 0, "scalar")
+    with pytest.raises(TypeError):
+        tl.gemm.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), "numpy")

@@ -33,6 +33,13 @@ from typing import Any
 import numpy as np
 
 from ..autograd import Function, Tensor
+from ..autograd.autocast_state import (  # noqa: F401  (get_/is_autocast_*: the state lives in autograd, re-exported)
+    _State,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    register_hook,
+    set_dtype,
+)
 from .dtypes import float16, float32, is_floating, low_dtype
 
 # torch aten op -> tinylearn Function class name
@@ -75,25 +82,10 @@ _CATEGORY: dict[str, str] = {
 }
 
 
-class _State:
-    dtype: np.dtype | None = None  # the active autocast dtype (None: autocast off)
-    inside: bool = False  # an autocast op is being applied (its casts must not recurse)
-    n_cast: int = 0  # casts inserted since the last reset (for lessons/tests)
-
-
 def op_category(fn_class: type | str) -> str | None:
     """'lower', 'fp32' or None (runs in its input dtype) for a Function class or its name."""
     name = fn_class if isinstance(fn_class, str) else fn_class.__name__
     return _CATEGORY.get(name)
-
-
-def get_autocast_dtype() -> np.dtype | None:
-    """The dtype of the innermost active autocast context, or None."""
-    return _State.dtype
-
-
-def is_autocast_enabled() -> bool:
-    return _State.dtype is not None
 
 
 class AutocastCast(Function):
@@ -144,17 +136,7 @@ def autocast_hook(cls: type, args: tuple, kwargs: dict) -> Any:
     return out
 
 
-def _hook_module() -> Any:
-    from ..autograd import function
-
-    return function
-
-
-def _install(hook: Callable | None) -> None:
-    mod = _hook_module()
-    if not hasattr(mod, "_autocast_hook"):
-        raise RuntimeError("tinylearn.autograd.function has no _autocast_hook: autocast needs the Function.apply hook")
-    mod._autocast_hook = hook
+register_hook(autocast_hook)
 
 
 class autocast:  # noqa: N801  (torch's name)
@@ -170,14 +152,11 @@ class autocast:  # noqa: N801  (torch's name)
         self._prev: list[np.dtype | None] = []
 
     def __enter__(self) -> autocast:
-        self._prev.append(_State.dtype)
-        _State.dtype = self.dtype if self.enabled else None
-        _install(autocast_hook if _State.dtype is not None else None)
+        self._prev.append(set_dtype(self.dtype if self.enabled else None))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _State.dtype = self._prev.pop()
-        _install(autocast_hook if _State.dtype is not None else None)
+        set_dtype(self._prev.pop())
 
     def __call__(self, fn: Callable) -> Callable:
         def wrapped(*a: Any, **k: Any) -> Any:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import limited_threads
 from ..bench import Comparison, Table, tinygrad_jit
 
 MLP_SIZES = (784, 512, 512, 10)
@@ -418,30 +419,8 @@ def run(
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads: expected a positive int or None, got {threads!r}")
     extra = tuple(t for t in dict.fromkeys(thread_rows) if t != threads and 1 <= t <= (os.cpu_count() or 1))
-    with _threads(threads):
+    with limited_threads(threads, torch=True):
         return _run(full, progress, tuple(cases), threads, extra)
-
-
-class _threads:
-    """Context: torch, numpy's BLAS and OpenMP at ``n`` threads; the previous counts come back on exit."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __enter__(self) -> _threads:
-        import torch
-        from threadpoolctl import threadpool_limits
-
-        self.prev = torch.get_num_threads()
-        torch.set_num_threads(self.n)
-        self.lim = threadpool_limits(limits=self.n)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import torch
-
-        self.lim.restore_original_limits()
-        torch.set_num_threads(self.prev)
 
 
 def _run(
@@ -462,7 +441,7 @@ def _run(
     if "cnn" in cases:
         _cnn_case(cmp, full)
     for n in extra:
-        with _threads(n):
+        with limited_threads(n, torch=True):
             if "mlp" in cases:
                 _thread_row(cmp, "mlp", n)
             if "cnn" in cases:
@@ -539,7 +518,7 @@ def step_phases(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps/warmup: need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
-    with _threads(threads):
+    with limited_threads(threads, torch=True):
         out = {}
         for name, fns in zip(("tinylearn", "torch"), _step_pair(kind, legacy)):
             for _ in range(warmup):
@@ -556,9 +535,7 @@ def step_phases(
 
 def profile_mlp_step(steps: int = 20, top: int = 12, batch: int = 128, threads: int = 1) -> str:
     """cProfile of ``steps`` tinylearn MLP training steps (BLAS capped at ``threads``); top entries by own time."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=threads):
+    with limited_threads(threads):
         return _profile(steps, top, batch)
 
 

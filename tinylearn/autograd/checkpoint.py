@@ -21,13 +21,12 @@ outputs, minimal at k = sqrt(2n) (notebook 11 §6 measures and asserts it).
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .autocast_state import autocast_dtype, get_autocast_dtype
 from .dtypes import is_floating
 from .function import Function
 from .grad_mode import enable_grad, is_grad_enabled, no_grad
@@ -51,26 +50,12 @@ def _rng() -> np.random.Generator:
     return get_rng()
 
 
-def _autocast_dtype() -> Any:
-    mod = sys.modules.get("tinylearn.amp.autocast_mode")  # autocast can only be on if tinylearn.amp is loaded
-    return None if mod is None else mod.get_autocast_dtype()
-
-
-def _autocast_ctx(dtype: Any) -> Any:
-    if dtype is None:
-        mod = sys.modules.get("tinylearn.amp.autocast_mode")
-        return contextlib.nullcontext() if mod is None else mod.autocast(enabled=False)
-    from ..amp import autocast
-
-    return autocast(dtype)
-
-
 class _Checkpoint(Function):
     @staticmethod
     def forward(ctx, _anchor, *args, fn, is_tensor, preserve_rng_state):
         ctx.fn, ctx.is_tensor = fn, is_tensor
         ctx.rng_state = _rng().bit_generator.state if preserve_rng_state else None
-        ctx.autocast_dtype = _autocast_dtype()  # the recomputation must run under the same autocast state
+        ctx.autocast_dtype = get_autocast_dtype()  # the recomputation must run under the same autocast state
         with no_grad():
             out = fn(*[Tensor(a) if t else a for a, t in zip(args, is_tensor)])
         if not isinstance(out, Tensor):
@@ -91,7 +76,7 @@ class _Checkpoint(Function):
         if ctx.rng_state is not None:
             gen.bit_generator.state = ctx.rng_state
         try:
-            with enable_grad(), _autocast_ctx(ctx.autocast_dtype):
+            with enable_grad(), autocast_dtype(ctx.autocast_dtype):
                 out = ctx.fn(*inputs)
         finally:
             gen.bit_generator.state = current

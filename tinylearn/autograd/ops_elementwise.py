@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import ShapeError
 from .function import Function, unbroadcast
+from .relu import relu_array, relu_backward_array  # registered ops autograd.relu / autograd.relu_backward
 
 
 def _bshape(op: str, a, b) -> None:
@@ -237,68 +238,6 @@ class Sigmoid(Function):
     def backward(ctx, g):
         out = ctx.saved_tensors[0]
         return g * out * (1 - out)
-
-
-_RELU_C: list = []  # [module or None]: _C.kernels when it has the ReLU kernels (cpp_src/kernels_relu.cpp)
-_F32_F64 = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-# The one-pass backward kernel: torch's exact select (NaN/inf g where y <= 0 gives 0, NaN y passes g) with no
-# temporary, ~9 us vs ~20 us for g * (y > 0) at [128, 512] fp32 (loaded). False: g * (y > 0), the A/B baseline
-# (torch's values wherever g and y are finite; NaN/inf g where y <= 0 gives NaN, and -0.0 for negative g).
-RELU_BACKWARD_KERNEL = True
-
-
-def _relu_kernels():
-    if not _RELU_C:
-        from ..backends import C_available, load_C
-
-        k = load_C("kernels") if C_available("kernels") else None
-        _RELU_C.append(k if k is not None and hasattr(k, "relu_backward") else None)
-    return _RELU_C[0]
-
-
-def relu_array(a: np.ndarray) -> np.ndarray:
-    """torch.relu on an array: 0 where a < 0, else a (NaN and -0.0 pass through). The result keeps a's memory
-    layout (np.empty_like, order K: a column-major input gives a column-major output). float32/float64 run the
-    C++ kernel (one pass; a layout it declines is first copied into the output); other dtypes take numpy."""
-    k = _relu_kernels()
-    if k is not None and type(a) is np.ndarray and a.dtype in _F32_F64:
-        out = np.empty_like(a)
-        if not k.relu_forward(a, out):  # a layout the kernel declines: copy into out's layout, then in place
-            out[...] = a
-            if not k.relu_forward(out, out):
-                return np.where(a < 0, np.zeros((), a.dtype), a)
-        return out
-    if a.dtype.kind == "f":
-        return np.where(a < 0, np.zeros((), a.dtype), a)
-    return np.maximum(a, a.dtype.type(0))
-
-
-def relu_backward_array(g: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """torch's threshold_backward(g, y, 0): 0 where y <= 0, else g (g = NaN/inf where y <= 0 gives 0; y = NaN passes
-    g). With RELU_BACKWARD_KERNEL the C++ select writes an array of y's layout (a g the kernel cannot read row by row,
-    e.g. sum()'s broadcast gradient, is copied into it first); without the built kernel np.where (exact, slower);
-    with RELU_BACKWARD_KERNEL off g * (y > 0). y is the saved ReLU output."""
-    k = _relu_kernels() if RELU_BACKWARD_KERNEL else None
-    if (
-        k is not None
-        and type(g) is np.ndarray
-        and type(y) is np.ndarray
-        and g.dtype == y.dtype
-        and g.dtype in _F32_F64
-        and g.shape == y.shape
-    ):
-        out = np.empty_like(y)
-        if not k.relu_backward(g, y, out):  # e.g. the broadcast g of sum(): copy into y's layout, then in place
-            out[...] = g
-            if not k.relu_backward(out, y, out):
-                return np.where(y <= 0, np.zeros((), g.dtype), g)
-        return out
-    if RELU_BACKWARD_KERNEL or np.asarray(g).dtype.kind != "f":
-        g = np.asarray(g)
-        return np.where(y <= 0, np.zeros((), g.dtype), g)  # exact select (slow: ~175 us at [128, 512])
-    return g * (y > 0)
 
 
 class ReLU(Function):

@@ -9,29 +9,18 @@ Default sizes (256, 512, 1024) finish in about a minute on 2 cores; ``full=True`
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._threads import limited_threads
 from ..bench import Comparison, Table, tinygrad_jit
 from . import ops
 from .roofline import machine_peak
 
 LIMITS = {"naive": 256, "ikj": 512, "blocked": 1024, "numba": 512}  # largest n each slow rung runs at
 ONE_THREAD = {"cpp naive", "cpp ikj", "cpp blocked", "cpp packed", "cpp simd", "numba blocked", "numpy 1 thread"}
-
-
-@contextlib.contextmanager
-def _one_blas_thread() -> Iterator[None]:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        yield
-        return
-    with threadpool_limits(1):
-        yield
 
 
 def run(
@@ -61,8 +50,10 @@ def run(
                 else:
                     rows.append((name, c.add(name, lambda a=a, b=b, v=v: ops.matmul(a, b, backend="cpp", version=v))))
             if backends.numba_available() and n <= LIMITS["numba"]:
-                rows.append(("numba blocked", c.add("numba blocked", lambda a=a, b=b: ops.matmul(a, b, "numba"))))
-            with _one_blas_thread():
+                rows.append(
+                    ("numba blocked", c.add("numba blocked", lambda a=a, b=b: ops.matmul(a, b, backend="numba")))
+                )
+            with limited_threads(1):
                 rows.append(("numpy 1 thread", c.add("numpy 1 thread", lambda a=a, b=b: a @ b)))
             rows.append(("numpy", c.add("numpy", lambda a=a, b=b: a @ b)))
             rows.append(("torch", c.add("torch", lambda ta=ta, tb=tb: ta @ tb)))

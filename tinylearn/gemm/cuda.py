@@ -37,7 +37,7 @@ def launch(version: str, da: Any, db: Any, dc: Any) -> None:
     kern(grid, block, (da, db, dc, np.int32(m), np.int32(n), np.int32(k)))
 
 
-def matmul_cuda(a: np.ndarray, b: np.ndarray, version: str = "vec4") -> np.ndarray:
+def matmul_cuda(a: np.ndarray, b: np.ndarray, *, version: str = "vec4") -> np.ndarray:
     import cupy
 
     m, k = a.shape

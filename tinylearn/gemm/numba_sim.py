@@ -14,24 +14,15 @@ Python thread): small sizes only.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import numpy as np
 
-if "numba" not in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") is None:
-    from ..backends import cuda_available
+from .. import _cudasim
 
-    if not cuda_available():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+SIMULATED = _cudasim.select()  # before numba is imported: whether the simulator is on
 
 from numba import cuda  # noqa: E402
 
 TILE = 8
-SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 @cuda.jit
@@ -75,11 +66,7 @@ def record_shared_kernel(width, out):
 
 
 def _usable() -> None:
-    if not (SIMULATED or cuda.is_available()):
-        raise RuntimeError(
-            "numba_sim: numba was imported before NUMBA_ENABLE_CUDASIM=1 was set and there is no GPU; "
-            "use tinylearn.gemm.numba_sim.run_in_subprocess(...)"
-        )
+    _cudasim.check_usable(__name__, SIMULATED)
 
 
 def tiled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -115,21 +102,4 @@ _FUNCS = ("tiled_matmul", "record_global", "record_shared")
 
 def run_in_subprocess(func: str, *args: np.ndarray | int, timeout_s: float = 300) -> np.ndarray:
     """Run ``func`` (one of tiled_matmul, record_global, record_shared) in a fresh interpreter with the simulator."""
-    if func not in _FUNCS:
-        raise ValueError(f"func: unknown simulator function {func!r}; known: {', '.join(_FUNCS)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npy"
-        np.savez(inp, *[np.asarray(x) for x in args])
-        code = (
-            "import os, numpy as np\n"
-            "os.environ['NUMBA_ENABLE_CUDASIM'] = '1'\n"
-            "from tinylearn.gemm import numba_sim\n"
-            f"d = np.load({str(inp)!r})\n"
-            "args = [d[k] if d[k].ndim else int(d[k]) for k in d.files]\n"
-            f"np.save({str(out)!r}, np.asarray(numba_sim.{func}(*args)))\n"
-        )
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
-        if proc.returncode != 0:
-            raise RuntimeError(f"numba simulator subprocess failed:\n{proc.stderr[-2000:]}")
-        return np.load(out)
+    return _cudasim.run_in_subprocess(__name__, func, _FUNCS, *args, timeout_s=timeout_s)

@@ -37,14 +37,18 @@ def _check(a: Any, b: Any) -> None:
         raise ValueError(f"b: inner dimensions differ: a is {a.shape}, b is {b.shape} (need a.shape[1] == b.shape[0])")
 
 
-def matmul(a: np.ndarray, b: np.ndarray, backend: str | None = None, version: str | None = None) -> np.ndarray:
-    """C = a @ b for 2-D float32/float64 arrays of any shape and strides; result dtype = input dtype."""
+def matmul(a: np.ndarray, b: np.ndarray, *, backend: str | None = None, version: str | None = None) -> np.ndarray:
+    """C = a @ b for 2-D float32/float64 arrays of any shape and strides; result dtype = input dtype.
+
+    backend: None (the registry picks: cpp when built, else numpy) | "numpy" | "cpp" | "numba" | "triton" | "cuda";
+    version: a rung of that backend (``versions(backend)``), None = its default."""
     _check(a, b)
     return backends.dispatch(OP, a, b, backend=backend, version=version)
 
 
 def versions(backend: str = "cpp") -> list[str]:
-    """The versions (ladder rungs) of ``backend``, slowest idea first."""
+    """Alias of ``backends.versions("gemm.matmul", backend)``: the versions (ladder rungs) of ``backend``, slowest
+    idea first."""
     return backends.versions(OP, backend)
 
 
@@ -95,7 +99,7 @@ def _cuda(version: str) -> Any:
         _fp32_only("cuda", a)
         from .cuda import matmul_cuda
 
-        return matmul_cuda(a, b, version)
+        return matmul_cuda(a, b, version=version)
 
     fn.__name__ = f"matmul_cuda_{version}"
     return fn

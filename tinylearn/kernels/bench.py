@@ -28,55 +28,26 @@ compile in a fresh environment can take a minute more); ``full=True`` adds large
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import backends
+from .._threads import limited_threads as _limited_threads
 from ..bench import Comparison, Table, tinygrad_jit
+from ..bench.roofline import machine_roofs, ridge_point  # noqa: F401  (ridge_point: re-exported for notebook 05)
 from . import cpu, ops, traffic
 
 
-@contextlib.contextmanager
-def limited_threads(n: int | None) -> Iterator[None]:
+def limited_threads(n: int | None) -> contextlib.AbstractContextManager[None]:
     """Limit BLAS and OpenMP (threadpoolctl: numpy's BLAS, tinylearn._C's OpenMP) and torch to ``n`` threads inside
-    the block; ``None`` leaves everything as it is."""
-    if n is None:
-        yield
-        return
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"threads: expected an int >= 1 or None, got {n!r}")
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        with threadpool_limits(n):
-            yield
-    finally:
-        torch.set_num_threads(old)
-
-
-@functools.cache
-def machine_roofs(threads: int | None = None) -> tuple[float, float]:
-    """(peak GFLOP/s, STREAM GB/s) of this machine with ``threads`` threads (None: all), measured once per process."""
-    from ..bench.roofline import peak_gflops, stream_bandwidth
-
-    with limited_threads(threads):
-        return peak_gflops(n=1024, repeat=3).gflops, stream_bandwidth(n=10_000_000, repeat=3)
-
-
-def ridge_point(peak_gflops: float, bandwidth_gbs: float) -> float:
-    """FLOP/byte where the two roofs meet: kernels below it are memory-bound, above it compute-bound."""
-    if peak_gflops <= 0 or bandwidth_gbs <= 0:
-        raise ValueError(f"peak_gflops/bandwidth_gbs: must be > 0, got {peak_gflops}, {bandwidth_gbs}")
-    return peak_gflops / bandwidth_gbs
+    the block; ``None`` leaves everything as it is (``tinylearn._threads.limited_threads`` with torch)."""
+    return _limited_threads(n, torch=True)
 
 
 OPS = ("softmax", "layer_norm", "bias_gelu")
@@ -314,7 +285,7 @@ def _attention_bwd_fns(
     import torch
     import torch.nn.functional as F
 
-    from .._C import kernels as ck
+    ck = backends.load_C("kernels")
 
     n, d = q.shape[-2], q.shape[-1]
     q3, k3, v3, do3 = (a.reshape((-1,) + a.shape[-2:]) for a in (q, k, v, do))
@@ -386,7 +357,7 @@ def attention_backward_table(
 
 
 def _k_bwd_path(d: int) -> str:
-    from .._C import kernels as ck
+    ck = backends.load_C("kernels")
 
     return str(ck.flash_attention_backward_path(d, d))
 

@@ -1,6 +1,7 @@
 """The ``cuda`` backend: the hand-written kernels in cuda_src/*.cu, compiled at run time by cupy.RawModule.
 
-``load(name)`` returns the cupy.RawModule of ``cuda_src/<name>.cu`` and raises RuntimeError when no CUDA device
+``load(name)`` (= ``tinylearn.backends.cuda_module``, the one CUDA loader) returns the cupy.RawModule of
+``cuda_src/<name>.cu`` and raises RuntimeError when no CUDA device
 is usable (``tinylearn.backends.cuda_available()`` is False): nothing here ever pretends a CPU result came from a GPU.
 On a CPU-only box the sources are still compiled to PTX by tests/kernels/test_cuda_compile.py (nvcc -ptx -arch=sm_80).
 
@@ -11,7 +12,6 @@ flash attention v2 (K/V tiles in shared memory, one thread per query row, D <= 1
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._resources import cuda_source
-from ..backends import cuda_available
+from ..backends import cuda_available, cuda_module
 
 NATIVE_DTYPES = (np.float32,)
 WARPS_PER_BLOCK = 4
@@ -36,19 +36,7 @@ def source_path(name: str) -> Path:
     return cuda_source(name)
 
 
-@functools.cache
-def load(name: str) -> Any:
-    """cupy.RawModule for cuda_src/<name>.cu (nvrtc-compiled on first use, cached)."""
-    path = source_path(name)
-    if not cuda_available():
-        raise RuntimeError(
-            f"cuda: cannot load {path.name}: no CUDA device (tinylearn.backends.cuda_available() is False); "
-            "the sources are only compile-checked on this machine"
-        )
-    import cupy
-
-    # -I: the kernels include cuda_src/common.cuh (shared warp reductions)
-    return cupy.RawModule(code=path.read_text(), options=("-std=c++14", f"-I{path.parent}"))
+load = cuda_module  # the one CUDA loader lives in tinylearn.backends; this name stays for older callers
 
 
 def _dev(a: np.ndarray) -> Any:

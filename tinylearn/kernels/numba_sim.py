@@ -18,32 +18,19 @@ and ``softmax_rows`` raise RuntimeError — use ``run_in_subprocess(...)`` (what
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import numpy as np
 
-if "numba" not in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") is None:
-    from ..backends import cuda_available
+from .. import _cudasim
 
-    if not cuda_available():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+SIMULATED = _cudasim.select()  # before numba is imported: whether the simulator is on
 
 from numba import cuda  # noqa: E402
 
 THREADS = 32  # threads per block (a power of two); shared arrays below are sized with it
-SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 def _usable() -> None:
-    if not (SIMULATED or cuda.is_available()):
-        raise RuntimeError(
-            "numba_sim: numba was imported before NUMBA_ENABLE_CUDASIM=1 was set and there is no GPU; "
-            "call tinylearn.kernels.numba_sim.run_in_subprocess(...) or set the variable before importing numba"
-        )
+    _cudasim.check_usable(__name__, SIMULATED)
 
 
 @cuda.jit
@@ -128,23 +115,9 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
     return y
 
 
+_FUNCS = ("block_reduce_sum", "softmax_rows")
+
+
 def run_in_subprocess(func: str, *arrays: np.ndarray, timeout_s: float = 300) -> np.ndarray:
     """Run ``func`` (``'block_reduce_sum'`` or ``'softmax_rows'``) in a fresh interpreter with the simulator on."""
-    if func not in ("block_reduce_sum", "softmax_rows"):
-        raise ValueError(f"func: unknown simulator function {func!r}; known: block_reduce_sum, softmax_rows")
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npy"
-        np.savez(inp, *arrays)
-        code = (
-            "import os, numpy as np\n"
-            "os.environ['NUMBA_ENABLE_CUDASIM'] = '1'\n"
-            "from tinylearn.kernels import numba_sim\n"
-            f"d = np.load({str(inp)!r})\n"
-            f"r = numba_sim.{func}(*[d[k] for k in d.files])\n"
-            f"np.save({str(out)!r}, np.asarray(r))\n"
-        )
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
-        if proc.returncode != 0:
-            raise RuntimeError(f"numba simulator subprocess failed:\n{proc.stderr[-2000:]}")
-        return np.load(out)
+    return _cudasim.run_in_subprocess(__name__, func, _FUNCS, *arrays, timeout_s=timeout_s)

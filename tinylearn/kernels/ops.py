@@ -5,8 +5,9 @@
     bias_gelu(x, bias, approximate)        gelu(x + bias), bias broadcast along the last dim
     flash_attention(q, k, v, causal)       softmax(q k^T / sqrt(D)) v on [..., N, D], tiled with online softmax
 
-Backends (``available_backends()``), registered in ``tinylearn.backends`` as ops ``kernels.<op>``: ``numpy``
-(unfused reference), ``cpu`` (= ``cpp``: fused C++/OpenMP), ``triton``
+Backends (``available_backends()``), registered in ``tinylearn.backends`` as ops ``kernels.<op>`` (one
+``_register`` call per backend and ladder below; pin one with ``backends.use("kernels.softmax", backend=...)``):
+``numpy`` (unfused reference), ``cpu`` (= ``cpp``: fused C++/OpenMP), ``triton``
 (``@triton.jit`` kernels; on a CPU box they run under TRITON_INTERPRET=1), ``cuda`` (cuda_src/ kernels through
 cupy, only when a GPU exists). Backward functions exist for ``numpy`` and ``cpu`` (and ``cuda`` where a kernel is
 written); flash-attention backward recomputes P from the saved log-sum-exp.
@@ -30,63 +31,17 @@ from .._inputs import as_array
 _FLOATS = (np.float16, np.float32, np.float64)
 PUBLIC_NAMES = {"cpp": "cpu"}  # this topic named the C++ backend "cpu" first; both spellings are accepted
 
-# backend -> (module, {op: [(version, attribute, fixed keywords), ...]}); the first version is the default
-_ALL = ("softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "bias_gelu", "bias_gelu_backward")
-_TABLE: dict[str, tuple[str, dict[str, list[tuple[str, str, dict[str, Any]]]]]] = {
-    "numpy": (
-        "tinylearn.kernels.reference",
-        {
-            **{op: [("default", op, {})] for op in _ALL + ("attention", "attention_backward")},
-            "softmax": [("three_pass", "softmax", {}), ("online", "softmax_online", {})],
-        },
-    ),
-    "cpp": (
-        "tinylearn.kernels.cpu",
-        {
-            **{op: [("default", op, {})] for op in _ALL + ("attention", "attention_backward")},
-            # the first version of each list is the default (vec_math SIMD, OpenMP over rows above a grain size)
-            "softmax": [
-                ("simd_omp", "softmax", {"version": "simd_omp"}),
-                ("three_pass", "softmax", {"version": "three_pass"}),
-                ("online", "softmax", {"version": "online"}),
-                ("simd", "softmax", {"version": "simd"}),
-                ("online_simd", "softmax", {"version": "online_simd"}),
-            ],
-            "layer_norm": [
-                ("simd_omp", "layer_norm", {"version": "simd_omp"}),
-                ("two_pass", "layer_norm", {"version": "two_pass"}),
-                ("welford", "layer_norm", {"version": "welford"}),
-                ("simd", "layer_norm", {"version": "simd"}),
-            ],
-            "attention": [
-                ("blocked_simd_omp", "attention", {"version": "blocked_simd_omp"}),
-                ("tiled", "attention", {"version": "tiled"}),
-                ("blocked_simd", "attention", {"version": "blocked_simd"}),
-            ],
-            "attention_backward": [
-                ("blocked_simd_omp", "attention_backward", {"version": "blocked_simd_omp"}),
-                ("tiled", "attention_backward", {"version": "tiled"}),
-                ("blocked_simd", "attention_backward", {"version": "blocked_simd"}),
-            ],
-        },
-    ),
-    "triton": (
-        "tinylearn.kernels.triton_kernels",
-        {
-            "softmax": [
-                ("one_block", "softmax", {"version": "one_block"}),
-                ("online", "softmax", {"version": "online"}),
-            ],
-            "layer_norm": [("default", "layer_norm", {})],
-            "bias_gelu": [("default", "bias_gelu", {})],
-            "attention": [("default", "attention", {})],
-        },
-    ),
-    "cuda": ("tinylearn.kernels.cuda", {op: [("default", op, {})] for op in _ALL + ("attention",)}),
+_MODULES = {
+    "numpy": "tinylearn.kernels.reference",
+    "cpp": "tinylearn.kernels.cpu",
+    "triton": "tinylearn.kernels.triton_kernels",
+    "cuda": "tinylearn.kernels.cuda",
 }
 # backend=None: cpp when built, else numpy. triton runs interpreted on a CPU box and cuda moves host arrays over
 # PCIe for one memory-bound op, so both are used only when named.
 _PRIORITY = {"numpy": 10, "cpp": 20, "triton": 5, "cuda": 1}
+_ALL = ("softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "bias_gelu", "bias_gelu_backward")
+_ATTN = ("attention", "attention_backward")
 
 
 class Kernel:
@@ -108,22 +63,78 @@ class Kernel:
         return getattr(self.module, self.attr)(*args, **self.fixed, **kw)
 
 
-def _register() -> None:
-    for b, (module, table) in _TABLE.items():
-        extra = (lambda: backends.C_available("kernels")) if b == "cpp" else None
-        for op, vs in table.items():
-            for version, attr, fixed in vs:
-                backends.register(
-                    f"kernels.{op}",
-                    b,
-                    Kernel(b, module, attr, fixed),
-                    version=version,
-                    priority=_PRIORITY[b],
-                    available=extra,
-                )
+def _register(op: str, backend: str, versions: tuple[str, ...] = ("default",), attr: str | None = None) -> None:
+    """Register ``<backend module>.<attr or op>`` as ``kernels.<op>``, one entry per version (the first is the
+    default); a named cpp/triton version reaches the kernel as ``version=`` (numpy's versions are separate
+    functions, named by ``attr``). The module is imported on the first call."""
+    extra = (lambda: backends.C_available("kernels")) if backend == "cpp" else None
+    for v in versions:
+        fixed = {"version": v} if v != "default" and backend in ("cpp", "triton") else {}
+        kernel = Kernel(backend, _MODULES[backend], attr or op, fixed)
+        backends.register(
+            f"kernels.{op}",
+            backend,
+            kernel,
+            version=v,
+            priority=_PRIORITY[backend],
+            available=extra,
+            example=_EXAMPLES.get(op),
+        )
 
 
-_register()
+def _examples() -> dict[str, Any]:
+    """rng -> (args, kwargs) per op, in the kernels' canonical shapes (2-D rows, 3-D [BH, N, D]), for the
+    conformance test (tests/common/test_conformance.py)."""
+
+    def rows(rng: Any, r: int = 5, c: int = 37) -> np.ndarray:
+        return rng.standard_normal((r, c)).astype(np.float32)
+
+    def ln_bwd(rng: Any) -> tuple[tuple, dict]:
+        from . import reference
+
+        x, w, b = rows(rng), rows(rng, 1)[0], rows(rng, 1)[0]
+        _, mean, rstd = reference.layer_norm(x, w, b, 1e-5)
+        return (rows(rng), x, w, mean, rstd), {}
+
+    def attn(rng: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(rng.standard_normal((2, n, 16)).astype(np.float32) for n in (9, 11, 11))
+
+    def attn_bwd(rng: Any) -> tuple[tuple, dict]:
+        from . import reference
+
+        q, k, v = attn(rng)
+        o, lse = reference.attention(q, k, v, True, 64)
+        return (q, k, v, o, lse, rng.standard_normal(o.shape).astype(np.float32), True, 64), {}
+
+    return {
+        "softmax": lambda rng: ((rows(rng),), {}),
+        "softmax_backward": lambda rng: ((np.abs(rows(rng)) / 37, rows(rng)), {}),
+        "layer_norm": lambda rng: ((rows(rng), rows(rng, 1)[0], rows(rng, 1)[0], 1e-5), {}),
+        "layer_norm_backward": ln_bwd,
+        "bias_gelu": lambda rng: ((rows(rng), rows(rng, 1)[0], "none"), {}),
+        "bias_gelu_backward": lambda rng: ((rows(rng), rows(rng), rows(rng, 1)[0], "tanh"), {}),
+        "attention": lambda rng: ((*attn(rng), True, 64), {}),
+        "attention_backward": attn_bwd,
+    }
+
+
+_EXAMPLES = _examples()
+_register("softmax", "numpy", ("three_pass",))
+_register("softmax", "numpy", ("online",), attr="softmax_online")
+for _op in _ALL[1:] + _ATTN:
+    _register(_op, "numpy")
+# cpp: the first version of each ladder is the default (vec_math SIMD, OpenMP over rows above a grain size)
+_register("softmax", "cpp", ("simd_omp", "three_pass", "online", "simd", "online_simd"))
+_register("layer_norm", "cpp", ("simd_omp", "two_pass", "welford", "simd"))
+for _op in _ATTN:
+    _register(_op, "cpp", ("blocked_simd_omp", "tiled", "blocked_simd"))
+for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward"):
+    _register(_op, "cpp")
+_register("softmax", "triton", ("one_block", "online"))
+for _op in ("layer_norm", "bias_gelu", "attention"):
+    _register(_op, "triton")
+for _op in _ALL + ("attention",):
+    _register(_op, "cuda")
 
 
 def public_name(backend: str) -> str:
@@ -149,6 +160,22 @@ def _kernel(op: str, backend: str | None, version: str | None = None) -> Kernel:
     except (ValueError, RuntimeError) as e:
         raise type(e)(f"{e}; available: {available_backends()}") from None
     return fn
+
+
+def tensor_path(op: str, dtype: Any) -> tuple[str, str | None] | None:
+    """(backend, version) a Tensor-level op (``tl.nn.functional``) runs ``kernels.<op>`` on for ``dtype``: the
+    registry's choice (a ``backends.use`` pin, else the fastest available), or ``("numpy", None)`` when that backend
+    lacks the dtype (fp64 always keeps fp64). None: not float32/float64, so the Tensor op's own numpy code runs."""
+    if np.dtype(dtype).type not in (np.float32, np.float64):
+        return None
+    b, v, k = backends.resolve(f"kernels.{op}")
+    return (b, v) if np.dtype(dtype).type in k.module.NATIVE_DTYPES else ("numpy", None)
+
+
+def backward_backend(op: str, forward_backend: str) -> str:
+    """The backend for ``kernels.<op>_backward`` after a forward on ``forward_backend``: the same one when it has a
+    backward kernel, else the numpy reference."""
+    return forward_backend if forward_backend in backends.registered(f"kernels.{op}_backward") else "numpy"
 
 
 def _as_float(x: Any, name: str) -> np.ndarray:

@@ -282,11 +282,6 @@ class Allocator:
         )
 
 
-def load_cpp() -> Any:
-    """tinylearn._C.memory, or RuntimeError explaining why the C++ backend is unavailable."""
-    return backends.load_C("memory")
-
-
 def register_core(kind: str, python_core: Any, cpp_core: Any) -> None:
     """Register an allocator's two cores as op ``memory.<kind>``: ``python`` (reference) and ``cpp`` (same offsets).
 
@@ -295,7 +290,7 @@ def register_core(kind: str, python_core: Any, cpp_core: Any) -> None:
     backends.register(
         f"memory.{kind}",
         "cpp",
-        lambda *args: cpp_core(load_cpp(), *args),
+        lambda *args: cpp_core(backends.load_C("memory"), *args),
         available=lambda: backends.C_available("memory"),
     )
 

@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
 from ..bench import Comparison, Row, Table, measure
 from . import planner
-from .base import STAT_KEYS, load_cpp  # noqa: F401  (STAT_KEYS: documented stats keys)
+from .base import STAT_KEYS  # noqa: F401  (STAT_KEYS: documented stats keys)
 from .buddy import BuddyAllocator, next_pow2
 from .bump import BumpAllocator
 from .caching import CachingAllocator
@@ -172,7 +173,7 @@ def latency_table(full: bool = False, progress: Any = None) -> Table:
                 ("torch.empty", _object_replay(ops, _torch_empty(torch), _drop), "py loop"),
                 ("numpy.empty", _object_replay(ops, _numpy_empty, _drop), "py loop"),
                 ("glibc malloc", handle_replay(ops, c_malloc, c_free), "py loop (ctypes)"),
-                ("glibc malloc C++", partial(load_cpp().malloc_replay, ops), "C++ loop"),
+                ("glibc malloc C++", partial(backends.load_C("memory").malloc_replay, ops), "C++ loop"),
             ]
             for impl, fn, how in fns:
                 _add(c, impl, fn, how, pairs)
@@ -223,7 +224,7 @@ def fastpath_rows(
 ) -> Table:
     """ns per malloc+free pair of one size, C++ loop and Python loop (see the module docstring, table 0)."""
     sizes = FASTPATH_SIZES if sizes is None else sizes
-    C = load_cpp()
+    C = backends.load_C("memory")
     table = Table("memory: caching allocator fast path, malloc+free pairs of one size", baseline="glibc malloc C++")
     c_malloc, c_free = glibc_ctypes()
 

@@ -109,6 +109,6 @@ register_core("Buddy", PyBuddy, lambda C, *a: C.Buddy(*a))
 class BuddyAllocator(Allocator):
     """Binary buddy allocator over ``capacity`` bytes with blocks of at least ``min_block`` bytes."""
 
-    def __init__(self, capacity: int, min_block: int = 256, backend: str = "python") -> None:
+    def __init__(self, capacity: int, min_block: int = 256, *, backend: str = "python") -> None:
         super().__init__(*make_core("Buddy", backend, capacity, min_block))
         self.min_block = int(min_block)

@@ -56,7 +56,7 @@ register_core("Bump", PyBump, lambda C, *a: C.Bump(*a))
 class BumpAllocator(Allocator):
     """Linear allocator over an arena of ``capacity`` bytes; see the module docstring."""
 
-    def __init__(self, capacity: int, alignment: int = 64, backend: str = "python") -> None:
+    def __init__(self, capacity: int, alignment: int = 64, *, backend: str = "python") -> None:
         super().__init__(*make_core("Bump", backend, capacity, alignment))
 
     def reset(self) -> None:

@@ -44,7 +44,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Allocator, align_up, check_int, external_fragmentation, load_cpp, make_core, register_core
+from .. import backends
+from .base import Allocator, align_up, check_int, external_fragmentation, make_core, register_core
 from .freelist import PyFreeList
 
 MiB = 1 << 20
@@ -366,6 +367,7 @@ class CachingAllocator(Allocator):
         min_large_alloc: int = DEFAULT.min_large_alloc,
         round_large: int = DEFAULT.round_large,
         max_split_size: int | None = DEFAULT.max_split_size,
+        *,
         backend: str = "python",
         fast_path: bool = True,
         thread_cache: int = 0,
@@ -384,7 +386,9 @@ class CachingAllocator(Allocator):
         if name != "cpp" and thread_cache:
             raise ValueError(f"thread_cache: only the C++ core has a per-thread cache (backend={backend!r})")
         if name == "cpp" and (not fast_path or thread_cache):
-            core = _cpp_caching(load_cpp(), capacity, config, fast_path, thread_cache, thread_cache_bytes)
+            core = _cpp_caching(
+                backends.load_C("memory"), capacity, config, fast_path, thread_cache, thread_cache_bytes
+            )
         super().__init__(core, name)
         self.round_to = int(round_to)
         self.fast_path = fast_path and name == "cpp"

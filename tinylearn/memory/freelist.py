@@ -106,7 +106,7 @@ class FirstFitAllocator(Allocator):
 
     best_fit = False
 
-    def __init__(self, capacity: int, alignment: int = 64, backend: str = "python") -> None:
+    def __init__(self, capacity: int, alignment: int = 64, *, backend: str = "python") -> None:
         super().__init__(*make_core("FreeList", backend, capacity, alignment, self.best_fit))
 
 

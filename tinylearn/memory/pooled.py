@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import load_cpp
+from .. import backends
 
 
 class _Block:
@@ -108,7 +108,7 @@ class NumpyHandlerStats:
 
     def stats(self) -> dict[str, int]:
 
-        return dict(load_cpp().handler_stats(self._handler))
+        return dict(backends.load_C("memory").handler_stats(self._handler))
 
     def __getattr__(self, name: str) -> int:
         if name in ("n_malloc", "n_free", "n_fallback", "n_system"):
@@ -119,17 +119,17 @@ class NumpyHandlerStats:
 @contextlib.contextmanager
 def _numpy_handler(handler: Any) -> Iterator[NumpyHandlerStats]:
 
-    prev = load_cpp().set_numpy_handler(handler)
+    prev = backends.load_C("memory").set_numpy_handler(handler)
     try:
         yield NumpyHandlerStats(handler)
     finally:
-        load_cpp().set_numpy_handler(prev)
+        backends.load_C("memory").set_numpy_handler(prev)
 
 
 def count_numpy_allocations() -> contextlib.AbstractContextManager[NumpyHandlerStats]:
     """Context manager: numpy data allocations go to glibc malloc as usual but are counted (``.n_malloc``)."""
 
-    return _numpy_handler(load_cpp().counting_numpy_handler())
+    return _numpy_handler(backends.load_C("memory").counting_numpy_handler())
 
 
 @contextlib.contextmanager
@@ -148,7 +148,7 @@ def pooled(alloc: Any, numpy: bool = False) -> Iterator[Any]:
         if not isinstance(alloc, CachingAllocator) or alloc.backend != "cpp":
             raise TypeError(f"alloc: numpy=True needs CachingAllocator(backend='cpp'), got {alloc!r}")
 
-        with _numpy_handler(load_cpp().numpy_handler(alloc._core)) as counters:
+        with _numpy_handler(backends.load_C("memory").numpy_handler(alloc._core)) as counters:
             yield counters
         return
     hook = PoolHook(alloc)
@@ -194,7 +194,7 @@ class TraceRecorder:
 
     def __enter__(self) -> TraceRecorder:
         if self.level == "numpy":
-            self._handler = load_cpp().recording_numpy_handler()
+            self._handler = backends.load_C("memory").recording_numpy_handler()
             self._ctx = _numpy_handler(self._handler)
             self._ctx.__enter__()
         else:
@@ -204,7 +204,7 @@ class TraceRecorder:
     def __exit__(self, *exc: object) -> None:
         if self.level == "numpy":
             self._ctx.__exit__(*exc)
-            rows = [tuple(r) for r in load_cpp().handler_trace(self._handler).tolist()]
+            rows = [tuple(r) for r in backends.load_C("memory").handler_trace(self._handler).tolist()]
             n = sum(1 for op, _ in rows if op == 0)
             freed = {arg for op, arg in rows if op == 1}
             self._ops = rows + [(1, i) for i in range(n) if i not in freed]

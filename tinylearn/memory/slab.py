@@ -135,6 +135,7 @@ class SlabAllocator(Allocator):
         capacity: int = 1 << 24,
         slab_size: int = 1 << 16,
         alignment: int = 16,
+        *,
         backend: str = "python",
     ) -> None:
         core, name = make_core("Slab", backend, sizes, capacity, slab_size, alignment)

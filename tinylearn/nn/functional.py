@@ -1,6 +1,7 @@
 """``tinylearn.nn.functional`` (import as F): stateless ops used by the layers.
 
-Activations and softmax are Tensor methods (VJPs in tinylearn/autograd/ops_*.py); linear, losses, norms,
+Activations are Tensor methods (VJPs in tinylearn/autograd/ops_*.py); softmax, gelu, layer_norm and
+scaled_dot_product_attention run the registered fused kernels (functional_fused.py); linear, losses, norms,
 dropout and embedding are fused Functions here and in functional_loss.py / functional_norm.py.
 conv2d / max_pool2d / avg_pool2d are the im2col autograd Functions of tinylearn.conv (tinylearn/conv/functional.py);
 nn.MaxPool2d runs max pooling through a direct C++ kernel in the common case (functional_pool.py).
@@ -15,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd import factory as _factory
 from ..autograd.function import Function
 from ..autograd.linalg import Linear as _LinearFn
 from ..autograd.tensor import Tensor
 from ..conv.functional import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
+from . import functional_fused as _fused
 from .functional_act import *  # noqa: F403  (activations, one_hot)
+from .functional_dropout import DropoutFn, dropout  # noqa: F401  (DropoutFn: kept importable from here)
 from .functional_extra import *  # noqa: F403  (more losses, sdpa, group_norm, pad, torch's cross_entropy)
 from .functional_extra import cross_entropy
 from .functional_loss import mse_loss
@@ -33,7 +35,8 @@ def relu(x: Tensor) -> Tensor:
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    return x.gelu(approximate=approximate)
+    """torch's gelu on the registered ``kernels.bias_gelu`` kernel (functional_fused.py), with autograd."""
+    return _fused.GELU.apply(x, approximate=approximate)
 
 
 def sigmoid(x: Tensor) -> Tensor:
@@ -45,7 +48,8 @@ def tanh(x: Tensor) -> Tensor:
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return x.softmax(dim)
+    """torch's softmax on the registered ``kernels.softmax`` kernel (functional_fused.py), with autograd."""
+    return _fused.Softmax.apply(x, dim=dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -55,31 +59,6 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y = x @ weight.T + bias (weight [out, in], like torch)."""
     return _LinearFn.apply(x, weight, bias)
-
-
-class DropoutFn(Function):
-    @staticmethod
-    def forward(ctx, x, mask=None, scale=1.0):
-        ctx.save_for_backward(mask)
-        ctx.scale = scale
-        return x * mask * x.dtype.type(scale)
-
-    @staticmethod
-    def backward(ctx, g):
-        (mask,) = ctx.saved_tensors
-        return g * mask * g.dtype.type(ctx.scale)
-
-
-def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
-    """Inverted dropout: zero each element with probability p and scale the rest by 1/(1-p); identity in eval."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p: dropout probability must be in [0, 1], got {p}")
-    if not training or p == 0.0:
-        return x
-    if p == 1.0:
-        return x * 0.0
-    mask = _factory.get_rng().random(x.shape) >= p
-    return DropoutFn.apply(x, mask=mask, scale=1.0 / (1.0 - p))
 
 
 class EmbeddingFn(Function):

@@ -20,7 +20,9 @@ import numpy as np
 from ..autograd import factory as _f
 from ..autograd.ops_movement import Pad
 from ..autograd.tensor import Tensor
+from . import functional_fused as _fused
 from .functional_act import softplus
+from .functional_dropout import dropout
 
 _RED = ("mean", "sum", "none")
 
@@ -159,9 +161,12 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | None = None,
 ) -> Tensor:
-    """softmax(Q K^T * scale + mask) V; a bool mask keeps True positions, a float mask is added."""
-    from .functional import dropout
+    """softmax(Q K^T * scale + mask) V; a bool mask keeps True positions, a float mask is added.
 
+    Without mask, dropout or a non-default scale (and outside autocast) this is one node on the registered
+    ``kernels.attention`` flash kernel (functional_fused.py); otherwise the composite below."""
+    if _fused.sdpa_fits(query, key, value, attn_mask, dropout_p, scale):
+        return _fused.ScaledDotProductAttention.apply(query, key, value, causal=bool(is_causal))
     lq, lk = query.shape[-2], key.shape[-2]
     s = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
     if is_causal:

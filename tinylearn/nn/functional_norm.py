@@ -10,8 +10,9 @@ batch_norm: statistics over all dims except 1 (channels). Training uses the batc
 running buffers in place: running = (1 - momentum) * running + momentum * batch, with the *unbiased* variance
 (m / (m - 1)) for running_var — exactly torch's rule. Eval uses the running statistics (a per-channel affine
 map, so dx = g * gamma / sqrt(running_var + eps)).
-layer_norm: statistics over the trailing ``normalized_shape`` dims of each sample; its arithmetic is
-``tinylearn.kernels.reference.layer_norm`` / ``layer_norm_backward`` (the unfused numpy reference), not a copy.
+layer_norm: statistics over the trailing ``normalized_shape`` dims of each sample; its arithmetic is the registered
+``kernels.layer_norm`` / ``layer_norm_backward`` kernel (float32/float64: the C++ one when built; see
+functional_fused.py), else ``tinylearn.kernels.reference`` (the unfused numpy reference), not a copy.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..kernels import reference
+from . import functional_fused as _fused
 
 
 class BatchNormFn(Function):
@@ -102,12 +104,17 @@ class LayerNormFn(Function):
         for name, a in (("weight", weight), ("bias", bias)):
             if a is not None and a.shape != tuple(normalized_shape):
                 raise ValueError(f"layer_norm: {name} shape {a.shape} != normalized_shape {tuple(normalized_shape)}")
-        # the math is the fused-kernels topic's numpy reference (one copy): rows = leading dims, cols = normalised
+        # the fused-kernels topic's registered kernel (float32/float64: the C++ one when built), else its numpy
+        # reference (one copy of the math): rows = leading dims, cols = normalised
         c = int(np.prod(normalized_shape))
         w = np.ones(c, x.dtype) if weight is None else weight.reshape(c)
         b = np.zeros(c, x.dtype) if bias is None else bias.reshape(c)
         x2 = x.reshape(-1, c)
-        y, mean, rstd = reference.layer_norm(x2, w, b, eps)
+        ctx.kernel = _fused.layer_norm_path(x, weight, bias)
+        if ctx.kernel is None:
+            y, mean, rstd = reference.layer_norm(x2, w, b, eps)
+        else:
+            y, mean, rstd = _fused.layer_norm_forward(x2, w, b, eps, ctx.kernel)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.shapes = (x.shape, tuple(normalized_shape), weight is not None, bias is not None)
         return y.reshape(x.shape)
@@ -117,7 +124,10 @@ class LayerNormFn(Function):
         x2, w, mean, rstd = ctx.saved_tensors
         x_shape, norm, has_w, has_b = ctx.shapes
         nx, nw, nb = ctx.needs_input_grad[:3]
-        dx, dw, db = reference.layer_norm_backward(g.reshape(x2.shape), x2, w, mean, rstd)
+        if ctx.kernel is None:
+            dx, dw, db = reference.layer_norm_backward(g.reshape(x2.shape), x2, w, mean, rstd)
+        else:
+            dx, dw, db = _fused.layer_norm_backward(g.reshape(x2.shape), x2, w, mean, rstd, ctx.kernel)
         return (
             dx.reshape(x_shape) if nx else None,
             dw.reshape(norm) if nw and has_w else None,

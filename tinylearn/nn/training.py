@@ -11,26 +11,18 @@ None leaves them alone).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._threads import limited_threads
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..data.loader import DataLoader
 from ..optim import SGD, Adam, AdamW
 from .functional_loss import cross_entropy
 from .module import Module
-
-
-def _thread_limit(n: int | None) -> Any:
-    if n is None:
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=n)
 
 
 def _make_optimizer(model: Module, optimizer: Any, lr: float, weight_decay: float) -> Any:
@@ -64,7 +56,7 @@ def fit(
     """Train ``model`` with softmax cross-entropy; returns {"loss": [...], "acc": [...]} per epoch (train set;
     plus "val_acc" when X_val/y_val are given). ``optimizer``: "adam" | "adamw" | "sgd" (momentum 0.9) or an
     Optimizer instance. ``progress=True`` shows a tqdm bar over epochs."""
-    with _thread_limit(threads):
+    with limited_threads(threads):
         return _fit(model, X, y, epochs, lr, batch_size, optimizer, seed, progress, weight_decay, X_val, y_val)
 
 
@@ -145,7 +137,7 @@ def predict(model: Module, X: np.ndarray, batch_size: int = 512, threads: int | 
     was = model.training
     model.eval()
     outs = []
-    with no_grad(), _thread_limit(threads):
+    with no_grad(), limited_threads(threads):
         for i in range(0, len(X), batch_size):
             outs.append(model(Tensor(np.ascontiguousarray(X[i : i + batch_size]))).data)
     model.train(was)

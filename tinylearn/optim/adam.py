@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autograd.tensor import Tensor
 from .optimizer import Optimizer, check_betas, register_step
 
 
@@ -30,7 +31,8 @@ class Adam(Optimizer):
         weight_decay: float = 0.0,
         amsgrad: bool = False,
         maximize: bool = False,
-        backend: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"{type(self).__name__}: lr {lr}, eps {eps}, weight_decay {weight_decay} must be >= 0")
@@ -54,9 +56,10 @@ class AdamW(Adam):
         weight_decay: float = 1e-2,
         amsgrad: bool = False,
         maximize: bool = False,
-        backend: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, backend)
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, backend=backend)
 
 
 def _init_state(w: np.ndarray, state: dict[str, Any], group: dict[str, Any]) -> None:
@@ -130,4 +133,13 @@ def _step_cpp(opt: Adam, w: np.ndarray, g: np.ndarray, state: dict[str, Any], gr
     _step_numpy(opt, w, g, state, group)
 
 
-register_step(Adam.op, _step_numpy, _step_cpp)
+def _example(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """One AdamW step (amsgrad) on a [5, 37] float32 parameter at step 3, with moment estimates."""
+    w, g, m = (rng.standard_normal((5, 37)).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal((5, 37))).astype(np.float32)
+    opt = AdamW([Tensor(w.copy(), requires_grad=True)], lr=1e-2, amsgrad=True)
+    state = {"step": 3, "exp_avg": m, "exp_avg_sq": v, "max_exp_avg_sq": v * 1.5}
+    return (opt, w, g, state, opt.param_groups[0]), {}
+
+
+register_step(Adam.op, _step_numpy, _step_cpp, example=_example)

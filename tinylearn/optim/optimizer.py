@@ -3,9 +3,10 @@
 Updates happen in place on ``p.data`` under no graph recording. Each optimizer's per-parameter update is one op
 in ``tinylearn.backends`` (``optim.sgd_step``, ``optim.adam_step``) with two backends computing the same update:
 "numpy" (several in-place array passes) and "cpp" (one fused pass per parameter, tinylearn._C.optim; used for
-C-contiguous float32/float64 parameters, the others fall back to the numpy passes). ``backend="auto"`` (default,
-same as None) picks the fastest available, i.e. cpp when the extension is built; "cpu" is an alias of "cpp".
-The backend is resolved once, when the optimizer is built.
+C-contiguous float32/float64 parameters, the others fall back to the numpy passes). ``backend=None`` (default; "auto"
+is accepted as its old spelling) takes what ``tinylearn.backends`` picks: a ``backends.use(op, backend=...)`` pin,
+else the fastest available (cpp when the extension is built); "cpu" is an alias of "cpp". The backend is resolved
+once, when the optimizer is built.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ import numpy as np
 from .. import backends
 from ..autograd.tensor import Tensor
 
-BACKENDS = ("numpy", "cpp")  # the names an optimizer accepts (+ "auto"/None for the fastest, "cpu" for "cpp")
-
 
 def has_fused_steps() -> bool:
     """True when tinylearn._C.optim (the fused C++ updates) is built."""
     return backends.C_available("optim")
 
 
-def register_step(op: str, numpy_fn: Callable[..., None], cpp_fn: Callable[..., None]) -> None:
-    """Register an optimizer's per-parameter update ``fn(opt, w, g, state, group)`` on its two backends."""
-    backends.register(op, "numpy", numpy_fn)
+def register_step(
+    op: str,
+    numpy_fn: Callable[..., None],
+    cpp_fn: Callable[..., None],
+    example: Callable[[Any], tuple[tuple, dict]] | None = None,
+) -> None:
+    """Register an optimizer's per-parameter update ``fn(opt, w, g, state, group)`` on its two backends
+    (``example``: rng -> ((opt, w, g, state, group), {}) for the registry's conformance test)."""
+    backends.register(op, "numpy", numpy_fn, example=example)
     backends.register(op, "cpp", cpp_fn, available=has_fused_steps)
 
 
@@ -40,18 +45,15 @@ class Optimizer:
     # tinylearn.autograd.bench.step_phases); below it the update runs on the calling thread.
     _omp_kw: dict[str, int] = {}
 
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], backend: str | None = "auto") -> None:
-        if backend == "auto":
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, backend: str | None = None) -> None:
+        if backend == "auto":  # the old spelling of None
             backend = None
-        elif backend is not None and backends.canonical(backend) not in BACKENDS:
-            raise ValueError(f"backend: expected one of {['auto', *BACKENDS]} (or None), got {backend!r}")
-        if self.op:
+        if self.op:  # the registry checks the name: ValueError listing the backends registered for the op
             self.backend, _, self._step_fn = backends.resolve(self.op, backend)
         elif backend in (None, "numpy"):
             self.backend, self._step_fn = "numpy", None
         else:
             raise ValueError(f"backend: {type(self).__name__} has only a numpy update, got {backend!r}")
-        self._fused = backends.load_C("optim") if self.backend == "cpp" else None
         self.defaults = dict(defaults)
         self.state: dict[Tensor, dict[str, Any]] = {}
         self._scratch: dict[tuple, np.ndarray] = {}
@@ -114,6 +116,11 @@ class Optimizer:
                     p.data = p.data.copy()
                 self._update(p.data, g, st, group)
         return loss
+
+    @property
+    def _fused(self) -> Any:
+        """tinylearn._C.optim when this optimizer runs on cpp, else None (looked up, not stored: copyable)."""
+        return backends.load_C("optim") if self.backend == "cpp" else None
 
     def fused_ok(self, *arrays: np.ndarray) -> bool:
         """True when the C++ kernel can update these arrays in place (same float dtype, C-contiguous, writable)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autograd.tensor import Tensor
 from .optimizer import Optimizer, register_step
 
 
@@ -28,7 +29,8 @@ class SGD(Optimizer):
         dampening: float = 0.0,
         nesterov: bool = False,
         maximize: bool = False,
-        backend: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> None:
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError(f"SGD: lr {lr}, momentum {momentum}, weight_decay {weight_decay} must be >= 0")
@@ -100,4 +102,11 @@ def _step_cpp(opt: Optimizer, w: np.ndarray, g: np.ndarray, state: dict[str, Any
     _step_numpy(opt, w, g, state, group)
 
 
-register_step(SGD.op, _step_numpy, _step_cpp)
+def _example(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """One Nesterov step with weight decay on a [5, 37] float32 parameter that already has a momentum buffer."""
+    w, g, buf = (rng.standard_normal((5, 37)).astype(np.float32) for _ in range(3))
+    opt = SGD([Tensor(w.copy(), requires_grad=True)], lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)
+    return (opt, w, g, {"momentum_buffer": buf}, opt.param_groups[0]), {}
+
+
+register_step(SGD.op, _step_numpy, _step_cpp, example=_example)

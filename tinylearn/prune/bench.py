@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._threads import limited_threads as _limited_threads
 from ..bench import Comparison, Table, tinygrad_jit
 
 
@@ -181,24 +182,9 @@ def structured_table(full: bool = False, progress: Callable[[str], None] | None 
     return cmp.table
 
 
-@contextlib.contextmanager
-def limited_threads(n: int) -> Iterator[None]:
+def limited_threads(n: int) -> contextlib.AbstractContextManager[None]:
     """Limit BLAS / OpenMP (threadpoolctl), torch and numba to ``n`` threads; restore afterwards."""
-    import numba
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    if n < 1:
-        raise ValueError(f"TINYLEARN_BENCH_THREADS: expected >= 1, got {n}")
-    t_old, nb_old = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(n)
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    try:
-        with threadpool_limits(n):
-            yield
-    finally:
-        torch.set_num_threads(t_old)
-        numba.set_num_threads(nb_old)
+    return _limited_threads(n, torch=True, numba=True, name="TINYLEARN_BENCH_THREADS")
 
 
 def run(full: bool = False, progress: Callable[[str], None] | None = None) -> list[Table]:

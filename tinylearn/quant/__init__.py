@@ -2,6 +2,8 @@
 an exact int8 GEMM, quantized Linear/Conv2d, and the PTQ / QAT pipeline (prepare -> calibrate -> convert).
 
 Shaped like torch.ao.quantization: Observer -> calculate_qparams -> FakeQuantize -> convert.
+Kernel-selection helpers that no lesson calls through ``tl.quant`` (``maddubs_reference``, ``strassen_shape_error``,
+``strassen_signs``, ...) live in ``tinylearn.quant.gemm``.
 """
 
 from .affine import QRANGES, calculate_qparams, dequantize, qrange, quantize, quantize_dequantize
@@ -13,12 +15,10 @@ from .gemm import (
     int8_gemm,
     int8_gemm_paths,
     int8_gemm_versions,
-    maddubs_reference,
     packed_versions,
     requantize,
     strassen_auto,
     strassen_reference,
-    strassen_shape_error,
     winograd_reference,
 )
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
@@ -51,12 +51,10 @@ __all__ = [
     "int8_gemm_paths",
     "int8_gemm_versions",
     "packed_versions",
-    "maddubs_reference",
     "winograd_reference",
     "strassen_reference",
     "cache_oblivious_matmul",
     "strassen_auto",
-    "strassen_shape_error",
     "avx2_choice",
     "requantize",
     "PackedInt8Weight",

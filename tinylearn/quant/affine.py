@@ -254,6 +254,7 @@ def quantize(
     zero_point: Any,
     dtype: str = "int8",
     axis: int | None = None,
+    *,
     backend: str | None = None,
     version: str | None = None,
 ) -> np.ndarray:
@@ -279,7 +280,13 @@ def quantize(
 
 
 def dequantize(
-    q: Any, scale: Any, zero_point: Any, axis: int | None = None, backend: str | None = None, version: str | None = None
+    q: Any,
+    scale: Any,
+    zero_point: Any,
+    axis: int | None = None,
+    *,
+    backend: str | None = None,
+    version: str | None = None,
 ) -> np.ndarray:
     """x_hat = (q - zero_point) * scale in float32 (torch's dequantize arithmetic).
 

@@ -97,16 +97,16 @@ def _gemm_case(cmp: Comparison, m: int, k: int, n: int, rng: np.random.Generator
                 continue
             a = a7 if v == "avx2_u7" else a8
             note = ("7-bit A (u8 <= 127)" if v == "avx2_u7" else "int8 A, exact") + f"; {_MICRO[v]}"
-            c.add(f"int8 prepacked B [{v}]", lambda v=v, a=a: bpk.matmul(a, 0, v), note=note)
+            c.add(f"int8 prepacked B [{v}]", lambda v=v, a=a: bpk.matmul(a, 0, version=v), note=note)
             if v == "avx2_wino" and not strassen_shape_error(m, k, n):
                 bpk.strassen_operands()  # prepared once, like the packing (not timed)
                 note = f"int8 A, exact; {_MICRO['avx2_strassen']}"
-                c.add("int8 prepacked B [avx2_strassen]", lambda: bpk.matmul(a8, 0, "avx2_strassen"), note=note)
+                c.add("int8 prepacked B [avx2_strassen]", lambda: bpk.matmul(a8, 0, version="avx2_strassen"), note=note)
         for v in int8_gemm_versions():
             if v == "scalar" and big:
                 c.unavailable(f"int8_gemm [{v}]", "n/a: scalar path skipped at this size (slow)")
                 continue
-            c.add(f"int8_gemm [{v}]", lambda v=v: int8_gemm(a8, b8, v), note="packs B per call; exact")
+            c.add(f"int8_gemm [{v}]", lambda v=v: int8_gemm(a8, b8, version=v), note="packs B per call; exact")
         c.add("numpy fp32 sgemm", lambda: af @ bf)
         c.add("torch fp32 matmul", lambda: ta @ tb)
         c.add_tinygrad("tinygrad int32 matmul", build_i32, note="TinyJit; int8 cast to int32 (its exact int GEMM)")

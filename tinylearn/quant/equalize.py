@@ -19,7 +19,14 @@ import numpy as np
 
 
 def equalize_scales(w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
-    """s_i = sqrt(r1_i / r2_i) for the channels between W1 [C, in] and W2 [out, C] (1 where a range is zero)."""
+    """s_i = sqrt(r1_i / r2_i) for the channels between W1 [C, in] and W2 [out, C] (1 where a range is zero).
+
+    Conv weights [C, in, kh, kw] / [out, C, kh, kw] take the max over their kernel taps too."""
+    for name, w in (("w1", w1), ("w2", w2)):
+        if np.ndim(w) < 2:
+            raise ValueError(f"{name}: expected a weight with >= 2 dimensions, got shape {np.shape(w)}")
+        if not np.all(np.isfinite(w)):
+            raise ValueError(f"{name}: contains NaN or Inf")
     r1 = np.abs(w1.reshape(w1.shape[0], -1)).max(1).astype(np.float64)
     r2 = np.abs(w2.reshape(w2.shape[0], w2.shape[1], -1)).max(axis=(0, 2)).astype(np.float64)
     if r1.shape != r2.shape:
@@ -29,7 +36,14 @@ def equalize_scales(w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
 
 
 def cross_layer_equalize(lin1: Any, lin2: Any, iterations: int = 1) -> np.ndarray:
-    """In place on two tinylearn Linear (or Conv2d) modules joined by a ReLU; returns the product of the scales."""
+    """In place on two tinylearn Linear (or Conv2d) modules joined by a ReLU; returns the product of the scales.
+
+    ``iterations`` >= 0 rounds of ``equalize_scales`` (after the first the scales are 1 up to rounding)."""
+    for name, mod in (("lin1", lin1), ("lin2", lin2)):
+        if getattr(mod, "weight", None) is None:
+            raise TypeError(f"{name}: expected a Linear or Conv2d module with a weight, got {type(mod).__name__}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int | np.integer) or iterations < 0:
+        raise ValueError(f"iterations: expected an int >= 0, got {iterations!r}")
     total = np.ones(lin1.weight.data.shape[0])
     for _ in range(iterations):
         s = equalize_scales(lin1.weight.data, lin2.weight.data)
@@ -49,6 +63,7 @@ def bias_correction(
     """b' = b - (W_q - W) E[x] for a Linear layer (weight [out, in], mean_x [in])."""
     w = np.asarray(weight, np.float64)
     err = np.asarray(weight_q, np.float64) - w
+    mean_x = np.asarray(mean_x, np.float64)
     if mean_x.shape != (w.shape[1],):
         raise ValueError(f"mean_x: expected shape ({w.shape[1]},), got {mean_x.shape}")
     b = np.zeros(w.shape[0]) if bias is None else np.asarray(bias, np.float64)

@@ -91,7 +91,7 @@ def _decode_numpy(c: np.ndarray, fmt: str) -> np.ndarray:
     return fp8_table(fmt)[c]
 
 
-def fp8_decode(codes: Any, fmt: str = "e4m3", backend: str | None = None, version: str | None = None) -> np.ndarray:
+def fp8_decode(codes: Any, fmt: str = "e4m3", *, backend: str | None = None, version: str | None = None) -> np.ndarray:
     """float32 values of uint8 FP8 codes (exact: every FP8 value is a float32).
 
     backend: None (C++ above CPP_MIN_SIZE codes when built, else numpy) | "numpy" | "cpp"; version (cpp):
@@ -147,7 +147,7 @@ _register_cpp()
 
 
 def fp8_encode(
-    x: Any, fmt: str = "e4m3", saturate: bool = False, backend: str | None = None, version: str | None = None
+    x: Any, fmt: str = "e4m3", saturate: bool = False, *, backend: str | None = None, version: str | None = None
 ) -> np.ndarray:
     """uint8 FP8 codes of float32(x) with round-to-nearest-even; bit-exact with torch's float8 casts.
 

@@ -1,5 +1,10 @@
-"""int8 GEMM front end: C = A @ B with int8 operands and exact int32 accumulation (C++ in tinylearn._C.quant;
-registered as ``quant.int8_gemm`` in tinylearn.backends, one version per SIMD path, plus an exact numpy reference).
+"""int8 GEMM front end: C = A @ B with int8 operands and exact int32 accumulation (C++ in tinylearn._C.quant).
+
+Two ops in tinylearn.backends, each with an exact numpy reference beside its C++ ladder (one version per kernel):
+``quant.int8_gemm`` (``int8_gemm``: A and B per call) and ``quant.int8_packed_gemm`` (``PackedInt8Weight.matmul``:
+B packed once); ``backends.use(op, backend=..., version=...)`` pins either. ``int8_gemm_paths``,
+``int8_gemm_versions`` and ``packed_versions`` are aliases of ``backends.versions(op, "cpp")`` narrowed to what this
+CPU runs, best first.
 
 Versions ladder (cpp_src/quant_int8_gemm.cpp), all exact:
     scalar        portable loops
@@ -42,6 +47,8 @@ import numpy as np
 from .. import backends
 from .._inputs import as_array
 
+GEMM_OP = "quant.int8_gemm"  # int8_gemm: A and B per call
+PACKED_OP = "quant.int8_packed_gemm"  # PackedInt8Weight.matmul: B packed once
 VERSIONS = ("auto", "avx512vnni", "avx2_madd16", "avx2", "scalar")  # C++ code paths; "auto" = best this CPU runs
 # PackedInt8Weight.matmul kernels
 PACKED_KERNELS = ("auto", "avx512vnni", "avx2_madd16", "avx2_u7", "avx2_wino", "scalar")  # the C++ packed kernels
@@ -52,18 +59,23 @@ PACKED_VERSIONS = (*PACKED_KERNELS[:5], "avx2_strassen", "scalar")  # + avx2_str
 STRASSEN_AUTO_MIN_M, STRASSEN_AUTO_MIN_KN, STRASSEN_AUTO_MAX_KXN = 64, 512, 1 << 21
 
 
-def _C() -> Any:
-    return backends.load_C("quant")
+def _on_this_cpu(op: str, best_first: Any) -> list[str]:
+    """The registered cpp versions of ``op`` (``backends.versions(op, "cpp")``) that this CPU runs, in the order
+    the C++ side ranks them (``best_first``, best first)."""
+    rungs = backends.versions(op, "cpp")
+    return [v for v in best_first if v in rungs]
 
 
 def int8_gemm_paths() -> list[str]:
-    """SIMD code paths this CPU can run, best first (e.g. ['avx512vnni', 'avx2', 'scalar'])."""
-    return list(_C().int8_gemm_paths())
+    """Alias of ``backends.versions("quant.int8_gemm", "cpp")`` narrowed to the SIMD code paths this CPU runs,
+    best first (e.g. ['avx512vnni', 'avx2', 'scalar'])."""
+    return _on_this_cpu(GEMM_OP, backends.load_C("quant").int8_gemm_paths())
 
 
 def packed_versions() -> list[str]:
-    """Packed-B kernels this CPU runs, best first (e.g. ['avx512vnni', 'avx2_madd16', 'avx2_u7', 'scalar'])."""
-    return list(_C().int8_packed_versions())
+    """Alias of ``backends.versions("quant.int8_packed_gemm", "cpp")`` narrowed to the packed-B kernels this CPU
+    runs, best first (e.g. ['avx512vnni', 'avx2_madd16', 'avx2_u7', 'scalar'])."""
+    return _on_this_cpu(PACKED_OP, backends.load_C("quant").int8_packed_versions())
 
 
 def avx2_choice() -> dict[str, Any]:
@@ -71,7 +83,7 @@ def avx2_choice() -> dict[str, Any]:
     "avx2_madd16 / avx2_u7", "madd16_over_fma": MAC rate of a vpmaddwd + vpaddd stream / that of an fp32 FMA stream,
     "wino_min_rows_7bit": below this many rows 7-bit codes keep avx2_u7}. Winograd is chosen below 1.5 (the
     integer multiplier is the bottleneck, e.g. Zen 2: 1.0); it widens B per call, which few rows do not repay."""
-    return dict(_C().int8_avx2_choice())
+    return dict(backends.load_C("quant").int8_avx2_choice())
 
 
 def winograd_reference(a: Any, b: Any) -> tuple[np.ndarray, int]:
@@ -207,37 +219,78 @@ def cache_oblivious_matmul(a: Any, b: Any, leaf: int = 32) -> tuple[np.ndarray, 
 
 
 def int8_gemm_versions() -> list[str]:
-    """Every explicit ``int8_gemm`` version this CPU runs (the paths plus the packed-layout avx2_madd16)."""
-    out = int8_gemm_paths()
-    if "avx2" in out:
-        out.insert(out.index("avx2"), "avx2_madd16")
-    return out
+    """Alias of ``backends.versions("quant.int8_gemm", "cpp")`` narrowed to the explicit versions this CPU runs,
+    best first (the paths plus the packed-layout avx2_madd16 before avx2)."""
+    paths = list(backends.load_C("quant").int8_gemm_paths())
+    if "avx2" in paths:
+        paths.insert(paths.index("avx2"), "avx2_madd16")
+    return _on_this_cpu(GEMM_OP, paths)
+
+
+def packed_runs_here(version: str) -> bool:
+    """Whether the packed kernel ``version`` runs on this CPU (at its TINYLEARN_CPU_FEATURES level): "auto" always,
+    avx2_strassen where avx2_wino does, the others when ``packed_versions()`` lists them."""
+    if not backends.C_available("quant"):
+        return False
+    if version == "auto":
+        return True
+    return ("avx2_wino" if version == "avx2_strassen" else version) in packed_versions()
+
+
+def _gemm_example(rng: Any) -> tuple[tuple, dict]:
+    return (rng.integers(-128, 128, (5, 70), dtype=np.int8), rng.integers(-128, 128, (70, 6), dtype=np.int8)), {}
+
+
+def _packed_example(rng: Any) -> tuple[tuple, dict]:
+    """7-bit uint8 codes with a zero point (every kernel takes them), a shape avx2_strassen takes."""
+    w = PackedInt8Weight(rng.integers(-128, 128, (16, 128), dtype=np.int8))
+    return (w, rng.integers(0, 128, (4, 16), dtype=np.uint8), 3), {}
 
 
 def _register() -> None:
+    """quant.int8_gemm (A and B per call) and quant.int8_packed_gemm (B packed once): every C++ rung a cpp version,
+    the exact numpy products the reference."""
     for v in VERSIONS:
 
         def fn(a: np.ndarray, b: np.ndarray, v: str = v) -> np.ndarray:
             a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+            C = backends.load_C("quant")
             if v == "avx2_madd16":  # the packed-layout AVX2 kernel, B packed per call
                 if b.shape[1] == 0 or a.shape[0] == 0:
                     return np.zeros((a.shape[0], b.shape[1]), np.int32)
-                packed, colsum = _C().int8_pack(b)
-                return _C().int8_gemm_packed(a, packed, colsum, b.shape[1], v)
-            return _C().int8_gemm(a, b, v)
+                packed, colsum = C.int8_pack(b)
+                return C.int8_gemm_packed(a, packed, colsum, b.shape[1], v)
+            return C.int8_gemm(a, b, v)
 
         def runs_here(v: str = v) -> bool:
             return backends.C_available("quant") and (v == "auto" or v in int8_gemm_versions())
 
-        backends.register("quant.int8_gemm", "cpp", fn, version=v, available=runs_here)
+        backends.register(GEMM_OP, "cpp", fn, version=v, available=runs_here)
 
-    @backends.register("quant.int8_gemm", "numpy", version="int32_matmul")
+    @backends.register(GEMM_OP, "numpy", version="int32_matmul", example=_gemm_example)
     def _int8_gemm_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Exact reference: numpy's integer matmul in int32 (no BLAS; exact while K <= 2^17)."""
         return a.astype(np.int32) @ b.astype(np.int32)
 
+    # the packed kernels take (weight: PackedInt8Weight, a, zero_point)
+    for v in dict.fromkeys(PACKED_VERSIONS):
 
-_register()
+        def packed_fn(w: PackedInt8Weight, a: np.ndarray, zero_point: int, v: str = v) -> np.ndarray:
+            if w.packed is None:  # N == 0: nothing was packed
+                return np.zeros((a.shape[0], w.n), np.int32)
+            a = np.ascontiguousarray(a)
+            C = backends.load_C("quant")
+            if v == "avx2_strassen":
+                wide, terms = w.strassen_operands()
+                return C.int8_gemm_strassen(a, wide, terms, w.k, w.n, zero_point)
+            return C.int8_gemm_packed(a, w.packed[0], w.packed[1], w.n, v, zero_point)
+
+        backends.register(PACKED_OP, "cpp", packed_fn, version=v, available=lambda v=v: packed_runs_here(v))
+
+    @backends.register(PACKED_OP, "numpy", version="int64_matmul", example=_packed_example)
+    def _packed_numpy(w: PackedInt8Weight, a: np.ndarray, zero_point: int) -> np.ndarray:
+        """Exact reference: (a - zero_point) @ B in int64 numpy."""
+        return ((a.astype(np.int64) - zero_point) @ w.b.astype(np.int64)).astype(np.int32)
 
 
 def _check_int8(arr: Any, name: str) -> np.ndarray:
@@ -245,7 +298,7 @@ def _check_int8(arr: Any, name: str) -> np.ndarray:
 
 
 def int8_gemm(
-    a_int8: Any, b_int8: Any, version: str | None = None, backend: str | None = None, path: str | None = None
+    a_int8: Any, b_int8: Any, *, version: str | None = None, backend: str | None = None, path: str | None = None
 ) -> np.ndarray:
     """Exact int8 x int8 -> int32 matrix product of a [M, K] and b [K, N] (any strides).
 
@@ -260,7 +313,7 @@ def int8_gemm(
     a, b = _check_int8(a_int8, "a_int8"), _check_int8(b_int8, "b_int8")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"int8_gemm: inner dimensions differ: a_int8 {a.shape} @ b_int8 {b.shape}")
-    return backends.dispatch("quant.int8_gemm", a, b, backend=backend, version=version)
+    return backends.dispatch(GEMM_OP, a, b, backend=backend, version=version)
 
 
 def requantize(acc: np.ndarray, multiplier: Any, zero_point: int, quant_min: int, quant_max: int) -> np.ndarray:
@@ -310,7 +363,7 @@ def int8_gemm_maddubs_saturating(a_u8: Any, b_s8: Any) -> np.ndarray:
     b = as_array(b_s8, "b_s8", dtypes=(np.int8,), ndim=2)
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"int8_gemm_maddubs_saturating: inner dimensions differ: a_u8 {a.shape} @ b_s8 {b.shape}")
-    return _C().int8_gemm_maddubs_saturating(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    return backends.load_C("quant").int8_gemm_maddubs_saturating(np.ascontiguousarray(a), np.ascontiguousarray(b))
 
 
 class PackedInt8Weight:
@@ -326,7 +379,7 @@ class PackedInt8Weight:
         self._strassen: tuple[np.ndarray, np.ndarray] | None = None  # avx2_strassen's B operands, made on first use
         self.last_version: str | None = None  # what the last matmul ran: "avx2_strassen", or the version passed on
         if backends.C_available("quant") and self.n > 0:
-            self.packed = _C().int8_pack(self.b)
+            self.packed = backends.load_C("quant").int8_pack(self.b)
 
     @property
     def nbytes(self) -> int:
@@ -343,13 +396,17 @@ class PackedInt8Weight:
             why = strassen_shape_error(2, self.k, self.n)
             if why:
                 raise ValueError(f"version: avx2_strassen cannot take this B of shape ({self.k}, {self.n}): {why}")
-            self._strassen = _C().int8_strassen_pack(self.b)
+            self._strassen = backends.load_C("quant").int8_strassen_pack(self.b)
         return self._strassen
 
-    def matmul(self, a: Any, zero_point: int = 0, version: str | None = None) -> np.ndarray:
+    def matmul(
+        self, a: Any, zero_point: int = 0, *, version: str | None = None, backend: str | None = None
+    ) -> np.ndarray:
         """(a - zero_point) @ B, exact int32. ``a``: int8 [M, K], or uint8 [M, K] codes with ``zero_point``.
-        version: None/"auto" | "avx512vnni" | "avx2_madd16" | "avx2_u7" (uint8 codes <= 127 only) | "avx2_wino" |
-        "avx2_strassen" (M even, K % 8 == 0, N % 128 == 0) | "scalar". ``last_version`` says what ran."""
+        version (cpp, op ``quant.int8_packed_gemm``): None/"auto" | "avx512vnni" | "avx2_madd16" | "avx2_u7" (uint8
+        codes <= 127 only) | "avx2_wino" | "avx2_strassen" (M even, K % 8 == 0, N % 128 == 0) | "scalar".
+        backend: None (cpp when the C++ extension packed B, else the numpy reference) | "cpp" | "numpy".
+        ``last_version`` says what ran."""
         a = as_array(a, "a_int8", dtypes=(np.int8, np.uint8), ndim=2)
         if a.shape[1] != self.k:
             raise ValueError(f"a_int8: inner dimension {a.shape[1]} != packed K {self.k}")
@@ -362,8 +419,17 @@ class PackedInt8Weight:
         v = "auto" if version is None else version
         if v not in PACKED_VERSIONS:
             raise ValueError(f"version: {version!r} is not one of {PACKED_VERSIONS}")
+        pin = backends.pinned(PACKED_OP) if backend is None else None
+        if pin is not None:  # backends.use(...) pins this op: decide with the pinned names
+            backend, version = pin[0], version if version is not None else pin[1]
+            v = "auto" if version is None else version
+        on_numpy = backend is not None and backends.canonical(backend) == "numpy"
+        if backend is None and self.packed is None:  # no C++ extension (or N == 0): the numpy reference
+            backend, on_numpy = "numpy", True
         m = a.shape[0]
-        if v == "avx2_strassen":
+        if not on_numpy and self.packed is not None and v not in ("auto", "avx2_strassen") and not packed_runs_here(v):
+            raise ValueError(f"version: {v!r} is above this CPU's level (it runs {packed_versions()})")
+        if v == "avx2_strassen" and (not on_numpy or self.packed is None):
             if self.packed is None or "avx2_wino" not in packed_versions():
                 raise ValueError(
                     "version: avx2_strassen needs the C++ extension and AVX2, which this CPU (or level) lacks"
@@ -371,12 +437,12 @@ class PackedInt8Weight:
             why = strassen_shape_error(m, self.k, self.n)
             if why:
                 raise ValueError(f"version: avx2_strassen cannot take a_int8 {a.shape} @ B ({self.k}, {self.n}): {why}")
+        if not on_numpy and v == "auto" and strassen_auto(m, self.k, self.n):
+            v = version = "avx2_strassen"
         self.last_version = v
-        if self.packed is None:
-            return ((a.astype(np.int64) - zero_point) @ self.b.astype(np.int64)).astype(np.int32)
-        a = np.ascontiguousarray(a)
-        if v == "avx2_strassen" or (v == "auto" and strassen_auto(m, self.k, self.n)):
-            self.last_version = "avx2_strassen"
-            wide, terms = self.strassen_operands()
-            return _C().int8_gemm_strassen(a, wide, terms, self.k, self.n, int(zero_point))
-        return _C().int8_gemm_packed(a, self.packed[0], self.packed[1], self.n, v, int(zero_point))
+        return backends.dispatch(
+            PACKED_OP, self, a, int(zero_point), backend=backend, version=None if on_numpy else version
+        )
+
+
+_register()

@@ -14,6 +14,7 @@ Dynamic int8 Linear (torch.ao.quantization.quantize_dynamic): weights quantized 
 activations quantized per call from their own min/max (per tensor, or per row) to uint8 codes 0..255, or 0..127
 with ``reduce_range`` (torch's default on x86: 7-bit codes keep AVX2's vpmaddubsw pair sums from saturating);
     y = float((x_q - z_x) @ w_q^T) * (s_x * s_w[j]) + b[j]          (one fused C++ call: int8_dynamic_linear)
+registered as op ``quant.int8_dynamic_linear`` (a cpp version per packed kernel + the numpy reference).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .. import backends
 from ..autograd import Tensor
 from ..nn import Conv2d, Linear, Module, Parameter
 from .affine import quantize
 from .fake_quant import fake_quantize, fake_quantize_learnable
 from .fp8 import fp8_decode, fp8_encode
-from .gemm import PACKED_KERNELS, PackedInt8Weight
+from .gemm import PACKED_KERNELS, PackedInt8Weight, packed_runs_here, packed_versions
 from .int4 import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
 from .observers import PerChannelMinMaxObserver
 
@@ -141,15 +143,28 @@ class QuantizedLinear(Module, _Int8Core):
         return f"in_features={self.in_features}, out_features={self.out_features}, relu={self.relu}"
 
 
-_DYNAMIC_LINEAR_C: Any = None  # tinylearn._C.quant.int8_dynamic_linear, looked up once (the import + registry
-# lookup cost ~1.5 us per call, about a tenth of a batch-1 forward)
+DYNAMIC_OP = "quant.int8_dynamic_linear"  # DynamicQuantizedLinear.forward: quantize x, packed GEMM, epilogue
 
 
-def _dynamic_linear_C() -> Any:
-    global _DYNAMIC_LINEAR_C
-    if _DYNAMIC_LINEAR_C is None:
-        _DYNAMIC_LINEAR_C = DynamicQuantizedLinear.w_packed_C().int8_dynamic_linear
-    return _DYNAMIC_LINEAR_C
+def _register_dynamic() -> None:
+    """quant.int8_dynamic_linear: one cpp version per packed kernel (the fused C++ call), the numpy reference."""
+    for v in PACKED_KERNELS:
+
+        def fn(layer: DynamicQuantizedLinear, x2: np.ndarray, v: str = v) -> tuple[Any, Any, Any, str]:
+            pk = layer.w_packed.packed
+            return backends.load_C("quant").int8_dynamic_linear(
+                x2, pk[0], pk[1], layer.out_features, layer.w_scale, layer.bias_f, layer.reduce_range, layer.per_row, v
+            )
+
+        backends.register(DYNAMIC_OP, "cpp", fn, version=v, available=lambda v=v: packed_runs_here(v))
+
+    def example(rng: Any) -> tuple[tuple, dict]:
+        w, b = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+        return (DynamicQuantizedLinear(w, b), rng.standard_normal((3, 16)).astype(np.float32)), {}
+
+    backends.register(
+        DYNAMIC_OP, "numpy", lambda layer, x2: layer._forward_numpy(x2), version="reference", example=example
+    )
 
 
 class DynamicQuantizedLinear(Module):
@@ -158,7 +173,8 @@ class DynamicQuantizedLinear(Module):
     Weights: symmetric int8, per tensor (torch's default dynamic qconfig) or per output channel, prepacked once.
     Activations: quantized on every call to uint8 with scale/zero point from the batch's min/max (``per_row``:
     one pair per row), 7-bit codes with ``reduce_range`` (torch's x86 default). Bias is added in the fused
-    epilogue. ``version`` picks the C++ kernel (``tl.quant.gemm.packed_versions()``); None = best for this CPU.
+    epilogue. ``version`` (keyword-only) picks the C++ kernel (``tl.quant.gemm.packed_versions()``); None = best for
+    this CPU. Forward dispatches op ``quant.int8_dynamic_linear`` (``backends.use`` pins it; numpy without _C).
     """
 
     def __init__(
@@ -168,6 +184,7 @@ class DynamicQuantizedLinear(Module):
         per_channel: bool = False,
         reduce_range: bool = True,
         per_row: bool = False,
+        *,
         version: str | None = None,
     ) -> None:
         super().__init__()
@@ -178,8 +195,8 @@ class DynamicQuantizedLinear(Module):
             raise ValueError(f"weight: expected a non-empty 2-D [out_features, in_features] array, got {w.shape}")
         if not np.all(np.isfinite(w)):
             raise ValueError("weight: contains NaN or Inf")
-        if version is not None and version not in PACKED_KERNELS:
-            raise ValueError(f"version: {version!r} is not one of {PACKED_KERNELS}")
+        if version is not None and version not in backends.versions(DYNAMIC_OP, "cpp"):
+            raise ValueError(f"version: {version!r} is not one of {backends.versions(DYNAMIC_OP, 'cpp')}")
         self.out_features, self.in_features = w.shape
         if per_channel:
             ws, _ = calculate_qparams(w.min(1), w.max(1), "int8", symmetric=True)
@@ -214,8 +231,8 @@ class DynamicQuantizedLinear(Module):
         """(x_codes - zero_point) @ w_q^T with the packed weights (exact int32): the GEMM inside forward."""
         z = np.asarray(zero_point).reshape(-1)
         if z.size == 1:
-            return self.w_packed.matmul(x_codes, int(z[0]), self.version)
-        return self.w_packed.matmul(x_codes, 0, self.version) - (z[:, None] * self.w_q.astype(np.int32).sum(1))
+            return self.w_packed.matmul(x_codes, int(z[0]), version=self.version)
+        return self.w_packed.matmul(x_codes, 0, version=self.version) - (z[:, None] * self.w_q.astype(np.int32).sum(1))
 
     def forward(self, x: Any) -> Tensor:
         xa = x.data if isinstance(x, Tensor) else np.asarray(x, np.float32)
@@ -224,27 +241,13 @@ class DynamicQuantizedLinear(Module):
         lead = xa.shape[:-1]
         x2 = np.ascontiguousarray(xa.reshape(-1, self.in_features), dtype=np.float32)
         if self.w_packed.packed is None:  # no C++ extension: the same arithmetic in numpy
-            y, sx, zx, kern = self._forward_numpy(x2)
+            y, sx, zx, kern = backends.dispatch(DYNAMIC_OP, self, x2, backend="numpy")
         else:
-            y, sx, zx, kern = _dynamic_linear_C()(
-                x2,
-                self.w_packed.packed[0],
-                self.w_packed.packed[1],
-                self.out_features,
-                self.w_scale,
-                self.bias_f,
-                self.reduce_range,
-                self.per_row,
-                self.version or "auto",
-            )
+            if self.version not in (None, "auto") and not packed_runs_here(self.version):
+                raise ValueError(f"version: {self.version!r} is above this CPU's level (it runs {packed_versions()})")
+            y, sx, zx, kern = backends.dispatch(DYNAMIC_OP, self, x2, version=self.version)
         self.last_kernel, self.last_act_qparams = kern, (sx, zx)
         return Tensor(y.reshape(*lead, self.out_features))
-
-    @staticmethod
-    def w_packed_C() -> Any:
-        from .gemm import _C
-
-        return _C()
 
     def act_qparams(self, x2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """torch's dynamic activation qparams (fbgemm ChooseQuantizationParams) for x2 [M, K], per tensor or row."""
@@ -285,6 +288,9 @@ class DynamicQuantizedLinear(Module):
             f"in_features={self.in_features}, out_features={self.out_features}, per_channel={self.per_channel}, "
             f"reduce_range={self.reduce_range}, per_row={self.per_row}"
         )
+
+
+_register_dynamic()
 
 
 def quantize_dynamic(

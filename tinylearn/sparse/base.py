@@ -60,19 +60,10 @@ def check_shape(shape: Any) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def C_sparse() -> Any:
-    """tinylearn._C.sparse (RuntimeError with the build command when it is missing)."""
-    return backends.load_C("sparse")
-
-
-def has_C_sparse() -> bool:
-    return backends.C_available("sparse")
-
-
 def register_matmul(op: str, numpy_fn: Any, cpp_fn: Any, numba_fn: Any = None) -> None:
     """Register a format's three SpMV/SpMM implementations under ``op``."""
     backends.register(op, "numpy", numpy_fn)
-    backends.register(op, "cpp", cpp_fn, when=compiled_dtype_ok, available=has_C_sparse)
+    backends.register(op, "cpp", cpp_fn, when=compiled_dtype_ok, available=lambda: backends.C_available("sparse"))
     if numba_fn is not None:
         backends.register(op, "numba", numba_fn, when=compiled_dtype_ok)
 
@@ -89,7 +80,7 @@ class SparseMatrix:
     def dtype(self) -> np.dtype:
         return self.data.dtype
 
-    def matmul(self, dense: Any, backend: str | None = None, version: str | None = None) -> np.ndarray:
+    def matmul(self, dense: Any, *, backend: str | None = None, version: str | None = None) -> np.ndarray:
         """A @ dense for 1-D ``dense`` (SpMV, shape (K,)) or 2-D (SpMM, shape (K, N)).
 
         backend: None (fastest available for this input), "numpy", "numba" (not BSR), "cpp" (alias "cpu")."""

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import C_sparse, SparseMatrix, as_2d, check_shape, index_array, register_matmul
+from .. import backends
+from .base import SparseMatrix, as_2d, check_shape, index_array, register_matmul
 from .csr import CSR
 
 
@@ -90,7 +91,9 @@ def _matmul_numpy(A: BSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 def _matmul_cpp(A: BSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
     x2 = x[:, None] if x.ndim == 1 else x
-    out = C_sparse().bsr_spmm(A.indptr, A.indices, A.data.astype(dt, copy=False), np.ascontiguousarray(x2), A.shape[0])
+    out = backends.load_C("sparse").bsr_spmm(
+        A.indptr, A.indices, A.data.astype(dt, copy=False), np.ascontiguousarray(x2), A.shape[0]
+    )
     return out[:, 0] if x.ndim == 1 else out
 
 

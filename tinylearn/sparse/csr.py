@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import C_sparse, SparseMatrix, as_2d, check_shape, index_array, register_matmul
+from .. import backends
+from .base import SparseMatrix, as_2d, check_shape, index_array, register_matmul
 
 
 class CSR(SparseMatrix):
@@ -109,7 +110,7 @@ def _matmul_numpy(A: CSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 
 def _matmul_cpp(A: CSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
-    k = C_sparse()
+    k = backends.load_C("sparse")
     fn = k.csr_spmv if x.ndim == 1 else k.csr_spmm
     return fn(A.indptr, A.indices, A.data.astype(dt, copy=False), x, A.shape[0])
 

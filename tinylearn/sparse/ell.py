@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import C_sparse, SparseMatrix, as_2d, check_shape, index_array, register_matmul
+from .. import backends
+from .base import SparseMatrix, as_2d, check_shape, index_array, register_matmul
 from .csr import CSR
 
 
@@ -98,7 +99,7 @@ def _by_columns(spmv: Any, A: ELL, x: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 
 def _matmul_cpp(A: ELL, x: np.ndarray, dt: np.dtype) -> np.ndarray:
-    return _by_columns(C_sparse().ell_spmv, A, x, dt)
+    return _by_columns(backends.load_C("sparse").ell_spmv, A, x, dt)
 
 
 def _matmul_numba(A: ELL, x: np.ndarray, dt: np.dtype) -> np.ndarray:
