@@ -322,3 +322,37 @@ def test_bench_im2col_stats_and_v0_forward():
         assert_close(y, tl.conv.conv2d(x, w, b, 2, 1), "float32", reduction_size=27)
     pw = bench.im2col_stats(*bench.layer_arrays(4, 6, 5, 1, batch=1)[:2], 1, 0, "cpp", "v1", repeat=1)
     assert pw["share"] == 0.0  # the 1x1 layer's forward builds no columns
+
+
+def test_conv2d_paths_are_registry_versions():
+    """Every conv2d path is a version of op conv.conv2d (and its backward); a version the backend lacks is a
+    ValueError naming ``version`` and listing the backend's versions; backend/version are keyword-only."""
+    assert tl.backends.versions("conv.conv2d", "cpp") == ["auto", "v0", "v1", "v2", "v3"]
+    assert tl.backends.versions("conv.conv2d_backward") == tl.backends.versions("conv.conv2d")
+    assert tl.backends.versions("conv.conv2d", "numpy") == ["default"]
+    x, w, b, s, p, d, g = conv_case(CASES[0], "float32")
+    with pytest.raises(ValueError, match=r"version: 'v3' .*numpy.*\['default'\]"):
+        tl.conv.conv2d(x, w, backend="numpy", version="v3")
+    with pytest.raises(ValueError, match=r"version: 'v7'"):
+        tl.conv.conv2d_forward(x, w, version="v7")
+    gy = np.ones((2, 6, 9, 7), np.float32)
+    with pytest.raises(ValueError, match=r"version: 'v2' .*numpy"):
+        tl.conv.conv2d_backward(gy, x, w, 1, 1, backend="numpy", version="v2")
+    with pytest.raises(TypeError):
+        tl.conv.conv2d(x, w, b, s, p, d, g, "numpy")  # backend is keyword-only
+
+
+@pytest.mark.skipif(not cpp_available(), reason="tinylearn._C.conv not built")
+def test_conv2d_pin_with_backends_use():
+    """``backends.use`` pins what a call naming no backend runs (here: numpy's im2col path, which keeps its
+    columns, instead of cpp auto's implicit GEMM for 32 output channels); a named backend is not affected."""
+    x, w, b, s, p, d, g = conv_case((2, 3, 8, 8, 32, 3, 1, 1, 1, 1), "float32")
+    y_auto, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g)
+    assert cols is None  # cpp auto: v2 from 32 output channels per group
+    with tl.backends.use("conv.conv2d", backend="numpy"):
+        y_np, cols = tl.conv.conv2d_forward(x, w, b, s, p, d, g)
+        assert cols is not None
+        assert tl.conv.conv2d_forward(x, w, b, s, p, d, g, backend="cpp", version="v2")[1] is None
+    assert_close(y_np, y_auto, "float32", reduction_size=27)
+    with tl.backends.use("conv.conv2d", backend="cpp", version="v1"):
+        assert tl.conv.conv2d_forward(x, w, b, s, p, d, g)[1] is not None

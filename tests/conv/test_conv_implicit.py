@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _conv_cases import conv_case
+from _conv_cases import conv_case, pinned
 
 import tinylearn as tl
 from tinylearn.conv import cpp_available
@@ -238,18 +238,12 @@ def test_v2_micro_kernel_follows_level(level):
 
 
 def test_gradcheck_fp64_v2():
-    from tinylearn.conv import functional as CF
-
-    old = CF.get_backend()
-    CF.set_backend("cpp")
-    try:
+    with pinned("cpp", "v2"):
         rng = np.random.default_rng(1)
         x, w, b = (tl.Tensor(rng.standard_normal(sh), requires_grad=True) for sh in ((2, 4, 6, 5), (4, 2, 3, 2), (4,)))
         fn = tl.nn.functional.conv2d
         assert tl.autograd.gradcheck(lambda a, ww, bb: fn(a, ww, bb, 1, 1, (1, 2), 2), [x, w, b])  # dX as a conv
         assert tl.autograd.gradcheck(lambda a, ww, bb: fn(a, ww, bb, (2, 1), 1, 1, 2), [x, w, b])  # col2im path
-    finally:
-        CF.set_backend(old)
 
 
 def test_v2_dweight_kernel_vs_torch_and_validates(level):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
+from _conv_cases import pinned
 
 import tinylearn as tl
 from tinylearn.conv import cpp_available
@@ -19,10 +20,8 @@ AVAIL = ["numpy"] + (["numba"] if numba_available() else []) + (["cpp"] if cpp_a
 
 @pytest.fixture(params=AVAIL)
 def backend(request):
-    old = CF.get_backend()
-    CF.set_backend(request.param)
-    yield request.param
-    CF.set_backend(old)
+    with pinned(request.param):
+        yield request.param
 
 
 def _t(a, rg=True):
@@ -206,3 +205,49 @@ def test_maxpool2x2_fast_path_first_max_and_nan(dtype):
     y, idx = K.maxpool2d_forward(xf, 2, 2, 2, 2, 0, 0, 1, 1, 3, 4)
     np.testing.assert_array_equal(y, ty.numpy())
     np.testing.assert_array_equal(idx, ti.numpy())
+
+
+def test_one_nd_stack_functions_and_modules():
+    """One functional stack and one module family for every ndim (torch's _ConvNd pattern): the 2-D names are the
+    N-d objects; modules keep torch's tuple attributes and the layers' repr."""
+    from tinylearn.conv import functional_nd
+    from tinylearn.nn import layers, layers_spatial
+
+    assert CF.conv2d is functional_nd.conv2d is F.conv2d and CF.Conv2dFunction is functional_nd.ConvNdFunction
+    assert CF.max_pool2d is functional_nd.max_pool2d_nd and CF.avg_pool2d is functional_nd.avg_pool2d_nd
+    assert layers.Conv2d is layers_spatial.Conv2d is tl.nn.Conv2d
+    fams = {
+        layers_spatial._ConvNd: (tl.nn.Conv1d, tl.nn.Conv2d, tl.nn.Conv3d, tl.nn.ConvTranspose2d),
+        layers_spatial._MaxPoolNd: (tl.nn.MaxPool1d, tl.nn.MaxPool2d, tl.nn.MaxPool3d),
+        layers_spatial._AvgPoolNd: (tl.nn.AvgPool1d, tl.nn.AvgPool2d, tl.nn.AvgPool3d),
+    }
+    assert all(issubclass(c, base) for base, classes in fams.items() for c in classes)
+    conv = tl.nn.Conv2d(1, 8, 3, padding=1)
+    assert repr(conv) == "Conv2d(1, 8, kernel_size=(3, 3), stride=1, padding=1)"
+    assert conv.stride == (1, 1) and conv.padding == (1, 1) and conv.weight.shape == (8, 1, 3, 3)
+    x = np.random.default_rng(0).standard_normal((2, 1, 6, 6)).astype(np.float32)
+    ref = torch.nn.Conv2d(1, 8, 3, padding=1)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(conv.weight.data))
+        ref.bias.copy_(torch.from_numpy(conv.bias.data))
+    assert_close(conv(tl.Tensor(x)).data, ref(torch.from_numpy(x)).detach(), "float32", reduction_size=9)
+    y = tl.nn.AvgPool2d(2, divisor_override=3)(tl.Tensor(x))
+    assert_close(y.data, TF.avg_pool2d(torch.from_numpy(x), 2, divisor_override=3), "float32", reduction_size=4)
+
+
+@pytest.mark.skipif(not cpp_available(), reason="tinylearn._C.conv not built")
+def test_conv2d_pin_governs_forward_and_backward():
+    """A pin of conv.conv2d set around the forward also runs the backward (after the ``with`` block)."""
+    rng = np.random.default_rng(3)
+    x, w = (
+        _t(rng.standard_normal((2, 3, 6, 6)).astype(np.float32)),
+        _t(rng.standard_normal((32, 3, 3, 3)).astype(np.float32)),
+    )
+    with tl.backends.use("conv.conv2d", backend="numpy"):
+        y = F.conv2d(x, w, None, 1, 1)
+    assert y.grad_fn.args[2:4] == ("numpy", "default")
+    y.sum().backward()
+    X, W = torch.from_numpy(x.data).requires_grad_(), torch.from_numpy(w.data).requires_grad_()
+    TF.conv2d(X, W, None, 1, 1).sum().backward()
+    assert_close(x.grad.data, X.grad, "float32", reduction_size=288)
+    assert_close(w.grad.data, W.grad, "float32", reduction_size=72)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
+from _conv_cases import pinned
 
 import tinylearn as tl
 from tinylearn.autograd.gradcheck import gradcheck
 from tinylearn.conv import cpp_available
-from tinylearn.conv import functional as CF
 from tinylearn.testing import assert_close
 
 F = tl.nn.functional
@@ -28,10 +28,8 @@ BACKENDS = ["numpy"] + (["cpp"] if cpp_available() else [])
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    old = CF.get_backend()
-    CF.set_backend(request.param)
-    yield request.param
-    CF.set_backend(old)
+    with pinned(request.param):
+        yield request.param
 
 
 def _leaves(arrays, dtype, strided):

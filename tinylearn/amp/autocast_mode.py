@@ -7,7 +7,7 @@ two lists (torch's autocast op categories, aten/src/ATen/autocast_mode.cpp):
   low-precision arrays (products accumulated in fp32, as torch's CPU bf16 GEMM does) and its output is stored in
   the low dtype. torch's CPU list: conv1d/2d/3d, conv_transpose*, bmm, mm, baddbmm, addmm, addbmm, linear,
   matmul, linalg_vecdot, prelu, scaled_dot_product_attention, _native_multi_head_attention, conv_tbc,
-  mkldnn_rnn_layer. tinylearn has: matmul (MatMul), linear (Linear), conv2d (Conv2dFunction), conv1d/conv3d
+  mkldnn_rnn_layer. tinylearn has: matmul (MatMul), linear (Linear), conv2d (ConvNdFunction), conv1d/conv3d
   (ConvNdFunction), conv_transpose1d/2d/3d (ConvTransposeNdFunction).
 - **fp32** (``FP32_OPS``): low-precision inputs are cast up to float32 and the output is float32. These entries
   are on torch's CUDA fp32 list ("CUDA Ops that can autocast to float32": softmax, log_softmax, layer_norm,
@@ -49,7 +49,7 @@ LOWER_PRECISION_OPS: dict[str, str] = {
     "bmm": "MatMul",
     "linear": "Linear",
     "addmm": "Linear",
-    "conv2d": "Conv2dFunction",
+    "conv2d": "ConvNdFunction",
     "conv1d": "ConvNdFunction",
     "conv3d": "ConvNdFunction",
     "conv_transpose1d": "ConvTransposeNdFunction",
@@ -74,7 +74,7 @@ TINYLEARN_FP32_OPS: dict[str, str] = {
 }
 # lower-precision ops whose tinylearn kernels only take fp32: inputs are rounded to the low dtype, the op runs in
 # fp32 on those values and the output is rounded (same numbers as a low-precision kernel with fp32 accumulation)
-EMULATED_OPS = frozenset({"Conv2dFunction", "ConvNdFunction", "ConvTransposeNdFunction"})
+EMULATED_OPS = frozenset({"ConvNdFunction", "ConvTransposeNdFunction"})
 _CATEGORY: dict[str, str] = {
     **{v: "lower" for v in LOWER_PRECISION_OPS.values()},
     **{v: "fp32" for v in FP32_OPS.values()},

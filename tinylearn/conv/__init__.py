@@ -7,18 +7,23 @@ F(2x2, 3x3), Conv+BN folding and the tiled-im2col memory lesson. numpy arrays in
     tl.conv.winograd_conv2d(x, w, bias=None, padding=0)
     tl.conv.fold_batchnorm(conv_w, conv_b, bn_mean, bn_var, bn_gamma, bn_beta, eps) -> (w', b')
 
-n-d breadth (torch signatures, autograd, on tl.Tensors; re-exported by tinylearn.nn.functional):
-    functional_nd: conv1d conv3d conv_transpose1d/2d/3d, max/avg_pool1d/3d (ceil_mode, return_indices,
-    count_include_pad, divisor_override), max_unpool1d/2d/3d, adaptive_avg/max_pool1d/2d/3d, interpolate
+The autograd stack (torch signatures, on tl.Tensors; re-exported by tinylearn.nn.functional) is one N-d stack:
+    functional_conv: conv1d/2d/3d, conv_transpose1d/2d/3d      functional_pool: max/avg/lp pools 1-d to 3-d
+    functional_pool_adaptive: adaptive pools, max_unpool       functional_resample: interpolate, unfold/fold, ...
+    (``functional`` / ``functional_nd``: the same names re-exported)
     numpy kernels: convnd.py (3-D im2col/col2im built from the 2-D kernels), poolnd.py (windows, adaptive, resampling)
 
-Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is imported only when asked for. Backends
-dispatch through ``tinylearn.backends`` (ops ``conv.im2col``, ``conv.col2im``); ``backend=None`` = fastest here.
+Layouts are those of torch.nn.functional.unfold / fold / conv2d. numba is imported only when asked for. Every path
+with more than one implementation is an op of ``tinylearn.backends``: ``conv.im2col``, ``conv.col2im``,
+``conv.conv2d`` / ``conv.conv2d_backward`` (cpp versions auto, v0-v3) and ``conv.max_pool2d`` (on Tensors).
+``backend=None`` (the default, keyword-only with ``version``) = the fastest here, or what
+``backends.use(op, backend=..., version=...)`` pins; ``backends.versions(op)`` lists them.
 """
 
 from ._params import BACKENDS, conv_out_size, conv_output_size, cpp_available
 from .batchnorm_fold import fold_batchnorm
 from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward
+from .functional_pool import MaxPool2dFunction as _registers_max_pool2d  # noqa: F401  (op conv.max_pool2d)
 from .im2col import col2im, im2col
 from .pooling import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
 from .reparam import fold_channel_scale, fold_input_affine, fold_linear_chain, linear_chain_cost

@@ -22,18 +22,8 @@ _INDEX_LIMIT = 2**62  # every size/offset a backend computes stays below this, s
 
 
 def pair(value: Any, name: str) -> Pair:
-    """``int`` or length-2 sequence of ints -> (a, b); anything else raises TypeError/ValueError naming ``name``."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name}: expected int or pair of ints, got bool {value!r}")
-    if isinstance(value, int | np.integer):
-        return int(value), int(value)
-    if (
-        isinstance(value, tuple | list)
-        and len(value) == 2
-        and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in value)
-    ):
-        return int(value[0]), int(value[1])
-    raise TypeError(f"{name}: expected int or pair of ints, got {value!r}")
+    """``ntuple(value, 2, name)``: int or length-2 sequence of ints -> (a, b) (the 2-D spelling)."""
+    return ntuple(value, 2, name)  # type: ignore[return-value]
 
 
 def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -43,53 +33,17 @@ def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
     """Validated output length along one axis: ValueError (naming the argument) when the kernel does not fit."""
-    window_params((1, 1, size, 1), (kernel, 1), (stride, 1), (padding, 0), (dilation, 1), "size")
+    window_params_nd((size,), kernel, stride, padding, dilation, "size")
     return conv_out_size(size, kernel, stride, padding, dilation)
 
 
 def window_params(
     shape: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any, dilation: Any, what: str = "x"
 ) -> tuple[Pair, Pair, Pair, Pair, Pair]:
-    """Validate (kernel, stride, padding, dilation) against an NCHW ``shape``; returns them and (OH, OW)."""
-    k = pair(kernel_size, "kernel_size")
-    s = pair(stride, "stride")
-    p = pair(padding, "padding")
-    d = pair(dilation, "dilation")
+    """``window_params_nd`` for an NCHW ``shape``: validated (k, s, p, d, (OH, OW)) pairs."""
     if len(shape) != 4:
         raise ValueError(f"{what}: expected a 4-D [N, C, H, W] array, got shape {tuple(shape)}")
-    for v in shape:
-        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
-            raise TypeError(f"{what}: sizes must be ints, got {type(v).__name__} {v!r} in shape {tuple(shape)}")
-    if min(k) < 1:
-        raise ValueError(f"kernel_size: must be positive, got {k}")
-    if min(s) < 1:
-        raise ValueError(f"stride: must be positive, got {s}")
-    if min(d) < 1:
-        raise ValueError(f"dilation: must be positive, got {d}")
-    if min(p) < 0:
-        raise ValueError(f"padding: must be non-negative, got {p}")
-    H, W = shape[2], shape[3]
-    eff = (d[0] * (k[0] - 1) + 1, d[1] * (k[1] - 1) + 1)
-    if eff[0] > H + 2 * p[0] or eff[1] > W + 2 * p[1]:
-        raise ValueError(
-            f"kernel_size: dilated kernel {eff} (kernel_size={k}, dilation={d}) is larger than the padded input "
-            f"{(H + 2 * p[0], W + 2 * p[1])} ({what} shape {tuple(shape)}, padding={p})"
-        )
-    for name, v in (("padding", (H + 2 * p[0], W + 2 * p[1])), ("dilation", eff)):
-        if max(v) > _INDEX_LIMIT:
-            raise ValueError(f"{name}: padded/dilated size {v} exceeds 2**62 ({what} shape {tuple(shape)})")
-    out = (conv_out_size(H, k[0], s[0], p[0], d[0]), conv_out_size(W, k[1], s[1], p[1], d[1]))
-    n_out = int(np.prod([int(v) for v in shape[:2]], dtype=object)) * k[0] * k[1] * out[0] * out[1]
-    if n_out * 8 > _INDEX_LIMIT:
-        raise ValueError(
-            f"padding/stride: the unfolded output [N, C*kh*kw, OH*OW] with (OH, OW)={out} has {n_out} elements, "
-            f"beyond what int64 byte offsets can index ({what} shape {tuple(shape)}, padding={p}, stride={s})"
-        )
-    # a stride beyond the padded size gives the same single output position: clamp it, and a single kernel tap
-    # never uses its dilation, so no backend multiplies by a huge value (stride=2**62 is valid, torch accepts it)
-    s = (min(s[0], H + 2 * p[0]), min(s[1], W + 2 * p[1]))
-    d = (d[0] if k[0] > 1 else 1, d[1] if k[1] > 1 else 1)
-    return k, s, p, d, out
+    return window_params_nd(tuple(shape[2:]), kernel_size, stride, padding, dilation, what, lead=tuple(shape[:2]))
 
 
 def cpp_available() -> bool:
@@ -118,9 +72,11 @@ def as_float_array(x: Any, name: str) -> np.ndarray:
 
 
 def ntuple(value: Any, n: int, name: str) -> tuple[int, ...]:
-    """``int`` or length-``n`` sequence of ints -> n-tuple; TypeError naming ``name`` otherwise (``pair`` for n-d)."""
+    """``int`` or length-``n`` sequence of ints -> n-tuple; TypeError naming ``name`` otherwise (the one normaliser
+    of kernel_size / stride / padding / dilation for every conv and pool, 1-d to 3-d)."""
+    what = "pair" if n == 2 else f"{n}-tuple"
     if isinstance(value, bool):
-        raise TypeError(f"{name}: expected int or {n}-tuple of ints, got bool {value!r}")
+        raise TypeError(f"{name}: expected int or {what} of ints, got bool {value!r}")
     if isinstance(value, int | np.integer):
         return (int(value),) * n
     if (
@@ -129,18 +85,32 @@ def ntuple(value: Any, n: int, name: str) -> tuple[int, ...]:
         and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in value)
     ):
         return tuple(int(v) for v in value)
-    raise TypeError(f"{name}: expected int or {n}-tuple of ints, got {value!r}")
+    raise TypeError(f"{name}: expected int or {what} of ints, got {value!r}")
 
 
 def window_params_nd(
-    spatial: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any, dilation: Any, what: str = "input"
+    spatial: tuple[int, ...],
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    what: str = "input",
+    lead: tuple[int, ...] = (),
 ) -> tuple[tuple[int, ...], ...]:
-    """n-d version of ``window_params`` on the spatial sizes only: validated (k, s, p, d, out) n-tuples."""
+    """Validated (k, s, p, d, out) n-tuples of a windowed op over the spatial sizes ``spatial`` (n = 1, 2, 3).
+
+    ``lead`` (the [N, C] of the input, when known) also bounds the unfolded output [N, C*prod(k), prod(out)] so that
+    int64 byte offsets cannot overflow. A stride beyond the padded size gives the same single output position and is
+    clamped; a single kernel tap never uses its dilation (set to 1), so no backend multiplies by a huge value."""
     n = len(spatial)
     k = ntuple(kernel_size, n, "kernel_size")
     s = ntuple(stride, n, "stride")
     p = ntuple(padding, n, "padding")
     d = ntuple(dilation, n, "dilation")
+    full = tuple(lead) + tuple(spatial)
+    for v in full:
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+            raise TypeError(f"{what}: sizes must be ints, got {type(v).__name__} {v!r} in shape {full}")
     if min(k) < 1:
         raise ValueError(f"kernel_size: must be positive, got {k}")
     if min(s) < 1:
@@ -154,11 +124,53 @@ def window_params_nd(
     if any(eff[i] > padded[i] for i in range(n)):
         raise ValueError(
             f"kernel_size: dilated kernel {eff} (kernel_size={k}, dilation={d}) is larger than the padded input "
-            f"{padded} ({what} spatial size {tuple(spatial)}, padding={p})"
+            f"{padded} ({what} shape {full}, padding={p})"
         )
-    if max(padded + eff) > _INDEX_LIMIT:
-        raise ValueError(f"padding/dilation: padded/dilated size exceeds 2**62 ({what} spatial size {spatial})")
+    for name, v in (("padding", padded), ("dilation", eff)):
+        if max(v) > _INDEX_LIMIT:
+            raise ValueError(f"{name}: padded/dilated size {v} exceeds 2**62 ({what} shape {full})")
     out = tuple(conv_out_size(spatial[i], k[i], s[i], p[i], d[i]) for i in range(n))
+    n_out = int(np.prod([int(v) for v in lead], dtype=object)) * int(np.prod(k + out, dtype=object))
+    if n_out * 8 > _INDEX_LIMIT:
+        raise ValueError(
+            f"padding/stride: the unfolded output [N, C*prod(kernel), prod(out)] with out={out} has {n_out} "
+            f"elements, beyond what int64 byte offsets can index ({what} shape {full}, padding={p}, stride={s})"
+        )
     s = tuple(min(s[i], padded[i]) for i in range(n))
     d = tuple(d[i] if k[i] > 1 else 1 for i in range(n))
     return k, s, p, d, out
+
+
+def pool_params_nd(
+    spatial: tuple[int, ...],
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool = False,
+    what: str = "input",
+    lead: tuple[int, ...] = (),
+) -> tuple[tuple[int, ...], ...]:
+    """``window_params_nd`` for a pool: (k, s, p, d, out, extra) n-tuples. stride None (or ``()``) means
+    kernel_size; padding is at most half the kernel (torch's rule); ``ceil_mode`` rounds the output size up
+    unless the last window would start at or past ``L + p`` (torch's pooling_output_shape), and ``extra`` is the
+    right-end padding that last window needs beyond ``p``."""
+    n = len(spatial)
+    k = ntuple(kernel_size, n, "kernel_size")
+    no_stride = stride is None or (isinstance(stride, tuple | list) and len(stride) == 0)
+    p = ntuple(padding, n, "padding")
+    if min(k) >= 1 and any(p[i] > k[i] // 2 for i in range(n)):
+        raise ValueError(
+            f"padding: must be at most half of kernel_size {k}, got {p} ({what} shape {tuple(lead) + tuple(spatial)})"
+        )
+    k, s, p, d, out = window_params_nd(spatial, k, k if no_stride else stride, p, dilation, what, lead)
+    if not ceil_mode:
+        return k, s, p, d, out, (0,) * n
+    ceil, extra = [], []
+    for i in range(n):
+        o = (spatial[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1 + s[i] - 1) // s[i] + 1
+        if (o - 1) * s[i] >= spatial[i] + p[i]:
+            o -= 1
+        ceil.append(o)
+        extra.append(max(0, (o - 1) * s[i] + d[i] * (k[i] - 1) + 1 - (spatial[i] + 2 * p[i])))
+    return k, s, p, d, tuple(ceil), tuple(extra)

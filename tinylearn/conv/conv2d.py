@@ -18,15 +18,23 @@ A pointwise conv (1x1, stride 1, no padding) needs no im2col and no transpose at
 [C, H*W] block already *is* its column matrix, so y[n] = W @ x[n] is a batched matmul straight into y's memory, and
 dX[n] = Wᵀ @ dy[n] likewise; only dW (one GEMM over the whole batch) transposes x and dy to the KNL layout.
 
-The cpp forward is a ladder too (``FWD_VERSIONS``, ``version=``):
+Every path is a registered implementation of the ops ``conv.conv2d`` / ``conv.conv2d_backward`` in
+``tinylearn.backends`` (``backends.versions("conv.conv2d", "cpp")``): backends ``numpy`` (the reference: numpy
+im2col + OpenBLAS), ``numba`` (numba im2col + OpenBLAS) and ``cpp``, whose versions are the ladder below plus
+``auto`` (the default: v3 where its direct kernel applies, else v2 from ``_V2_MIN_ROWS`` output channels per group,
+else v1). ``backend=None`` is the registry's choice (cpp for float32/64 when built, else numpy); a version the
+backend lacks (``backend="numpy", version="v3"``) is a ValueError naming ``version``; ``backends.use("conv.conv2d",
+backend=..., version=...)`` pins one for every call that names none (the autograd Functions included).
+
+The cpp forward ladder (``FWD_VERSIONS``, ``version=``):
 
     v1   im2col (C++ v1, or v0 with version="v0") + one OpenBLAS GEMM (np.matmul) + the transpose01 row copies
-    v2   implicit GEMM in C++ (``_C.conv.conv2d_forward``; the default from 32 output channels per group): no
+    v2   implicit GEMM in C++ (``_C.conv.conv2d_forward``; auto picks it from 32 output channels per group): no
          column matrix; packed micro-kernels (8x32 AVX-512 in cpp_src/conv_im2col.cpp, the project GEMM's from
          cpp_src/gemm.cpp at the AVX2 / scalar levels) with B packed straight from the image, a KC x NC block per
          thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads
          spinning against ours between stages). Returns cols=None.
-    v3   (the default) direct convolution over a channel-blocked layout (cpp_src/conv_direct.cpp, oneDNN's scheme)
+    v3   direct convolution over a channel-blocked layout (cpp_src/conv_direct.cpp, oneDNN's scheme; auto picks it)
          for the convs it covers: fp32, stride 1, no dilation, groups 1, kernel larger than 1x1, C and OC multiples
          of the block B (16 with AVX-512 selected, 8 with AVX2; none at the scalar level). x is reordered once to
          [N][C/B][H+2p][W+2p][B] (zero border), W to [OC/B][C/B][kh][kw][B][B]; a register tile of 14 (AVX2: 7)
@@ -56,7 +64,7 @@ import numpy as np
 
 from .. import backends
 from ._params import as_float_array, check_backend, window_params
-from .im2col import col2im_raw, im2col_raw
+from .im2col import _native_dtype, col2im_raw, im2col_raw
 
 
 def _check_conv_args(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, groups: int) -> tuple[int, int]:
@@ -87,13 +95,10 @@ def _is_pointwise(k, s, p, d) -> bool:
     return k == (1, 1) and s == (1, 1) and p == (0, 0)
 
 
-# cpp forward ladder: v0/v1 = im2col rung + OpenBLAS, v2 = implicit GEMM, v3 (default) = direct where it applies
+# cpp forward ladder: v0/v1 = im2col rung + OpenBLAS, v2 = implicit GEMM, v3 = direct where it applies; the cpp
+# default "auto" chooses among them per layer (registered as versions of conv.conv2d / conv.conv2d_backward)
 FWD_VERSIONS: tuple[str, ...] = ("v0", "v1", "v2", "v3")
-
-
-def _check_version(version: str | None) -> None:
-    if version is not None and version not in FWD_VERSIONS:
-        raise ValueError(f"version: expected one of {FWD_VERSIONS} or None, got {version!r}")
+CPP_VERSIONS: tuple[str, ...] = ("auto", *FWD_VERSIONS)
 
 
 # version=None picks v2 only where it measured faster than v1: at least this many GEMM rows (output
@@ -105,7 +110,7 @@ _V2_MIN_ROWS, _V2_MIN_COLS = 32, 32
 
 def _implicit(backend: str | None, version: str | None, a: np.ndarray, rows: int = _V2_MIN_ROWS) -> bool:
     """Whether the C++ kernels (v3 direct / v2 implicit GEMM) serve this call: cpp backend or None, float32/64, and
-    version "v2"/"v3", or version None with a GEMM of at least ``_V2_MIN_ROWS`` rows (``rows``)."""
+    version "v2"/"v3", or version None ("auto") with a GEMM of at least ``_V2_MIN_ROWS`` rows (``rows``)."""
     if version not in (None, "v2", "v3") or not _fast_cpp(backend, a):
         return False
     return version is not None or rows >= _V2_MIN_ROWS
@@ -185,12 +190,13 @@ def conv2d(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-    backend: str | None = "numpy",
+    *,
+    backend: str | None = None,
     version: str | None = None,
 ) -> np.ndarray:
     """2-D cross-correlation like ``torch.nn.functional.conv2d`` (NCHW), computed as im2col + GEMM (or, for the
-    cpp backend, the v2 implicit GEMM; ``version`` picks a rung of ``FWD_VERSIONS``)."""
-    y, _ = conv2d_forward(x, w, bias, stride, padding, dilation, groups, backend, version)
+    cpp backend, the implicit GEMM / direct kernels; ``version`` picks a rung, see ``backends.versions``)."""
+    y, _ = conv2d_forward(x, w, bias, stride, padding, dilation, groups, backend=backend, version=version)
     return y
 
 
@@ -202,18 +208,26 @@ def conv2d_forward(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-    backend: str | None = "numpy",
+    *,
+    backend: str | None = None,
     version: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Forward pass returning (y, cols); ``cols`` [C*kh*kw, N*OH*OW] can be reused for dW in the backward pass.
     A pointwise conv (1x1, stride 1, no padding) takes the direct path and returns cols=None (x is the columns);
-    so does the cpp v2/v3 kernel (backend None/"cpp" with ``version`` "v2"/"v3", or None for layers with at least
-    ``_V2_MIN_ROWS`` output channels per group), which builds no columns.
-    ``version`` "v0"/"v1" pins the cpp im2col rung of the im2col + OpenBLAS path."""
-    _check_version(version)
-    x, w, b, g, k, s, p, d, (OH, OW) = _prepare(x, w, bias, stride, padding, dilation, groups, backend)
+    so do the cpp v2/v3 kernels (version "v2"/"v3", or "auto" for layers with at least ``_V2_MIN_ROWS`` output
+    channels per group or that v3 covers), which build no columns. "v0"/"v1" pin the cpp im2col rung of the
+    im2col + OpenBLAS path. Dispatched through ``backends`` (op ``conv.conv2d``)."""
+    x, w, b, g, k, s, p, d, out = _prepare(x, w, bias, stride, padding, dilation, groups, backend)
+    return backends.dispatch("conv.conv2d", x, w, b, g, k, s, p, d, out, backend=backend, version=version)
+
+
+def _forward(
+    backend: str, version: str | None, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: int, k, s, p, d, out
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The forward on validated arrays for one (backend, version) of the registry (version None = cpp "auto")."""
     N, C = x.shape[:2]
     OC = w.shape[0]
+    OH, OW = out
     L = OH * OW
     if _implicit(backend, version, x, OC // g) or _direct(backend, version, x, C, OC, k, s, d, g):
         y = backends.load_C("conv").conv2d_forward(
@@ -234,13 +248,18 @@ def conv2d_forward(
         if b is not None:
             y += b[None, :, None, None]
         return y, None
-    cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version in ("v2", "v3") else version)
+    cols = conv_cols(x, k, s, p, d, (OH, OW), backend, _im2col_version(backend, version))
     if g == 1:
         y2 = w.reshape(OC, -1) @ cols  # [OC, N*L]: one GEMM for the whole batch (OpenBLAS)
     else:
         y2 = np.matmul(w.reshape(g, OC // g, -1), cols.reshape(g, cols.shape[0] // g, cols.shape[1]))
     y = transpose01(y2.reshape(OC, N, L), b, backend).reshape(N, OC, OH, OW)
     return y, cols
+
+
+def _im2col_version(backend: str, version: str | None) -> str | None:
+    """The cpp im2col rung of the im2col + OpenBLAS path: v0 / v1 when named, else the im2col default."""
+    return version if backend == "cpp" and version in ("v0", "v1") else None
 
 
 def conv2d_backward(
@@ -251,7 +270,8 @@ def conv2d_backward(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
-    backend: str | None = "numpy",
+    *,
+    backend: str | None = None,
     cols: np.ndarray | None = None,
     needs: tuple[bool, bool, bool] = (True, True, True),
     version: str | None = None,
@@ -260,17 +280,41 @@ def conv2d_backward(
 
     dw = dYᵀ·colsᵀ (one GEMM per group over the whole batch), dx = col2im(Wᵀ·dYᵀ), db = dY summed over batch and
     space. ``cols`` (from conv2d_forward) avoids recomputing im2col. With the cpp v2/v3 kernels (``version``
-    None/"v2"/"v3") and stride 1, dx is the convolution of dy with the flipped, transposed weights (no col2im).
+    "auto"/"v2"/"v3") and stride 1, dx is the convolution of dy with the flipped, transposed weights (no col2im).
+    Dispatched through ``backends`` (op ``conv.conv2d_backward``, the same backends and versions as the forward).
     """
-    _check_version(version)
-    x, w, _, g, k, s, p, d, (OH, OW) = _prepare(x, w, None, stride, padding, dilation, groups, backend)
+    x, w, _, g, k, s, p, d, out = _prepare(x, w, None, stride, padding, dilation, groups, backend)
+    N, OC = x.shape[0], w.shape[0]
+    dy = as_float_array(grad_out, "grad_out")
+    if dy.shape != (N, OC) + out:
+        raise ValueError(f"grad_out: expected shape {(N, OC) + out} (the conv output), got {dy.shape}")
+    dy = np.ascontiguousarray(dy, dtype=x.dtype)
+    return backends.dispatch(
+        "conv.conv2d_backward", x, w, dy, g, k, s, p, d, out, cols, needs, backend=backend, version=version
+    )
+
+
+def _backward(
+    backend: str,
+    version: str | None,
+    x: np.ndarray,
+    w: np.ndarray,
+    dy: np.ndarray,
+    g: int,
+    k,
+    s,
+    p,
+    d,
+    out,
+    cols,
+    needs,
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The backward on validated arrays for one (backend, version) of the registry (version None = cpp "auto")."""
     N, C, H, W = x.shape
     OC = w.shape[0]
-    dy = as_float_array(grad_out, "grad_out")
-    if dy.shape != (N, OC, OH, OW):
-        raise ValueError(f"grad_out: expected shape {(N, OC, OH, OW)} (the conv output), got {dy.shape}")
+    OH, OW = out
     L = OH * OW
-    dy3 = np.ascontiguousarray(dy, dtype=x.dtype).reshape(N, OC, L)
+    dy3 = dy.reshape(N, OC, L)
     pointwise = _is_pointwise(k, s, p, d)
     dx = dw = db = None
     dyT = None
@@ -298,7 +342,7 @@ def conv2d_backward(
         )
     elif needs[1]:
         if cols is None:
-            cols = conv_cols(x, k, s, p, d, (OH, OW), backend, None if version in ("v2", "v3") else version)
+            cols = conv_cols(x, k, s, p, d, (OH, OW), backend, _im2col_version(backend, version))
         # dWᵀ = cols @ dYᵀᵀ: OpenBLAS runs this orientation faster than dY @ colsᵀ (long K = N*L reduction)
         dw = np.matmul(cols.reshape(g, Kg, N * L), dyT.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(w.shape)
     if needs[0]:
@@ -347,4 +391,20 @@ def conv2d_flops(
     return 2 * N * w_shape[0] * OH * OW * w_shape[1] * k[0] * k[1]
 
 
-__all__ = ["FWD_VERSIONS", "conv2d", "conv2d_forward", "conv2d_backward", "conv2d_flops", "conv_cols"]
+def _register() -> None:
+    """Every forward/backward path as an implementation of ``conv.conv2d`` / ``conv.conv2d_backward``."""
+    import functools
+
+    avail = lambda: backends.C_available("conv")  # noqa: E731
+    for op, fn in (("conv.conv2d", _forward), ("conv.conv2d_backward", _backward)):
+        backends.register(op, "numpy", functools.partial(fn, "numpy", None))
+        # numba ranks below numpy for backend=None (its first call pays the JIT compile); name it to use it
+        backends.register(op, "numba", functools.partial(fn, "numba", None), priority=5, when=_native_dtype)
+        for v in CPP_VERSIONS:
+            impl = functools.partial(fn, "cpp", None if v == "auto" else v)
+            backends.register(op, "cpp", impl, version=v, default=v == "auto", when=_native_dtype, available=avail)
+
+
+_register()
+
+__all__ = ["CPP_VERSIONS", "FWD_VERSIONS", "conv2d", "conv2d_forward", "conv2d_backward", "conv2d_flops", "conv_cols"]

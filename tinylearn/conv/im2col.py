@@ -12,8 +12,10 @@ Backends: ``numpy`` (a strided 6-D view [N, C, kh, kw, OH, OW] of the padded inp
 over the kh*kw kernel offsets only, never over pixels), ``numba`` (parallel over N*C, lazily imported) and
 ``cpp`` (tinylearn._C.conv, a versions ladder: ``v0`` OpenMP over the N*C planes, ``v1`` (default) streaming
 rows with threads over channels, see cpp_src/conv_im2col.cpp). All three register as the ops ``conv.im2col`` /
-``conv.col2im`` in ``tinylearn.backends`` (the cpp versions as versions of backend ``cpp``); ``backend=None`` picks
-cpp when built (float32/64), else numpy.
+``conv.col2im`` in ``tinylearn.backends`` (the cpp versions as versions of backend ``cpp``). ``backend`` and
+``version`` are keyword-only; the public ``im2col`` / ``col2im`` default to ``"numpy"`` (DESIGN.md's contract),
+``backend=None`` picks cpp when built (float32/64), else numpy, or what ``backends.use("conv.im2col", ...)`` pins.
+Every backend gives bit-identical results.
 """
 
 from __future__ import annotations
@@ -57,7 +59,24 @@ def _native(a: np.ndarray, backend: str, name: str) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-@backends.register("conv.im2col", "numpy")
+_EXAMPLE_GEOMETRY = ((3, 2), (2, 1), (1, 0), (1, 2))  # kernel, stride, padding, dilation: every axis differs
+
+
+def _im2col_example(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """A small strided, padded, dilated unfold (the conformance test's input for ``conv.im2col``)."""
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    return (x, *window_params(x.shape, *_EXAMPLE_GEOMETRY, "x"), "KNL"), {}
+
+
+def _col2im_example(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """The adjoint of ``_im2col_example``'s unfold (overlapping windows summed)."""
+    N, C, H, W = 2, 3, 7, 6
+    k, s, p, d, out = window_params((N, C, H, W), *_EXAMPLE_GEOMETRY, "output_size")
+    cols = rng.standard_normal((C * k[0] * k[1], N * out[0] * out[1])).astype(np.float32)
+    return (cols, N, C, H, W, k, s, p, d, out, "KNL"), {}
+
+
+@backends.register("conv.im2col", "numpy", example=_im2col_example)
 def _im2col_numpy(x: np.ndarray, k, s, p, d, out, layout: str = "NKL") -> np.ndarray:
     N, C = x.shape[:2]
     K, L = C * k[0] * k[1], out[0] * out[1]
@@ -107,7 +126,7 @@ for _v in CPP_VERSIONS:
     )
 
 
-@backends.register("conv.col2im", "numpy")
+@backends.register("conv.col2im", "numpy", example=_col2im_example)
 def _col2im_numpy(cols: np.ndarray, N: int, C: int, H: int, W: int, k, s, p, d, out, layout: str = "NKL"):
     OH, OW = out
     if layout == "KNL":
@@ -162,6 +181,7 @@ def im2col(
     stride: Any = 1,
     padding: Any = 0,
     dilation: Any = 1,
+    *,
     backend: str | None = "numpy",
     version: str | None = None,
 ) -> np.ndarray:
@@ -170,7 +190,7 @@ def im2col(
     check_backend(backend)
     x = as_array(x, "x", dtypes=_NUMERIC)
     if x.ndim == 3:  # torch accepts an unbatched [C, H, W]
-        return im2col(x[None], kernel_size, stride, padding, dilation, backend, version)[0]
+        return im2col(x[None], kernel_size, stride, padding, dilation, backend=backend, version=version)[0]
     k, s, p, d, out = window_params(x.shape, kernel_size, stride, padding, dilation, "x")
     return im2col_raw(x, k, s, p, d, out, backend, version=version)
 
@@ -182,6 +202,7 @@ def col2im(
     stride: Any = 1,
     padding: Any = 0,
     dilation: Any = 1,
+    *,
     backend: str | None = "numpy",
     version: str | None = None,
 ) -> np.ndarray:
@@ -189,7 +210,9 @@ def col2im(
     check_backend(backend)
     cols = as_array(cols, "cols", dtypes=_NUMERIC)
     if cols.ndim == 2:  # unbatched
-        return col2im(cols[None], output_size, kernel_size, stride, padding, dilation, backend, version)[0]
+        return col2im(
+            cols[None], output_size, kernel_size, stride, padding, dilation, backend=backend, version=version
+        )[0]
     if cols.ndim != 3:
         raise ValueError(f"cols: expected a 3-D [N, C*kh*kw, L] array, got shape {cols.shape}")
     H, W = pair(output_size, "output_size")

@@ -17,20 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from ._params import as_float_array, check_backend, pair, window_params
+from ._params import as_float_array, check_backend, pool_params_nd
 from .im2col import col2im_raw, pad_nchw, window_view
 
 
 def _pool_params(shape: tuple[int, ...], kernel_size: Any, stride: Any, padding: Any, dilation: Any = 1):
+    """Validated (k, s, p, d, (OH, OW)) of a floor-mode pool over an NCHW ``shape`` (``_params.pool_params_nd``)."""
     shape = tuple(shape)
     if len(shape) != 4:
         raise ValueError(f"x: expected a 4-D [N, C, H, W] array, got shape {shape}")
-    k = pair(kernel_size, "kernel_size")
-    s = k if stride is None or (isinstance(stride, tuple | list) and len(stride) == 0) else pair(stride, "stride")
-    p = pair(padding, "padding")
-    if min(k) >= 1 and (p[0] > k[0] // 2 or p[1] > k[1] // 2):
-        raise ValueError(f"padding: must be at most half of kernel_size {k}, got {p} (x shape {shape})")
-    return window_params(shape, k, s, p, dilation, "x")
+    return pool_params_nd(shape[2:], kernel_size, stride, padding, dilation, False, "x", lead=shape[:2])[:5]
 
 
 def _windows(x: np.ndarray, k, s, p, d, out, fill: float) -> np.ndarray:
@@ -61,7 +57,8 @@ def max_pool2d_backward(
     stride: Any = None,
     padding: Any = 0,
     dilation: Any = 1,
-    backend: str | None = "numpy",
+    *,
+    backend: str | None = None,
 ) -> np.ndarray:
     """dx: each output gradient is routed to its window's argmax (overlapping windows accumulate via col2im)."""
     check_backend(backend)
@@ -104,7 +101,8 @@ def avg_pool2d_backward(
     stride: Any = None,
     padding: Any = 0,
     count_include_pad: bool = True,
-    backend: str | None = "numpy",
+    *,
+    backend: str | None = None,
 ) -> np.ndarray:
     """dx = col2im(dy / divisor copied to every tap of its window)."""
     check_backend(backend)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ._params import ntuple
+from ._params import ntuple, pool_params_nd
 
 
 def pool_geometry(
@@ -40,35 +40,8 @@ def pool_geometry(
     ceil_mode: bool,
     what: str = "input",
 ) -> tuple[tuple[int, ...], ...]:
-    """(k, s, p, d, out, extra) n-tuples for a pool over ``spatial``; ValueError naming the argument."""
-    n = len(spatial)
-    k = ntuple(kernel_size, n, "kernel_size")
-    no_stride = stride is None or (isinstance(stride, tuple | list) and len(stride) == 0)
-    s = k if no_stride else ntuple(stride, n, "stride")
-    p = ntuple(padding, n, "padding")
-    d = ntuple(dilation, n, "dilation")
-    if min(k) < 1:
-        raise ValueError(f"kernel_size: must be positive, got {k}")
-    if min(s) < 1:
-        raise ValueError(f"stride: must be positive, got {s}")
-    if min(d) < 1:
-        raise ValueError(f"dilation: must be positive, got {d}")
-    if min(p) < 0 or any(p[i] > k[i] // 2 for i in range(n)):
-        raise ValueError(f"padding: must be non-negative and at most half of kernel_size {k}, got {p}")
-    out, extra = [], []
-    for i in range(n):
-        num = spatial[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1
-        o = (num + (s[i] - 1 if ceil_mode else 0)) // s[i] + 1
-        if ceil_mode and (o - 1) * s[i] >= spatial[i] + p[i]:
-            o -= 1
-        if num < 0 or o < 1:
-            raise ValueError(
-                f"kernel_size: output size would be {o} along spatial dim {i}: the (dilated) kernel {k} "
-                f"(dilation={d}) does not fit the padded {what} of spatial size {tuple(spatial)} (padding={p})"
-            )
-        out.append(o)
-        extra.append(max(0, (o - 1) * s[i] + d[i] * (k[i] - 1) + 1 - (spatial[i] + 2 * p[i])))
-    return k, s, p, d, tuple(out), tuple(extra)
+    """(k, s, p, d, out, extra) n-tuples for a pool over ``spatial`` (``_params.pool_params_nd``)."""
+    return pool_params_nd(spatial, kernel_size, stride, padding, dilation, ceil_mode, what)
 
 
 def _pad(x: np.ndarray, p, extra, value: float) -> np.ndarray:

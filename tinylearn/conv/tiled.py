@@ -52,7 +52,8 @@ def conv2d_tiled(
     groups: int = 1,
     rows_per_tile: int | None = None,
     max_workspace_bytes: int | None = None,
-    backend: str | None = "numpy",
+    *,
+    backend: str | None = None,
 ) -> np.ndarray:
     """conv2d computed ``rows_per_tile`` output rows at a time (or as many as fit in ``max_workspace_bytes``).
 
@@ -81,5 +82,5 @@ def conv2d_tiled(
     for r0 in range(0, OH, R):
         r1 = min(OH, r0 + R)
         rows = xp[:, :, r0 * s[0] : (r1 - 1) * s[0] + ext]
-        y[:, :, r0:r1], _ = conv2d_forward(rows, w, b, s, 0, d, g, backend)
+        y[:, :, r0:r1], _ = conv2d_forward(rows, w, b, s, 0, d, g, backend=backend)
     return y

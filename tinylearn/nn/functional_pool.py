@@ -8,7 +8,7 @@ The direct C++ kernel (``_C.kernels.maxpool2d_forward/backward``, cpp_src/kernel
     dx[n, c].flat[idx] += dy                       (the gradient goes to the argmax only; overlapping windows add)
 
 Direct path: a 4-D float32/float64 Tensor, floor mode, no ``return_indices``, the C++ extension built and no
-non-cpp backend pinned with ``tinylearn.conv.functional.set_backend``; everything else takes the im2col pooling.
+other backend pinned with ``backends.use("conv.max_pool2d", backend=...)``; everything else takes the im2col pooling.
 ``max_pool2d_im2col`` is the im2col rung (pre-issue-18 path) whatever the backend.
 """
 

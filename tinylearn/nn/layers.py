@@ -1,7 +1,7 @@
 """Layers: thin Modules holding parameters/buffers and calling ``tinylearn.nn.functional``.
 
 Linear: y = x W^T + b with W [out, in] and torch's default init (U(+-1/sqrt(in)) for W and b).
-Conv2d: W [out, in/groups, kh, kw], same init rule with fan_in = in/groups * kh * kw.
+Conv2d / MaxPool2d / AvgPool2d: the 2-D members of the N-d families in ``layers_spatial`` (re-exported here).
 BatchNorm2d: normalise per channel with batch stats (training) or running stats (eval); see functional_norm.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from ..autograd.tensor import Tensor
 from . import functional as F
 from . import init
-from .functional_pool import max_pool2d as _direct_max_pool2d
+from .layers_spatial import AvgPool2d, Conv2d, MaxPool2d  # noqa: F401  (re-exported: the N-d families)
 from .module import Module
 from .parameter import Parameter
 
@@ -59,52 +59,6 @@ class Linear(Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-class Conv2d(Module):
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: Any = 1,
-        padding: Any = 0,
-        dilation: Any = 1,
-        groups: int = 1,
-        bias: bool = True,
-        dtype: Any = np.float32,
-    ) -> None:
-        super().__init__()
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(
-                f"Conv2d: in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}"
-            )
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (kh, kw)):
-            raise ValueError(f"kernel_size: must be a positive int or pair of positive ints, got {kernel_size!r}")
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
-        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        self.weight = Parameter(np.empty((out_channels, in_channels // groups, kh, kw), dtype=dtype))
-        if bias:
-            self.bias = Parameter(np.empty(out_channels, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.weight.shape[1] * self.weight.shape[2] * self.weight.shape[3]
-            init.uniform_(self.bias, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-            f"padding={self.padding}"
-        )
 
 
 class _BatchNorm(Module):
@@ -230,69 +184,6 @@ class Flatten(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x.flatten(self.start_dim, self.end_dim)
-
-
-class MaxPool2d(Module):
-    """torch.nn.MaxPool2d: kernel_size, stride (default kernel_size), padding, dilation, return_indices, ceil_mode."""
-
-    def __init__(
-        self,
-        kernel_size: Any,
-        stride: Any = None,
-        padding: Any = 0,
-        dilation: Any = 1,
-        return_indices: bool = False,
-        ceil_mode: bool = False,
-    ) -> None:
-        super().__init__()
-        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
-        self.return_indices, self.ceil_mode = return_indices, ceil_mode
-
-    def forward(self, x: Tensor) -> Any:
-        return _direct_max_pool2d(  # F.max_pool2d: the direct C++ kernel where it applies, im2col otherwise
-            x,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            dilation=self.dilation,
-            ceil_mode=self.ceil_mode,
-            return_indices=self.return_indices,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
-        )
-
-
-class AvgPool2d(Module):
-    """torch.nn.AvgPool2d, same argument order: kernel_size, stride, padding, ceil_mode, count_include_pad,
-    divisor_override."""
-
-    def __init__(
-        self,
-        kernel_size: Any,
-        stride: Any = None,
-        padding: Any = 0,
-        ceil_mode: bool = False,
-        count_include_pad: bool = True,
-        divisor_override: int | None = None,
-    ) -> None:
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.avg_pool2d(
-            x,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            ceil_mode=self.ceil_mode,
-            count_include_pad=self.count_include_pad,
-            divisor_override=self.divisor_override,
-        )
 
 
 class Dropout(Module):

@@ -1,4 +1,9 @@
-"""Spatial modules beyond Conv2d/MaxPool2d/AvgPool2d (torch.nn names). Re-exported by ``tinylearn.nn``.
+"""Spatial modules, torch.nn names, one family per kind (torch's ``_ConvNd`` / ``_MaxPoolNd`` / ``_AvgPoolNd``
+pattern: the 1-d/2-d/3-d classes only set their number of spatial dims or functional). Re-exported by
+``tinylearn.nn`` (Conv2d / MaxPool2d / AvgPool2d also through ``tinylearn.nn.layers``).
+
+Over 500 lines on purpose: it is torch.nn's whole spatial family (conv, conv-transpose, pools, adaptive pools,
+unpool, resampling, fold) as thin modules over ``tinylearn.conv.functional_*``; each class is a few lines.
 
 Parameter shapes and default init are torch's:
 
@@ -20,6 +25,7 @@ import numpy as np
 from ..autograd.tensor import Tensor
 from ..conv import functional_nd as S
 from ..conv._params import ntuple
+from ..conv.functional_pool import _avg_pool
 from . import functional_extra as E
 from . import init
 from .module import Module
@@ -28,8 +34,17 @@ from .parameter import Parameter
 _PAD_MODES = ("zeros", "reflect", "replicate", "circular")
 
 
+def _short(v: Any) -> Any:
+    """A tuple with one repeated entry prints as that entry (``stride=1``), as the layers always printed."""
+    return v[0] if isinstance(v, tuple) and v and all(e == v[0] for e in v) else v
+
+
 class _ConvNd(Module):
-    _nd = 1
+    """torch's ``_ConvNd``: the parameters, init and repr of every conv layer (subclasses set ``_nd`` and
+    ``_transposed``). Arguments are torch.nn.Conv{1,2,3}d's; kernel_size / stride / padding / dilation are stored as
+    ``_nd``-tuples (padding may be 'same' / 'valid')."""
+
+    _nd = 2
     _transposed = False
 
     def __init__(
@@ -43,9 +58,10 @@ class _ConvNd(Module):
         groups: int = 1,
         bias: bool = True,
         padding_mode: str = "zeros",
-        output_padding: Any = 0,
         device: Any = None,
         dtype: Any = np.float32,
+        *,
+        output_padding: Any = 0,
     ) -> None:
         super().__init__()
         nd = self._nd
@@ -70,12 +86,12 @@ class _ConvNd(Module):
                 raise ValueError(f"padding: expected an int, a tuple, 'same' or 'valid', got {padding!r}")
             if padding == "same" and ntuple(stride, nd, "stride") != (1,) * nd:
                 raise ValueError(f"padding: padding='same' is not supported for strided convolutions (stride={stride})")
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+        self.in_channels, self.out_channels, self.kernel_size = int(in_channels), int(out_channels), k
         self.stride = ntuple(stride, nd, "stride")
         self.padding = padding if isinstance(padding, str) else ntuple(padding, nd, "padding")
         self.dilation = ntuple(dilation, nd, "dilation")
         self.output_padding = ntuple(output_padding, nd, "output_padding")
-        self.groups, self.padding_mode = groups, padding_mode
+        self.groups, self.padding_mode = int(groups), padding_mode
         shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         self.weight = Parameter(np.empty(shape + k, dtype=dtype))
         if bias:
@@ -92,13 +108,12 @@ class _ConvNd(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0,) * self._nd:
-            s += f", padding={self.padding}"
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={_short(self.stride)}"
+        s += f", padding={self.padding!r}" if isinstance(self.padding, str) else f", padding={_short(self.padding)}"
         if self.dilation != (1,) * self._nd:
-            s += f", dilation={self.dilation}"
+            s += f", dilation={_short(self.dilation)}"
         if self._transposed and self.output_padding != (0,) * self._nd:
-            s += f", output_padding={self.output_padding}"
+            s += f", output_padding={_short(self.output_padding)}"
         if self.groups != 1:
             s += f", groups={self.groups}"
         if self.bias is None:
@@ -109,10 +124,9 @@ class _ConvNd(Module):
 
 
 class _Conv(_ConvNd):
+    _fns: Any = {1: S.conv1d, 2: S.conv2d, 3: S.conv3d}
+
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        fn = S.conv1d if self._nd == 1 else (S.conv3d if self._nd == 3 else None)
-        if fn is None:  # 2-d is tl.nn.Conv2d (layers.py); kept generic here
-            from ..conv.functional import conv2d as fn
         padding = self.padding
         if self.padding_mode != "zeros":
             if isinstance(padding, str):
@@ -126,6 +140,7 @@ class _Conv(_ConvNd):
             pads = [v for pair in reversed(lr) for v in pair]
             input = E.pad(input, pads, mode=self.padding_mode)  # noqa: A001
             padding = 0
+        fn = self._fns[self._nd]
         return fn(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
 
 
@@ -134,69 +149,18 @@ class Conv1d(_Conv):
 
     _nd = 1
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Any,
-        stride: Any = 1,
-        padding: Any = 0,
-        dilation: Any = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        device: Any = None,
-        dtype: Any = np.float32,
-    ) -> None:
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            bias,
-            padding_mode,
-            0,
-            device,
-            dtype,
-        )
+
+class Conv2d(_Conv):
+    """torch.nn.Conv2d: input [N, C_in, H, W] (or [C_in, H, W]), weight [out, in/groups, kh, kw]; the registered
+    2-D kernels (op ``conv.conv2d``)."""
+
+    _nd = 2
 
 
 class Conv3d(_Conv):
     """torch.nn.Conv3d: input [N, C_in, D, H, W], weight [out, in/groups, kd, kh, kw]."""
 
     _nd = 3
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Any,
-        stride: Any = 1,
-        padding: Any = 0,
-        dilation: Any = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        device: Any = None,
-        dtype: Any = np.float32,
-    ) -> None:
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            bias,
-            padding_mode,
-            0,
-            device,
-            dtype,
-        )
 
 
 class _ConvTranspose(_ConvNd):
@@ -229,9 +193,9 @@ class _ConvTranspose(_ConvNd):
             groups,
             bias,
             padding_mode,
-            output_padding,
             device,
             dtype,
+            output_padding=output_padding,
         )
 
     def _output_padding(self, input: Tensor, output_size: Any) -> tuple[int, ...]:  # noqa: A002
@@ -283,6 +247,9 @@ class ConvTranspose3d(_ConvTranspose):
 
 # ------------------------------------------------------------------------------------------- pooling
 class _MaxPoolNd(Module):
+    """torch's ``_MaxPoolNd``: MaxPool1d/2d/3d differ only in their functional (``_fn``). Arguments are stored as
+    given (torch does the same)."""
+
     _fn: Any = None
 
     def __init__(
@@ -314,31 +281,23 @@ class MaxPool1d(_MaxPoolNd):
     _fn = staticmethod(S.max_pool1d)
 
 
+class MaxPool2d(_MaxPoolNd):
+    """torch.nn.MaxPool2d: kernel_size, stride (default kernel_size), padding, dilation, return_indices, ceil_mode;
+    floor mode runs op ``conv.max_pool2d`` (the direct C++ kernel where it applies)."""
+
+    _fn = staticmethod(S.max_pool2d)
+
+
 class MaxPool3d(_MaxPoolNd):
     _fn = staticmethod(S.max_pool3d)
 
 
-class AvgPool1d(Module):
-    def __init__(
-        self,
-        kernel_size: Any,
-        stride: Any = None,
-        padding: Any = 0,
-        ceil_mode: bool = False,
-        count_include_pad: bool = True,
-    ) -> None:
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+class _AvgPoolNd(Module):
+    """torch's ``_AvgPoolNd``: AvgPool1d/2d/3d differ only in ``_nd`` (AvgPool1d also takes divisor_override,
+    which torch's lacks)."""
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return S.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+    _nd = 2
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-
-class AvgPool3d(Module):
     def __init__(
         self,
         kernel_size: Any,
@@ -353,7 +312,10 @@ class AvgPool3d(Module):
         self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return S.avg_pool3d(
+        nd = self._nd
+        return _avg_pool(
+            nd,
+            f"avg_pool{nd}d",
             input,
             self.kernel_size,
             self.stride,
@@ -365,6 +327,21 @@ class AvgPool3d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool1d(_AvgPoolNd):
+    _nd = 1
+
+
+class AvgPool2d(_AvgPoolNd):
+    """torch.nn.AvgPool2d, same argument order: kernel_size, stride, padding, ceil_mode, count_include_pad,
+    divisor_override."""
+
+    _nd = 2
+
+
+class AvgPool3d(_AvgPoolNd):
+    _nd = 3
 
 
 class _AdaptiveAvgPoolNd(Module):
@@ -562,6 +539,9 @@ class LPPool3d(_LPPoolNd):
 
 
 __all__: list[str] = [
+    "AvgPool2d",
+    "Conv2d",
+    "MaxPool2d",
     "Unfold",
     "PixelUnshuffle",
     "PixelShuffle",
