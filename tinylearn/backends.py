@@ -158,7 +158,36 @@ def cuda_module(source: str) -> Any:
         )
     import cupy
 
-    return cupy.RawModule(code=path.read_text(), options=("-std=c++14", f"-I{path.parent}"))
+    # nvcc when present (its host headers: <cstdint> etc.), else NVRTC (device-only headers)
+    kind = "nvcc" if nvcc_available() else "nvrtc"
+    return cupy.RawModule(code=path.read_text(), options=("-std=c++14", f"-I{path.parent}"), backend=kind)
+
+
+def cuda_library(source: str) -> Any:
+    """``ctypes.CDLL`` of ``cuda_src/<source>.cu`` built with ``nvcc -shared`` (for sources with host drivers,
+    which NVRTC cannot compile), cached under ``$XDG_CACHE_HOME/tinylearn/cuda`` per source modification time and
+    built aside then renamed, so concurrent builds never load half a file. Needs nvcc (it builds and loads without
+    a device; calling into it needs one: callers check ``cuda_available()``)."""
+    import ctypes
+    import subprocess
+    from pathlib import Path
+
+    from ._resources import cuda_source
+
+    src = cuda_source(source)
+    if not nvcc_available():
+        raise RuntimeError(f"cuda: {src.name} has a host driver and needs nvcc to build; nvcc is not on PATH")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tinylearn" / "cuda"
+    cache.mkdir(parents=True, exist_ok=True)
+    lib = cache / f"{src.stem}-{int(src.stat().st_mtime)}.so"
+    if not lib.is_file():
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        cmd = ["nvcc", "-shared", "-Xcompiler", "-fPIC", f"-I{src.parent}", "-o", str(tmp), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"cuda: nvcc failed on {src.name} (exit {proc.returncode}):\n{proc.stderr}")
+        os.replace(tmp, lib)
+    return ctypes.CDLL(str(lib))
 
 
 _PROBES: dict[str, Callable[[], bool]] = {

@@ -357,6 +357,24 @@ def sanitizer_tests() -> list[str]:
     return out + [f"tests/common/{m}.py" for m in common]
 
 
+# library modules no test names directly (tests/tour/test_foundation.py checks the rest): module -> the tests that
+# exercise it through the public API
+INDIRECTLY_TESTED: dict[str, str] = {
+    "tinylearn.autograd.methods": "Tensor methods: tests/autograd/test_autograd.py, test_ops_breadth.py",
+    "tinylearn.autograd.methods_breadth": "Tensor methods: tests/autograd/test_ops_breadth.py",
+    "tinylearn.autograd.ops_math": "Tensor.round/atan2/copysign...: tests/autograd/test_ops_breadth.py (gradcheck)",
+    "tinylearn.autograd.ops_movement": "Tensor.roll/tril/pad/diagonal: tests/autograd/test_ops_breadth.py",
+    "tinylearn.autograd.ops_scan": "Tensor.prod/logsumexp/cumsum: tests/autograd/test_ops_breadth.py",
+    "tinylearn.autograd.ops_shape": "reshape/permute/expand/getitem: tests/autograd/test_autograd.py",
+    "tinylearn.dist._forkserver_guard": "imported by tl.dist.launch: tests/dist/test_dist.py",
+    "tinylearn.memory.viz": "plot_arena: notebook 07 (nbval)",
+    "tinylearn.gemm.numba_cpu": "tl.gemm.matmul(backend='numba'): tests/gemm/test_gemm.py",
+    "tinylearn.conv._numba": "tl.conv.im2col/col2im(backend='numba'): tests/conv/test_conv_im2col.py",
+    "tinylearn.conv.convnd": "3-d im2col/col2im behind conv3d and the 3-d pools: tests/conv/test_ops_spatial.py",
+    "tinylearn.nn.functional_spatial": "re-exports (conv1d/3d, pools, interpolate): tests/conv/test_ops_spatial.py",
+}
+
+
 def all_topics() -> tuple[Topic, ...]:
     return TOPICS
 

@@ -231,26 +231,36 @@ def test_numba_cuda_simulator_spmv():
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
-@pytest.mark.gpu
-def test_cuda_kernels_on_gpu():  # pragma: no cover - needs a CUDA device
-    import cupy
+def test_cuda_kernels_are_the_cuda_backend_of_csr_matmul():
+    """cuda_src/sparse_csr_spmv.cu is registered; without a GPU, naming it is the registry's RuntimeError."""
+    from tinylearn import backends
 
+    assert backends.versions("sparse.csr_matmul", "cuda") == ["scalar", "vector"]
+    s = CSR.from_dense(sparse_matrix((6, 4), 0.5))
+    x = np.ones(4, np.float32)
+    assert backends.resolve(s.op, None, None, (s, x, np.dtype(np.float32)))[0] != "cuda"  # only when named
+    if not cuda_available():
+        with pytest.raises(RuntimeError, match="not available on this machine.*no CUDA device"):
+            s.matmul(x, backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["scalar", "vector"])
+def test_cuda_kernels_on_gpu(version):  # pragma: no cover - needs a CUDA device
     assert cuda_available()
-    mod = cupy.RawModule(path=str(nvcc_compile_ptx(ROOT / "cuda_src" / "sparse_csr_spmv.cu", ROOT / "build")))
     a = sparse_matrix((300, 200), 0.1, seed=1, empty_rows=(0, 299))
     s = CSR.from_dense(a)
-    x = np.random.default_rng(0).standard_normal(200).astype(np.float32)
-    args = [cupy.asarray(s.indptr), cupy.asarray(s.indices), cupy.asarray(s.data), cupy.asarray(x)]
-    for name, threads in (("csr_spmv_scalar", 300), ("csr_spmv_vector", 300 * 32)):
-        y = cupy.zeros(300, dtype=cupy.float32)
-        mod.get_function(name)(((threads + 255) // 256,), (256,), (*args, y, np.int64(300)))
-        assert_close(cupy.asnumpy(y), a @ x, "float32")
+    x = np.random.default_rng(0).standard_normal((200, 3)).astype(np.float32)
+    assert_close(s.matmul(x[:, 0], backend="cuda", version=version), a @ x[:, 0], "float32")
+    assert_close(s.matmul(x, backend="cuda", version=version), a @ x, "float32")  # SpMM: column by column
+    with pytest.raises(TypeError, match="float32 only"):
+        s.matmul(x.astype(np.float64), backend="cuda", version=version)
 
 
 def test_matmul_dispatches_through_the_backend_registry():
     from tinylearn import backends
 
-    assert set(backends.registered("sparse.csr_matmul")) == {"numpy", "numba", "cpp"}
+    assert set(backends.registered("sparse.csr_matmul")) == {"numpy", "numba", "cpp", "cuda"}
     assert set(backends.registered("sparse.bsr_matmul")) == {"numpy", "cpp"}
     a = sparse_matrix((8, 6), 0.5)
     x = np.random.default_rng(1).standard_normal(6).astype(np.float32)

@@ -95,31 +95,27 @@ def test_dp4a_kernel_compiles(tmp_path):
     assert "int8_gemm_dp4a_tiled" in text and "int8_gemm_dp4a_naive" in text and "dp4a" in text
 
 
-@pytest.mark.gpu
-def test_dp4a_kernel_runs_exact():  # pragma: no cover - needs a GPU
-    import cupy as cp
+def test_dp4a_is_the_cuda_backend_of_int8_gemm():
+    """cuda_src/quant_int8_gemm_dp4a.cu is registered; without a GPU, naming it is the registry's RuntimeError."""
+    from tinylearn import backends
 
-    mod = cp.RawModule(code=(ROOT / "cuda_src" / "quant_int8_gemm_dp4a.cu").read_text())
+    assert backends.versions("quant.int8_gemm", "cuda") == ["dp4a_naive", "dp4a_tiled"]
+    assert backends.resolve("quant.int8_gemm")[0] != "cuda"  # priority 1: only when named
+    if not backends.cuda_available():
+        a = np.ones((2, 3), np.int8)
+        with pytest.raises(RuntimeError, match="not available on this machine.*no CUDA device"):
+            Q.int8_gemm(a, a.T.copy(), backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["dp4a_naive", "dp4a_tiled"])
+@pytest.mark.parametrize("mkn", [(67, 132, 45), (1, 1, 1), (33, 5, 64)])
+def test_dp4a_kernel_runs_exact(version, mkn):  # pragma: no cover - needs a GPU
+    m, k, n = mkn
     rng = np.random.default_rng(0)
-    m, k, n = 67, 132, 45
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    k4 = (k + 3) // 4
-    ap = np.zeros((m, 4 * k4), np.int8)
-    ap[:, :k] = a
-    bt = np.zeros((n, 4 * k4), np.int8)
-    bt[:, :k] = b.T
-    for name, grid, block in (
-        ("int8_gemm_dp4a_naive", ((n + 15) // 16, (m + 15) // 16), (16, 16)),
-        ("int8_gemm_dp4a_tiled", ((n + 31) // 32, (m + 31) // 32), (32, 8)),
-    ):
-        c = cp.zeros((m, n), cp.int32)
-        mod.get_function(name)(
-            grid,
-            block,
-            (cp.asarray(ap.view(np.int32)), cp.asarray(bt.view(np.int32)), c, np.int32(m), np.int32(n), np.int32(k4)),
-        )
-        np.testing.assert_array_equal(cp.asnumpy(c), _ref(a, b))
+    np.testing.assert_array_equal(Q.int8_gemm(a, b, backend="cuda", version=version), _ref(a, b))
 
 
 # ------------------------------------------------------------------------------------------ int4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import json
@@ -254,6 +255,55 @@ def test_library_has_no_stubs():
     # a stub raises it; naming the exception (e.g. tinylearn check counting unsolved stubs) is fine
     hits = [str(p) for p in (ROOT / "tinylearn").rglob("*.py") if "raise NotImplementedError" in p.read_text()]
     assert not hits, f"NotImplementedError in the library: {hits}"
+
+
+# ---------------------------------------------------------------- module size and test coverage
+MAX_LINES = 500
+REASON = "Why one file"
+
+
+def test_no_module_over_500_lines_without_a_reason():
+    """Small files named for what they hold: a Python module or C++ source over 500 lines says why it is one file
+    (a line starting 'Why one file' in its docstring / leading comment)."""
+    long = []
+    for p in sorted((ROOT / "tinylearn").rglob("*.py")):
+        text = p.read_text()
+        if text.count("\n") > MAX_LINES and REASON not in (ast.get_docstring(ast.parse(text)) or ""):
+            long.append(str(p.relative_to(ROOT)))
+    for p in sorted((ROOT / "cpp_src").rglob("*")):
+        if p.suffix in (".cpp", ".h", ".inc") and p.read_text().count("\n") > MAX_LINES:
+            head = "\n".join(p.read_text().splitlines()[:60])
+            if REASON not in head:
+                long.append(str(p.relative_to(ROOT)))
+    assert not long, f"over {MAX_LINES} lines without a '{REASON}' reason: {long}"
+
+
+def _public_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {path.stem}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name) and t.id.isupper()}
+    return names
+
+
+def test_every_library_module_is_tested_or_exempt_with_a_reason():
+    """Each tinylearn module has a test or exercise that names it or one of its public names; the rest are listed
+    in topics.INDIRECTLY_TESTED with the tests that exercise them."""
+    text = "\n".join(p.read_text() for d in ("tests", "exercises") for p in (ROOT / d).rglob("*.py"))
+    words = set(re.findall(r"\b\w+\b", text))
+    untested = []
+    for p in sorted((ROOT / "tinylearn").rglob("*.py")):
+        if p.name == "__init__.py" or "__pycache__" in p.parts:
+            continue
+        dotted = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        if dotted not in tinylearn.topics.INDIRECTLY_TESTED and not (_public_names(p) & words):
+            untested.append(dotted)
+    assert not untested, f"modules no test names (test them, or add to topics.INDIRECTLY_TESTED): {untested}"
+    stale = [m for m in tinylearn.topics.INDIRECTLY_TESTED if not (ROOT / (m.replace(".", "/") + ".py")).is_file()]
+    assert not stale, f"topics.INDIRECTLY_TESTED lists modules that do not exist: {stale}"
 
 
 # ---------------------------------------------------------------- the topic table (tinylearn.topics)

@@ -13,6 +13,9 @@ thread count in effect (torch.get_num_threads()) and adds MLP/CNN rows at 1 and 
 median forward / backward / optimizer split, tinylearn vs torch, with ``legacy=True`` selecting the pre-issue-18
 path as a rung: max pooling through im2col + argmax (tinylearn.conv) and fused optimizer updates with OpenMP from
 256k elements (now 4M: below that the update stays on the calling thread).
+
+Why one file (> 500 lines): the step benchmark builds the same MLP/CNN in three frameworks with identical weights
+and times them in one loop; the three builders and the timing must stay together to stay comparable.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ that waited for the scheduler), samples and relative standard error, the predict
 
 tinygrad: no column — tinygrad has no multi-process collectives (no all-reduce across processes on CPU), and
 torch.compile does not apply to communication.
+
+Why one file (> 500 lines): the measurement job, the sampling plan and the model calibration are one experiment
+whose steps depend on each other's data shapes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
     regtile  gemm_regtile.cu     256          (ceil(N/64), ceil(M/64))   64 x 64 block tile, 4 x 4 per thread
     vec4     gemm_vec4.cu        256          (ceil(N/64), ceil(M/64))   regtile + float4 loads/stores
 ``matmul_cuda`` copies to the device, launches, synchronises and copies back (timing it times the transfers too;
-the bench times device-resident operands). Sources are loaded with tinylearn.kernels.cuda.load (one cache).
+the bench times device-resident operands). Sources are loaded with tinylearn.backends.cuda_module (the one CUDA
+loader and its cache).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from .. import backends
 
 LAUNCH: dict[str, tuple[str, tuple[int, ...], int]] = {  # version -> (source, block, tile edge of the grid)
     "naive": ("gemm_naive", (16, 16, 1), 16),
@@ -25,14 +28,12 @@ LAUNCH: dict[str, tuple[str, tuple[int, ...], int]] = {  # version -> (source, b
 
 def launch(version: str, da: Any, db: Any, dc: Any) -> None:
     """Launch one kernel on device arrays (float32, C-contiguous; vec4 needs K % 4 == N % 4 == 0)."""
-    from ..kernels.cuda import load
-
     if version not in LAUNCH:
         raise ValueError(f"version: unknown CUDA gemm version {version!r}; known: {list(LAUNCH)}")
     src, block, tile = LAUNCH[version]
     m, k = da.shape
     n = db.shape[1]
-    kern = load(src).get_function(src)
+    kern = backends.cuda_module(src).get_function(src)
     grid = (-(-n // tile), -(-m // tile), 1)
     kern(grid, block, (da, db, dc, np.int32(m), np.int32(n), np.int32(k)))
 

@@ -58,7 +58,12 @@ def _fp32_only(name: str, a: np.ndarray) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ registration
-backends.register(OP, "numpy", lambda a, b: np.matmul(a, b))
+def _example(rng: Any) -> tuple[tuple, dict]:
+    """Conformance input: float32, edges no tile size divides (17 x 33 @ 33 x 9)."""
+    return (rng.standard_normal((17, 33)).astype(np.float32), rng.standard_normal((33, 9)).astype(np.float32)), {}
+
+
+backends.register(OP, "numpy", lambda a, b: np.matmul(a, b), example=_example)
 
 
 def _cpp(version: str) -> Any:

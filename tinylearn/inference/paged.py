@@ -21,6 +21,9 @@ partially filled block.
 INT8 mode stores each token's K and V per head as int8 codes with one float32 scale per (token, head):
 scale = max|x| / 127 over head_dim, code = round(x / scale). Bytes per token: fp32 2*L*H*D*4;
 int8 2*L*H*(D + 4) (codes + scales) -- ``stats()['bytes_per_token']`` reports exactly this.
+
+Why one file (> 500 lines): the block manager (allocate, fork, copy-on-write, free) and the attention that reads its
+block tables share one block layout; splitting them would split that invariant.
 """
 
 from __future__ import annotations

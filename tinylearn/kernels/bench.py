@@ -23,6 +23,9 @@ against torch naive and SDPA through autograd.
 
 Default sizes finish in about 1-2 minutes on 2 cores (after torch.compile's cache is warm; the very first
 compile in a fresh environment can take a minute more); ``full=True`` adds larger shapes and N up to 4096.
+
+Why one file (> 500 lines): one benchmark table per op plus the attention memory rows share the case list, the
+timing columns and the worker-subprocess peak-RSS probe; it is the one module ``tinylearn bench kernels`` runs.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ On a CPU-only box the sources are still compiled to PTX by tests/kernels/test_cu
 
 Launch choices (see each .cu header for the kernel versions): softmax v3 (one warp per row, online max/sum with
 __shfl_xor_sync, float4 loads), LayerNorm v2 (warp Welford), bias+GELU v2 float4 when cols % 4 == 0 else v1,
-flash attention v2 (K/V tiles in shared memory, one thread per query row, D <= 128).
+flash attention v2 (K/V tiles in shared memory, one thread per query row, D <= 128). ``reduce_sum``:
+cuda_src/vector_reduce.cu (grid_stride | block_warp | block_shared).
 """
 
 from __future__ import annotations
@@ -180,3 +181,32 @@ def attention(
         shared_mem=smem,
     )
     return _host(go), _host(glse)
+
+
+REDUCE_VERSIONS: tuple[str, ...] = ("grid_stride", "block_warp", "block_shared")  # cuda_src/vector_reduce.cu
+
+
+def reduce_sum(x: np.ndarray, version: str = "grid_stride") -> np.ndarray:
+    """float32 sum of every element of ``x`` (a 0-d array) with cuda_src/vector_reduce.cu.
+
+    grid_stride: one launch, 64 x 256 threads, float4 loads, one atomicAdd per block (order-dependent rounding).
+    block_warp / block_shared: 512 elements per 256-thread block into per-block partials, summed in float64 on the
+    host (the .cu's "reduce the partials on the host")."""
+    import cupy
+
+    if version not in REDUCE_VERSIONS:
+        raise ValueError(f"version: unknown vector_reduce version {version!r}; known: {list(REDUCE_VERSIONS)}")
+    gx = _dev(np.ravel(x))
+    n = int(gx.size)
+    mod = load("vector_reduce")
+    if version == "grid_stride":
+        out = cupy.zeros(1, dtype=cupy.float32)
+        if n:
+            mod.get_function("grid_stride_reduce")((64,), (256,), (gx, out, np.int64(n)))
+        return np.asarray(_host(out)[0], dtype=np.float32)
+    blocks = max(1, (n + 511) // 512)
+    part = cupy.zeros(blocks, dtype=cupy.float32)
+    if n:
+        name = "block_reduce_warp" if version == "block_warp" else "block_reduce_shared"
+        mod.get_function(name)((blocks,), (256,), (gx, part, np.int32(n)), shared_mem=256 * 4)
+    return np.asarray(_host(part).astype(np.float64).sum(), dtype=np.float32)

@@ -17,6 +17,7 @@ from .freelist import BestFitAllocator, FirstFitAllocator
 from .planner import check_plan, lower_bound, plan, plan_greedy
 from .pooled import TraceRecorder, count_numpy_allocations, pooled
 from .slab import SlabAllocator
+from .stream_ordered import stream_ordered_checksum
 from .tensor_cache import ManualClock, TensorCache
 from .trace import lifetimes_from_ops, ops_from_lifetimes, pair_ops, random_ops, replay_python, replay_stats
 from .viz import plot_arena
@@ -58,6 +59,7 @@ __all__ = [
     "next_pow2",
     "ops_from_lifetimes",
     "pair_ops",
+    "stream_ordered_checksum",
     "plan",
     "plan_greedy",
     "plot_arena",

@@ -2,6 +2,9 @@
 behind tests/test_parallel*.py and the notebook, and the timing jobs behind the benchmark.
 
 Each ``*_check`` runs on every rank and returns plain data (numbers, booleans, lists) that the parent asserts on.
+
+Why one file (> 500 lines): spawned children import rank functions by module path, so every launched check and
+timing job lives in one importable top-level module; each function is short and independent.
 """
 
 from __future__ import annotations

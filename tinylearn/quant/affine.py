@@ -196,7 +196,16 @@ def simd_level() -> str:
     return str(backends.load_C("quant_affine").quant_affine_isa()) if _cpp_affine() else ""
 
 
-@backends.register("quant.quantize_per_tensor", "numpy")
+def _quantize_example(rng: Any) -> tuple[tuple, dict]:
+    """Values in and beyond the uint8 range (clamping both ends), scale 0.05, zero point 128."""
+    return (rng.standard_normal(100).astype(np.float32) * 4, np.float32(0.05), 128, 0, 255), {}
+
+
+def _dequantize_example(rng: Any) -> tuple[tuple, dict]:
+    return (rng.integers(-128, 128, 100, dtype=np.int8), np.float32(0.05), -3), {}
+
+
+@backends.register("quant.quantize_per_tensor", "numpy", example=_quantize_example)
 def _quantize_numpy(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int) -> np.ndarray:
     inv = np.float32(1.0) / s
     with np.errstate(over="ignore", invalid="ignore"):
@@ -206,7 +215,7 @@ def _quantize_numpy(xa: np.ndarray, s: np.float32, z: int, qmin: int, qmax: int)
     return r.astype(np.int8 if qmin < 0 else np.uint8)
 
 
-@backends.register("quant.dequantize_per_tensor", "numpy")
+@backends.register("quant.dequantize_per_tensor", "numpy", example=_dequantize_example)
 def _dequantize_numpy(qa: np.ndarray, s: np.float32, z: int) -> np.ndarray:
     return ((qa.astype(np.float32) - np.float32(z)) * s).astype(np.float32)
 

@@ -86,7 +86,17 @@ def _check_codes(codes: Any) -> np.ndarray:
     return c
 
 
-@backends.register("quant.fp8_decode", "numpy")
+def _decode_example(rng: Any) -> tuple[tuple, dict]:
+    return (np.arange(256, dtype=np.uint8), "e4m3"), {}  # every code, NaNs included
+
+
+def _encode_example(rng: Any) -> tuple[tuple, dict]:
+    """Normals, subnormals, overflow and inf (NaN compared separately: its payload is backend-defined)."""
+    x = np.concatenate([rng.standard_normal(64) * 64, rng.standard_normal(16) * 2.0**-9, [1e6, -np.inf, np.inf]])
+    return (x.astype(np.float32), "e5m2", False), {}
+
+
+@backends.register("quant.fp8_decode", "numpy", example=_decode_example)
 def _decode_numpy(c: np.ndarray, fmt: str) -> np.ndarray:
     return fp8_table(fmt)[c]
 
@@ -101,7 +111,7 @@ def fp8_decode(codes: Any, fmt: str = "e4m3", *, backend: str | None = None, ver
     return backends.dispatch("quant.fp8_decode", c, fmt.lower(), backend=backend, version=version)
 
 
-@backends.register("quant.fp8_encode", "numpy")
+@backends.register("quant.fp8_encode", "numpy", example=_encode_example)
 def _encode_numpy(x32: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
     """Reference: the integer algorithm of fp8_encode's docstring on the float32 bit patterns, in numpy."""
     ebits, mbits, bias, fmax = _fmt(fmt)

@@ -46,6 +46,7 @@ import numpy as np
 
 from .. import backends
 from .._inputs import as_array
+from . import cuda
 
 GEMM_OP = "quant.int8_gemm"  # int8_gemm: A and B per call
 PACKED_OP = "quant.int8_packed_gemm"  # PackedInt8Weight.matmul: B packed once
@@ -272,6 +273,8 @@ def _register() -> None:
         """Exact reference: numpy's integer matmul in int32 (no BLAS; exact while K <= 2^17)."""
         return a.astype(np.int32) @ b.astype(np.int32)
 
+    cuda.register(GEMM_OP)  # cuda_src/quant_int8_gemm_dp4a.cu: versions dp4a_naive, dp4a_tiled (GPU only)
+
     # the packed kernels take (weight: PackedInt8Weight, a, zero_point)
     for v in dict.fromkeys(PACKED_VERSIONS):
 
@@ -302,7 +305,8 @@ def int8_gemm(
 ) -> np.ndarray:
     """Exact int8 x int8 -> int32 matrix product of a [M, K] and b [K, N] (any strides).
 
-    backend: None (C++ when built, else numpy) | "cpp" | "numpy". version (cpp): "auto" (default) | "avx512vnni" |
+    backend: None (C++ when built, else numpy) | "cpp" | "numpy" | "cuda" (dp4a: "dp4a_tiled" | "dp4a_naive"; GPU
+    only, quant/cuda.py). version (cpp): "auto" (default) | "avx512vnni" |
     "avx2_madd16" | "avx2" | "scalar" (``int8_gemm_versions()`` lists those this CPU runs). ``path=`` is the old
     name of ``version=`` (deprecated alias)."""
     if path is not None:

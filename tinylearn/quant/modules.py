@@ -15,6 +15,9 @@ activations quantized per call from their own min/max (per tensor, or per row) t
 with ``reduce_range`` (torch's default on x86: 7-bit codes keep AVX2's vpmaddubsw pair sums from saturating);
     y = float((x_q - z_x) @ w_q^T) * (s_x * s_w[j]) + b[j]          (one fused C++ call: int8_dynamic_linear)
 registered as op ``quant.int8_dynamic_linear`` (a cpp version per packed kernel + the numpy reference).
+
+Why one file (> 500 lines): the int8, int4, FP8 and fake-quant layers share the requantization arithmetic written
+out above and are swapped for one another by convert(); one file keeps that formula in one place.
 """
 
 from __future__ import annotations

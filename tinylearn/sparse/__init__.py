@@ -8,7 +8,9 @@ One file per format (csr.py, ell.py, bsr.py; shared checks and dispatch in base.
 op ``sparse.<format>_matmul`` in ``tinylearn.backends`` (``backend=None``: the fastest available for the input).
 
 The CUDA CSR SpMV kernels (scalar: one thread per row; vector: one warp per row) are in
-cuda_src/sparse_csr_spmv.cu; ``tinylearn.sparse.cuda_sim`` holds the scalar one in numba.cuda for the simulator.
+cuda_src/sparse_csr_spmv.cu, registered as the ``cuda`` backend of ``sparse.csr_matmul`` (versions scalar, vector;
+GPU only, used only when named: ``A.matmul(x, backend="cuda")``, see sparse/cuda.py); ``tinylearn.sparse.cuda_sim``
+holds the scalar one in numba.cuda for the simulator.
 """
 
 from .bsr import BSR

@@ -60,12 +60,22 @@ def check_shape(shape: Any) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def register_matmul(op: str, numpy_fn: Any, cpp_fn: Any, numba_fn: Any = None) -> None:
-    """Register a format's three SpMV/SpMM implementations under ``op``."""
-    backends.register(op, "numpy", numpy_fn)
+def register_matmul(op: str, numpy_fn: Any, cpp_fn: Any, numba_fn: Any = None, example: Any = None) -> None:
+    """Register a format's three SpMV/SpMM implementations under ``op``; ``example`` (``rng -> (args, kwargs)``,
+    args ``(A, x, dtype)``) is the conformance test's input (tests/common/test_conformance.py)."""
+    backends.register(op, "numpy", numpy_fn, example=example)
     backends.register(op, "cpp", cpp_fn, when=compiled_dtype_ok, available=lambda: backends.C_available("sparse"))
     if numba_fn is not None:
         backends.register(op, "numba", numba_fn, when=compiled_dtype_ok)
+
+
+def example_input(from_dense: Any, rng: Any, shape: tuple[int, int] = (12, 8), n: int = 3) -> tuple[tuple, dict]:
+    """A conformance example ``((A, x, float32), {})``: a ~60%-sparse float32 matrix with an empty row, x (K, n)."""
+    a = rng.standard_normal(shape).astype(np.float32)
+    a[rng.random(shape) < 0.6] = 0
+    a[1] = 0
+    x = rng.standard_normal((shape[1], n)).astype(np.float32)
+    return (from_dense(a), x, np.dtype(np.float32)), {}
 
 
 class SparseMatrix:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .base import SparseMatrix, as_2d, check_shape, index_array, register_matmul
+from .base import SparseMatrix, as_2d, check_shape, example_input, index_array, register_matmul
 from .csr import CSR
 
 
@@ -97,4 +97,6 @@ def _matmul_cpp(A: BSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
     return out[:, 0] if x.ndim == 1 else out
 
 
-register_matmul(BSR.op, _matmul_numpy, _matmul_cpp)
+register_matmul(
+    BSR.op, _matmul_numpy, _matmul_cpp, example=lambda rng: example_input(lambda a: BSR.from_dense(a, 2), rng)
+)

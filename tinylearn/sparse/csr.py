@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .base import SparseMatrix, as_2d, check_shape, index_array, register_matmul
+from . import cuda
+from .base import SparseMatrix, as_2d, check_shape, example_input, index_array, register_matmul
 
 
 class CSR(SparseMatrix):
@@ -122,4 +123,7 @@ def _matmul_numba(A: CSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
     return fn(A.indptr, A.indices, A.data.astype(dt, copy=False), x, A.shape[0])
 
 
-register_matmul(CSR.op, _matmul_numpy, _matmul_cpp, _matmul_numba)
+register_matmul(
+    CSR.op, _matmul_numpy, _matmul_cpp, _matmul_numba, example=lambda rng: example_input(CSR.from_dense, rng)
+)
+cuda.register(CSR.op)  # cuda_src/sparse_csr_spmv.cu: versions scalar, vector (GPU only)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .base import SparseMatrix, as_2d, check_shape, index_array, register_matmul
+from .base import SparseMatrix, as_2d, check_shape, example_input, index_array, register_matmul
 from .csr import CSR
 
 
@@ -108,4 +108,6 @@ def _matmul_numba(A: ELL, x: np.ndarray, dt: np.dtype) -> np.ndarray:
     return _by_columns(nk.ell_spmv, A, x, dt)
 
 
-register_matmul(ELL.op, _matmul_numpy, _matmul_cpp, _matmul_numba)
+register_matmul(
+    ELL.op, _matmul_numpy, _matmul_cpp, _matmul_numba, example=lambda rng: example_input(ELL.from_dense, rng)
+)
