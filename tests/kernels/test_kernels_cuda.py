@@ -81,3 +81,27 @@ def test_cuda_vector_reduce() -> None:
     for name in ("block_reduce_shared", "block_reduce_warp"):
         mod.get_function(name)((blocks,), (256,), (gx, part, np.int32(x.size)), shared_mem=256 * 4)
         assert abs(float(part.get().astype(np.float64).sum()) - float(x.astype(np.float64).sum())) < 1e-2, name
+
+
+@pytest.mark.gpu
+def test_cuda_reduce_sum_op_every_version() -> None:
+    x = make_array((100_003,), seed=6)
+    want = float(x.astype(np.float64).sum())
+    for v in kc.REDUCE_VERSIONS:
+        assert abs(float(tl.kernels.reduce_sum(x, backend="cuda", version=v)) - want) < 1e-2, v
+
+
+def test_reduce_sum_registered_numpy_reference_and_cuda_here() -> None:
+    """kernels.reduce_sum: numpy (float64 accumulation) is the reference; the .cu versions are its cuda backend,
+    a clear RuntimeError where no device can run them."""
+    from tinylearn import backends
+
+    x = make_array((1001,), seed=7)
+    got = tl.kernels.reduce_sum(x, backend="numpy")
+    assert got.dtype == np.float32 and got.shape == () and got == np.float32(x.astype(np.float64).sum())
+    assert backends.versions("kernels.reduce_sum", "cuda") == list(kc.REDUCE_VERSIONS)
+    if not backends.cuda_available():
+        with pytest.raises(RuntimeError, match="cuda"):
+            tl.kernels.reduce_sum(x, backend="cuda")
+    with pytest.raises(TypeError, match="x"):
+        tl.kernels.reduce_sum("nope")

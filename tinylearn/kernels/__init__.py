@@ -21,6 +21,7 @@ from .ops import (
     flash_attention_backward,
     layer_norm,
     layer_norm_backward,
+    reduce_sum,
     softmax,
     softmax_backward,
 )
@@ -36,5 +37,6 @@ __all__ = [
     "bias_gelu_backward",
     "flash_attention",
     "flash_attention_backward",
+    "reduce_sum",
     "fusion_split",
 ]
