@@ -1,22 +1,18 @@
 // bindings.cpp — the tinylearn._C module: one submodule per topic file (see registry.h), plus build info.
+#include "common.h"
 #include "cpu_features.h"
 #include "registry.h"
 
 #include <iterator>
 
-#ifdef TINYLEARN_OPENMP
-#include <omp.h>
-#endif
-
 PYBIND11_MODULE(_C, m) {
   m.doc() = "tinylearn compiled kernels: one submodule per cpp_src/<topic>.cpp";
 #ifdef TINYLEARN_OPENMP
   m.attr("openmp") = true;
-  m.def("omp_max_threads", []() { return omp_get_max_threads(); });
 #else
   m.attr("openmp") = false;
-  m.def("omp_max_threads", []() { return 1; });
 #endif
+  m.def("omp_max_threads", &tl::n_threads, "OpenMP's default thread count (tl::n_threads; 1 without OpenMP)");
 #ifdef __AVX2__
   m.attr("compiled_avx2") = true;
 #else

@@ -9,7 +9,7 @@
 //   y[n, ob*B + o, oh, ow]   = b[o] + sum_{cb, i, j, c} xb[n][cb][oh + i][ow + j][c] * wb[ob][cb][i][j][c][o]
 //
 // Versions of the forward (the ladder, conv2d.py's FWD_VERSIONS): v0/v1 im2col + OpenBLAS, v2 implicit GEMM
-// (conv_im2col.cpp: B packed from the image per KC block and tile), v3 this file. What v3 removes: v2 packs
+// (conv_implicit.cpp: B packed from the image per KC block and tile), v3 this file. What v3 removes: v2 packs
 // K x N*L values of B per call (9x the input for 3x3; ~12% of its time at 256 channels, per perf) and accumulates
 // through strided NCHW rows; here the input is reordered once (1x the input) and the inner loop reads it in place.
 //

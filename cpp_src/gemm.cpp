@@ -13,7 +13,8 @@
 // ISA dispatch: the best of avx512 > avx2 > scalar this CPU has; TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 (or the
 // isa= argument) forces one (ValueError when the CPU lacks it). The SIMD kernels are compiled with
 // __attribute__((target(...))) so a portable build still contains them.
-// Also here: fma_peak (register-only FMA loop: the compute roof), pack_a / pack_b (exposed for the tests).
+// Also here: fma_peak (the compute roof: machine.cpp's register-only FMA loop on every thread), pack_a / pack_b
+// (exposed for the tests).
 // Checked against numpy in tests/test_gemm.py.
 #include <immintrin.h>
 
@@ -27,8 +28,10 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "cpu_features.h"
 #include "gemm_ukr.h"
+#include "machine_probe.h"
 #include "registry.h"
 #include "simd_ukr.h"
 #ifdef _OPENMP
@@ -72,13 +75,6 @@ std::string pick_isa(const std::string& requested) {
   return isa;
 }
 
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 // A strided view of a matrix: element (i, j) is p[i*rs + j*cs] (strides in elements, may be negative).
 template <class T>
@@ -370,7 +366,7 @@ py::array matmul(const py::array& a_in, const py::array& b_in, const std::string
   if (a_in.shape(1) != b_in.shape(0))
     tl::value_error("gemm.matmul: inner dimensions differ: a is " + shape_str(a_in) + ", b is " + shape_str(b_in));
   const std::string isa = pick_isa(isa_req);
-  if (threads <= 0) threads = max_threads();
+  if (threads <= 0) threads = tl::n_threads();
   py::array a = as_view_array(a_in), b = as_view_array(b_in);
   const Dims d{a.shape(0), b.shape(1), a.shape(1)};
   py::array c = f32 ? py::array(py::array_t<float>({d.M, d.N})) : py::array(py::array_t<double>({d.M, d.N}));
@@ -407,75 +403,30 @@ py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr) {
 }
 
 // ------------------------------------------------------------------------------------------------ FMA peak
-// Register-only FMA loop: 12 independent accumulator chains (more than FMA latency x FMA ports = 4 x 2 on current
-// x86 cores), no memory traffic, so FLOPs/s is the core's compute roof. Returns FLOPs done by this thread.
-#define TL_FMA12(F)                                                                                      \
-  r0 = F(r0, x, y); r1 = F(r1, x, y); r2 = F(r2, x, y); r3 = F(r3, x, y); r4 = F(r4, x, y);          \
-  r5 = F(r5, x, y); r6 = F(r6, x, y); r7 = F(r7, x, y); r8 = F(r8, x, y); r9 = F(r9, x, y);          \
-  r10 = F(r10, x, y); r11 = F(r11, x, y);
-#define TL_SUM12 (r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7 + r8 + r9 + r10 + r11)
-// Distinct start values: with equal ones the compiler proves the 12 chains identical and keeps only one (it did).
-#define TL_SEEDS(SET, T)                                                                                  \
-  T r0 = SET(seed), r1 = SET(seed + 0.01f), r2 = SET(seed + 0.02f), r3 = SET(seed + 0.03f);              \
-  T r4 = SET(seed + 0.04f), r5 = SET(seed + 0.05f), r6 = SET(seed + 0.06f), r7 = SET(seed + 0.07f);      \
-  T r8 = SET(seed + 0.08f), r9 = SET(seed + 0.09f), r10 = SET(seed + 0.10f), r11 = SET(seed + 0.11f);
+// The compute roof: every thread runs machine.cpp's register-only FMA loop (tl::mac_loop: fp32_fma_zmm / _ymm, or
+// the scalar fp32_fma_scalar; 10 independent accumulator chains, more than FMA latency x FMA ports, no memory
+// traffic); FLOPs = 2 x the multiply-accumulates of all threads over the wall time of the parallel region.
 
-__attribute__((target("avx2,fma"))) double fma_loop_avx2(long iters, float seed) {
-  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-  TL_SEEDS(_mm256_set1_ps, __m256)
-  for (long it = 0; it < iters; ++it) {
-    TL_FMA12(_mm256_fmadd_ps)
-  }
-  volatile float sink = _mm256_cvtss_f32(TL_SUM12);  // keep the chains alive
-  (void)sink;
-  return double(iters) * 12 * 8 * 2;
-}
-
-__attribute__((target("avx512f"))) double fma_loop_avx512(long iters, float seed) {
-  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-  TL_SEEDS(_mm512_set1_ps, __m512)
-  for (long it = 0; it < iters; ++it) {
-    TL_FMA12(_mm512_fmadd_ps)
-  }
-  volatile float sink = _mm512_reduce_add_ps(TL_SUM12);
-  (void)sink;
-  return double(iters) * 12 * 16 * 2;
-}
-
-__attribute__((optimize("no-tree-vectorize"))) double fma_loop_scalar(long iters, float seed) {
-  const float x = 0.999999f, y = 1e-7f;
-  TL_SEEDS(float, float)
-  for (long it = 0; it < iters; ++it) {
-    TL_FMA12(__builtin_fmaf)
-  }
-  volatile float sink = TL_SUM12;
-  (void)sink;
-  return double(iters) * 12 * 2;
-}
-
-// Best-of-`repeat` FP32 GFLOP/s of `threads` threads each running the register FMA loop for `iters` iterations.
+// Best-of-`repeat` FP32 GFLOP/s of `threads` threads each running the register FMA loop for `iters` iterations
+// (an iteration is 12 FMAs, as in the loop this probe replaced: tl::mac_loop runs 20 per trip).
 py::dict fma_peak(long iters, int threads, int repeat, const std::string& isa_req) {
   if (iters < 1) tl::value_error("gemm.fma_peak: iters must be >= 1, got " + std::to_string(iters));
   if (repeat < 1) tl::value_error("gemm.fma_peak: repeat must be >= 1, got " + std::to_string(repeat));
   const std::string isa = pick_isa(isa_req);
-  if (threads <= 0) threads = max_threads();
+  if (threads <= 0) threads = tl::n_threads();
+  const std::string kind = isa == "avx512" ? "fp32_fma_zmm" : isa == "avx2" ? "fp32_fma_ymm" : "fp32_fma_scalar";
+  const int64_t trips = std::max<int64_t>(1, int64_t(iters) * 12 / 20);
+  tl::mac_loop(kind, 1);  // checks the kind against the CPU here, not inside the parallel region
   double best = 0;
   {
     py::gil_scoped_release release;
     for (int r = 0; r < repeat; ++r) {
-      double flops = 0;
+      double macs = 0;
       const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-      {
-        if (isa == "avx512")
-          flops += fma_loop_avx512(iters, 1.0f);
-        else if (isa == "avx2")
-          flops += fma_loop_avx2(iters, 1.0f);
-        else
-          flops += fma_loop_scalar(iters, 1.0f);
-      }
+#pragma omp parallel num_threads(threads) reduction(+ : macs)
+      macs += tl::mac_loop(kind, trips);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::max(best, flops / s / 1e9);
+      best = std::max(best, 2 * macs / s / 1e9);
     }
   }
   py::dict out;
@@ -520,7 +471,7 @@ TL_REGISTER(gemm) {
       if (cpu_has(p)) out.push_back(p);
     return out;
   }, "micro-kernel ISAs this CPU can run, best first");
-  m.def("max_threads", &max_threads, "OpenMP's default thread count");
+  m.def("max_threads", &tl::n_threads, "OpenMP's default thread count");
   m.def("kernel_shape", [](const std::string& version, const std::string& isa, const std::string& dtype) {
     auto shape = [](auto kn) {
       return py::dict(py::arg("MR") = kn.MR, py::arg("NR") = kn.NR, py::arg("KC") = kn.KC, py::arg("MC") = kn.MC,

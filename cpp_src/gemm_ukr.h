@@ -1,4 +1,4 @@
-// gemm_ukr.h — the packed GEMM micro-kernels of gemm.cpp for other kernels (conv_im2col.cpp's implicit-GEMM conv).
+// gemm_ukr.h — the packed GEMM micro-kernels of gemm.cpp for other kernels (conv_implicit.cpp's implicit-GEMM conv).
 //
 // Contract of ukr(kc, a, b, c, ldc):  c[i*ldc + j] += sum_k a[k*MR + i] * b[k*NR + j]  for the full MR x NR tile,
 // a = an MR-row micro-panel (MR values per k), b = an NR-column micro-panel (NR values per k, 64-byte aligned).

@@ -1,6 +1,8 @@
 // kernels_flash_attention.cpp — fused CPU flash attention behind tinylearn.kernels(backend="cpp"). Works on
 // C-contiguous float32 or float64 arrays that the Python dispatcher (tinylearn/kernels/cpu.py) has already reshaped
 // to [batch*heads, seq, dim]. Part of _C.kernels (several files register into it, see registry.h).
+// Why one file (> 500 lines): forward and backward of every rung share the argument checks, the version dispatch
+// and the tiled rung's scratch layout; the SIMD rungs' kernels already live in flash_attention_simd.inc.
 //
 // Versions ladder (llm.c dev/cuda style; every rung is checked against torch SDPA in tests/test_flash_cpu.py and
 // benchmarked by `tinylearn bench kernels` / notebook 05):

@@ -145,7 +145,7 @@ static double add_chain(int64_t n) {
 #define TL_MR_U7_Y(a, t)                                                                                  \
   "vpmaddubsw %%ymm14, %%ymm15, %%ymm" #t "\n vpmaddwd %%ymm" #t ", %%ymm11, %%ymm" #t "\n vpaddd %%ymm" #t \
   ", %%ymm" #a ", %%ymm" #a "\n"
-// Winograd's inner-product step (quant_int8_gemm.cpp, avx2_wino): x = xa + xb, y = ya + yb (vpaddw), vpmaddwd(x, y)
+// Winograd's inner-product step (quant_int8_ukr.h, avx2_wino): x = xa + xb, y = ya + yb (vpaddw), vpmaddwd(x, y)
 // covers 4 products per int32 lane, 32 MACs per 4 instructions; temporaries t and u
 #define TL_MR_WINO_Y(a, t, u)                                                                               \
   "vpaddw %%ymm14, %%ymm15, %%ymm" #t "\n vpaddw %%ymm15, %%ymm14, %%ymm" #u "\n vpmaddwd %%ymm" #u ", %%ymm" #t \
@@ -186,10 +186,27 @@ static const MacKind kMacKinds[] = {
     {"int8_vnni_zmm", "avx512f", "avx512vnni", 2 * 10 * 64},  // vpdpbusd zmm: 64 u8 x s8 MACs
 };
 
-// The probe itself (tl::mac_rate_raw, machine_probe.h): no GIL handling, so C++ dispatchers can call it; checks
-// the kind, the trip count and the CPU features (std::invalid_argument, ValueError in Python).
-double tl::mac_rate_raw(const std::string& kind, int64_t trips) {
-  const MacKind* k = nullptr;
+// The scalar fp32 FMA loop: not one of kMacKinds (mac_kinds / mac_ceilings list the SIMD ceilings), the scalar roof of
+// gemm.fma_peak (isa="scalar"). Distinct start values: with equal ones the compiler proves the chains identical and
+// keeps only one.
+static const MacKind kScalarFma = {"fp32_fma_scalar", "", "", 2 * 10 * 1};
+__attribute__((optimize("no-tree-vectorize"))) static void fma_loop_scalar(int64_t trips) {
+  const float x = 0.999999f, y = 1e-7f;
+  float r[10] = {1.0f, 1.01f, 1.02f, 1.03f, 1.04f, 1.05f, 1.06f, 1.07f, 1.08f, 1.09f};
+  float r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3], r4 = r[4], r5 = r[5], r6 = r[6], r7 = r[7], r8 = r[8], r9 = r[9];
+  for (int64_t t = 0; t < 2 * trips; ++t) {
+    r0 = __builtin_fmaf(r0, x, y); r1 = __builtin_fmaf(r1, x, y); r2 = __builtin_fmaf(r2, x, y);
+    r3 = __builtin_fmaf(r3, x, y); r4 = __builtin_fmaf(r4, x, y); r5 = __builtin_fmaf(r5, x, y);
+    r6 = __builtin_fmaf(r6, x, y); r7 = __builtin_fmaf(r7, x, y); r8 = __builtin_fmaf(r8, x, y);
+    r9 = __builtin_fmaf(r9, x, y);
+  }
+  volatile float sink = r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7 + r8 + r9;  // keep the chains alive
+  (void)sink;
+}
+
+// kind -> its entry; checks the kind, the trip count and the CPU features (std::invalid_argument, ValueError)
+static const MacKind& check_kind(const std::string& kind, int64_t trips) {
+  const MacKind* k = kind == kScalarFma.name ? &kScalarFma : nullptr;
   std::string names;
   for (const MacKind& m : kMacKinds) {
     if (kind == m.name) k = &m;
@@ -198,10 +215,24 @@ double tl::mac_rate_raw(const std::string& kind, int64_t trips) {
   if (k == nullptr) tl::value_error("mac_rate: kind must be one of " + names + ", got '" + kind + "'");
   if (trips < 1) tl::value_error("mac_rate: trips must be >= 1, got " + std::to_string(trips));
 #if defined(__x86_64__)
-  for (const char* f : {k->needs, k->needs2})
-    if (!tl::cpu_detected(f)) tl::value_error("mac_rate: kind '" + kind + "' needs " + f + ", which this CPU lacks");
+  if (k != &kScalarFma)
+    for (const char* f : {k->needs, k->needs2})
+      if (!tl::cpu_detected(f)) tl::value_error("mac_rate: kind '" + kind + "' needs " + f + ", which this CPU lacks");
+#else
+  if (k != &kScalarFma) tl::value_error("mac_rate: x86-64 only");
+#endif
+  return *k;
+}
+
+// the loop of a checked kind; returns the multiply-accumulates done
+static double run_kind(const MacKind& k, int64_t trips) {
   const int64_t n = trips;
-  const auto t0 = std::chrono::steady_clock::now();
+  if (&k == &kScalarFma) {
+    fma_loop_scalar(trips);
+    return k.macs_per_trip * double(n);
+  }
+#if defined(__x86_64__)
+  const std::string kind = k.name;
   if (kind == "fp32_fma_ymm")
     TL_MR_LOOP(TL_MR_X10(TL_MR_FMA_Y), TL_MR_ZERO_YMM);
   else if (kind == "int8_madd16_ymm")
@@ -218,11 +249,19 @@ double tl::mac_rate_raw(const std::string& kind, int64_t trips) {
     TL_MR_LOOP(TL_MR_X10(TL_MR_FMA_Z), TL_MR_ZERO_YMM);  // a VEX xmm zeroing clears the whole zmm
   else
     TL_MR_LOOP(TL_MR_X10(TL_MR_VNNI_Z), TL_MR_ZERO_YMM);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return k->macs_per_trip * double(n) / secs;
-#else
-  tl::value_error("mac_rate: x86-64 only");
 #endif
+  return k.macs_per_trip * double(n);
+}
+
+// The probe itself (machine_probe.h): no GIL handling, so C++ dispatchers can call it.
+double tl::mac_loop(const std::string& kind, int64_t trips) { return run_kind(check_kind(kind, trips), trips); }
+
+double tl::mac_rate_raw(const std::string& kind, int64_t trips) {
+  const MacKind& k = check_kind(kind, trips);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double macs = run_kind(k, trips);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return macs / secs;
 }
 
 static double mac_rate(const std::string& kind, int64_t trips) {

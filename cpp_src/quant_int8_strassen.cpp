@@ -1,5 +1,5 @@
-// quant_int8_strassen.inc — one level of Strassen's algorithm (1969) on the Winograd int8 kernel (avx2_strassen),
-// included by quant_int8_gemm.cpp inside its anonymous namespace (it uses mk_wino, wino_row, wino_lda, NPW).
+// quant_int8_strassen.cpp — one level of Strassen's algorithm (1969) on the Winograd int8 kernel (avx2_strassen),
+// built on the packed-B ladder (quant_int8_ukr.h: mk_wino, wino_row, NPW; quant_int8_packed.h: wino_lda, kept_i16).
 //
 // A [M, K] and B [K, N] split into 2 x 2 blocks (index q = 2 * row block + column block: 0 = 11, 1 = 12, 2 = 21,
 // 3 = 22). Seven block products replace the eight of the textbook split:
@@ -18,6 +18,20 @@
 // Per call each row item forms its seven A operands (int16 rows through wino_row) and, per output panel, runs the
 // seven products into one tile each and adds the tile with its signs straight into the item's rows of C's four
 // blocks (the first product to reach a block stores instead of adding).
+#include "quant_int8_packed.h"
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+using namespace tl::q8;
 
 // operand and result signs, [product][quadrant]
 constexpr int ST_PRODUCTS = 7;
@@ -106,7 +120,7 @@ void strassen_run(const T* A, ssize_t M, ssize_t K, i32 zp, const int16_t* wide,
                   i32* C) {
   const ssize_t Mh = M / 2, Kh = K / 2, Nh = N / 2, K4h = Kh / 4, NPh = Nh / NPW, per = st_product_elems(K, N);
   const ssize_t lda = wino_lda(K4h);
-  const int T_ = max_threads();
+  const int T_ = tl::n_threads();
   const ssize_t MB = (Mh + WINO_MR - 1) / WINO_MR;  // row blocks of the half
   const ssize_t maxb = ST_ITEM_BLOCKS;
   const ssize_t nitems = ssize_t(T_) * std::max<ssize_t>(1, (MB + T_ * maxb - 1) / (T_ * maxb));
@@ -250,7 +264,9 @@ py::array_t<i32> gemm_strassen(const py::array& a_in, const py::array& wide_in, 
   return c;
 }
 
-void register_strassen(py::module_& m) {
+}  // namespace
+
+TL_REGISTER(quant) {
   m.def("int8_strassen_pack", &strassen_pack, py::arg("b"),
         "Strassen's seven B operands of int8 B [K, N] (K % 8 == 0, N % 128 == 0), widened for the Winograd kernel: "
         "(int16 operands, int32 column terms)");

@@ -1,4 +1,4 @@
-// simd_transpose.h — the 16x16 fp32 register transpose (AVX-512) shared by conv_im2col.cpp (dW's cols panels) and
+// simd_transpose.h — the 16x16 fp32 register transpose (AVX-512) shared by conv_implicit.cpp (dW's cols panels) and
 // conv_direct.cpp (the NCHW <-> channel-blocked reorders): unpack ps, unpack pd, two rounds of 128-bit lane
 // shuffles; 16 loads and 16 stores instead of 256 scalar moves.
 #pragma once

@@ -1,5 +1,5 @@
 // simd_ukr.h — the SIMD GEMM micro-kernel, written once: TL_UKR_DEFINE stamps out one kernel per ISA, dtype and
-// row count (gemm.cpp's 6-row kernels, conv_im2col.cpp's 8-row AVX-512 ones).
+// row count (gemm.cpp's 6-row kernels, conv_implicit.cpp's 8-row AVX-512 ones).
 //
 // Contract (the one in gemm_ukr.h): c[i*ldc + j] += sum_k a[k*MR + i] * b[k*NR + j] for the full MR x NR tile,
 // NR = 2 vectors; b 64-byte aligned (aligned loads), c any ldc (unaligned loads/stores).

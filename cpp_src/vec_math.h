@@ -1,5 +1,7 @@
 // vec_math.h — a small float32 vector math layer: exp, erf, tanh, log with a scalar, an AVX2+FMA (8 lanes) and an
 // AVX-512F (16 lanes) variant, chosen at run time through tl::cpu_has (so TINYLEARN_CPU_FEATURES forces it).
+// Why one file (> 500 lines): the three variants of each function must execute the same operations in the same
+// order (bit-identical results), which is checked by reading them side by side.
 //
 // The three variants execute the same operations in the same order (every multiply-add is an explicit fused
 // multiply-add, std::fma in the scalar code), so scalar, AVX2 and AVX-512 give bit-identical results per element;

@@ -130,7 +130,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_conv_fold",
         ),
         "tinylearn.conv.bench",
-        ("conv_*.cpp",),
+        ("conv_*.cpp", "conv_*.h", "conv_direct_simd.inc"),
         aliases=("im2col",),
         questions="2, 22, 32, 98, 103, 144",
         sanitize=(
@@ -158,7 +158,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_quant_equalize",
         ),
         "tinylearn.quant.bench",
-        ("quant_*.cpp",),
+        ("quant_*.cpp", "quant_*.h"),
         ("quant_*.cu",),
         aliases=("quantization",),
         questions="3, 13, 21, 44, 45, 51, 65, 66, 74, 80, 84, 130, 148, 156, 180, 190, 196, 208, 238",

@@ -44,6 +44,11 @@
 //     best fit); everything else (errors, double-free detection, stats identities) holds. Two threads freeing the
 //     same block at the same moment is undefined, as in every malloc.
 //
+// Files: this one (the pool: tree path and fast path), tcache.h (the per-thread cache's data structures),
+// caching_tcache.h (Caching's per-thread cache member functions, included at the end of this file).
+// Why one file (> 500 lines): it is one class whose pool rules (best fit, split / merge, memo, lazy split, release
+// and retry) change one state together under one mutex; apart, each rule would read half of another's invariants.
+//
 // Units are bytes. Bad input throws std::invalid_argument (-> ValueError) or tl::mem::OutOfMemory (-> MemoryError)
 // before any state changes.
 #pragma once
@@ -52,6 +57,7 @@
 #include <memory>
 
 #include "freelist.h"  // the "device" a caching allocator carves its segments from
+#include "tcache.h"    // the per-thread cache's data structures
 
 namespace tl {
 namespace mem {
@@ -75,79 +81,6 @@ struct CBlock {
   CBlock *prev = nullptr, *next = nullptr;
   bool tc_held = false;  // taken from the pool by a thread cache (allocated for the pool; see tc_tab_ for the user)
 };
-
-// ---- per-thread cache plumbing (see the header comment) ----
-class Caching;
-// a counter written by one thread only (plain load + store, no read-modify-write), read by others under the lock
-struct TcCount {
-  std::atomic<i64> v{0};
-  void add(i64 d) { v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed); }
-  i64 get() const { return v.load(std::memory_order_relaxed); }
-};
-struct TcCounters {
-  TcCount hits_alloc, hits_free;  // mallocs / frees served by a thread cache
-};
-// (a live cache counts only its pops; its pushes follow from held = refilled - flushed - pops + pushes)
-// One bin: a LIFO stack of offsets of one size class and its counters in ONE word written only by the owner,
-// w = count << 48 | pops (pops: mallocs this bin served, wraps after 2^48), so a pop is one load + one store of
-// the word (count - 1, pops + 1) and a push one add (count + 1); stats() reads the word (relaxed).
-struct TBin {
-  static constexpr uint64_t kOne = uint64_t(1) << 48;  // count 1
-  static constexpr uint64_t kPops = kOne - 1;          // mask of the pop counter
-  std::atomic<uint64_t> w{0};
-  i64* base = nullptr;  // the bin's cap slots
-  i64 top = -1;         // = base[count - 1] when count > 0 (owner only): pop reads it without waiting for w
-};
-// one thread's cache for one allocator: bins of offsets per size class (round_to, 2 round_to, ...), LIFO
-struct TCache {
-  Caching* alloc;  // nullptr once the allocator is destroyed (guarded by tc_global_mu())
-  uint64_t id;     // the allocator's id (never reused, unlike its address)
-  int cap, ncls;
-  i64 held_bytes = 0;                  // owner only: bytes in the bins (the byte cap)
-  uintptr_t hint_tp = 0;               // the allocator's hint slot this thread claimed (0: none)
-  i64 refilled = 0, flushed = 0;       // blocks moved from / to the pool (under the allocator's mutex)
-  std::atomic<bool> flush_req{false};  // set by empty_cache() of another thread (with lim = 0), read by the owner
-  std::atomic<int> lim;                // cap, or 0 while a flush is requested: the next push fails into the slow path
-  TBin bin[64];                        // class k: bin[k].base[0, count(k)) (written by the owner)
-  std::unique_ptr<i64[]> slots;        // storage of the bins: class k at slots[k * cap, (k + 1) * cap)
-  TCache(Caching* a, uint64_t i, int cap_, int ncls_)
-      : alloc(a), id(i), cap(cap_), ncls(ncls_), lim(cap_), slots(new i64[size_t(cap_) * size_t(ncls_)]) {
-    for (int k = 0; k < ncls_; ++k) bin[k].base = &slots[size_t(k) * size_t(cap_)];
-  }
-  int count(size_t k) const { return int(bin[k].w.load(std::memory_order_relaxed) >> 48); }
-  void set_count(size_t k, int v) {
-    uint64_t w = bin[k].w.load(std::memory_order_relaxed);
-    bin[k].w.store((uint64_t(v) << 48) | (w & TBin::kPops), std::memory_order_relaxed);
-    if (v > 0) bin[k].top = bin[k].base[v - 1];
-  }
-  i64 pops() const {  // mallocs served by this cache
-    i64 s = 0;
-    for (int k = 0; k < ncls; ++k) s += i64(bin[k].w.load(std::memory_order_relaxed) & TBin::kPops);
-    return s;
-  }
-};
-struct TcTls {
-  uint64_t id = 0;
-  TCache* t = nullptr;
-};
-inline thread_local TcTls tc_tls;          // the last (allocator id, cache) this thread used: trivially destructible
-inline thread_local bool tc_exiting = false;  // set when this thread's caches were flushed at exit
-struct TcOwner {  // this thread's caches; the destructor (thread exit) flushes them back
-  std::vector<TCache*> list;
-  ~TcOwner();
-};
-inline TcOwner& tc_owner() {
-  static thread_local TcOwner o;
-  return o;
-}
-inline std::mutex& tc_global_mu() {  // lock order: tc_global_mu() before an allocator's mutex
-  static std::mutex m;
-  return m;
-}
-inline uint64_t tc_new_id() {
-  static std::atomic<uint64_t> n{0};
-  return n.fetch_add(1) + 1;
-}
 
 struct CBlockLess {
   bool operator()(const CBlock* a, const CBlock* b) const {
@@ -422,100 +355,21 @@ class Caching {
   // serve malloc from this thread's cache: false when the bin is empty / not cacheable / no cache yet
   bool tc_pop(i64 nbytes, i64 stream, i64& off) { return tc_cacheable(nbytes, stream) && tc_pop_fast(nbytes, off); }
   // tc_pop for a cacheable nbytes
-  bool tc_pop_fast(i64 nbytes, i64& off) {
-    TCache* t = tc_mine();
-    if (t == nullptr) return false;  // (a requested flush happens at the next push or refill, see TCache::lim)
-    size_t k = size_t((uint64_t(nbytes) - 1) >> shift_);  // size class: rounded size = (k + 1) * round_to
-    TBin& b = t->bin[k];
-    uint64_t w = b.w.load(std::memory_order_relaxed);
-    if (w < TBin::kOne) return false;  // empty
-    // the top block comes from b.top, loaded in parallel with w: a pop does not wait for w (stored by the last
-    // push) to find its slot; the next top is read from the stack afterwards, off the malloc's critical path
-    off = b.top;
-    uint64_t n = (w >> 48) - 1;
-    if (n) b.top = b.base[n - 1];
-    b.w.store(w - TBin::kOne + 1, std::memory_order_relaxed);  // count - 1, pops + 1
-    tc_tab_[size_t(off >> shift_)].store(nbytes, std::memory_order_relaxed);
-    t->held_bytes -= i64(k + 1) << shift_;
-    return true;
-  }
+  bool tc_pop_fast(i64 nbytes, i64& off);
   // offset -> tc_tab_ index; an offset that is negative or not a multiple of round_to rotates its low (or sign)
   // bits to the top and fails the i < tc_tab_n_ check, so one compare checks range and alignment
-  size_t tc_index(i64 off) const {
-    uint64_t x = uint64_t(off);
-    return size_t((x >> shift_) | (x << ((64 - shift_) & 63)));
-  }
+  size_t tc_index(i64 off) const;
   // take a freed block into this thread's cache: false when it is not a thread-cache block or the bin is full
-  bool tc_push(i64 off) {
-    size_t i = tc_index(off);
-    if (i >= tc_tab_n_) return false;
-    i64 r = tc_tab_[i].load(std::memory_order_relaxed);
-    return r > 0 && tc_push_fast(off, i, r);
-  }
+  bool tc_push(i64 off);
   // tc_push for a live thread-cache block: off, its tc_tab_ index i and requested bytes r = tc_tab_[i] > 0
-  bool tc_push_fast(i64 off, size_t i, i64 r) {
-    TCache* t = tc_mine();
-    if (t == nullptr) return false;
-    size_t k = size_t(uint64_t(r - 1) >> shift_);
-    TBin& b = t->bin[k];
-    uint64_t w = b.w.load(std::memory_order_relaxed);
-    i64 size = i64(k + 1) << shift_;
-    if ((w >> 48) >= uint64_t(t->lim.load(std::memory_order_relaxed)) || t->held_bytes + size > tc_bytes_)
-      return false;
-    tc_tab_[i].store(0, std::memory_order_relaxed);
-    b.base[w >> 48] = off;
-    b.top = off;
-    b.w.store(w + TBin::kOne, std::memory_order_relaxed);
-    t->held_bytes += size;
-    return true;
-  }
+  bool tc_push_fast(i64 off, size_t i, i64 r);
   // a live block handed out by some thread cache (requested bytes recorded in tc_tab_)
-  bool tc_user_block(i64 off) const {
-    size_t i = tc_index(off);
-    return i < tc_tab_n_ && tc_tab_[i].load(std::memory_order_relaxed) > 0;
-  }
+  bool tc_user_block(i64 off) const;
   bool tc_registered() const { return tc_mine() != nullptr; }
   // give the calling thread a cache for this allocator (takes tc_global_mu() then the mutex: call it unlocked)
-  void tc_register() {
-    if (!tc_on_ || tc_exiting || tc_mine()) return;
-    std::lock_guard<std::mutex> g(tc_global_mu());
-    std::lock_guard<std::mutex> l(mu_);
-    TcOwner& own = tc_owner();
-    for (auto it = own.list.begin(); it != own.list.end();) {  // drop caches of destroyed allocators
-      if ((*it)->alloc == nullptr) {
-        if (tc_tls.t == *it) tc_tls = TcTls{};
-        delete *it;
-        it = own.list.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    auto* t = new TCache(this, id_, int(cfg_.thread_cache), tc_ncls_);
-    own.list.push_back(t);
-    tc_reg_.push_back(t);
-    tc_tls = TcTls{id_, t};
-    uintptr_t tp = thread_pointer();
-    Hint& h = hint_[hint_slot(tp)];
-    if (tp != 0 && h.tp.load(std::memory_order_relaxed) == 0) {  // claim the slot (cleared again at thread exit)
-      h.t.store(t, std::memory_order_relaxed);
-      h.tp.store(tp, std::memory_order_relaxed);
-      t->hint_tp = tp;
-    }
-  }
+  void tc_register();
   // thread exit (tc_global_mu() held): flush t back to the pool, keep its counters, forget it
-  void tc_retire(TCache* t) {
-    std::lock_guard<std::mutex> l(mu_);
-    tc_flush_all(t);
-    if (t->hint_tp) {  // this (exiting) thread's slot; its thread pointer may be reused by a new thread
-      Hint& h = hint_[hint_slot(t->hint_tp)];
-      h.tp.store(0, std::memory_order_relaxed);
-      h.t.store(nullptr, std::memory_order_relaxed);
-    }
-    i64 pops = t->pops();
-    tc_pool_.hits_alloc.add(pops);
-    tc_pool_.hits_free.add(t->flushed - t->refilled + pops);  // pushes (nothing held now)
-    tc_reg_.erase(std::find(tc_reg_.begin(), tc_reg_.end(), t));
-  }
+  void tc_retire(TCache* t);
 
  private:
   using Pool = std::pmr::set<CBlock*, CBlockLess>;
@@ -627,23 +481,9 @@ class Caching {
   // the thread's own TCB address, unique among live threads, read without a call), written only by the thread it
   // names (register / exit, so a thread that finds its own pointer reads its own writes), then the thread_local
   // (in a shared library every thread_local access is a __tls_get_addr call), then this thread's list.
-  static uintptr_t thread_pointer() {
-#if defined(__x86_64__)
-    uintptr_t tp;
-    asm("mov %%fs:0, %0" : "=r"(tp));
-    return tp;
-#else
-    return 0;
-#endif
-  }
+  static uintptr_t thread_pointer();
   static size_t hint_slot(uintptr_t tp) { return size_t((uint64_t(tp) * 0x9E3779B97F4A7C15ull) >> 60); }
-  TCache* tc_mine() const {
-    uintptr_t tp = thread_pointer();
-    const Hint& h = hint_[hint_slot(tp)];
-    if (__builtin_expect(tp != 0 && h.tp.load(std::memory_order_relaxed) == tp, 1))
-      return h.t.load(std::memory_order_relaxed);
-    return tc_mine_slow();
-  }
+  TCache* tc_mine() const;
   __attribute__((noinline)) TCache* tc_mine_slow() const {
     const TcTls& s = tc_tls;
     if (s.id == id_) return s.t;
@@ -654,104 +494,19 @@ class Caching {
         return t;
       }
     return nullptr;
-  }
-  // slack (with_slack): sum of block size - requested over the live blocks thread caches handed out (the pool
+  }  // slack (with_slack): sum of block size - requested over the live blocks thread caches handed out (the pool
   // counts them at their block size): a scan of tc_tab_, so only stats() asks for it
-  TcStats tc_sum(bool with_slack = false) const {
-    TcStats s;
-    s.hits_alloc = tc_pool_.hits_alloc.get();
-    s.hits_free = tc_pool_.hits_free.get();
-    for (const TCache* t : tc_reg_) {
-      i64 held = 0, pops = t->pops();
-      for (int k = 0; k < t->ncls; ++k) {
-        i64 n = t->count(size_t(k));
-        held += n;
-        s.thread_cached += n * (i64(k + 1) << shift_);
-      }
-      s.thread_cached_blocks += held;
-      s.hits_alloc += pops;
-      s.hits_free += held - t->refilled + t->flushed + pops;
-    }
-    if (with_slack)
-      for (size_t i = 0; i < tc_tab_n_; ++i) {
-        i64 r = tc_tab_[i].load(std::memory_order_relaxed);
-        if (r > 0) s.slack += round(r) - r;
-      }
-    return s;
-  }
-  void tc_push_block(TCache* t, i64 off, size_t k) {
-    tc_tab_[size_t(off >> shift_)].store(0, std::memory_order_relaxed);
-    int n = t->count(k);
-    t->bin[k].base[n] = off;
-    t->set_count(k, n + 1);
-    t->held_bytes += i64(k + 1) << shift_;
-  }
+  TcStats tc_sum(bool with_slack = false) const;
+  void tc_push_block(TCache* t, i64 off, size_t k);
   // return the `count` oldest blocks of bin k to the pool
-  void tc_flush_bin(TCache* t, int k, int count) {
-    int n = t->count(size_t(k));
-    count = std::min(count, n);
-    if (count == 0) return;
-    i64* bin = t->bin[k].base;
-    for (int j = 0; j < count; ++j) {
-      live_tab_[size_t(bin[j] >> shift_)]->tc_held = false;
-      pool_free(bin[j]);
-    }
-    std::copy(bin + count, bin + n, bin);
-    t->set_count(size_t(k), n - count);
-    flush_n_ += count;
-    t->flushed += count;
-    t->held_bytes -= i64(count) * (i64(k + 1) << shift_);
-  }
+  void tc_flush_bin(TCache* t, int k, int count);
   // over the byte cap: return the older half of every bin (all of it if that is not enough for `size` more bytes),
   // so the next overflow is again about half the budget away (flushing everything would thrash)
-  void tc_flush_half(TCache* t, i64 size) {
-    for (int k = 0; k < tc_ncls_; ++k) tc_flush_bin(t, k, (t->count(size_t(k)) + 1) / 2);
-    if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_all(t);
-  }
-  void tc_flush_all(TCache* t) {
-    for (int k = 0; k < tc_ncls_; ++k) tc_flush_bin(t, k, t->count(size_t(k)));
-    t->flush_req.store(false, std::memory_order_relaxed);
-    t->lim.store(t->cap, std::memory_order_relaxed);
-  }
+  void tc_flush_half(TCache* t, i64 size);
+  void tc_flush_all(TCache* t);
   // an empty bin: carve a batch of blocks of this class from the pool (only the first may create a segment),
   // keep all but one in the bin, hand that one out
-  i64 tc_refill_pop(TCache* t, i64 nbytes) {
-    if (t->flush_req.load(std::memory_order_relaxed)) tc_flush_all(t);
-    i64 size = round(nbytes);
-    size_t k = size_t(size >> shift_) - 1;
-    tc_locked_ += 1;
-    if (t->held_bytes + size > cfg_.thread_cache_bytes) tc_flush_half(t, size);
-    i64 room = (cfg_.thread_cache_bytes - t->held_bytes) / size;
-    i64 want = std::max<i64>(1, std::min<i64>({std::max(1, t->cap / 2), room, t->cap - t->count(k)}));
-    i64 got = 0;
-    for (; got < want; ++got) {
-      i64 off;
-      if (got == 0) {
-        try {
-          off = pool_malloc(size, 0);
-        } catch (const OutOfMemory&) {
-          if (t->held_bytes == 0) throw;
-          st_.num_ooms -= 1;  // not an OOM yet: this thread's cached blocks go back first
-          tc_flush_all(t);  // release what this thread hoards, then the pool's own release-and-retry
-          off = pool_malloc(size, 0);
-        }
-      } else {
-        if (pend_) materialize();
-        if (find_free(true, 0, size) == nullptr) break;  // no segment growth for the extra blocks
-        off = pool_malloc(size, 0);
-      }
-      if (pend_) materialize();
-      live_tab_[size_t(off >> shift_)]->tc_held = true;
-      t->bin[k].base[t->count(k)] = off;
-      t->set_count(k, t->count(k) + 1);
-    }
-    refill_n_ += got;
-    t->refilled += got;
-    t->held_bytes += got * size;
-    i64 off = -1;
-    tc_pop(nbytes, 0, off);  // cannot fail: the bin has >= 1 block and no flush is requested
-    return off;
-  }
+  i64 tc_refill_pop(TCache* t, i64 nbytes);
 
   // hi (the block right after lo) joins lo
   void absorb(CBlock* lo, CBlock* hi) {
@@ -934,17 +689,7 @@ class Caching {
   i64 tc_locked_ = 0;                           // cacheable mallocs / frees that had to take the lock
 };
 
-// thread exit: flush every cache of this thread back to its allocator (if it still exists)
-inline TcOwner::~TcOwner() {
-  tc_exiting = true;
-  tc_tls = TcTls{};
-  std::lock_guard<std::mutex> g(tc_global_mu());
-  for (TCache* t : list) {
-    if (t->alloc) t->alloc->tc_retire(t);
-    delete t;
-  }
-  list.clear();
-}
-
 }  // namespace mem
 }  // namespace tl
+
+#include "caching_tcache.h"  // Caching's per-thread cache: the member functions declared above

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import cores
+
 MIN_FLOPS = 1 << 23  # per product: below ~8 MFLOP (~80 us on one core) the hand-off does not pay
 # cores this process may run on, read once (os.cpu_count() costs ~20 us on Linux and ignores taskset / cgroups)
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_CORES = cores()
 
 _lib: list[Any] = []  # [(get_num_threads, set_num_threads) ctypes functions of numpy's OpenBLAS] or [None]
 

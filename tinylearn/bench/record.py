@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..backends import load_C
 from ..cpu import blas_thread_timeout
 from .table import Row, Table
 
@@ -83,10 +84,8 @@ def _build_isa() -> str | None:
     """The ISA tinylearn._C was compiled for: "avx512"/"avx2" (a -march=native build there), "baseline" (portable),
     None without the extension. A forced-AVX2 record is only an AVX2 machine's numbers from a portable build."""
     try:
-        from tinylearn import _C
-
-        return str(_C.build_isa)
-    except (ImportError, AttributeError):
+        return str(load_C().build_isa)
+    except (RuntimeError, AttributeError):
         return None
 
 

@@ -15,19 +15,32 @@
   arrays far larger than the last-level cache.
 - ``roofline_plot(ax, peak_gflops, bandwidth_gbs, points)``: the two roofs and measured kernels as points
   (arithmetic intensity in FLOP/byte, achieved GFLOP/s).
+
+The model and this machine's roofs, in one place for every topic (``tl.gemm`` and ``kernels.bench`` re-export them):
+
+- ``attainable_gflops(intensity, peak, bw)`` = min(peak, intensity * bw); ``ridge_point(peak, bw)`` = peak / bw
+  (FLOP/byte where the roofs meet); ``roofline_time(bytes, flops, peak, bw)`` = max(bytes / bw, flops / peak) seconds;
+  ``roofline(flops, nbytes)``: all of it for one kernel (intensity, attainable, bound, ridge, time), roofs defaulting
+  to ``machine_peak()``.
+- ``machine_peak()``: the register FMA loop (``_C.gemm.fma_peak``, which runs ``_C.machine``'s probe on every
+  thread) on all cores and on one, plus STREAM triad; cached per process. ``machine_roofs(threads)``: (best BLAS
+  SGEMM GFLOP/s, STREAM GB/s) with ``threads`` threads, the practical roofs a fused kernel is compared with; cached.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import re
 import time
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from .. import backends
+from .._threads import cores as _n_cores
+from .._threads import limited_threads
 
 
 @dataclass
@@ -165,7 +178,7 @@ def theoretical_peak_gflops(cores: int | None = None, ghz: float | None = None) 
     the bound above the nominal figure, and a slow (pre-empted) measurement never lowers it below nominal.
     """
     flags = cpu_flags()
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or _n_cores()
     nominal = cpu_ghz()
     measured = measured_ghz()
     if ghz is None:
@@ -215,6 +228,94 @@ def attainable_gflops(intensity: float | np.ndarray, peak: float, bandwidth_gbs:
     return np.minimum(peak, np.asarray(intensity) * bandwidth_gbs)
 
 
+def ridge_point(peak_gflops: float, bandwidth_gbs: float) -> float:
+    """FLOP/byte where the two roofs meet: kernels below it are memory-bound, above it compute-bound."""
+    if peak_gflops <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"peak_gflops/bandwidth_gbs: must be > 0, got {peak_gflops}, {bandwidth_gbs}")
+    return peak_gflops / bandwidth_gbs
+
+
+def roofline_time(bytes_moved: float, flops: float, peak_gflops: float, bandwidth_gbs: float) -> float:
+    """Seconds: max(bytes / bandwidth, flops / peak) — the slower of the two roofs."""
+    if peak_gflops <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"peak_gflops/bandwidth_gbs: must be > 0, got {peak_gflops}, {bandwidth_gbs}")
+    return max(bytes_moved / (bandwidth_gbs * 1e9), flops / (peak_gflops * 1e9))
+
+
+@functools.cache
+def machine_peak() -> dict:
+    """Measured compute and memory roofs of this machine (cached for the process).
+
+    gflops_fp32 / gflops_fp32_1t: the register-only FMA loop (``_C.gemm.fma_peak``) on every core / on one;
+    bandwidth_gbs: STREAM triad; cores, isa (avx512 / avx2 / scalar), source. Without tinylearn._C the best BLAS
+    SGEMM is the practical compute roof (1-thread figure NaN, isa "unknown")."""
+    n_cores = _n_cores()
+    bw = stream_bandwidth(n=10_000_000, repeat=3)
+    if backends.C_available("gemm"):
+        g = backends.load_C("gemm")
+        many = g.fma_peak(iters=4_000_000, threads=n_cores, repeat=5)
+        one = g.fma_peak(iters=4_000_000, threads=1, repeat=5)
+        return {
+            "gflops_fp32": float(many["gflops"]),
+            "gflops_fp32_1t": float(one["gflops"]),
+            "bandwidth_gbs": float(bw),
+            "cores": n_cores,
+            "isa": str(many["isa"]),
+            "source": "register FMA loop (tinylearn._C.gemm.fma_peak) + STREAM triad",
+        }
+    p = peak_gflops(n=1024, repeat=3)  # no C++ extension: the best BLAS SGEMM is the practical roof
+    return {
+        "gflops_fp32": float(p.gflops),
+        "gflops_fp32_1t": float("nan"),
+        "bandwidth_gbs": float(bw),
+        "cores": n_cores,
+        "isa": "unknown",
+        "source": f"{p.source} (tinylearn._C missing) + STREAM triad",
+    }
+
+
+@functools.cache
+def machine_roofs(threads: int | None = None) -> tuple[float, float]:
+    """(peak GFLOP/s, STREAM GB/s) of this machine with ``threads`` threads (None: all), measured once per process:
+    the best BLAS SGEMM (``peak_gflops``) and STREAM triad, each with BLAS / OpenMP / torch capped at ``threads``."""
+    with limited_threads(threads, torch=True):
+        return peak_gflops(n=1024, repeat=3).gflops, stream_bandwidth(n=10_000_000, repeat=3)
+
+
+def _positive(name: str, v: object, allow_zero: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, Real):
+        raise TypeError(f"{name}: must be a real number, got {type(v).__name__} {v!r}")
+    f = float(v)
+    if not (f >= 0 if allow_zero else f > 0) or f != f or f == float("inf"):
+        raise ValueError(f"{name}: must be {'>= 0' if allow_zero else '> 0'} and finite, got {v!r}")
+    return f
+
+
+def roofline(flops: float, nbytes: float, peak_gflops: float | None = None, bandwidth_gbs: float | None = None) -> dict:
+    """Attainable GFLOP/s of a kernel doing ``flops`` FLOPs over ``nbytes`` bytes of memory traffic.
+
+    Roofs default to ``machine_peak()``. Returns dict(intensity [FLOP/byte], attainable_gflops,
+    bound='memory'|'compute', ridge [FLOP/byte], time_s [lower bound on run time]).
+    """
+    f = _positive("flops", flops, allow_zero=True)
+    b = _positive("nbytes", nbytes)
+    if peak_gflops is None or bandwidth_gbs is None:
+        mp = machine_peak()
+        peak_gflops = mp["gflops_fp32"] if peak_gflops is None else peak_gflops
+        bandwidth_gbs = mp["bandwidth_gbs"] if bandwidth_gbs is None else bandwidth_gbs
+    p = _positive("peak_gflops", peak_gflops)
+    w = _positive("bandwidth_gbs", bandwidth_gbs)
+    intensity = f / b
+    mem = intensity * w
+    return {
+        "intensity": intensity,
+        "attainable_gflops": min(p, mem),
+        "bound": "memory" if mem < p else "compute",
+        "ridge": ridge_point(p, w),
+        "time_s": roofline_time(b, f, p, w),
+    }
+
+
 def roofline_plot(
     ax: Any,
     peak_gflops: float,
@@ -232,7 +333,7 @@ def roofline_plot(
         raise ValueError(f"peak_gflops/bandwidth_gbs must be > 0, got {peak_gflops}, {bandwidth_gbs}")
     xs = np.logspace(-2, 3, 200)
     ax.loglog(xs, attainable_gflops(xs, peak_gflops, bandwidth_gbs), "k-", lw=2, label="roofline")
-    ridge = peak_gflops / bandwidth_gbs
+    ridge = ridge_point(peak_gflops, bandwidth_gbs)
     ax.axvline(ridge, color="gray", ls=":", lw=1)
     ax.text(ridge, peak_gflops * 0.5, f" ridge {ridge:.1f} FLOP/B", fontsize=8, color="gray")
     offsets = [(4, 4), (4, -11), (-4, 4), (-4, -11)]  # staggered so labels of nearby points do not overlap

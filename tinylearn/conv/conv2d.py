@@ -30,7 +30,7 @@ The cpp forward ladder (``FWD_VERSIONS``, ``version=``):
 
     v1   im2col (C++ v1, or v0 with version="v0") + one OpenBLAS GEMM (np.matmul) + the transpose01 row copies
     v2   implicit GEMM in C++ (``_C.conv.conv2d_forward``; auto picks it from 32 output channels per group): no
-         column matrix; packed micro-kernels (8x32 AVX-512 in cpp_src/conv_im2col.cpp, the project GEMM's from
+         column matrix; packed micro-kernels (8x32 AVX-512 in cpp_src/conv_implicit.cpp, the project GEMM's from
          cpp_src/gemm.cpp at the AVX2 / scalar levels) with B packed straight from the image, a KC x NC block per
          thread, accumulated into y's NCHW memory (no transpose), all in one OpenMP team (no OpenBLAS threads
          spinning against ours between stages). Returns cols=None.

@@ -128,7 +128,7 @@ class ArgmaxPoolFunction(Function):
 
     @staticmethod
     def _pool(x: np.ndarray, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
+        raise TypeError("ArgmaxPoolFunction is a base class: use a subclass that defines _pool")
 
     @classmethod
     def forward(cls, ctx, x, **kwargs):

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import cores
 from ..bench.table import Row, Table
 from . import cost_model
 from .keep_awake import keep_cores_awake
@@ -54,11 +55,8 @@ def _label(nb: int) -> str:
 
 
 def cores_available() -> int:
-    """Cores this process may run on (the affinity mask, else os.cpu_count())."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """Cores this process may run on (the affinity mask, else os.cpu_count()): ``tinylearn._threads.cores``."""
+    return cores()
 
 
 # ------------------------------------------------------------------------------------------ rank functions

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..bench.roofline import roofline_time  # noqa: F401  (re-exported: the one roofline module)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -137,13 +139,6 @@ def attention_traffic(
     flash = nd + kv_reads + nd + n  # read Q, stream K/V per query block, write O and lse
     flops = 4 * nn * d + 6 * nn
     return Traffic("attention", batch_heads * naive * itemsize, batch_heads * flash * itemsize, batch_heads * flops)
-
-
-def roofline_time(bytes_moved: float, flops: float, peak_gflops: float, bandwidth_gbs: float) -> float:
-    """Seconds: max(bytes / bandwidth, flops / peak) — the slower of the two roofs."""
-    if peak_gflops <= 0 or bandwidth_gbs <= 0:
-        raise ValueError(f"peak_gflops/bandwidth_gbs: must be > 0, got {peak_gflops}, {bandwidth_gbs}")
-    return max(bytes_moved / (bandwidth_gbs * 1e9), flops / (peak_gflops * 1e9))
 
 
 def predict(t: Traffic, peak_gflops: float, bandwidth_gbs: float) -> dict[str, float]:
