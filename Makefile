@@ -76,15 +76,17 @@ notebooks: setup  ## re-execute every notebook from notebooks/src and write clea
 	$(PY) tools/nb.py build --all
 	$(PY) tools/nb.py check
 
-# lint needs only ruff (pinned), so CI can fail fast before the full setup
+# lint needs only ruff and import-linter (pinned), so CI can fail fast before the full setup
 # (before apt: the system tools are installed only if python3 cannot make a venv without them)
 $(VENV)/bin/ruff:
 	@test -x $(PY) || python3 -m venv $(VENV) || (rm -rf $(VENV) && tools/system_deps.sh && python3 -m venv $(VENV))
-	$(PIP) install -q -c constraints.txt ruff
+	$(PIP) install -q -c constraints.txt ruff import-linter
 
 lint: $(VENV)/bin/ruff
 	$(VENV)/bin/ruff check tinylearn tests exercises tools notebooks/src
 	$(VENV)/bin/ruff format --check tinylearn tests exercises tools notebooks/src
+	@test -x $(VENV)/bin/lint-imports || $(PIP) install -q -c constraints.txt import-linter
+	$(VENV)/bin/lint-imports --no-cache  # the layering contracts in .importlinter (docs/ARCHITECTURE.md)
 
 clean:
 	rm -rf build $(VENV) .pytest_cache

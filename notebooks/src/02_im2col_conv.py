@@ -703,7 +703,7 @@ assert not tl.conv.cpp_available() or len(ladder) == 4
 #
 # The v1 forward switches between three thread pools inside one conv: the im2col threads, OpenBLAS's pthreads
 # (which busy-spin after each call) and the transpose threads; on 2 cores each switch costs. v2
-# (`_C.conv.conv2d_forward`, `cpp_src/conv_im2col.cpp`) runs everything in one OpenMP team and builds no columns:
+# (`_C.conv.conv2d_forward`, `cpp_src/conv_implicit.cpp`) runs everything in one OpenMP team and builds no columns:
 #
 # - the GEMM is a packed MR×NR register-blocked micro-kernel: on AVX-512 an 8×32 fp32 one of the conv's own
 #   (64 / 128 / 256 output channels are whole 8-row panels, so no edge tile), at the AVX2 / scalar levels the

@@ -515,7 +515,7 @@ plt.show()
 # 2 `vpaddw` + `vpmaddwd` + `vpaddd` per 32 — the same count. So it wins only where the multiplier is the narrow
 # pipe: `tinylearn.quant.avx2_choice()` measures once per process whether a `vpmaddwd` stream runs below 1.5× the
 # MAC rate of an FMA stream, and `"auto"` then runs `avx2_wino` (on a core with two multiply pipes the direct
-# kernels stay). The kernel (`cpp_src/quant_int8_gemm.cpp`, `mk_wino`): 3 rows × 32 columns per step, 12 ymm
+# kernels stay). The kernel (`cpp_src/quant_int8_ukr.h`, `mk_wino`): 3 rows × 32 columns per step, 12 ymm
 # accumulators, the two broadcasts of a row serve four column groups, B read as memory operands (loads are cheap
 # there, broadcasts are not), the whole K loop in one asm block so the compiler cannot rename accumulators.
 
@@ -576,7 +576,7 @@ if choice is not None:
 # floating point each operand sum rounds, so the error grows with the levels (measured below) — the reason BLAS
 # libraries do not use it. **In integers nothing rounds**: block sums of int8 values stay within $\pm 510$ (uint8
 # codes minus their zero point), the Winograd pre-add $a + b$ within $\pm 766$ (int16), and every product and sum is
-# arithmetic modulo $2^{32}$, so $C$ (which fits int32) comes out exact. `avx2_strassen` (`cpp_src/quant_int8_strassen.inc`)
+# arithmetic modulo $2^{32}$, so $C$ (which fits int32) comes out exact. `avx2_strassen` (`cpp_src/quant_int8_strassen.cpp`)
 # runs one level on top of the Winograd kernel: its seven B operands are widened once and cached by
 # `PackedInt8Weight` (the price: 1.75× the int16 size of $B$ in memory), each row item forms its seven A operands,
 # and per output panel the seven products land in one tile each, which is added with its signs into the four
@@ -855,7 +855,9 @@ with threadpool_limits(1):
             a_ = A7g if v == "avx2_u7" else A8g
             assert np.array_equal(pkg.matmul(a_, 0, version=v), a_.astype(np.int64) @ B8g.astype(np.int64)), v
             c.add(
-                f"prepacked B [{v}]", lambda v=v, a_=a_: pkg.matmul(a_, 0, version=v), note="7-bit A" if v == "avx2_u7" else ""
+                f"prepacked B [{v}]",
+                lambda v=v, a_=a_: pkg.matmul(a_, 0, version=v),
+                note="7-bit A" if v == "avx2_u7" else "",
             )
         for v in Q.gemm.int8_gemm_versions():
             assert np.array_equal(Q.int8_gemm(A8g, B8g, version=v), ref_g), v

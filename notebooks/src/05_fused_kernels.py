@@ -800,7 +800,8 @@ assert tiles_visited(n_tiles, blk, 256) <= nb_ * (256 // blk + 1)  # window: O(N
 # ### 7b. The C++ flash kernel's versions ladder, time and memory vs N [Q31] [Q54]
 #
 # `tinylearn.kernels.flash_attention(backend="cpu", version=...)` keeps every rung of
-# `cpp_src/kernels_flash_attention.cpp` (each tested against SDPA on every CPU path in `tests/kernels/test_flash_cpu.py`):
+# `cpp_src/kernels_flash_attention.cpp` (each tested against SDPA on every CPU path in
+# `tests/kernels/test_flash_cpu.py`):
 #
 # - **`tiled`** (v0): per (head, 64-query block) the online softmax above; $S = QK^\top$ and $PV$ as 4×32 micro-GEMMs
 #   written in plain C++ that the compiler vectorises; OpenMP over (head, query block).
@@ -969,9 +970,9 @@ plt.show()
 
 # %% [markdown]
 # Reading: the gradients match torch's autograd of SDPA within the fp32 tolerance (asserted above, causal and not; the
-# full matrix of rungs × CPU paths × odd shapes is in `tests/kernels/test_flash_cpu.py`). The times are printed as ratios to
-# SDPA + autograd; only "within two orders of magnitude" is asserted, because on a shared 2-core machine rows within
-# 2× of each other trade places with the load. `tinylearn bench kernels` prints the same rows as its
+# full matrix of rungs × CPU paths × odd shapes is in `tests/kernels/test_flash_cpu.py`). The times are printed as
+# ratios to SDPA + autograd; only "within two orders of magnitude" is asserted, because on a shared 2-core machine
+# rows within 2× of each other trade places with the load. `tinylearn bench kernels` prints the same rows as its
 # `attention fwd+bwd` tables.
 
 # %% [markdown]
@@ -1232,9 +1233,9 @@ assert max((p for p in pts if p["backend"] == "numpy"), key=lambda p: p["ratio"]
 # buffers: no read-for-ownership, and $x$ stays cached. tinylearn's LayerNorm and bias+GELU SIMD rungs stream their
 # output when it is larger than 4 MiB (`cpp_src/common.h`: `stream_output`, overridable with
 # `TINYLEARN_STREAM_MIN_BYTES`), with a scalar head up to the vector alignment and one `sfence` per thread; the
-# bits are the same either way (asserted below and in `tests/kernels/test_kernels_cpu.py`). It is not a free win: softmax's
-# last pass rewrites rows that are already in cache, and dequantize's 4 MB output would otherwise still be in the
-# last-level cache for its consumer; both measured slower when streamed, so they keep normal stores. The rule:
+# bits are the same either way (asserted below and in `tests/kernels/test_kernels_cpu.py`). It is not a free win:
+# softmax's last pass rewrites rows that are already in cache, and dequantize's 4 MB output would otherwise still be
+# in the last-level cache for its consumer; both measured slower when streamed, so they keep normal stores. The rule:
 # stream only what nobody reads soon and what is not already cached. The cell times LayerNorm 1024×4096 (16 MiB
 # out) on one thread both ways; the numbers are this machine's, and no claim is made about them here.
 
