@@ -336,8 +336,8 @@ TOPICS: tuple[Topic, ...] = (
 
 # cross-topic suites in tests/common/ (no single topic owns them): why each is exempt from a row
 COMMON_TESTS: dict[str, str] = {
-    "test_bad_input": "bad-input probes across every topic's public functions (one process per probe)",
-    "test_bad_input_topics": "the bad-input cases of each topic package, driven by this table",
+    "test_bad_input": "bad input for every topic package, driven by this table: one child process per package, rows "
+    "with the exception and the argument each call must name (the input policy included)",
     "test_properties": "hypothesis property tests over conv, kernels, sparse, quant, gemm and the allocators",
     "test_conformance": "every registered op x backend x version against its python/numpy reference on the op's "
     "registered example (backends.register(example=)): cross-topic by construction",

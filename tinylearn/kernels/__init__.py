@@ -21,10 +21,10 @@ from .ops import (
     flash_attention_backward,
     layer_norm,
     layer_norm_backward,
-    reduce_sum,
     softmax,
     softmax_backward,
 )
+from .reduce import reduce_sum
 
 __all__ = [
     "available_backends",

@@ -471,37 +471,3 @@ def flash_attention_backward(
         dk.reshape(k.shape).astype(k.dtype, copy=False),
         dv.reshape(v.shape).astype(v.dtype, copy=False),
     )
-
-
-# ---------------------------------------------------------- reduce_sum (the reduction lesson of vector_reduce.cu)
-def _reduce_sum_numpy(x: np.ndarray) -> np.ndarray:
-    """float32 sum of every element, accumulated in float64 (the reference the CUDA versions are compared with)."""
-    return np.asarray(np.asarray(x, dtype=np.float64).sum(), dtype=np.float32)
-
-
-def _reduce_sum_cuda(version: str) -> Any:
-    def run(x: np.ndarray) -> np.ndarray:
-        from . import cuda
-
-        return cuda.reduce_sum(x, version)
-
-    return run
-
-
-backends.register(
-    "kernels.reduce_sum",
-    "numpy",
-    _reduce_sum_numpy,
-    example=lambda rng: ((rng.standard_normal(1000).astype(np.float32),), {}),
-)
-for _v in ("grid_stride", "block_warp", "block_shared"):  # tinylearn.kernels.cuda.REDUCE_VERSIONS
-    backends.register("kernels.reduce_sum", "cuda", _reduce_sum_cuda(_v), version=_v)
-
-
-def reduce_sum(x: np.ndarray, *, backend: str | None = None, version: str | None = None) -> np.ndarray:
-    """Sum of every element of a float32 array as a 0-d float32 array: numpy (float64 accumulation) or cuda
-    (cuda_src/vector_reduce.cu: grid_stride | block_warp | block_shared; only with a CUDA device)."""
-    x = _as_float(x, "x")
-    return backends.dispatch(
-        "kernels.reduce_sum", np.ascontiguousarray(x, dtype=np.float32), backend=backend, version=version
-    )
