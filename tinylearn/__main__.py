@@ -232,7 +232,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import importlib.metadata as md
     import platform
 
-    from tinylearn.testing import clang_available, cuda_available, mpi_available, nvcc_available
+    from tinylearn.backends import clang_available, cuda_available, load_C, mpi_available, nvcc_available
 
     print(f"python     {platform.python_version()} ({sys.executable})")
     for pkg in ("tinylearn", "numpy", "torch", "tinygrad", "numba", "triton", "scikit-learn", "cupy-cuda12x", "mpi4py"):
@@ -241,7 +241,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
         except md.PackageNotFoundError:
             print(f"{pkg:<10} not installed")
     try:
-        from tinylearn import _C, cpu
+        _C = load_C()
+    except RuntimeError as e:
+        print(f"_C         not built ({e.__cause__ or e})")
+    else:
+        from tinylearn import cpu
 
         print(f"_C         built; OpenMP={_C.openmp} threads={_C.omp_max_threads()} submodules={list(_C.submodules)}")
         try:
@@ -253,8 +257,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 print(f"  kernel   {kernel}: {path} path")
         except ValueError as e:
             print(f"cpu        {e}")
-    except ImportError as e:
-        print(f"_C         not built ({e})")
     try:
         from tinylearn import cpu
 

@@ -20,10 +20,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import tinylearn as tl
-from tinylearn import _C
+from tinylearn.backends import load_C
 from tinylearn.bench import matmul, plot_table, roofline
 from tinylearn.testing import assert_close
 
+_C = load_C()  # the compiled extension, through the one loader (RuntimeError with the build command if missing)
 print("tinylearn", tl.__version__, "| _C has the machine kernels:", hasattr(_C, "machine"))
 
 # %% [markdown]

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import tinylearn.memory as M
-from tinylearn import _C
+from tinylearn.backends import load_C
 from tinylearn.memory.bench import glibc_mmap_seconds, latency_table, make, replay_table
 from tinylearn.memory.workload import train, training_trace
 
@@ -64,7 +64,7 @@ print(
     f"second pass: {again * 1e3:.2f} ms"
 )
 ops = M.pair_ops(2000, MiB)
-heap = min(_C.memory.malloc_replay(ops) for _ in range(5))
+heap = min(load_C("memory").malloc_replay(ops) for _ in range(5))
 mmap = glibc_mmap_seconds(ops)
 cache = M.CachingAllocator(256 * MiB, backend="cpp")
 cached = min(cache._core.replay(ops)[1] for _ in range(5))

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tinylearn as tl
+from tinylearn.backends import load_C
 from tinylearn.conv import cpp_available
 from tinylearn.testing import make_layouts, numba_available
 
@@ -124,7 +125,7 @@ def test_bad_input(backend):
 
 @pytest.mark.skipif(not cpp_available(), reason="tinylearn._C.conv not built")
 def test_cpp_validates_before_touching_memory():
-    C = tl._C.conv
+    C = load_C("conv")
     x = np.zeros((1, 2, 5, 5), np.float32)
     for args, pat in [
         (((7, 7), (1, 1), (0, 0), (1, 1)), "kernel_size"),

@@ -24,7 +24,9 @@ from tinylearn.kernels import cpu as cpu_k
 from tinylearn.kernels import torch_ops
 from tinylearn.testing import assert_close, make_array, make_layouts
 
-C = pytest.importorskip("tinylearn._C").kernels
+if not tl.backends.C_available("kernels"):
+    pytest.skip("tinylearn._C.kernels not built", allow_module_level=True)
+C = tl.backends.load_C("kernels")
 VERSIONS = cpu_k.ATTENTION_VERSIONS
 BLOCKED = ("blocked_simd", "blocked_simd_omp")
 
@@ -394,8 +396,9 @@ def test_bench_fwd_bwd_rows() -> None:
 
 _RSS_BWD_CODE = """
 import json, sys, numpy as np
-from tinylearn._C import kernels as C
+from tinylearn.backends import load_C
 from tinylearn.kernels.bench import peak_rss_growth_mb
+C = load_C("kernels")
 n, heads = int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
 q, k, v, do = (rng.standard_normal((heads, n, 64), dtype=np.float32) for _ in range(4))

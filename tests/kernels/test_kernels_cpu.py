@@ -17,7 +17,9 @@ from tinylearn.kernels import cpu as cpu_k
 from tinylearn.kernels import reference
 from tinylearn.testing import assert_close, make_array
 
-C = pytest.importorskip("tinylearn._C").kernels
+if not tl.backends.C_available("kernels"):
+    pytest.skip("tinylearn._C.kernels not built", allow_module_level=True)
+C = tl.backends.load_C("kernels")
 
 
 @pytest.mark.parametrize("version", ["three_pass", "online"])

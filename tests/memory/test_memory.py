@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tinylearn.memory as M
+from tinylearn.backends import load_C
 from tinylearn.memory.buddy import initial_blocks
 
 BACKENDS = ["python", "cpp"]
@@ -465,7 +466,7 @@ def test_cpp_replay_in_threads_releases_gil() -> None:
 
 
 def test_malloc_replay_baseline_runs() -> None:
-    from tinylearn import _C
+    _C = load_C()
 
     secs = _C.memory.malloc_replay(M.pair_ops(1000, 1 << 20))
     assert secs > 0

@@ -186,7 +186,7 @@ def test_errors_through_the_fast_call_match_the_python_checks() -> None:
     off = alloc.malloc(np.int64(100), stream=np.int32(1))
     assert alloc.memory_snapshot()[-1]["stream"] == 1
     alloc.free(off)
-    from tinylearn import _C
+    _C = backends.load_C()
 
     tiny = M.CachingAllocator(1 << 20, backend="cpp")  # one 1 MiB segment
     tiny.free(tiny.malloc(1000))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tinylearn.memory as M
+from tinylearn.backends import load_C
 
 
 def random_lifetimes(n: int, seed: int, horizon: int = 100) -> list[tuple[int, int, int]]:
@@ -191,7 +192,7 @@ def test_pooled_numpy_handler_training_equals_unpooled_with_far_fewer_system_all
 
 
 def test_numpy_handler_fallback_and_restore() -> None:
-    from tinylearn import _C
+    _C = load_C()
 
     alloc = M.CachingAllocator(4 << 20, backend="cpp")
     with M.pooled(alloc, numpy=True) as pool:
