@@ -384,17 +384,23 @@ def test_thread_cache_python_threads_cross_thread_frees_and_exit() -> None:
 
 
 def test_empty_cache_asks_the_other_threads_to_flush() -> None:
+    """empty_cache() cannot take another thread's cached blocks: it asks, and the owner flushes at its next push
+    or refill (a pop is served from the cache as before). Checked while the worker is still alive, so the flush
+    seen is the requested one, not the one every thread does at exit."""
     alloc = M.CachingAllocator(64 * MiB, backend="cpp", thread_cache=8)
-    go, done = threading.Event(), threading.Event()
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
     kept: list[int] = []
 
     def worker() -> None:
         alloc.free(alloc.malloc(1000))  # this thread's cache now holds blocks of 1024 B
         done.set()
         go.wait(timeout=60)
-        kept.append(alloc.malloc(1000))  # next call: flushes (as asked), then refills
+        a = alloc.malloc(1000)  # a pop: served from the cache, no flush yet
+        kept.append(alloc.thread_cache_stats()["flushes"])
+        alloc.free(a)  # the next push: flushes (as asked)
+        kept.append(alloc.malloc(1000))  # then refills
         done.set()
-        go.wait(timeout=60)
+        leave.wait(timeout=60)
 
     t = threading.Thread(target=worker)
     t.start()
@@ -407,14 +413,16 @@ def test_empty_cache_asks_the_other_threads_to_flush() -> None:
     flushes = alloc.thread_cache_stats()["flushes"]
     go.set()
     done.wait(timeout=60)
-    assert alloc.thread_cache_stats()["flushes"] > flushes
-    go.set()
+    assert t.is_alive()
+    assert kept[0] == flushes  # the pop did not flush
+    assert alloc.thread_cache_stats()["flushes"] > flushes  # the push did
+    leave.set()
     t.join(timeout=60)
     _wait_for_thread_exits(alloc)
-    alloc.free(kept[0])
+    alloc.free(kept[1])
     alloc.empty_cache()
     s = alloc.stats()
-    assert s["reserved"] == s["thread_cached"] == 0 and s["n_alloc"] == s["n_free"] == 2
+    assert s["reserved"] == s["thread_cached"] == 0 and s["n_alloc"] == s["n_free"] == 3
 
 
 def test_thread_cache_rejects_offsets_that_are_not_live_cached_blocks() -> None:
