@@ -10,6 +10,10 @@ NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
 # theirs; NB_JOBS=2 runs two at once (--dist loadfile keeps each notebook's cells in order on one kernel)
 JOBS ?= auto
 XDIST := -n $(JOBS)
+# one OpenMP / torch / BLAS thread per xdist worker (the workers already fill the cores): two workers x two threads on
+# two cores made every OpenMP barrier wait for a time slice (a 0.2 ms flash-attention call took 17 ms). Tests that
+# exercise the threaded paths pass threads= explicitly or set OMP_NUM_THREADS in their child's environment.
+XDIST_ENV := $(if $(filter-out 0,$(JOBS)),OMP_NUM_THREADS=1,)
 NB_JOBS ?= 0
 NB_XDIST := $(if $(filter-out 0,$(NB_JOBS)),-n $(NB_JOBS) --dist loadfile,)
 STAMP := $(VENV)/.tinylearn-installed
@@ -43,7 +47,7 @@ bench: setup
 test: setup test-tests test-exercises test-notebooks
 
 test-tests: $(STAMP)
-	$(PY) -m pytest tests/ -q $(XDIST)
+	$(XDIST_ENV) $(PY) -m pytest tests/ -q $(XDIST)
 
 test-exercises: $(STAMP)
 	$(PY) -m pytest exercises/ --impl=reference -q

@@ -15,7 +15,10 @@
 // __attribute__((target(...))) so a portable build still contains them.
 // Also here: fma_peak (the compute roof: machine.cpp's register-only FMA loop on every thread), pack_a / pack_b
 // (exposed for the tests).
-// Checked against numpy in tests/test_gemm.py.
+// Checked against numpy in tests/gemm/test_gemm.py.
+// Why one file: the ladder is read top to bottom as one story (each kernel is the previous one plus one idea), and
+// the rungs share the packing routines, the stride/dtype dispatch and the ISA-targeted micro-kernels; one
+// translation unit also lets the compiler inline the micro-kernels into the packed loops.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -350,8 +353,30 @@ py::array as_view_array(const py::array& x) {
   return py::array::ensure(x, py::array::c_style);
 }
 
+// Most OpenMP threads a `threads=` argument gets: asking for 100000 used to segfault (a buffer per thread and a team
+// the runtime cannot create); beyond this the extra threads only time-slice the same cores.
+constexpr long long kMaxThreads = 1024;
+
+// The `threads=` argument of matmul / fma_peak: an integer (Python int or numpy integer, operator.index semantics;
+// bool and float are a TypeError), 0 = OpenMP's default, negative a ValueError, above kMaxThreads clamped to it.
+int threads_arg(const py::object& t, const char* fn) {
+  if (PyBool_Check(t.ptr()) || !PyIndex_Check(t.ptr()))
+    throw py::type_error(std::string(fn) + ": threads must be an int (0 = OpenMP default), got " +
+                         std::string(py::str(py::repr(t))) + " of type " +
+                         std::string(py::str(t.get_type().attr("__name__"))));
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(t.ptr()));
+  if (!idx) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow < 0 || (overflow == 0 && v < 0))
+    tl::value_error(std::string(fn) + ": threads must be >= 0 (0 = OpenMP default), got " +
+                    std::string(py::str(idx)));
+  if (overflow > 0 || v > kMaxThreads) return int(kMaxThreads);
+  return v == 0 ? tl::n_threads() : int(v);
+}
+
 py::array matmul(const py::array& a_in, const py::array& b_in, const std::string& version, const std::string& isa_req,
-                 int threads) {
+                 const py::object& threads_obj) {
   if (std::find(kVersions.begin(), kVersions.end(), version) == kVersions.end())
     tl::value_error("gemm.matmul: version='" + version +
                     "' is not one of naive, ikj, blocked, packed, simd, parallel");
@@ -366,7 +391,7 @@ py::array matmul(const py::array& a_in, const py::array& b_in, const std::string
   if (a_in.shape(1) != b_in.shape(0))
     tl::value_error("gemm.matmul: inner dimensions differ: a is " + shape_str(a_in) + ", b is " + shape_str(b_in));
   const std::string isa = pick_isa(isa_req);
-  if (threads <= 0) threads = tl::n_threads();
+  const int threads = threads_arg(threads_obj, "gemm.matmul");
   py::array a = as_view_array(a_in), b = as_view_array(b_in);
   const Dims d{a.shape(0), b.shape(1), a.shape(1)};
   py::array c = f32 ? py::array(py::array_t<float>({d.M, d.N})) : py::array(py::array_t<double>({d.M, d.N}));
@@ -409,11 +434,11 @@ py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr) {
 
 // Best-of-`repeat` FP32 GFLOP/s of `threads` threads each running the register FMA loop for `iters` iterations
 // (an iteration is 12 FMAs, as in the loop this probe replaced: tl::mac_loop runs 20 per trip).
-py::dict fma_peak(long iters, int threads, int repeat, const std::string& isa_req) {
+py::dict fma_peak(long iters, const py::object& threads_obj, int repeat, const std::string& isa_req) {
   if (iters < 1) tl::value_error("gemm.fma_peak: iters must be >= 1, got " + std::to_string(iters));
   if (repeat < 1) tl::value_error("gemm.fma_peak: repeat must be >= 1, got " + std::to_string(repeat));
   const std::string isa = pick_isa(isa_req);
-  if (threads <= 0) threads = tl::n_threads();
+  const int threads = threads_arg(threads_obj, "gemm.fma_peak");
   const std::string kind = isa == "avx512" ? "fp32_fma_zmm" : isa == "avx2" ? "fp32_fma_ymm" : "fp32_fma_scalar";
   const int64_t trips = std::max<int64_t>(1, int64_t(iters) * 12 / 20);
   tl::mac_loop(kind, 1);  // checks the kind against the CPU here, not inside the parallel region
@@ -462,7 +487,8 @@ TL_REGISTER(gemm) {
   m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("version") = "parallel", py::arg("isa") = "auto",
         py::arg("threads") = 0,
         "C = a @ b (float32 or float64, any strides) with one rung of the ladder; isa: auto|scalar|avx2|avx512 "
-        "(auto reads TINYLEARN_CPU_FEATURES); threads (parallel only): 0 = OpenMP default");
+        "(auto reads TINYLEARN_CPU_FEATURES); threads (parallel only): 0 = OpenMP default, at most 1024 (more is "
+        "clamped), negative is a ValueError");
   m.def("versions", []() { return kVersions; }, "the ladder, slowest first");
   m.def("isa", []() { return pick_isa("auto"); }, "the micro-kernel ISA a call with isa='auto' uses");
   m.def("isa_paths", []() {
@@ -487,5 +513,6 @@ TL_REGISTER(gemm) {
   m.def("pack_b", &pack_b_py, py::arg("b"), py::arg("nr"),
         "pack a (K, N) float32 matrix into (ceil(N/nr), K, nr) micro-panels, zero-padded");
   m.def("fma_peak", &fma_peak, py::arg("iters") = 20000000, py::arg("threads") = 0, py::arg("repeat") = 3,
-        py::arg("isa") = "auto", "register-only FMA loop: best-of-repeat fp32 GFLOP/s on `threads` threads");
+        py::arg("isa") = "auto",
+        "register-only FMA loop: best-of-repeat fp32 GFLOP/s on `threads` threads (0 = OpenMP default, at most 1024)");
 }

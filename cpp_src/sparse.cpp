@@ -36,9 +36,14 @@ using i32arr = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 using tl::shape_str;
 
-// Validate a CSR triple against (M, K): monotone indptr, in-range columns. O(nnz), done before any compute.
+// Validate a CSR triple against (M, K): indptr (M+1,) from 0 to nnz and monotone (O(M)), in-range columns (O(nnz),
+// a read-only pass, much cheaper than the gathers of the product). Done before any compute, on every call: a
+// tinylearn.sparse.CSR built with check=False reaches these kernels unvalidated.
 void check_csr(const i64arr& indptr, const i32arr& indices, const py::array& data, int64_t M, int64_t K,
                const char* fn) {
+  if (M < 0 || K < 0)
+    tl::value_error(std::string(fn) + ": nrows must be >= 0, got " + std::to_string(M) + " (columns " +
+                    std::to_string(K) + ")");
   if (indptr.ndim() != 1 || indptr.shape(0) != M + 1)
     tl::value_error(std::string(fn) + ": indptr must have shape (" + std::to_string(M + 1) + ",), got " +
                     shape_str(indptr));

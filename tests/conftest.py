@@ -1,5 +1,6 @@
 """Shared test setup: the ``gpu`` marker skips with a reason when no CUDA device can run kernels; the topic table's
-``path_independent`` modules get that marker (make test-portable deselects them: same result on every CPU path)."""
+``path_independent`` modules get that marker (make test-portable deselects them: same result on every CPU path), and
+so does every ``standalone_sanitizer`` test (it builds its own binary from cpp_src with fixed flags)."""
 
 from __future__ import annotations
 
@@ -15,5 +16,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     same_everywhere = path_independent_tests()
     for item in items:
-        if str(item.path.relative_to(config.rootpath)) in same_everywhere:
+        if str(item.path.relative_to(config.rootpath)) in same_everywhere or item.get_closest_marker(
+            "standalone_sanitizer"
+        ):
             item.add_marker(pytest.mark.path_independent)

@@ -50,8 +50,22 @@ def _resolve_topics(names: list[str], cmd: str) -> list[str] | None:
     return out
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of --size: a positive integer (``--size 0`` used to run every benchmark with an empty size)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n
+
+
 def _check_output_paths(args: argparse.Namespace) -> str | None:
     """Fail before minutes of benchmarking when --json/--plot cannot be written."""
+    for flag in ("--json", "--plot", "--compare", "--current"):
+        if getattr(args, flag[2:]) == "":
+            return f"{flag}: empty path"
     for flag, path in (("--compare", args.compare), ("--current", args.current)):
         if path is not None:
             from tinylearn.bench.record import load_record
@@ -63,6 +77,8 @@ def _check_output_paths(args: argparse.Namespace) -> str | None:
     if args.current is not None and args.compare is None:
         return "--current: only makes sense with --compare SAVED.json"
     if args.json:
+        if Path(args.json).is_dir():
+            return f"--json: {args.json} is a folder; give a file path such as {Path(args.json) / 'bench.json'}"
         parent = Path(args.json).resolve().parent
         if not parent.is_dir():
             return f"--json: folder {parent} does not exist (for {args.json})"
@@ -70,6 +86,8 @@ def _check_output_paths(args: argparse.Namespace) -> str | None:
             return f"--json: folder {parent} is not writable (for {args.json})"
     if args.plot:
         out = Path(args.plot)
+        if out.exists() and not out.is_dir():
+            return f"--plot: {out} is a file; give a folder"
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -206,7 +224,13 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
     from tinylearn._resources import exercises_dir
 
     src = exercises_dir()
+    if not args.dir.strip():
+        print("tinylearn exercises copy: DIR is empty; name a folder (use . for the current one)", file=sys.stderr)
+        return 2
     dest = Path(args.dir)
+    if dest.exists() and not dest.is_dir():
+        print(f"tinylearn exercises copy: {dest} is a file, not a folder; pick another DIR", file=sys.stderr)
+        return 2
     items = [p for p in sorted(src.iterdir()) if p.name != "__pycache__" and not p.name.startswith(".")]
     clash = [dest / p.name for p in items if (dest / p.name).exists()]
     if clash and not args.force:
@@ -295,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
     b.add_argument("--plot", metavar="DIR", help="also write one bar plot per table into DIR")
     b.add_argument("--full", action="store_true", help="full problem sizes (slow)")
-    b.add_argument("--size", type=int, metavar="N", help="one small problem size (topics whose run() takes sizes)")
+    b.add_argument(
+        "--size", type=_positive_int, metavar="N", help="one small problem size (topics whose run() takes sizes)"
+    )
     b.add_argument("--record", action="store_true", help="also save benchmarks/<cpu>/<date>_<topics>.json")
     b.add_argument("--compare", metavar="SAVED", help="print the ratio of each row to a saved record (--json output)")
     b.add_argument("--current", metavar="NOW", help="with --compare: compare this saved record instead of running")
@@ -311,7 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="versions, CPU numeric paths, devices and compilers")
     args = ap.parse_args(argv)
     cmds = {"bench": _cmd_bench, "check": _cmd_check, "exercises": _cmd_exercises, "info": _cmd_info}
-    return cmds[args.cmd](args)
+    try:
+        return cmds[args.cmd](args)
+    except OSError as e:  # a path that is a folder where a file is expected (or the reverse), unwritable, ...
+        where = f" {e.filename!r}" if e.filename else ""
+        print(f"tinylearn {args.cmd}: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

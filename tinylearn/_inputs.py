@@ -7,10 +7,15 @@ Errors, the same in every topic, always naming the argument:
 
     TypeError   the value is not array-like, or its dtype is not one the function accepts
     ValueError  wrong number of dimensions, a torch tensor on a non-CPU device (shape/value problems)
+
+Integer arguments (sizes, counts, steps, seeds) go through ``as_int`` (or the predicate ``is_int``): the
+``operator.index`` rule, so ``np.int64(256)`` and a 0-d integer torch tensor count as 256 like in torch, while bool
+(``True`` is not a size), floats (``4.7`` is never truncated) and strings are a TypeError naming the argument.
 """
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -97,7 +102,7 @@ def as_array(
         if not _dtype_ok(a.dtype, dtypes):
             raise TypeError(f"{name}: expected dtype {_describe(dtypes)}, got {a.dtype}")
     if ndim is not None:
-        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        allowed = (ndim,) if is_int(ndim) else tuple(ndim)
         if a.ndim not in allowed:
             want = " or ".join(f"{n}-D" for n in allowed)
             raise ValueError(f"{name}: expected a {want} array, got shape {a.shape}")
@@ -108,3 +113,28 @@ def as_array(
 
 FLOATS = ("f",)
 INTS = ("i", "u")
+
+
+def is_int(v: Any) -> bool:
+    """True for an integer argument under ``operator.index`` (int, numpy integers, 0-d integer tensors); False for
+    bool / numpy bool (a flag is no count), floats, strings and everything else."""
+    if isinstance(v, bool | np.bool_):
+        return False
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return True
+
+
+def as_int(v: Any, name: str, *, min: int | None = None, max: int | None = None) -> int:  # noqa: A002
+    """``v`` as a Python int (``is_int`` rule): TypeError naming ``name`` for bool/float/str/...; ValueError when it
+    is below ``min`` or above ``max``. ``as_int(np.int64(256), "size", min=1) == 256``."""
+    if not is_int(v):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    i = operator.index(v)
+    if min is not None and i < min:
+        raise ValueError(f"{name}: must be >= {min}, got {i}")
+    if max is not None and i > max:
+        raise ValueError(f"{name}: must be <= {max}, got {i}")
+    return i

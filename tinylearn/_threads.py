@@ -16,6 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from ._inputs import is_int
 from .backends import C_available, load_C
 
 
@@ -32,9 +33,12 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def _check(n: int | None, name: str) -> None:
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+def _check(n: int | None, name: str) -> int | None:
+    if n is None:
+        return None
+    if not is_int(n) or n < 1:
         raise ValueError(f"{name}: expected an int >= 1 or None, got {n!r}")
+    return int(n)
 
 
 @contextlib.contextmanager
@@ -47,7 +51,7 @@ def limited_threads(
     ``n=None`` leaves every pool as it is. ``name`` is the argument named in the ValueError for a bad ``n`` (not an
     int >= 1). Without threadpoolctl installed the BLAS / OpenMP cap is skipped.
     """
-    _check(n, name)
+    n = _check(n, name)
     if n is None:
         yield
         return

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._inputs import as_int as _as_int
 from ._inputs import to_numpy as _to_numpy
 
 # dtype name -> (atol, rtol)
@@ -52,6 +53,8 @@ def _dtype_name(dtype: Any) -> str:
 def tolerance(dtype: Any, reduction_size: int | None = None) -> tuple[float, float]:
     """(atol, rtol) for ``dtype``; integer dtypes give (0, 0). fp32 reductions over >1k elements widen."""
     name = _dtype_name(dtype)
+    if reduction_size is not None:
+        reduction_size = _as_int(reduction_size, "reduction_size", min=0)
     if name in _INT_NAMES:
         return 0.0, 0.0
     if name == "float32" and reduction_size is not None and reduction_size > 1000:

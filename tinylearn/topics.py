@@ -68,6 +68,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_packaging",
             "test_nbcompare",
             "test_machine",
+            "test_cli",
         ),
         "tinylearn.bench.matmul",
         ("machine.cpp",),
@@ -83,6 +84,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_notebook_markers",
             "test_packaging",
             "test_nbcompare",
+            "test_cli",
         ),
     ),
     Topic(
@@ -99,6 +101,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_ops_breadth",
             "test_ops_modules",
             "test_relu_kernel",
+            "test_autograd_hardening",
         ),
         "tinylearn.autograd.bench",
         ("optim*.cpp",),
@@ -112,6 +115,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_ops_breadth",
             "test_ops_modules",
             "test_relu_kernel",
+            "test_autograd_hardening",
         ),
     ),
     Topic(
@@ -288,7 +292,7 @@ TOPICS: tuple[Topic, ...] = (
         "LLM inference: KV cache, paged attention, sampling, speculative decoding, batching",
         ("inference",),
         "09_llm_inference",
-        ("test_inference", "test_inference_paged", "test_inference_more"),
+        ("test_inference", "test_inference_paged", "test_inference_more", "test_inference_hardening"),
         "tinylearn.inference.bench",
         aliases=("llm_inference", "serving"),
         questions="17, 106, 107, 114, 124, 133, 137, 155, 203, 247",
@@ -303,7 +307,13 @@ TOPICS: tuple[Topic, ...] = (
         "Parallel training: ZeRO, tensor and pipeline parallelism, 3D planning",
         ("parallel",),
         "10_parallel_training",
-        ("test_parallel", "test_parallel_dist", "test_parallel_more", "test_parallel_staleness"),
+        (
+            "test_parallel",
+            "test_parallel_dist",
+            "test_parallel_more",
+            "test_parallel_staleness",
+            "test_parallel_hardening",
+        ),
         "tinylearn.parallel.bench",
         aliases=("parallel_training", "zero", "pipeline"),
         questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 176, 185, 207, 240, 252, 255",
@@ -321,6 +331,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_memory_estimate",
             "test_amp_more",
             "test_amp_saved_precision",
+            "test_amp_hardening",
         ),
         "tinylearn.amp.bench",
         aliases=("mixed_precision", "autocast"),
@@ -341,6 +352,9 @@ COMMON_TESTS: dict[str, str] = {
     "test_properties": "hypothesis property tests over conv, kernels, sparse, quant, gemm and the allocators",
     "test_conformance": "every registered op x backend x version against its python/numpy reference on the op's "
     "registered example (backends.register(example=)): cross-topic by construction",
+    "test_garbage": "hypothesis garbage for every topic package, driven by this table: representative calls x garbage "
+    "categories (NaN/inf, floats for ints, bools, strings, None, huge/negative ints, nested lists, wrong-rank/complex/"
+    "0-size arrays; numpy scalars as valid values) in one crash-safe child interpreter",
 }
 
 
@@ -353,7 +367,7 @@ def sanitizer_tests() -> list[str]:
     """Every test file the sanitizer job runs: each row's C++-reaching modules, then the common suites that probe
     the C++ kernels (bad input, properties)."""
     out = [path for t in TOPICS for path in t.sanitized_tests()]
-    common = ("test_bad_input", "test_properties", "test_conformance")
+    common = ("test_bad_input", "test_properties", "test_conformance", "test_garbage")
     return out + [f"tests/common/{m}.py" for m in common]
 
 

@@ -253,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             if suite == "notebooks" and via_lab:
                 print(f"portable: [{name}] notebooks run in JupyterLab (headless Chromium), compared by nbval's rules")
                 cmd, via_lab = LAB, False  # later runs use nbval
-            p = subprocess.run([sys.executable, *cmd], env=env, cwd=ROOT)
+            run_env = env
+            if suite == "tests" and WORKERS != "0":  # one thread per xdist worker, as make test-tests does
+                run_env = {**env, "OMP_NUM_THREADS": "1"}
+            p = subprocess.run([sys.executable, *cmd], env=run_env, cwd=ROOT)
             status = "passed" if p.returncode == 0 else f"FAILED (exit {p.returncode})"
             print(f"portable: [{name}] {suite} {status} in {time.perf_counter() - t0:.0f} s", flush=True)
             if p.returncode:

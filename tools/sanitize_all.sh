@@ -5,6 +5,7 @@
 # tinylearn.topics.sanitizer_tests())
 # Env: SAN_BUILD (default <checkout>/build/sanitize: per checkout, git-ignored), JOBS (build jobs, default nproc),
 # SAN_WORKERS (pytest-xdist workers, default auto; 0 runs in-process, which prints a crashing test's full report).
+# SAN_THREADS (OpenMP threads per worker, default 1).
 # A CMake cache in SAN_BUILD that was generated from another source tree (another checkout) is wiped first.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +43,8 @@ if [ ${#tests[@]} -eq 0 ]; then
   # the C++-reaching test modules of every topic row (tinylearn.topics.sanitizer_tests: the table decides)
   mapfile -t tests < <(cd "$root" && "$py" -c "from tinylearn import topics; print(*topics.sanitizer_tests(), sep='\n')")
   # nvcc is not an ASan binary and segfaults with libasan preloaded; the .cu compile checks do not touch _C
-  tests+=(-q -x -p no:cacheprovider -n "${SAN_WORKERS:-auto}" -k "not kernel_compiles")
+  # standalone_sanitizer tests build their own sanitized binary (make test ran them): not again under the overlay
+  tests+=(-q -x -p no:cacheprovider -n "${SAN_WORKERS:-auto}" -k "not kernel_compiles" -m "not standalone_sanitizer")
 fi
 cd "$root"
 # sanitizer options; pytest runs with --capture=sys: its default fd capture would swallow a report written to fd 2
@@ -51,5 +53,6 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" UBSAN_OPTIONS="print_stack
 # the check below makes sure the overlay (not the .venv editable build) is what the tests import
 PYTHONSAFEPATH=1 PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" OMP_NUM_THREADS=2 \
   "$py" -P -c "import tinylearn._C as C, sys; assert sys.argv[1] in C.__file__, C.__file__; print('sanitized _C:', C.__file__)" "$out/site"
-PYTHONSAFEPATH=1 PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" OMP_NUM_THREADS=2 \
+# one OpenMP thread per xdist worker by default (SAN_THREADS; the threaded paths run in the tests that pass threads=)
+PYTHONSAFEPATH=1 PYTHONPATH="$out/site" LD_PRELOAD="$libasan $libubsan" OMP_NUM_THREADS="${SAN_THREADS:-1}" \
   "$py" -P -m pytest --capture=sys "${tests[@]}"

@@ -156,3 +156,100 @@ def test_checkpoint_table_against_torch_rows():
     assert saved["tinylearn k=4"] < saved["tinylearn k=1"] and saved["torch k=4"] < saved["torch k=1"]
     assert rows["tinylearn k=4"].peak_mb < rows["tinylearn k=1"].peak_mb
     assert rows["tinygrad"].median_ms is None and rows["tinygrad"].note.startswith("n/a")
+
+
+# -- stateful functions: torch.utils.checkpoint's determinism check (issue 38) ---------------------------------------
+def _counting_square():
+    calls = [0]
+
+    def f(x):
+        calls[0] += 1
+        return x * x * calls[0]  # a different function on every call: the recomputation is not the forward
+
+    return f
+
+
+def test_checkpoint_of_a_stateful_fn_is_refused_not_differentiated_wrongly():
+    import torch
+    import torch.utils.checkpoint as tc
+
+    from tinylearn.autograd.checkpoint import CheckpointError
+
+    xt = torch.tensor(2.0, requires_grad=True)
+    tc.checkpoint(_counting_square(), xt, use_reentrant=False).backward()
+    assert xt.grad.item() == 4.0  # torch keeps the forward's graph: d/dx x*x*1 at 2
+    xt = torch.tensor(2.0, requires_grad=True)
+    tc.checkpoint(_counting_square(), xt, use_reentrant=True).backward()
+    assert xt.grad.item() == 8.0  # torch's reentrant variant differentiates the recomputed call (x*x*2)
+
+    x = tl.tensor(2.0, requires_grad=True)
+    y = checkpoint(_counting_square(), x)
+    assert y.item() == 4.0
+    with pytest.raises(CheckpointError, match="differs from the forward") as e:
+        y.backward()  # the old behaviour silently returned 8 (12 with a third call)
+    assert isinstance(e.value, RuntimeError)  # torch's CheckpointError is a RuntimeError too
+    assert x.grad is None
+    x = tl.tensor(2.0, requires_grad=True)
+    checkpoint(_counting_square(), x, determinism_check="none", use_reentrant=True).backward()
+    assert x.grad.item() == 8.0  # opting out gives torch's reentrant result
+
+
+def test_checkpoint_metadata_change_raises_like_torch():
+    import torch
+    import torch.utils.checkpoint as tc
+
+    from tinylearn.autograd.checkpoint import CheckpointError
+
+    class Growing:  # a module attribute changed by every call: the recomputed output has another shape
+        def __init__(self, lib):
+            self.k, self.lib = 1, lib
+
+        def __call__(self, x):
+            self.k += 1
+            return x.reshape(1, 3).expand(self.k, 3) * x
+
+    xt = torch.randn(3, requires_grad=True)
+    with pytest.raises(tc.CheckpointError, match="metadata"):
+        tc.checkpoint(Growing(torch), xt, use_reentrant=False).sum().backward()
+    x = tl.randn(3, requires_grad=True)
+    y = checkpoint(Growing(tl), x, preserve_rng_state=False)  # metadata is checked even without the RNG restore
+    with pytest.raises(CheckpointError, match=r"metadata.*shape \(2, 3\).*shape \(3, 3\)"):
+        y.sum().backward()
+
+
+def test_checkpoint_restores_numpy_and_torch_global_rng():
+    import torch
+
+    def noisy(h):  # draws from numpy's and torch's global generators (not tinylearn's)
+        a = np.random.rand(3).astype(np.float32)
+        b = torch.rand(3).numpy()
+        return h * tl.tensor(a) + h * tl.tensor(b)
+
+    def grads_and_next_draws(run):
+        np.random.seed(0)
+        torch.manual_seed(0)
+        x = tl.ones(3, requires_grad=True)
+        run(x).sum().backward()
+        return x.grad.data.copy(), (np.random.rand(), torch.rand(1).item())
+
+    g0, after0 = grads_and_next_draws(noisy)
+    g1, after1 = grads_and_next_draws(lambda x: checkpoint(noisy, x))  # no CheckpointError: same draws recomputed
+    np.testing.assert_array_equal(g1, g0)
+    assert after1 == after0  # both generators continue as if nothing had been recomputed
+
+
+def test_checkpoint_arguments_are_checked():
+    x = tl.randn(3, requires_grad=True)
+    with pytest.raises(ValueError, match="determinism_check"):
+        checkpoint(lambda h: h * 2, x, determinism_check="strict")
+    with pytest.raises(TypeError, match="use_reentrant"):
+        checkpoint(lambda h: h * 2, x, use_reentrant="no")
+    with pytest.raises(TypeError, match="preserve_rng_state"):
+        checkpoint(lambda h: h * 2, x, preserve_rng_state=None)
+    y = checkpoint(lambda h: h * 2, x, use_reentrant=False)  # torch scripts pass use_reentrant: accepted
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.data, np.full(3, 2, np.float32))
+    with pytest.raises(TypeError, match="modules"):
+        checkpoint_sequential(3, 1, x)
+    with pytest.raises(ValueError, match="segments"):
+        checkpoint_sequential(_net(), True, x)

@@ -484,3 +484,150 @@ def test_bench_training_step_loss_trajectory_matches_torch(kind, legacy):
     ours, ref = np.array(losses).T
     assert_close(ours.astype(np.float32), ref.astype(np.float32))  # the float32 row of the tolerance table
     assert ref[-1] < ref[0]  # the steps do train
+
+
+# -- issue 38: torch behaviours a ported script relies on -------------------------------------------------------------
+from tinylearn.nn import functional_attention, functional_extra, functional_loss  # noqa: E402
+
+
+def _sdpa_vs_torch(q, k, v, **kw):
+    """Output and q/k/v gradients of tinylearn's and torch's sdpa for the same upstream gradient."""
+    tq, tk, tv = (tl.Tensor(a, requires_grad=True) for a in (q, k, v))
+    pq, pk, pv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    m = kw.pop("attn_mask", None)
+    o = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=m, **kw)
+    po = torch.nn.functional.scaled_dot_product_attention(
+        pq, pk, pv, attn_mask=None if m is None else torch.from_numpy(m), **kw
+    )
+    assert_close(o.data, po, msg="sdpa output")
+    g = make_array(o.shape, seed=9, dtype=str(q.dtype))
+    o.backward(g)
+    (po * torch.from_numpy(g)).sum().backward()
+    for a, b, name in ((tq, pq, "q"), (tk, pk, "k"), (tv, pv, "v")):
+        assert np.isfinite(a.grad.data).all(), name
+        assert_close(a.grad.data, b.grad, msg=f"grad of {name}")
+    return o
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "bool_batched"])
+def test_sdpa_fully_masked_row_gives_zero_like_torch(kind):
+    q, k, v = make_array((2, 3, 4, 8), seed=1), make_array((2, 3, 5, 8), seed=2), make_array((2, 3, 5, 6), seed=3)
+    keep = np.random.default_rng(0).random((4, 5)) > 0.4
+    keep[:, 0] = True
+    keep[1] = False  # query row 1 sees no key at all
+    if kind == "float":
+        mask = np.where(keep, 0.0, -np.inf).astype(np.float32)
+    elif kind == "bool_batched":
+        mask = np.broadcast_to(keep, (2, 3, 4, 5)).copy()
+        mask[0, 2, 3] = False
+    else:
+        mask = keep
+    o = _sdpa_vs_torch(q, k, v, attn_mask=mask)
+    assert not np.isnan(o.data).any()
+    assert (o.data[:, :, 1] == 0).all()
+    s = tl.Tensor(np.array([[-np.inf, -np.inf], [0.0, -np.inf]], np.float32), requires_grad=True)
+    p = functional_attention.masked_softmax(s)
+    np.testing.assert_array_equal(p.data, [[0.0, 0.0], [1.0, 0.0]])
+    p.sum().backward()
+    np.testing.assert_array_equal(s.grad.data, np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"is_causal": True}, {"attn_mask": "bool"}, {"scale": 0.3}], ids=["plain", "causal", "mask", "scale"]
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sdpa_enable_gqa_vs_torch(kw, dtype):
+    q = make_array((2, 6, 4, 8), seed=1, dtype=dtype)
+    k, v = make_array((2, 2, 5, 8), seed=2, dtype=dtype), make_array((2, 3, 5, 6), seed=3, dtype=dtype)
+    kw = dict(kw)
+    if kw.get("attn_mask") == "bool":
+        kw["attn_mask"] = np.random.default_rng(1).random((4, 5)) > 0.3
+    _sdpa_vs_torch(q, k, v, enable_gqa=True, **kw)
+    _sdpa_vs_torch(q[0], k[0], v[0], enable_gqa=True, **kw)  # [H, L, E]: heads on dim -3
+    _sdpa_vs_torch(q, q.copy(), v[:, :1].repeat(6, 1)[:, :, :4], enable_gqa=True)  # equal heads: no repetition
+
+
+def test_sdpa_enable_gqa_errors():
+    q = tl.Tensor(make_array((2, 6, 4, 8)))
+    with pytest.raises(RuntimeError, match="key: its 4 heads"):
+        k4, v2 = tl.Tensor(make_array((2, 4, 5, 8))), tl.Tensor(make_array((2, 2, 5, 8)))
+        F.scaled_dot_product_attention(q, k4, v2, enable_gqa=True)
+    with pytest.raises(IndexError, match="head dim"):
+        F.scaled_dot_product_attention(q[0, 0], q[0, 0], q[0, 0], enable_gqa=True)
+    with pytest.raises(RuntimeError):  # without enable_gqa the head counts must broadcast, as torch
+        kv = torch.zeros(2, 2, 5, 8)
+        torch.nn.functional.scaled_dot_product_attention(torch.zeros(2, 6, 4, 8), kv, kv)
+    with pytest.raises(ValueError):
+        F.scaled_dot_product_attention(q, tl.Tensor(make_array((2, 2, 5, 8))), tl.Tensor(make_array((2, 2, 5, 8))))
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (5,), (3, 5, 2, 2)], ids=["2d", "1d", "spatial"])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"label_smoothing": 0.2}, {"weight": True}, {"weight": True, "label_smoothing": 0.3}, {"reduction": "sum"},
+     {"reduction": "none", "weight": True}],
+    ids=["plain", "ls", "weight", "weight_ls", "sum", "none_weight"],
+)  # fmt: skip
+def test_cross_entropy_probability_targets_grad_vs_torch(shape, kw):
+    """Soft labels: the loss and the gradients w.r.t. BOTH the logits and the probability target match torch."""
+    x = make_array(shape, seed=1, low=-2, high=2)
+    t = np.random.default_rng(2).random(shape).astype(np.float32)
+    t /= t.sum(axis=0 if len(shape) == 1 else 1, keepdims=True)
+    w = np.random.default_rng(3).random(5).astype(np.float32) + 0.5
+    tx, px = _pair(x)
+    tt, pt = _pair(t)
+    kw_tl = dict(kw, weight=tl.Tensor(w)) if kw.get("weight") else kw
+    kw_th = dict(kw, weight=torch.from_numpy(w)) if kw.get("weight") else kw
+    out = F.cross_entropy(tx, tt, **kw_tl)
+    ref = torch.nn.functional.cross_entropy(px, pt, **kw_th)
+    assert_close(out.data, ref, msg="loss")
+    (out * out).sum().backward()  # a non-constant upstream gradient
+    (ref * ref).sum().backward()
+    assert_close(tx.grad.data, px.grad, msg="grad of input")
+    assert_close(tt.grad.data, pt.grad, msg="grad of target")
+
+
+def test_cross_entropy_one_implementation_and_legacy_flags():
+    assert F.cross_entropy is functional_loss.cross_entropy is functional_extra.cross_entropy
+    x, y = make_array((4, 3), seed=4), np.array([0, 2, 1, 1])
+    for kw, red in (({"reduce": False}, "none"), ({"size_average": False}, "sum"), ({"size_average": True}, "mean")):
+        with pytest.warns(UserWarning):  # torch warns that the flags are deprecated
+            ref = torch.nn.functional.cross_entropy(torch.from_numpy(x), torch.from_numpy(y), **kw)
+        assert_close(F.cross_entropy(tl.Tensor(x), y, **kw).data, ref, msg=red)
+    old_positional = functional_loss.cross_entropy(tl.Tensor(x), y, "sum")  # tinylearn's older (logits, target, red.)
+    assert_close(old_positional.data, F.cross_entropy(tl.Tensor(x), y, reduction="sum").data)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        F.cross_entropy(tl.Tensor(x), y, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="weight"):
+        F.cross_entropy(tl.Tensor(x), y, weight=np.ones(4, np.float32))
+
+
+PADS = [(-1, 2), (2, -1), (-1, -1), (1, -2, 0, 1), (-2, 1, 1, -2), (0, -3, -1, 2), (2, 2, -1, -1), (-1, 0, 0, 0, 1, -1)]
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", PADS, ids=str)
+def test_pad_negative_crops_like_torch(mode, pad):
+    x = make_array((2, 3) + (3, 5, 4)[-len(pad) // 2 :], seed=6, dtype="float64")  # torch: 1-3 padded dims, N, C
+    kw = {"value": 1.5} if mode == "constant" else {}
+    tx, px = _pair(x)
+    out = F.pad(tx, pad, mode=mode, **kw)
+    ref = torch.nn.functional.pad(px, pad, mode=mode, **kw)
+    assert out.shape == tuple(ref.shape)
+    assert_close(out.data, ref, msg="pad")
+    g = make_array(out.shape, seed=7, dtype="float64")
+    out.backward(g)
+    ref.backward(torch.from_numpy(g))
+    assert_close(tx.grad.data, px.grad, msg="grad")
+
+
+def test_pad_negative_errors():
+    x = tl.Tensor(make_array((1, 1, 3, 4)))
+    with pytest.raises(ValueError, match=r"dim 3 \(size 4\) -1 long"):
+        F.pad(x, (-3, -2))
+    with pytest.raises(ValueError, match="circular"):  # torch wraps into uninitialised memory here
+        F.pad(x, (3, -2), mode="circular")
+    with pytest.raises(ValueError, match="reflect"):
+        F.pad(x, (4, -1), mode="reflect")
+    with pytest.raises(TypeError, match="tuple of ints"):
+        F.pad(x, (1.5, 1))

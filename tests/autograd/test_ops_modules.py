@@ -208,6 +208,49 @@ def test_mha_need_weights_false_unbatched_kdim_vdim_and_no_bias():
     _compare_mha(m, tm, [make_array((N, L, E), seed=4)] * 3, {}, {})
 
 
+def test_mha_fully_padded_sequence_gives_zero_not_nan():
+    """A batch element whose keys are all padding: torch's sdpa path (need_weights=False) gives 0 there; tinylearn does
+    too on both paths (torch's need_weights=True path gives NaN; its other batch rows are compared)."""
+    kpm = np.zeros((N, S), bool)
+    kpm[1] = True  # sequence 1 is all padding
+    kpm[0, -2:] = True
+    q, kv = make_array((N, L, E), seed=1), make_array((N, S, E), seed=2)
+    m, tm = _mha_pair(batch_first=True)
+    kw = {"key_padding_mask": kpm, "need_weights": False}
+    _compare_mha(m, tm, [q, kv, kv.copy()], kw, dict(kw, key_padding_mask=torch.tensor(kpm)))
+    m, tm = _mha_pair(batch_first=True)
+    x = tl.Tensor(q, requires_grad=True)
+    o, w = m(x, tl.Tensor(kv), tl.Tensor(kv), key_padding_mask=kpm)
+    to, tw = tm(torch.from_numpy(q), torch.from_numpy(kv), torch.from_numpy(kv), key_padding_mask=torch.tensor(kpm))
+    assert torch.isnan(to[1]).all() and not np.isnan(o.data).any()  # torch's need_weights path: NaN
+    assert (w.data[1] == 0).all()
+    keep = [0, 2]
+    assert_close(o.data[keep], to[keep], msg="attn_output of the unpadded rows")
+    assert_close(w.data[keep], tw[keep], msg="attn_weights of the unpadded rows")
+    o.sum().backward()
+    assert np.isfinite(x.grad.data).all() and np.isfinite(m.in_proj_weight.grad.data).all()
+
+
+def test_encoder_layer_padded_batch_loss_is_finite_like_torch():
+    torch.manual_seed(2)
+    tlay = torch.nn.TransformerEncoderLayer(E, H, dim_feedforward=16, dropout=0.0, batch_first=True)
+    lay = nn.TransformerEncoderLayer(E, H, dim_feedforward=16, dropout=0.0, batch_first=True)
+    lay.load_state_dict(tlay.state_dict())
+    kpm = np.zeros((N, L), bool)
+    kpm[2] = True  # a fully padded sequence
+    x, tx = _pair(make_array((N, L, E), seed=3))
+    out = lay(x, src_key_padding_mask=kpm)
+    tout = tlay(tx, src_key_padding_mask=torch.tensor(kpm))  # training mode: torch's sdpa path, finite
+    assert_close(out.data, tout, msg="encoder output")
+    loss, tloss = (out * out).mean(), (tout * tout).mean()
+    assert np.isfinite(loss.item())
+    loss.backward()
+    tloss.backward()
+    assert_close(x.grad.data, tx.grad, msg="grad of src")
+    for (n, p), (_, tp) in zip(lay.named_parameters(), tlay.named_parameters()):
+        assert_close(p.grad.data, tp.grad, msg=f"grad of {n}")
+
+
 def test_mha_gradcheck_fp64():
     m = nn.MultiheadAttention(4, 2, batch_first=True, dtype=np.float64)
     tl.manual_seed(0)

@@ -220,6 +220,25 @@ CASES: dict[str, list[tuple]] = {
         ("sum-dim-float", "tl.Tensor(np.ones((2, 3))).sum(dim=1.5)", TV, "dim"),
         ("transpose-dim-out-of-range", "tl.Tensor(np.ones((2, 3))).transpose(0, 5)", TV + ("IndexError",), "dim"),
         ("cat-empty", "tl.cat([], 0)", TV, "tensors"),
+        # torch's exception types (issue 38): a dim out of range is an IndexError, a shape mismatch a RuntimeError
+        ("flip-dim-out-of-range", "tl.ones(2, 3).flip(5)", ("IndexError",), "dim"),
+        ("roll-dim-out-of-range", "tl.ones(2, 3).roll(1, -3)", ("IndexError",), "dim"),
+        ("cumsum-dim-out-of-range", "tl.ones(2, 3).cumsum(2)", ("IndexError",), "dim"),
+        ("cumprod-0d-dim-out-of-range", "tl.Tensor(np.float32(2)).cumprod(1)", ("IndexError",), "dim"),
+        ("argmax-dim-out-of-range", "tl.ones(2, 3).argmax(7)", ("IndexError",), "7"),
+        ("size-dim-out-of-range", "tl.ones(2, 3).size(4)", ("IndexError",), "dim"),
+        ("cat-shape-mismatch", "tl.cat([tl.ones(2, 3), tl.ones(4, 5)])", ("RuntimeError",), "shape"),
+        ("mm-1d", "tl.ones(2, 3).mm(tl.ones(3))", ("RuntimeError",), "shape"),
+        ("remainder-broadcast", "tl.ones(2, 3) % tl.ones(4)", ("RuntimeError",), "shape"),
+        ("lt-broadcast", "tl.ones(2, 3) < tl.ones(4)", ("RuntimeError",), "shape"),
+        ("einsum-ellipsis-mismatch", "tl.einsum('...i,...i', tl.ones(2, 3), tl.ones(4, 3))", ("RuntimeError",), "..."),
+        ("index-out-of-bounds", "tl.ones(3)[5]", ("IndexError",), "5"),
+        ("scatter-reduce-bad", "tl.ones(2, 3).scatter(1, tl.tensor([[0]]), 1.0, reduce='mean')", TV, "reduce"),
+        ("meshgrid-bad-indexing", "tl.meshgrid(tl.ones(2), indexing='yx')", TV, "indexing"),
+        ("meshgrid-empty", "tl.meshgrid()", TV, "tensors"),
+        ("linspace-float-steps", "tl.linspace(0, 1, 2.5)", TV, "steps"),
+        ("linspace-negative-steps", "tl.linspace(0, 1, -1, dtype=np.int64)", TV, "steps"),
+        ("int-pow-negative-int", "tl.tensor([2, 3]) ** -1", TV, "exponent"),
         ("gradcheck-not-callable", "tl.autograd.gradcheck(3, [tl.Tensor(np.ones(2), requires_grad=True)])", TV, "fn"),
         (
             "backward-after-inplace-change-of-saved-tensor",
@@ -266,6 +285,39 @@ CASES: dict[str, list[tuple]] = {
             "tl.nn.Conv2d(1, 1, 1, padding=2**31 - 1)(tl.Tensor(np.ones((1, 1, 2, 2), np.float32)))",
             ("ValueError",),
             "padding",
+        ),
+        (
+            "sdpa-gqa-heads-not-dividing",
+            "tl.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True)",
+            ("RuntimeError",),
+            "heads",
+            "q, k = tl.Tensor(np.ones((1, 6, 2, 4), np.float32)), tl.Tensor(np.ones((1, 4, 2, 4), np.float32))",
+        ),
+        (
+            "sdpa-fully-masked-row-is-zero",
+            "assert not np.isnan(o.data).any() and (o.data[0, 1] == 0).all()",
+            OK,
+            "",
+            """
+            m = np.ones((2, 3), bool)
+            m[1] = False
+            q = tl.Tensor(np.ones((1, 2, 4), np.float32))
+            o = tl.nn.functional.scaled_dot_product_attention(q, q[:, :1].expand(1, 3, 4), q[:, :1].expand(1, 3, 4), m)
+            """,
+        ),
+        ("pad-float-entry", "tl.nn.functional.pad(tl.Tensor(np.ones((2, 3))), (1.5, 1))", ("TypeError",), "pad"),
+        ("pad-crop-past-size", "tl.nn.functional.pad(tl.Tensor(np.ones((2, 3))), (-2, -2))", TV, "pad"),
+        (
+            "cross_entropy-label_smoothing-2",
+            "tl.nn.functional.cross_entropy(tl.Tensor(np.ones((2, 3))), np.array([0, 1]), label_smoothing=2.0)",
+            TV,
+            "label_smoothing",
+        ),
+        (
+            "cross_entropy-weight-wrong-length",
+            "tl.nn.functional.cross_entropy(tl.Tensor(np.ones((2, 3))), np.array([0, 1]), weight=np.ones(4))",
+            TV,
+            "weight",
         ),
     ],
     "optim": [
@@ -355,6 +407,13 @@ CASES: dict[str, list[tuple]] = {
             ref = x[:, :, :1, :1]
             """,
         ),
+        (
+            "max_pool2d-int-keeps-dtype",
+            "assert y.dtype == np.int64 and y.data.tolist() == [[[[5, 7], [13, 15]]]]",
+            OK,
+            "",
+            "y = tl.nn.functional.max_pool2d(tl.Tensor(np.arange(16).reshape(1, 1, 4, 4)), 2)",
+        ),
         *_policy_rows("conv"),
     ],
     "quant": [
@@ -440,6 +499,50 @@ CASES: dict[str, list[tuple]] = {
             for fmt in ("CSR", "ELL")
             for backend in ("numpy", "numba", "cpp")
         ],
+        *[
+            (
+                f"CSR-unchecked-{name}-{backend}-{kind}",
+                f"tl.sparse.CSR({indptr}, [0, 1, 2], np.ones(3, np.float32), (3, 3), check=False)"
+                f".matmul(np.ones({xshape}, np.float32), backend='{backend}')",
+                ("ValueError",),
+                "indptr",
+            )
+            for name, indptr in (
+                ("indptr-past-nnz", "[0, 1, 2, 1000]"),
+                ("indptr-decreasing", "[0, 3, 1, 3]"),
+                ("indptr-not-from-0", "[-2, 1, 2, 3]"),
+                ("indptr-short", "[0, 3]"),
+            )
+            for backend in ("numpy", "numba", "cpp")
+            for kind, xshape in (("spmv", "3"), ("spmm", "(3, 2)"))
+        ],
+        *[
+            (
+                f"CSR-unchecked-column-{col}-{backend}",
+                f"tl.sparse.CSR([0, 1, 2, 3], [0, {col}, 2], np.ones(3, np.float32), (3, 3), check=False)"
+                f".matmul(np.ones((3, 2), np.float32), backend='{backend}')",
+                ("ValueError",),
+                "column",
+            )
+            for col in (-5, 3, 2**31 - 1)
+            for backend in ("numpy", "numba", "cpp")
+        ],
+        *[
+            (
+                f"BSR-unchecked-indptr-{backend}",
+                "tl.sparse.BSR([0, 2, 1], [0, 1], np.ones((2, 2, 2), np.float32), (4, 4), check=False)"
+                f".matmul(np.ones(4, np.float32), backend='{backend}')",
+                ("ValueError",),
+                "indptr",
+            )
+            for backend in ("numpy", "cpp")
+        ],
+        (
+            "CSR-unchecked-to_dense",
+            "tl.sparse.CSR([0, 5, 2, 3], [0, 1, 2], np.ones(3), (3, 3), check=False).to_dense()",
+            ("ValueError",),
+            "indptr",
+        ),
         *_policy_rows("sparse"),
     ],
     "kernels": [
@@ -616,6 +719,31 @@ CASES: dict[str, list[tuple]] = {
             TV,
             "memory_per_rank_bytes",
         ),
+        # plan_3d used to loop over every integer up to world_size: divisors from the factorisation now
+        (
+            "plan_3d-world-1e9",
+            "assert isinstance(tl.parallel.plan_3d(10**9, 10**9, 24, 2048, 1024, 64, 8e10), list)",
+            OK,
+            "",
+        ),
+        ("plan_3d-world-prime", "assert tl.parallel.plan_3d(2**61 - 1, 10**9, 24, 2048, 1024, 64, 8e10) == []", OK, ""),
+        ("plan_3d-world-2**64", "tl.parallel.plan_3d(2**64, 10**9, 24, 2048, 1024, 64, 8e10)", TV, "world_size"),
+        ("plan_3d-world-float", "tl.parallel.plan_3d(8.0, 10**9, 24, 2048, 1024, 64, 8e10)", TV, "world_size"),
+        # a parameter listed twice was updated twice (stages 1/2) or crashed the rank (stage 3): refused up front
+        (
+            "ZeroOptimizer-param-listed-twice",
+            "tl.parallel.ZeroOptimizer([w, w], torch.optim.SGD, stage=3, lr=0.1)",
+            ("ValueError",),
+            "params[1]",
+            "import torch; w = torch.nn.Parameter(torch.ones(3))",
+        ),
+        (
+            "ZeroOptimizer-bucket-cap-zero",
+            "tl.parallel.ZeroOptimizer([w], torch.optim.SGD, stage=2, bucket_cap_bytes=0, lr=0.1)",
+            TV,
+            "bucket_cap_bytes",
+            "import torch; w = torch.nn.Parameter(torch.ones(3))",
+        ),
     ],
     "gemm": [
         ("matmul-int", "tl.gemm.matmul(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32))", TV, "a"),
@@ -631,6 +759,26 @@ CASES: dict[str, list[tuple]] = {
         ("occupancy-zero-threads", "tl.gemm.occupancy(0, 32, 0)", TV, "threads_per_block"),
         ("occupancy-bad-arch", "tl.gemm.occupancy(128, 32, 0, arch='sm_1')", TV, "arch"),
         ("pack_a-zero-mr", "tl.gemm.pack_a(np.ones((4, 4), np.float32), 0)", TV, "mr"),
+        *[
+            (
+                f"C-{fn}-threads-{name}",
+                f"tl.backends.load_C('gemm').{call.format(t=t)}",
+                excs,
+                "threads",
+            )
+            for fn, call in (
+                ("matmul", "matmul(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32), threads={t})"),
+                ("fma_peak", "fma_peak(iters=1000, threads={t}, repeat=1)"),
+            )
+            for name, t, excs in (
+                ("negative", "-1", ("ValueError",)),
+                ("float", "2.0", ("TypeError",)),
+                ("bool", "True", ("TypeError",)),
+                ("str", "'4'", ("TypeError",)),
+                ("100000", "100000", OK),
+                ("huge", "10**30", OK),
+            )
+        ],
     ],
     "inference": [
         ("GPTConfig-heads", "tl.inference.GPTConfig(10, 30, 4, 1, 16)", TV, "n_heads"),
@@ -642,6 +790,49 @@ CASES: dict[str, list[tuple]] = {
         ("rope-odd-dim", "tl.inference.rope_tables(16, 7)", TV, "head_dim"),
         ("poisson-nan-rate", "tl.inference.poisson_requests(4, float('nan'))", TV, "rate"),
         ("serving-bad-policy", "tl.inference.simulate_serving([], policy='nope')", TV, "policy"),
+        *[
+            (cid, stmt, excs, arg, "m = tl.inference.TinyGPT(16, 16, 2, 1, 32)")
+            for cid, stmt, excs, arg in (
+                ("generate-float-ids", "tl.inference.generate(m, [1.7, 2.9], 2)", ("TypeError",), "prompt_ids"),
+                ("generate-str-ids", "tl.inference.generate(m, ['a'], 2)", ("TypeError",), "prompt_ids"),
+                ("generate-bool-ids", "tl.inference.generate(m, [1, True], 2)", ("TypeError",), "prompt_ids"),
+                ("generate-empty-prompt", "tl.inference.generate(m, [], 2)", TV, "prompt_ids"),
+                ("generate-bool-max-new", "tl.inference.generate(m, [1], True)", TV, "max_new_tokens"),
+                ("generate-float-seed", "tl.inference.generate(m, [1], 2, temperature=1.0, seed=1.5)", TV, "seed"),
+                ("generate-str-kv-cache", "tl.inference.generate(m, [1], 2, kv_cache='no')", TV, "kv_cache"),
+                ("generate-np-int-ok", "assert len(tl.inference.generate(m, np.array([1]), np.int64(2))) == 2", OK, ""),
+            )
+        ],
+        ("filter_probs-nan", "tl.inference.filter_probs([float('nan'), 1.0])", ("RuntimeError",), "logits"),
+        ("filter_probs-all-masked", "tl.inference.filter_probs([-np.inf, -np.inf])", ("RuntimeError",), "logits"),
+        *[
+            (cid, f"tl.inference.sample_from(np.array({p}), np.random.default_rng(0))", ("RuntimeError",), "probs")
+            for cid, p in (
+                ("sample_from-nan", "[np.nan, 0.5]"),
+                ("sample_from-negative", "[-1.0, 2.0]"),
+                ("sample_from-all-zero", "[0.0, 0.0, 0.0]"),
+            )
+        ],
+        ("sample_from-int-rng", "tl.inference.sample_from(np.ones(2) / 2, 0)", TV, "rng"),
+        (
+            "paged-int8-inf",
+            "c.append(s, 0, np.array([[[np.inf, 1, 2, 3]]], np.float32), np.ones((1, 1, 4), np.float32))",
+            TV,
+            "k",
+            "c = tl.inference.PagedKVCache(1, 1, 4, 4, 2, dtype='int8'); s = c.new_sequence()",
+        ),
+        ("quantize_int8-nan", "tl.inference.quantize_int8(np.array([[[np.nan, 1.0]]]))", TV, "x"),
+        ("blocks_needed-float", "tl.inference.blocks_needed(10.5, 3)", TV, "n_tokens"),
+        ("kv_bytes-negative", "tl.inference.kv_bytes_per_token(-1, 2, 3)", TV, "n_layers"),
+        ("priority_keep-nan", "tl.inference.priority_keep([float('nan'), 1.0], 1)", TV, "scores"),
+        ("dense_attention-1d", "tl.inference.dense_attention(np.ones(4), np.ones(4), np.ones(4))", TV, "q"),
+        ("accept_draft-nan", "tl.inference.accept_draft(float('nan'), 0.5, 0.3)", TV, "p_x"),
+        ("poisson-negative-len", "tl.inference.poisson_requests(2, 1.0, prompt_len=(-10, 5))", TV, "prompt_len"),
+        ("causal_mask-float", "tl.inference.causal_mask(1.5, 0)", TV, "t"),
+        ("GPTConfig-rope-str", "tl.inference.GPTConfig(16, 16, 2, 1, 32, rope='x')", TV, "rope"),
+        ("GPTConfig-np-int-ok", "assert tl.inference.GPTConfig(np.int64(16), 16, 2, 1, 32).vocab_size == 16", OK, ""),
+        ("delta_compress-nan", "tl.inference.delta_compress(np.array([[np.nan, 1.0]]), 0.1)", TV, "x"),
+        ("weighted_tail-nan", "tl.inference.weighted_tail_latency([float('nan')], [1.0])", TV, "latencies"),
     ],
     "amp": [
         ("GradScaler-negative", "tl.amp.GradScaler(init_scale=-1.0)", TV, "init_scale"),
@@ -652,6 +843,58 @@ CASES: dict[str, list[tuple]] = {
         ("int2-zero-scale", "tl.amp.int2_quantize(np.ones(4), 0.0)", TV, "scale"),
         ("allocate_bits-nan", "tl.amp.allocate_bits([1.0, float('nan')], [np.ones(4), np.ones(4)])", TV, "traces"),
         ("round_to_bf16-str", "tl.amp.round_to_bf16('abc')", TV, "x"),
+        ("absmax_scale-nan", "tl.amp.absmax_scale(np.array([np.nan, 1.0]), 'fp4')", TV, "x"),
+        ("absmax_scale-inf", "tl.amp.absmax_scale(np.array([np.inf]), 'int2')", TV, "x"),
+        ("int2-nan", "tl.amp.int2_quantize(np.array([np.nan]), 1.0)", TV, "x"),
+        ("int2-str-scale", "tl.amp.int2_quantize(np.ones(2), 'a')", TV, "scale"),
+        ("quantize_symmetric-nan", "tl.amp.quantize_symmetric(np.array([np.nan, 1.0]), 4)", TV, "w"),
+        ("mx-bool-block", "tl.amp.mx_quantize(np.ones(32, np.float32), block_size=True)", TV, "block_size"),
+        ("mx-axis-out-of-range", "tl.amp.mx_quantize(np.ones(32, np.float32), axis=5)", ("IndexError",), "axis"),
+        ("mx_bits-zero-block", "tl.amp.mx_bits_per_element('fp4_e2m1', 0)", TV, "block_size"),
+        ("mx_bits-bad-fmt", "tl.amp.mx_bits_per_element('x')", TV, "fmt"),
+        ("mx_dequantize-garbage", "tl.amp.mx_dequantize(np.ones(2), np.ones(3))", TV, "shared_exp"),
+        ("GradScaler-str-scale", "tl.amp.GradScaler(init_scale='a')", TV, "init_scale"),
+        ("GradScaler-int-enabled", "tl.amp.GradScaler(enabled=1)", TV, "enabled"),
+        ("GradScaler-nan-new-scale", "tl.amp.GradScaler().update(new_scale=float('nan'))", TV, "new_scale"),
+        (
+            "GradScaler-step-twice",
+            "s.step(opt)",
+            ("RuntimeError",),
+            "step() has already been called",
+            "p = tl.nn.Parameter(tl.ones(2)); opt = tl.optim.SGD([p], lr=1.0); s = tl.amp.GradScaler()\n"
+            "s.scale(p.sum()).backward(); s.step(opt)",
+        ),
+        ("update_scale-nan", "tl.amp.update_scale(float('nan'), 0, False, 2.0, 0.5, 10)", TV, "scale"),
+        ("autocast-torch-dtype-ok", "import torch\nwith tl.autocast(dtype=torch.bfloat16): pass", OK, ""),
+        ("autocast-int-dtype", "tl.autocast(dtype=3)", TV, "dtype"),
+        ("autocast-garbage-dtype", "tl.autocast(dtype='garbage')", TV, "dtype"),
+        ("op_category-int", "tl.amp.op_category(3)", TV, "fn_class"),
+        ("allowed_formats-empty", "tl.amp.allowed_formats({})", TV, "s"),
+        (
+            "allocate_bits-float-bits",
+            "tl.amp.allocate_bits([1.0], [np.ones(4)], candidates=(2.5, 4))",
+            TV,
+            "candidates",
+        ),
+        ("ShardedAdam-str-feedback", "tl.amp.ShardedLowPrecisionAdam(4, error_feedback='no')", TV, "error_feedback"),
+        ("quantize_state-int8-nan", "tl.amp.quantize_state(np.array([np.nan], np.float32), 'int8')", TV, "x"),
+        ("lowrank_factors-nan", "tl.amp.lowrank_factors(np.full((3, 3), np.nan), 0.1)", TV, "x"),
+        ("select_by_priority-str", "tl.amp.select_by_priority('a', [1.0], 1.0)", TV, "mem"),
+        ("finfo-garbage", "tl.amp.finfo('x')", TV, "dtype"),
+        (
+            "checkpoint-bad-determinism",
+            "tl.autograd.checkpoint(lambda h: h, tl.ones(2), determinism_check='x')",
+            TV,
+            "determinism_check",
+        ),
+        (
+            "checkpoint-stateful-fn",
+            "checkpoint(f, x).backward()",
+            ("RuntimeError",),
+            "checkpoint",
+            "from tinylearn.autograd import checkpoint\nc = [0]\n"
+            "def f(h):\n    c[0] += 1\n    return h * h * c[0]\nx = tl.tensor(2.0, requires_grad=True)",
+        ),
     ],
 }
 

@@ -228,6 +228,49 @@ def test_max_pool_unbatched_and_nan():
     assert_close(y, Y, "float64")
 
 
+INT_MAXPOOL = [
+    ("max_pool2d", (2, 3, 7, 6), dict(kernel_size=2)),  # the 2-D floor-mode route (op conv.max_pool2d for floats)
+    ("max_pool2d", (2, 3, 7, 6), dict(kernel_size=3, stride=2, padding=1)),
+    ("max_pool2d", (3, 7, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, return_indices=True)),
+    ("max_pool2d", (2, 3, 7, 6), dict(kernel_size=2, dilation=2, padding=1, return_indices=True)),
+    ("max_pool3d", (1, 2, 4, 7, 6), dict(kernel_size=(2, 3, 2), padding=(1, 1, 0), return_indices=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "uint8", "int8"])
+@pytest.mark.parametrize("case", INT_MAXPOOL, ids=lambda c: f"{c[0]}-{c[1]}-{sorted(c[2].items())}")
+def test_max_pool_keeps_integer_dtype_like_torch(case, dtype):
+    """torch's max_pool2d/3d keep an integer dtype (exact values, also at the dtype's extremes next to padding)."""
+    name, xs, kw = case
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(8).integers(info.min, info.max, size=xs, endpoint=True, dtype=dtype)
+    x[..., :2, :2] = info.min  # a real minimum ties with the padding value: never pick the padding
+    y = getattr(F, name)(tl.Tensor(x), **kw)
+    ref = getattr(TF, name)(torch.from_numpy(x), **kw)
+    ys, refs = (y, ref) if kw.get("return_indices") else ((y,), (ref,))
+    for a, b in zip(ys, refs, strict=True):
+        assert a.dtype == b.numpy().dtype
+        np.testing.assert_array_equal(a.data, b.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint8"])
+@pytest.mark.parametrize(
+    "name, xs, arg",
+    [("max_pool1d", (2, 3, 9), 2), ("adaptive_max_pool1d", (2, 3, 9), 4), ("adaptive_max_pool2d", (3, 7, 6), (3, 4)),
+     ("adaptive_max_pool3d", (1, 2, 4, 7, 6), 2)],
+)  # fmt: skip
+def test_max_pools_torch_refuses_for_ints_keep_the_dtype(name, xs, arg, dtype):
+    """torch has no integer kernel for these (NotImplementedError); tinylearn keeps the dtype and the values and
+    indices equal torch's on the same data in float64 (exact for these small integers)."""
+    x = np.random.default_rng(9).integers(0, 100, size=xs).astype(dtype)
+    y, idx = getattr(F, name)(tl.Tensor(x), arg, return_indices=True)
+    ref, ridx = getattr(TF, name)(torch.from_numpy(x.astype(np.float64)), arg, return_indices=True)
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(y.data, ref.numpy().astype(dtype))
+    np.testing.assert_array_equal(idx.data, ridx.numpy())
+    assert nn.MaxPool2d(2)(tl.Tensor(x.reshape(-1, *x.shape[-2:]) if x.ndim > 3 else x)).dtype == np.dtype(dtype)
+
+
 @pytest.mark.parametrize(
     "case",
     [

@@ -546,6 +546,7 @@ int main() {
 
 
 @pytest.mark.slow
+@pytest.mark.standalone_sanitizer
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ with AddressSanitizer")
 def test_fast_path_is_clean_under_asan(tmp_path: Path) -> None:
     """The C++ core alone under ASan+UBSan: fast vs tree path in lockstep, blocks filled, leaks, 4 threads."""
@@ -679,6 +680,7 @@ int main() {
 
 
 @pytest.mark.slow
+@pytest.mark.standalone_sanitizer
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ with sanitizers")
 @pytest.mark.parametrize("sanitizer", ["address,undefined", "thread"])
 def test_thread_cache_stress_from_cpp_threads(tmp_path: Path, sanitizer: str) -> None:

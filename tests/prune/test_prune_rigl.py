@@ -81,3 +81,34 @@ def test_training_regrows_and_beats_a_static_mask():
     static, *_ = _train(Xtr, ytr, 0.9, "gradient", 1)  # t_end=1: no update ever -> the random initial mask
     acc_rigl, acc_static = evaluate(m, Xte, yte), evaluate(static, Xte, yte)
     assert acc_rigl > acc_static + 0.05, (acc_rigl, acc_static)
+
+
+def test_update_zeroes_grown_weights_of_a_transposed_weight():
+    """A non-C-contiguous weight (here a transposed view): the grown entries are zeroed in the weight itself."""
+    rng = np.random.default_rng(0)
+    w = tl.nn.Parameter(np.ones((6, 5), np.float32))
+    w.data = np.ascontiguousarray(rng.standard_normal((5, 6)).astype(np.float32) + 3.0).T  # all |w| > 0
+    assert not w.data.flags.c_contiguous
+    r = rigl.RigL([w], 0.5, delta_t=1, t_end=10, alpha=0.9, grow="gradient", seed=1)
+    old = r.masks[0].copy()
+    w.data += np.where(old, 0.0, 7.0).astype(np.float32)  # pruned entries nonzero again (as after a dense step)
+    w.grad = tl.Tensor(np.where(old, 0.0, 1.0 + rng.random((6, 5))).astype(np.float32))
+    r.update(1)
+    grown = r.masks[0] & ~old
+    assert grown.sum() > 0
+    assert np.all(w.data[grown] == 0)  # without the fix: 7 + original value
+    assert np.all(w.data[~r.masks[0]] == 0)
+    assert not w.data.flags.c_contiguous  # still the same (strided) array, not replaced
+
+
+@pytest.mark.parametrize("sparsity", [0.95, 0.99, 0.9999])
+def test_every_layer_keeps_an_active_weight(sparsity):
+    small = tl.nn.Parameter(np.ones((2, 5), np.float32))  # round(0.95 * 10) = 10 would prune all of it
+    big = tl.nn.Parameter(np.ones((40, 50), np.float32))
+    r = rigl.RigL([small, big], sparsity, delta_t=1, t_end=10, grow="random")
+    assert [int(m.sum()) for m in r.masks] == [1, max(1, 2000 - round(sparsity * 2000))]
+    assert np.count_nonzero(small.data) == 1
+    for w in (small, big):
+        w.grad = tl.Tensor(np.ones(w.data.shape, np.float32))
+    r.update(1)
+    assert [int(m.sum()) for m in r.masks] == [1, max(1, 2000 - round(sparsity * 2000))]

@@ -276,3 +276,61 @@ def test_matmul_dispatches_through_the_backend_registry():
         BSR.from_dense(a[:6], 2).matmul(x, backend="numba")
     with pytest.raises(ValueError, match="version"):
         CSR.from_dense(a).matmul(x, backend="numpy", version="nope")
+
+
+_RAW_NUMBA = r"""
+import numpy as np
+from tinylearn.sparse import numba_kernels as nk
+f32 = np.float32
+cases = [
+    ("indptr past nnz", nk.csr_spmv, (np.array([0, 1, 9**9], np.int64), np.zeros(1, np.int32), np.ones(1, f32),
+                                      np.ones(3, f32), 2)),
+    ("indptr decreasing", nk.csr_spmm, (np.array([0, 2, 1, 2], np.int64), np.zeros(2, np.int32), np.ones(2, f32),
+                                        np.ones((3, 2), f32), 3)),
+    ("column", nk.csr_spmv, (np.array([0, 1], np.int64), np.array([10**6], np.int32), np.ones(1, f32),
+                             np.ones(3, f32), 1)),
+    ("column", nk.csr_spmm, (np.array([0, 1], np.int64), np.array([-7], np.int32), np.ones(1, f32),
+                             np.ones((3, 2), f32), 1)),
+    ("column", nk.ell_spmv, (np.array([[10**6]], np.int32), np.ones((1, 1), f32), np.ones(3, f32))),
+    ("shapes", nk.ell_spmv, (np.array([[0, 1]], np.int32), np.ones((1, 1), f32), np.ones(3, f32))),
+]
+for what, fn, args in cases:
+    try:
+        fn(*args)
+    except ValueError as e:
+        print("OK", what, "|", e)
+    else:
+        print("ACCEPTED", what)
+"""
+
+
+def test_numba_kernels_validate_raw_arrays():
+    """The numba wrappers check indptr (O(M)) and every column inside the loop: ValueError, not a segfault (run in a
+    subprocess so that a regression fails this test instead of killing pytest)."""
+    p = subprocess.run([sys.executable, "-c", _RAW_NUMBA], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 6 and all(ln.startswith("OK") for ln in lines), p.stdout
+    assert "indptr" in lines[0] and "indptr" in lines[1] and "out of range" in lines[2] and "out of range" in lines[4]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", "cpp"])
+def test_unchecked_csr_matmul_still_refuses_a_bad_indptr(backend):
+    """check=False skips only the construction-time validate; every backend still refuses a corrupt indptr."""
+    code = (
+        "import numpy as np, tinylearn as tl\n"
+        "A = tl.sparse.CSR([0, 5, 2, 1000], [0, 1, 2], np.ones(3, np.float32), (3, 3), check=False)\n"
+        "for x in (np.ones(3, np.float32), np.ones((3, 4), np.float32)):\n"
+        "    try:\n"
+        f"        A.matmul(x, backend={backend!r})\n"
+        "    except ValueError as e:\n"
+        "        print('ValueError', e)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 2 and all(ln.startswith("ValueError") and "indptr" in ln for ln in lines), p.stdout
+    good = CSR.from_dense(sparse_matrix((5, 4), 0.5))  # and a valid unchecked matrix still multiplies
+    unchecked = CSR(good.indptr, good.indices, good.data, good.shape, check=False)
+    x = np.ones((4, 2), np.float32)
+    assert_close(unchecked.matmul(x, backend=backend), good.to_dense() @ x, "float32")

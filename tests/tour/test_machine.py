@@ -5,6 +5,9 @@ kernels and run again under make test-portable's forced CPU paths."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -42,3 +45,33 @@ def test_roofline_measurements_are_plausible():
     assert roofline.attainable_gflops(1.0, 100.0, 10.0) == 10.0
     with pytest.raises(ValueError, match="n"):
         roofline.peak_gflops(n=4)
+
+
+_THREADS_CHILD = """
+import numpy as np
+from tinylearn.backends import load_C
+g = load_C("gemm")
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 45)).astype(np.float32)
+for t in (100000, 10**30, np.int64(3), 0):
+    assert np.allclose(g.matmul(a, b, threads=t), a @ b, rtol=1e-4, atol=1e-4), t
+print(g.fma_peak(iters=1000, threads=100000, repeat=1)["threads"])
+for fn in (lambda t: g.matmul(a, b, threads=t), lambda t: g.fma_peak(iters=1000, threads=t, repeat=1)):
+    for t in (-1, -10**30, 2.0, True, "4", None):
+        try:
+            fn(t)
+        except (TypeError, ValueError) as e:
+            print(type(e).__name__, "|", e)
+"""
+
+
+def test_gemm_threads_argument_is_checked_and_clamped():
+    """threads=100000 used to segfault gemm.matmul: clamped to 1024 in C++; negative is a ValueError and a non-int
+    (bool, float, str, None) a TypeError naming threads. In a subprocess so that a regression fails, not crashes."""
+    p = subprocess.run([sys.executable, "-c", _THREADS_CHILD], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] == "1024"
+    kinds = [ln.split(" |")[0] for ln in lines[1:]]
+    assert kinds == ["ValueError", "ValueError", "TypeError", "TypeError", "TypeError", "TypeError"] * 2, p.stdout
+    assert all("threads" in ln for ln in lines[1:]), p.stdout

@@ -27,6 +27,8 @@ fp32 gradients (the "master weights" of mixed-precision training).
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +86,8 @@ _CATEGORY: dict[str, str] = {
 
 def op_category(fn_class: type | str) -> str | None:
     """'lower', 'fp32' or None (runs in its input dtype) for a Function class or its name."""
+    if not isinstance(fn_class, (str, type)):
+        raise TypeError(f"fn_class: expected a Function class or its name, got {type(fn_class).__name__}")
     name = fn_class if isinstance(fn_class, str) else fn_class.__name__
     return _CATEGORY.get(name)
 
@@ -142,27 +146,32 @@ register_hook(autocast_hook)
 class autocast:  # noqa: N801  (torch's name)
     """Context manager / decorator: ``with tl.autocast(dtype="bfloat16"): loss = model(x) ...``.
 
-    Nested contexts restore the outer dtype on exit; ``enabled=False`` turns autocast off inside."""
+    ``dtype``: 'bfloat16' / 'float16' (or 'bf16', 'fp16', 'half'), the numpy/ml_dtypes dtypes, or torch.bfloat16 /
+    torch.float16. Nested contexts restore the outer dtype on exit; ``enabled=False`` turns autocast off inside.
+    Thread-local like torch's: the context changes only the calling thread's ops."""
 
     def __init__(self, dtype: Any = "bfloat16", enabled: bool = True) -> None:
         self.dtype = low_dtype(dtype)
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
-        self.enabled = enabled
-        self._prev: list[np.dtype | None] = []
+        if not isinstance(enabled, (bool, np.bool_)):
+            raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__} {enabled!r}")
+        self.enabled = bool(enabled)
+        self._prev = threading.local()  # per-thread stack: one autocast object may be entered by several threads
 
     def __enter__(self) -> autocast:
-        self._prev.append(set_dtype(self.dtype if self.enabled else None))
+        stack = self._prev.__dict__.setdefault("stack", [])
+        stack.append(set_dtype(self.dtype if self.enabled else None))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        set_dtype(self._prev.pop())
+        set_dtype(self._prev.stack.pop())
 
     def __call__(self, fn: Callable) -> Callable:
+        if not callable(fn):
+            raise TypeError(f"fn: autocast decorates a callable, got {type(fn).__name__}")
+
+        @functools.wraps(fn)
         def wrapped(*a: Any, **k: Any) -> Any:
             with autocast(self.dtype, self.enabled):
                 return fn(*a, **k)
 
-        wrapped.__name__ = getattr(fn, "__name__", "autocast_fn")
-        wrapped.__doc__ = fn.__doc__
         return wrapped

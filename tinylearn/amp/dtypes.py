@@ -21,27 +21,48 @@ LOW_DTYPES = {"bfloat16": bfloat16, "float16": float16, "half": float16, "bf16":
 
 
 def low_dtype(dtype: Any) -> np.dtype:
-    """np.dtype for 'bfloat16' / 'float16' (or those dtypes / torch dtypes); ValueError for anything else."""
+    """np.dtype for 'bfloat16' / 'float16' (their aliases, numpy/ml_dtypes dtypes or torch dtypes); ValueError for
+    any other dtype, TypeError for something that is no dtype at all."""
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":  # torch.bfloat16 -> 'torch.bfloat16'
+        dtype = str(dtype)
     if isinstance(dtype, str):
         key = dtype.removeprefix("torch.")
         if key in LOW_DTYPES:
             return LOW_DTYPES[key]
-    else:
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            dt = None
-        if dt in (bfloat16, float16):
-            return dt
+        raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
+    if dtype is None or isinstance(dtype, (bool, int, float, complex)):
+        raise TypeError(f"dtype: expected a dtype or a dtype name ('bfloat16' or 'float16'), got {dtype!r}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"dtype: expected a dtype or a dtype name ('bfloat16' or 'float16'), got {type(dtype).__name__} {dtype!r}"
+        ) from None
+    if dt in (bfloat16, float16):
+        return dt
     raise ValueError(f"dtype: expected 'bfloat16' or 'float16', got {dtype!r}")
 
 
 def is_floating(dtype: Any) -> bool:
     """True for numpy floats and the ml_dtypes floats (whose numpy kind is 'V', not 'f')."""
-    dt = np.dtype(dtype)
+    dt = _as_dtype(dtype)
     return dt.kind == "f" or dt == bfloat16
 
 
 def finfo(dtype: Any) -> Any:
     """np.finfo that also knows bfloat16 (ml_dtypes.finfo)."""
-    return ml_dtypes.finfo(np.dtype(dtype))
+    dt = _as_dtype(dtype)
+    if not is_floating(dt):
+        raise ValueError(f"dtype: finfo needs a floating dtype, got {dt}")
+    return ml_dtypes.finfo(dt)
+
+
+def _as_dtype(dtype: Any) -> np.dtype:
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        return low_dtype(dtype) if str(dtype) in ("torch.bfloat16", "torch.float16") else np.dtype(str(dtype)[6:])
+    if isinstance(dtype, str) and dtype in LOW_DTYPES:
+        return LOW_DTYPES[dtype]
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype: expected a dtype, got {type(dtype).__name__} {dtype!r}") from None

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd import Tensor
+from .args import as_int, bool_arg, is_int, positive_real, real_arg
 
 
 class GradScaler:
@@ -37,25 +38,25 @@ class GradScaler:
         enabled: bool = True,
         fallback_after: int | None = None,
     ) -> None:
-        if not init_scale > 0:
-            raise ValueError(f"init_scale: must be > 0, got {init_scale}")
-        if not growth_factor > 1.0:
+        init_scale = positive_real(init_scale, "init_scale")
+        if not real_arg(growth_factor, "growth_factor") > 1.0:
             raise ValueError(f"growth_factor: must be > 1.0, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
+        if not 0.0 < real_arg(backoff_factor, "backoff_factor") < 1.0:
             raise ValueError(f"backoff_factor: must be in (0, 1), got {backoff_factor}")
-        if not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval: must be a positive int, got {growth_interval!r}")
+        growth_interval = as_int(growth_interval, "growth_interval", min=1)
+        enabled = bool_arg(enabled, "enabled")
         self._scale = np.float32(init_scale)
         self.growth_factor = np.float32(growth_factor)
         self.backoff_factor = np.float32(backoff_factor)
-        self.growth_interval = growth_interval
-        self.enabled = enabled
+        self.growth_interval = int(growth_interval)
+        self.enabled = bool(enabled)
         self._growth_tracker = 0
-        self._opt_state: dict[int, dict[str, Any]] = {}  # id(optimizer) -> {"unscaled": bool, "found_inf": bool}
+        # id(optimizer) -> {"stage": "unscaled" | "stepped", "found_inf": bool}; cleared by update()
+        self._opt_state: dict[int, dict[str, Any]] = {}
         self.n_skipped = 0
-        if fallback_after is not None and (not isinstance(fallback_after, int) or fallback_after < 1):
+        if fallback_after is not None and (not is_int(fallback_after) or fallback_after < 1):
             raise ValueError(f"fallback_after: expected a positive int or None, got {fallback_after!r}")
-        self.fallback_after = fallback_after
+        self.fallback_after = None if fallback_after is None else int(fallback_after)
         self.consecutive_skips = 0  # Inf/NaN steps in a row (reset by a clean step)
         self.fell_back = False  # set once consecutive_skips reaches fallback_after; never cleared
 
@@ -82,12 +83,15 @@ class GradScaler:
         """Divide the gradients of ``optimizer``'s parameters by S in place (fp32 math) and record Inf/NaN."""
         if not self.enabled:
             return
-        st = self._opt_state.setdefault(id(optimizer), {"unscaled": False, "found_inf": False})
-        if st["unscaled"]:
+        params = self._params(optimizer)
+        st = self._opt_state.setdefault(id(optimizer), {"stage": "ready", "found_inf": False})
+        if st["stage"] == "unscaled":
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        if st["stage"] == "stepped":
+            raise RuntimeError("unscale_() is being called after step().")
         inv = np.float32(np.float64(1.0) / np.float64(self._scale))  # torch: scale.double().reciprocal().float()
         found = False
-        for p in self._params(optimizer):
+        for p in params:
             if p.grad is None:
                 continue
             g = p.grad.data
@@ -95,16 +99,23 @@ class GradScaler:
                 found = True
             g32 = g.astype(np.float32) * inv
             p.grad.data = g32.astype(g.dtype) if g.dtype != np.float32 else g32
-        st["unscaled"], st["found_inf"] = True, found
+        st["stage"], st["found_inf"] = "unscaled", found
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        """unscale_ (if not done yet), then optimizer.step() unless a gradient was Inf/NaN (skipped step)."""
+        """unscale_ (if not done yet), then optimizer.step() unless a gradient was Inf/NaN (skipped step).
+
+        Once per optimizer between two ``update()`` calls, as in torch (a second call raises RuntimeError)."""
         if not self.enabled:
             return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         st = self._opt_state.get(id(optimizer))
-        if st is None or not st["unscaled"]:
+        if st is not None and st["stage"] == "stepped":
+            raise RuntimeError("step() has already been called since the last update().")
+        if st is None or st["stage"] != "unscaled":
             self.unscale_(optimizer)
             st = self._opt_state[id(optimizer)]
+        st["stage"] = "stepped"
         if st["found_inf"]:
             self.n_skipped += 1
             return None
@@ -115,7 +126,7 @@ class GradScaler:
         if not self.enabled:
             return
         if new_scale is not None:
-            self._scale = np.float32(new_scale)
+            self._scale = np.float32(positive_real(new_scale, "new_scale"))
         else:
             if not self._opt_state:
                 raise RuntimeError("update: no inf checks were recorded (call step(optimizer) first)")
@@ -149,6 +160,13 @@ class GradScaler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"state: expected a dict from state_dict(), got {type(state).__name__}")
+        keys = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
+        missing = sorted(keys - set(state))
+        if missing:
+            raise ValueError(f"state: missing {', '.join(missing)} (expected a dict from GradScaler.state_dict())")
+        positive_real(state["scale"], "state['scale']")
         self._scale = np.float32(state["scale"])
         self.growth_factor = np.float32(state["growth_factor"])
         self.backoff_factor = np.float32(state["backoff_factor"])
@@ -160,6 +178,15 @@ def update_scale(
     scale: Any, tracker: int, found_inf: bool, growth_factor: Any, backoff_factor: Any, growth_interval: int
 ) -> tuple[np.float32, int]:
     """One step of the update rule on a float32 scale: returns (new scale, new growth tracker)."""
+    if not (np.isfinite(real_arg(scale, "scale")) and scale >= 0):  # 0 is reachable: backoffs underflow
+        raise ValueError(f"scale: must be a finite number >= 0, got {scale!r}")
+    tracker = as_int(tracker, "tracker", min=0)
+    found_inf = bool_arg(found_inf, "found_inf")
+    growth_interval = as_int(growth_interval, "growth_interval", min=1)
+    if not positive_real(growth_factor, "growth_factor") > 1.0:
+        raise ValueError(f"growth_factor: must be > 1.0, got {growth_factor}")
+    if not 0.0 < real_arg(backoff_factor, "backoff_factor") < 1.0:
+        raise ValueError(f"backoff_factor: must be in (0, 1), got {backoff_factor}")
     scale = np.float32(scale)
     if found_inf:
         return np.float32(scale * np.float32(backoff_factor)), 0

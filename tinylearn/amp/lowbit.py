@@ -23,6 +23,7 @@ import numpy as np
 
 from .._inputs import as_array
 from ..autograd import Function, Tensor
+from .args import positive_real
 
 FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 FP4_MAX = 6.0
@@ -58,9 +59,11 @@ def fp4_round(x: Any) -> np.ndarray:
 
 def int2_quantize(x: Any, scale: float) -> np.ndarray:
     """int8 array of INT2 codes in [-2, 1]: clamp(round_half_even(x / scale))."""
-    if not scale > 0:
-        raise ValueError(f"scale: must be > 0, got {scale}")
-    return np.clip(np.rint(np.asarray(x, dtype=np.float32) / np.float32(scale)), INT2_MIN, INT2_MAX).astype(np.int8)
+    s = np.float32(positive_real(scale, "scale"))
+    a = np.asarray(as_array(x, "x", dtypes=("f", "i", "u", "b")), dtype=np.float32)
+    if np.isnan(a).any():
+        raise ValueError("x: INT2 has no NaN encoding, got NaN input")
+    return np.clip(np.rint(a / s), INT2_MIN, INT2_MAX).astype(np.int8)
 
 
 class _FakeQuantSTE(Function):
@@ -85,22 +88,29 @@ class _FakeQuantSTE(Function):
 
 def fake_quant_fp4(x: Tensor, scale: float = 1.0) -> Tensor:
     """scale * fp4_round(x / scale), STE gradient (zero outside +-6*scale)."""
-    if not scale > 0:
-        raise ValueError(f"scale: must be > 0, got {scale}")
-    return _FakeQuantSTE.apply(x, "fp4", float(scale))
+    return _FakeQuantSTE.apply(_tensor(x), "fp4", positive_real(scale, "scale"))
 
 
 def fake_quant_int2(x: Tensor, scale: float) -> Tensor:
     """scale * clamp(round(x / scale), -2, 1), STE gradient (zero where clamped)."""
-    if not scale > 0:
-        raise ValueError(f"scale: must be > 0, got {scale}")
-    return _FakeQuantSTE.apply(x, "int2", float(scale))
+    return _FakeQuantSTE.apply(_tensor(x), "int2", positive_real(scale, "scale"))
+
+
+def _tensor(x: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x: expected a tinylearn Tensor, got {type(x).__name__}")
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        raise TypeError(f"x: expected a floating Tensor, got dtype {x.dtype}")
+    return x
 
 
 def absmax_scale(x: Any, fmt: str) -> float:
     """Per-tensor scale mapping max|x| onto the largest magnitude of ``fmt`` ('fp4' -> 6, 'int2' -> 2)."""
-    top = {"fp4": FP4_MAX, "int2": 2.0}.get(fmt)
+    top = {"fp4": FP4_MAX, "int2": 2.0}.get(fmt) if isinstance(fmt, str) else None
     if top is None:
         raise ValueError(f"fmt: expected 'fp4' or 'int2', got {fmt!r}")
-    m = float(np.abs(np.asarray(x, dtype=np.float32)).max(initial=0.0))
+    a = np.asarray(as_array(x, "x", dtypes=("f", "i", "u", "b")), dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ValueError(f"x: absmax_scale needs finite values, got {'NaN' if np.isnan(a).any() else 'Inf'} input")
+    m = float(np.abs(a).max(initial=0.0))
     return m / top if m > 0 else 1.0

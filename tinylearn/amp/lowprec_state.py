@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .args import bool_arg, is_int, positive_real, real_arg
 from .bf16 import round_to_bf16
 
 __all__ = ["STATE_FORMATS", "ShardedLowPrecisionAdam", "quantize_state"]
@@ -31,11 +32,13 @@ STATE_FORMATS = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # bytes per stored
 
 def quantize_state(x: np.ndarray, fmt: str) -> np.ndarray:
     """``x`` rounded to ``fmt`` and returned as fp32 (int8: symmetric, one absmax scale for the whole array)."""
-    if fmt not in STATE_FORMATS:
+    if not isinstance(fmt, str) or fmt not in STATE_FORMATS:
         raise ValueError(f"fmt: expected one of {sorted(STATE_FORMATS)}, got {fmt!r}")
     if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
         raise ValueError(f"x: expected a floating numpy array, got {type(x).__name__}")
     x = x.astype(np.float32)
+    if fmt == "int8" and not np.isfinite(x).all():  # one NaN/Inf absmax would make the shared scale NaN/Inf
+        raise ValueError("x: int8 state quantisation needs finite values, got NaN or Inf")
     if fmt == "fp32":
         return x.copy()
     if fmt == "bf16":
@@ -66,15 +69,17 @@ class ShardedLowPrecisionAdam:
         error_feedback: bool = True,
         world_size: int = 1,
     ) -> None:
-        if not isinstance(numel, int) or numel < 1:
+        if not is_int(numel) or numel < 1:
             raise ValueError(f"numel: must be a positive int, got {numel!r}")
-        if not lr > 0:
-            raise ValueError(f"lr: must be > 0, got {lr}")
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        lr, eps = positive_real(lr, "lr"), positive_real(eps, "eps")
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"betas: expected a pair of floats, got {betas!r}")
+        if not all(0.0 <= real_arg(b, "betas") < 1.0 for b in betas):
             raise ValueError(f"betas: expected two values in [0, 1), got {betas}")
-        if state_format not in STATE_FORMATS:
+        error_feedback = bool_arg(error_feedback, "error_feedback")
+        if not isinstance(state_format, str) or state_format not in STATE_FORMATS:
             raise ValueError(f"state_format: expected one of {sorted(STATE_FORMATS)}, got {state_format!r}")
-        if not isinstance(world_size, int) or not 1 <= world_size <= numel:
+        if not is_int(world_size) or not 1 <= world_size <= numel:
             raise ValueError(f"world_size: must be an int in [1, numel={numel}], got {world_size!r}")
         self.numel, self.lr, self.betas, self.eps = numel, lr, betas, eps
         self.state_format, self.error_feedback, self.world_size = state_format, error_feedback, world_size

@@ -28,8 +28,12 @@ def lowrank_factors(x: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
     """(US [N, r], Vt [r, in]) of the smallest-rank truncated SVD of the 2-D ``x`` with relative error <= ``tol``."""
     if not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype.kind != "f":
         raise ValueError(f"x: expected a 2-D floating numpy array, got {getattr(x, 'shape', type(x).__name__)}")
+    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)):
+        raise TypeError(f"tol: expected a float in [0, 1), got {type(tol).__name__} {tol!r}")
     if not 0.0 <= tol < 1.0:
         raise ValueError(f"tol: must be in [0, 1), got {tol}")
+    if not np.isfinite(x).all():
+        raise ValueError("x: low-rank factorisation needs finite values, got NaN or Inf")
     u, s, vt = np.linalg.svd(x.astype(np.float64), full_matrices=False)
     total = float(np.sum(s**2))
     if total == 0.0:

@@ -20,6 +20,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._inputs import as_array
+from .args import as_int, is_int
 from .lowbit import fp4_round
 
 MX_FORMATS = {  # name -> (emax_elem, max magnitude, bits)
@@ -27,6 +29,22 @@ MX_FORMATS = {  # name -> (emax_elem, max magnitude, bits)
     "fp8_e4m3": (8, 448.0, 8),
     "int8": (0, 127 / 64, 8),
 }
+
+
+_MAX_PADDED = 1 << 26  # elements: zero-padding beyond this (and beyond 2x the data) is a mistaken block_size
+
+
+def _check_fmt(fmt: Any) -> None:
+    if not isinstance(fmt, str) or fmt not in MX_FORMATS:
+        raise ValueError(f"fmt: expected one of {sorted(MX_FORMATS)}, got {fmt!r}")
+
+
+def _axis(axis: Any, ndim: int) -> int:
+    """``axis`` normalised into [0, ndim) (IndexError naming it when out of range, like torch's dim errors)."""
+    axis = as_int(axis, "axis")
+    if not -ndim <= axis < ndim:
+        raise IndexError(f"axis: expected an axis in [{-ndim}, {ndim}) for {ndim}-D x, got {axis}")
+    return axis % ndim
 
 
 def _elem_round(v: np.ndarray, fmt: str) -> np.ndarray:
@@ -52,13 +70,22 @@ def mx_quantize(x: Any, fmt: str = "fp4_e2m1", block_size: int = 32, axis: int =
     """(shared exponents int16 [..., n_blocks], element values float32 [..., n_blocks, block_size]).
 
     The blocked axis is moved last and zero-padded to a multiple of ``block_size``."""
-    if fmt not in MX_FORMATS:
-        raise ValueError(f"fmt: expected one of {sorted(MX_FORMATS)}, got {fmt!r}")
-    if not isinstance(block_size, int) or block_size < 1:
+    _check_fmt(fmt)
+    if not is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
-    a = np.asarray(x, dtype=np.float32)
+    block_size = int(block_size)
+    a = np.asarray(as_array(x, "x", dtypes=("f", "i", "u")), dtype=np.float32)
     if a.ndim == 0:
         raise ValueError("x: expected at least 1 dimension, got a scalar")
+    axis = _axis(axis, a.ndim)
+    if a.shape[axis] == 0:
+        raise ValueError(f"x: the blocked axis {axis} is empty (shape {a.shape})")
+    padded = -(-a.shape[axis] // block_size) * block_size * (a.size // a.shape[axis])
+    if padded > max(2 * a.size, _MAX_PADDED):  # a block far longer than the axis: padding, not data, fills memory
+        raise ValueError(
+            f"block_size: {block_size} would zero-pad the {a.shape[axis]} elements of axis {axis} to {padded} "
+            f"elements; use a block_size up to the axis length (the MX spec uses 32)"
+        )
     if not np.isfinite(a).all():
         raise ValueError("x: MX quantization needs finite inputs (got Inf/NaN)")
     b, _ = _blocks(a, block_size, axis)
@@ -73,20 +100,34 @@ def mx_quantize(x: Any, fmt: str = "fp4_e2m1", block_size: int = 32, axis: int =
 
 def mx_dequantize(shared_exp: np.ndarray, elems: np.ndarray, n: int | None = None, axis: int = -1) -> np.ndarray:
     """float32 X * P, blocks flattened back, cut to ``n`` elements and moved back to ``axis``."""
+    shared_exp = as_array(shared_exp, "shared_exp", dtypes=("i", "u"))
+    elems = np.asarray(as_array(elems, "elems", dtypes=("f",)), dtype=np.float32)
+    if elems.ndim < 2 or elems.shape[:-1] != shared_exp.shape:
+        raise ValueError(
+            f"shared_exp, elems: expected exponents [..., n_blocks] and elements [..., n_blocks, block_size] "
+            f"(what mx_quantize returns), got {shared_exp.shape}, {elems.shape}"
+        )
+    if n is not None and not 0 <= as_int(n, "n") <= elems.shape[-2] * elems.shape[-1]:
+        raise ValueError(f"n: must be in [0, {elems.shape[-2] * elems.shape[-1]}] (the padded length), got {n}")
     v = elems * np.ldexp(np.float32(1), np.asarray(shared_exp, dtype=np.int32))[..., None]
     v = v.reshape(*v.shape[:-2], -1).astype(np.float32)
     if n is not None:
         v = v[..., :n]
-    return np.moveaxis(v, -1, axis)
+    return np.moveaxis(v, -1, _axis(axis, v.ndim))
 
 
 def mx_round(x: Any, fmt: str = "fp4_e2m1", block_size: int = 32, axis: int = -1) -> np.ndarray:
     """x after an MX quantize/dequantize round trip (same shape)."""
-    a = np.asarray(x, dtype=np.float32)
+    a = np.asarray(as_array(x, "x", dtypes=("f", "i", "u")), dtype=np.float32)
+    if a.ndim == 0:
+        raise ValueError("x: expected at least 1 dimension, got a scalar")
     e, p = mx_quantize(a, fmt, block_size, axis)
     return mx_dequantize(e, p, a.shape[axis], axis)
 
 
 def mx_bits_per_element(fmt: str, block_size: int = 32) -> float:
     """Element bits + the 8-bit shared scale amortised over the block."""
+    _check_fmt(fmt)
+    if not is_int(block_size) or block_size < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
     return MX_FORMATS[fmt][2] + 8 / block_size

@@ -27,6 +27,23 @@ from typing import Any
 
 import numpy as np
 
+from .args import as_int, bool_arg, positive_real, real_arg
+
+_STAT_KEYS = ("grad_snr", "act_absmax", "grad_absmax", "grad_small", "int8_err")  # what allowed_formats reads
+
+
+def _check_layer_stats(s: Any, keys: Sequence[str] = _STAT_KEYS) -> None:
+    """A ``layer_stats`` entry: a dict with the numeric ``keys``, none of them NaN."""
+    if not isinstance(s, dict):
+        raise TypeError(f"s: expected a layer_stats dict, got {type(s).__name__}")
+    missing = [k for k in keys if k not in s]
+    if missing:
+        raise ValueError(f"s: a layer_stats dict needs {list(keys)}, missing {missing}")
+    for k in keys:
+        if k != "name" and np.isnan(real_arg(s[k], f"s[{k!r}]")):
+            raise ValueError(f"s[{k!r}]: NaN statistic (the measurement failed); re-run layer_stats")
+
+
 FORMATS = ("fp32", "bf16", "fp16", "int8")
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 4}  # int8 weights are dequantized: fp32 compute
@@ -46,8 +63,12 @@ def layer_stats(
     |grad|), grad_snr (|mean| / std of the weight gradient across batches, averaged over elements), int8_err."""
     from .sensitivity import quantize_symmetric
 
-    if batches < 2:
+    if as_int(batches, "batches") < 2:
         raise ValueError(f"batches: expected >= 2 (the gradient spread needs two), got {batches}")
+    if not 0.0 <= real_arg(underflow_quantile, "underflow_quantile") < 1.0:  # also rejects NaN
+        raise ValueError(f"underflow_quantile: must be in [0, 1), got {underflow_quantile!r}")
+    if not callable(run):
+        raise TypeError(f"run: expected a callable (one forward + backward), got {type(run).__name__}")
     grads: dict[str, list[np.ndarray]] = {n: [] for n, _ in layers}
     amax: dict[str, float] = {n: 0.0 for n, _ in layers}
     elems: dict[str, int] = {}
@@ -92,8 +113,13 @@ def allowed_formats(
     fp32_pinned: bool = False,
 ) -> list[str]:
     """The formats layer ``s`` may use (see the module docstring), fp32 always."""
+    _check_layer_stats(s)
+    for name, v in (("loss_scale", loss_scale), ("margin", margin), ("sensitivity", sensitivity)):
+        positive_real(v, name)
+    if not (np.isfinite(real_arg(int8_tol, "int8_tol")) and int8_tol >= 0):
+        raise ValueError(f"int8_tol: must be a finite number >= 0, got {int8_tol!r}")
     ok = ["fp32"]
-    if fp32_pinned:
+    if bool_arg(fp32_pinned, "fp32_pinned"):
         return ok
     if s["grad_snr"] < 2.0**8:
         ok.append("bf16")
@@ -122,6 +148,10 @@ def plan_precision(
     st = list(stats)
     if not st:
         raise ValueError("stats: expected at least one layer")
+    for s in st:
+        _check_layer_stats(s, ("name", "n_params", "act_elems", *_STAT_KEYS))
+    if mem_budget is not None and not (real_arg(mem_budget, "mem_budget") >= 0):  # also rejects NaN
+        raise ValueError(f"mem_budget: must be None or a number >= 0, got {mem_budget!r}")
     sp = {f: 1.0 for f in FORMATS} | dict(speed or {})
     if any(f not in FORMATS or not v > 0 for f, v in sp.items()):
         raise ValueError(f"speed: expected positive ratios for formats {FORMATS}, got {speed!r}")

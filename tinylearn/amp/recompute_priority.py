@@ -17,11 +17,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._inputs import as_array
+from .args import real_arg
+
 __all__ = ["recompute_priority", "select_by_priority"]
 
 
 def _vec(name: str, v: Sequence[float], n: int | None = None) -> np.ndarray:
-    a = np.asarray(v, dtype=np.float64)
+    a = np.asarray(as_array(v, name, dtypes=("f", "i", "u")), dtype=np.float64)
     if a.ndim != 1 or (n is not None and a.shape[0] != n):
         raise ValueError(
             f"{name}: expected a 1-D sequence of length {n if n is not None else 'n'}, got shape {a.shape}"
@@ -54,10 +57,12 @@ def select_by_priority(mem: Sequence[float], priority: Sequence[float], budget: 
     Returns {"recompute": sorted indices, "kept": bytes kept}.
     """
     m = _vec("mem", mem)
-    p = np.asarray(priority, dtype=np.float64)
+    p = np.asarray(as_array(priority, "priority", dtypes=("f", "i", "u")), dtype=np.float64)
     if p.shape != m.shape:
         raise ValueError(f"priority: expected shape {m.shape}, got {p.shape}")
-    if not (np.isfinite(budget) and budget >= 0):
+    if np.isnan(p).any():
+        raise ValueError("priority: NaN priorities cannot be ranked")
+    if not (np.isfinite(real_arg(budget, "budget")) and budget >= 0):
         raise ValueError(f"budget: must be finite and >= 0, got {budget}")
     kept, chosen = float(m.sum()), []
     for i in np.argsort(-p, kind="stable"):

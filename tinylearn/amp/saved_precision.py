@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_array
 from ..autograd import Function, Tensor
 from .bf16 import round_to_bf16
 
@@ -33,9 +34,11 @@ FORMAT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 
 def quantize_saved(x: np.ndarray, fmt: str) -> tuple[np.ndarray, int]:
     """(x as backward will see it after storing it in ``fmt``, bytes per element). int8: symmetric, one absmax scale."""
-    if fmt not in FORMAT_BYTES:
+    if not isinstance(fmt, str) or fmt not in FORMAT_BYTES:
         raise ValueError(f"fmt: expected one of {sorted(FORMAT_BYTES)}, got {fmt!r}")
-    x = np.asarray(x, np.float32)
+    x = np.asarray(as_array(x, "x", dtypes=("f", "i", "u")), np.float32)
+    if fmt == "int8" and not np.isfinite(x).all():  # a NaN/Inf absmax would make the one shared scale NaN/Inf
+        raise ValueError("x: int8 storage needs finite values, got NaN or Inf")
     if fmt == "fp32":
         q = x.copy()
     elif fmt == "bf16":

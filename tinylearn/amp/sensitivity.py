@@ -20,6 +20,7 @@ import numpy as np
 
 from .._inputs import as_array
 from ..autograd import Tensor
+from .args import as_int, is_int, real_arg
 
 
 def _grads(loss_fn: Callable[[], Tensor], params: Sequence[Tensor]) -> list[np.ndarray]:
@@ -40,12 +41,14 @@ def hutchinson_trace(
     """Per-parameter estimates of Tr(H_ll) (float64 array, one entry per tensor in ``params``).
 
     ``loss_fn()`` must rebuild the loss from the current parameter values each call."""
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn: expected a callable returning the loss, got {type(loss_fn).__name__}")
     params = list(params)
     if not params:
         raise ValueError("params: expected at least one parameter tensor")
-    if not isinstance(n_samples, int) or n_samples < 1:
+    if not is_int(n_samples) or n_samples < 1:
         raise ValueError(f"n_samples: expected a positive int, got {n_samples!r}")
-    if not eps > 0:
+    if not (real_arg(eps, "eps") > 0 and np.isfinite(eps)):
         raise ValueError(f"eps: must be > 0, got {eps}")
     rng = np.random.default_rng(seed)
     saved = [p.data.copy() for p in params]
@@ -71,9 +74,11 @@ def hutchinson_trace(
 def quantize_symmetric(w: Any, bits: int) -> np.ndarray:
     """Per-tensor symmetric uniform fake-quant to ``bits`` (codes in [-2^(b-1), 2^(b-1)-1]), scale chosen by MSE
     over a grid of clipping ratios (what an MSE observer does)."""
-    if not isinstance(bits, int | np.integer) or not 2 <= bits <= 16:
+    if not is_int(bits) or not 2 <= bits <= 16:
         raise ValueError(f"bits: expected an int in [2, 16], got {bits!r}")
-    w = np.asarray(w, dtype=np.float64)
+    w = np.asarray(as_array(w, "w", dtypes=("f", "i", "u")), dtype=np.float64)
+    if not np.isfinite(w).all():  # a NaN amax would make every clipping error NaN and return w unquantized
+        raise ValueError("w: quantize_symmetric needs finite values, got NaN or Inf")
     amax = float(np.abs(w).max(initial=0.0))
     if amax == 0:
         return w.copy()
@@ -103,7 +108,13 @@ def allocate_bits(
     if not np.isfinite(tr).all():
         bad = [i for i, t in enumerate(tr) if not np.isfinite(t)]
         raise ValueError(f"traces: Hessian traces must be finite, got {tr[bad[0]]} at layer {bad[0]} (layers {bad})")
-    cands = sorted(int(b) for b in candidates)
+    if isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__"):
+        raise TypeError(f"candidates: expected a sequence of bit widths, got {type(candidates).__name__}")
+    cands = sorted(as_int(b, "candidates", min=1) for b in candidates)
+    if not cands:
+        raise ValueError("candidates: expected at least one bit width")
+    if not np.isfinite(real_arg(avg_bits, "avg_bits")):
+        raise ValueError(f"avg_bits: must be finite, got {avg_bits!r}")
     if avg_bits < cands[0]:
         raise ValueError(f"avg_bits: budget {avg_bits} is below the smallest candidate {cands[0]}")
     n = np.array([np.asarray(w).size for w in weights], dtype=np.float64)

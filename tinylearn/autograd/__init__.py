@@ -6,9 +6,10 @@ vector-Jacobian product (``Function.backward``) and the engine applies them in r
 """
 
 from . import dual
-from .checkpoint import checkpoint, checkpoint_sequential, recompute_count, reset_recompute_count
+from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential, recompute_count, reset_recompute_count
 from .dual import Dual, jvp
 from .engine import topo_sort
+from .errors import DimError, ShapeError
 from .factory import (
     arange,
     cat,
@@ -32,6 +33,9 @@ from .tensor import Tensor
 
 __all__ = [
     "Tensor",
+    "CheckpointError",
+    "ShapeError",
+    "DimError",
     "checkpoint",
     "checkpoint_sequential",
     "recompute_count",

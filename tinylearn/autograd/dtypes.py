@@ -51,3 +51,40 @@ def as_array(data: Any, dtype: Any = None) -> np.ndarray:
     if arr.dtype == np.float64:  # python floats / lists of floats -> float32 (torch's default dtype)
         arr = arr.astype(np.float32)
     return arr
+
+
+def _category(dt: np.dtype) -> int:
+    """torch's promotion categories: bool < integer < floating < complex."""
+    k = dt.kind
+    return 0 if k == "b" else 1 if k in "iu" else 3 if k == "c" else 2
+
+
+def promote_pair(a: Any, b: Any, true_div: bool = False) -> tuple[Any, Any]:
+    """torch's type promotion where numpy's differs, for two operands that are arrays or python scalars:
+    an integer/bool tensor meeting a python float or a float tensor becomes that float dtype (float32 for python
+    floats), not float64; true division of integers gives float32; a 0-d tensor does not widen a tensor with dims
+    of its own category (float32 tensor * 0-d float64 tensor -> float32, as torch). Floats of different widths
+    (both with dims) keep numpy's rule."""
+    if (
+        isinstance(a, np.ndarray)
+        and isinstance(b, np.ndarray)
+        and a.dtype != b.dtype
+        and (a.ndim == 0) != (b.ndim == 0)
+    ):
+        zero, full = (a, b) if a.ndim == 0 else (b, a)
+        if _category(zero.dtype) == _category(full.dtype):
+            zero = zero.astype(full.dtype)
+            a, b = (zero, full) if a.ndim == 0 else (full, zero)
+
+    def fix(x: Any, other: Any) -> Any:
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in "biu":
+            return x
+        if isinstance(other, np.ndarray) and other.dtype.kind == "f":
+            return x.astype(other.dtype)
+        if isinstance(other, float) or (
+            true_div and (isinstance(other, int) or (isinstance(other, np.ndarray) and other.dtype.kind in "biu"))
+        ):
+            return x.astype(np.float32)
+        return x
+
+    return fix(a, b), fix(b, a)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ShapeError
+
 
 class Dual:
     """A value and its tangent (numpy arrays or floats of the same shape)."""
@@ -118,7 +120,7 @@ def jvp(fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any])
         raise ValueError(f"tangents: got {len(tangents)} tangents for {len(primals)} primals")
     for i, (p, t) in enumerate(zip(primals, tangents)):
         if np.shape(p) != np.shape(t):
-            raise ValueError(f"tangents: tangent {i} has shape {np.shape(t)}, primal has shape {np.shape(p)}")
+            raise ShapeError(f"tangents: tangent {i} has shape {np.shape(t)}, primal has shape {np.shape(p)}")
     out = fn(*[Dual(p, t) for p, t in zip(primals, tangents)])
     out = _d(out)
     val = out.val.item() if out.val.ndim == 0 else out.val

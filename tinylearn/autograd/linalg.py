@@ -65,13 +65,13 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, w, b=None):
         if w.ndim != 2:
-            raise ValueError(f"linear: weight must be 2-D [out, in], got shape {w.shape}")
+            raise ShapeError(f"linear: weight must be 2-D [out, in], got shape {w.shape}")
         if x.ndim == 0 or x.shape[-1] != w.shape[1]:
-            raise ValueError(
+            raise ShapeError(
                 f"linear: input shape {x.shape} does not match weight shape {w.shape} (expected [..., {w.shape[1]}])"
             )
         if b is not None and b.shape != (w.shape[0],):
-            raise ValueError(f"linear: bias shape {b.shape} does not match weight shape {w.shape}")
+            raise ShapeError(f"linear: bias shape {b.shape} does not match weight shape {w.shape}")
         ctx.save_for_backward(x, w)
         ctx.has_b = b is not None
         if x.ndim == 2 and x.shape[0] <= w.shape[0]:

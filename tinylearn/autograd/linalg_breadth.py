@@ -7,41 +7,64 @@ vector_norm  y = (sum |x|^p)^(1/p)  built from differentiable ops (abs, pow, sum
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import numpy as np
 
+from .errors import ShapeError
 from .function import Function
 from .tensor import Tensor
 
 
-def _parse(eq: str, ops: tuple) -> tuple[list[str], str]:
+def _parse(eq: str, ops: tuple) -> tuple[list[str], str, list[tuple[int, ...]]]:
+    """Operand and output subscripts with any ``...`` spelled out as fresh capital letters (right-aligned across
+    operands, broadcast like torch), plus the shape each operand must be expanded to for those broadcast dims."""
     eq = eq.replace(" ", "")
-    if "..." in eq:
-        raise ValueError(f"einsum: ellipsis is not supported, got {eq!r}")
-    lhs, _, rhs = eq.partition("->")
+    lhs, arrow, rhs = eq.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(ops):
-        raise ValueError(f"einsum: equation {eq!r} has {len(ins)} operands but {len(ops)} were given")
+        raise ShapeError(f"einsum: equation {eq!r} has {len(ins)} operands but {len(ops)} were given")
+    n_ell = []
     for s, o in zip(ins, ops):
-        if len(s) != np.ndim(o):
-            raise ValueError(f"einsum: subscripts {s!r} do not match operand shape {np.shape(o)}")
-    if "->" not in eq:
-        counts = {c: lhs.count(c) for c in set(lhs.replace(",", ""))}
-        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
-    return ins, rhs
+        named = len(s.replace("...", ""))
+        if s.count("...") > 1 or ("..." not in s and named != np.ndim(o)) or named > np.ndim(o):
+            raise ShapeError(f"einsum: subscripts {s!r} do not match operand shape {np.shape(o)}")
+        n_ell.append(np.ndim(o) - named if "..." in s else 0)
+    fresh = [c for c in string.ascii_uppercase + string.ascii_lowercase if c not in eq][: max(n_ell, default=0)]
+    sizes: dict[str, int] = {}
+    for k, (s, o) in enumerate(zip(ins, ops)):
+        if "..." not in s:
+            continue
+        letters = "".join(fresh[len(fresh) - n_ell[k] :])
+        at = s.index("...")
+        for c, n in zip(letters, np.shape(o)[at : at + n_ell[k]]):
+            if sizes.get(c, 1) not in (1, n) and n != 1:
+                raise ShapeError(
+                    f"einsum: broadcast dims of '...' do not match across operands {[np.shape(o) for o in ops]}"
+                )
+            sizes[c] = max(sizes.get(c, 1), n)
+        ins[k] = s.replace("...", letters)
+    ell = "".join(fresh)
+    if arrow:
+        rhs = rhs.replace("...", ell)
+    else:
+        counts = {c: lhs.count(c) for c in set(lhs.replace(",", "").replace(".", ""))}
+        rhs = ell + "".join(sorted(c for c, n in counts.items() if n == 1))
+    shapes = [tuple(sizes.get(c, n) for c, n in zip(s, np.shape(o))) for s, o in zip(ins, ops)]
+    return ins, rhs, shapes
 
 
 class Einsum(Function):
     @staticmethod
     def forward(ctx, eq, *ops):
-        ins, out = _parse(eq, ops)
+        ins, out, _ = _parse(eq, ops)
         ctx.ins, ctx.out = ins, out
         ctx.save_for_backward(*ops)
         try:
             return np.asarray(np.einsum(f"{','.join(ins)}->{out}", *ops, optimize=len(ops) > 1))
         except ValueError as e:
-            raise ValueError(f"einsum: {e} (equation {eq!r}, shapes {[np.shape(o) for o in ops]})") from None
+            raise ShapeError(f"einsum: {e} (equation {eq!r}, shapes {[np.shape(o) for o in ops]})") from None
 
     @staticmethod
     def backward(ctx, g):
@@ -69,10 +92,16 @@ class Einsum(Function):
 
 
 def einsum(equation: str, *operands: Any) -> Tensor:
-    """torch.einsum (no ellipsis); operands may also be passed as one list."""
+    """torch.einsum; ``...`` broadcasts like torch; operands may also be passed as one list."""
     if len(operands) == 1 and isinstance(operands[0], list | tuple):
         operands = tuple(operands[0])
     ops = [o if isinstance(o, Tensor) else Tensor(o) for o in operands]
+    if not isinstance(equation, str):
+        raise TypeError(f"equation: expected a str, got {type(equation).__name__} {equation!r}")
+    if "..." in equation:  # spell the ellipsis out; size-1 broadcast dims are expanded (differentiably) first
+        ins, out, shapes = _parse(equation, tuple(o.data for o in ops))
+        ops = [o if o.shape == shp else o.expand(*shp) for o, shp in zip(ops, shapes)]
+        equation = f"{','.join(ins)}->{out}"
     return Einsum.apply(equation, *ops)
 
 
@@ -93,11 +122,11 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False)
 
 
 def _amax(a: Tensor, dim: Any, keepdim: bool, sign: float) -> Tensor:
-    from .ops_reduce import Max
+    from .ops_reduce import Max, norm_axes
 
     if dim is None or isinstance(dim, int):
         return Max.apply(a, dim=dim, keepdim=keepdim, sign=sign)
     out = a
-    for d in sorted((d % a.ndim for d in dim), reverse=True):
+    for d in sorted(norm_axes(dim, a.ndim), reverse=True):
         out = Max.apply(out, dim=d, keepdim=keepdim, sign=sign)
     return out

@@ -18,6 +18,7 @@ from . import ops_elementwise as _ew
 from . import ops_reduce as _rd
 from . import ops_shape as _sh
 from . import tensor as _tensor  # circular (Tensor subclasses this mixin): read as _tensor.Tensor at call time
+from .errors import ShapeError, broadcasting
 from .methods_breadth import BreadthMethods, split_int_index
 
 if TYPE_CHECKING:
@@ -74,22 +75,28 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
 
     # comparisons: plain (non-differentiable) bool tensors
     def __lt__(self, o: Any) -> Tensor:
-        return self._make(self.data < _val(o), False, None, 0)
+        with broadcasting("lt", self.data, _val(o)):
+            return self._make(self.data < _val(o), False, None, 0)
 
     def __le__(self, o: Any) -> Tensor:
-        return self._make(self.data <= _val(o), False, None, 0)
+        with broadcasting("le", self.data, _val(o)):
+            return self._make(self.data <= _val(o), False, None, 0)
 
     def __gt__(self, o: Any) -> Tensor:
-        return self._make(self.data > _val(o), False, None, 0)
+        with broadcasting("gt", self.data, _val(o)):
+            return self._make(self.data > _val(o), False, None, 0)
 
     def __ge__(self, o: Any) -> Tensor:
-        return self._make(self.data >= _val(o), False, None, 0)
+        with broadcasting("ge", self.data, _val(o)):
+            return self._make(self.data >= _val(o), False, None, 0)
 
     def __eq__(self, o: Any) -> Tensor:
-        return self._make(self.data == _val(o), False, None, 0)
+        with broadcasting("eq", self.data, _val(o)):
+            return self._make(self.data == _val(o), False, None, 0)
 
     def __ne__(self, o: Any) -> Tensor:
-        return self._make(self.data != _val(o), False, None, 0)
+        with broadcasting("ne", self.data, _val(o)):
+            return self._make(self.data != _val(o), False, None, 0)
 
     # elementwise
     def neg(self) -> Tensor:
@@ -183,12 +190,10 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return self.var(dim, keepdim, correction).sqrt()
 
     def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
-        out = np.argmax(self.data, axis=dim, keepdims=keepdim) if dim is not None else np.argmax(self.data)
-        return self._make(np.asarray(out, dtype=np.int64), False, None, 0)
+        return _arg_max_min(self, dim, keepdim, np.argmax)
 
     def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
-        out = np.argmin(self.data, axis=dim, keepdims=keepdim) if dim is not None else np.argmin(self.data)
-        return self._make(np.asarray(out, dtype=np.int64), False, None, 0)
+        return _arg_max_min(self, dim, keepdim, np.argmin)
 
     # shape
     def reshape(self, *shape: Any) -> Tensor:
@@ -248,7 +253,7 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         sizes = _shape_arg(sizes, "sizes")
         shp = self.shape
         if len(sizes) < len(shp):
-            raise ValueError(f"expand: sizes {sizes} have fewer dims than the tensor's shape {shp}")
+            raise ShapeError(f"expand: sizes {sizes} have fewer dims than the tensor's shape {shp}")
         lead = len(sizes) - len(shp)
         target = tuple(shp[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(sizes))
         return _sh.Expand.apply(self, target)
@@ -315,7 +320,14 @@ def _max_min(x: Any, dim: Any, keepdim: bool, sign: float) -> Any:
     return _rd.ValuesIndicesResult(*_rd.MaxDim.apply(x, dim=_dim_arg(dim), keepdim=keepdim, sign=sign))
 
 
+def _arg_max_min(x: Any, dim: Any, keepdim: bool, f: Any) -> Any:
+    if dim is None:
+        return x._make(np.asarray(f(x.data), dtype=np.int64), False, None, 0)
+    d = _norm_dim(dim, x.data.ndim, "dim")
+    data = x.data.reshape(1) if x.data.ndim == 0 else x.data
+    out = np.asarray(f(data, axis=d, keepdims=keepdim and x.data.ndim > 0), dtype=np.int64)
+    return x._make(out.reshape(()) if x.data.ndim == 0 else out, False, None, 0)
+
+
 def _norm_dim(d: int, nd: int, name: str) -> int:
-    if not -max(nd, 1) <= d < max(nd, 1):
-        raise ValueError(f"{name}: dimension {d} out of range for a tensor with {nd} dims")
-    return d % max(nd, 1)
+    return _rd.norm_dim(d, nd, name)

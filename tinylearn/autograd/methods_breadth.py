@@ -17,6 +17,8 @@ from . import ops_reduce as _rd
 from . import ops_scan as _sc
 from . import ops_shape as _sh
 from . import tensor as _tensor  # circular: read as _tensor.Tensor at call time
+from .dtypes import promote_pair
+from .errors import ShapeError, broadcasting
 
 
 def _t(x: Any) -> Any:
@@ -36,9 +38,29 @@ def _plain(arr: Any) -> Any:
     return _tensor.Tensor._make(np.asarray(arr), False, None, 0)
 
 
-def _dim(d: int, nd: int) -> int:
-    (a,) = _rd.norm_axes(d, max(nd, 1))
-    return a
+def _dim(d: int, nd: int, name: str = "dim") -> int:
+    return _rd.norm_dim(d, nd, name)
+
+
+def _logical_reduce(x: Any, dim: Any, keepdim: bool, f: Any) -> Any:
+    """torch.all / torch.any over one dim, a tuple of dims or everything: bool (uint8 stays uint8, as torch)."""
+    ax = _rd.norm_axes(dim, x.ndim)
+    out = f(x.data, axis=ax, keepdims=keepdim) if x.ndim else f(x.data)
+    return _plain(np.asarray(out, np.uint8 if x.data.dtype == np.uint8 else np.bool_))
+
+
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}  # Tensor.scatter(reduce=) -> scatter_reduce's names
+
+
+def _rounded_div(a: Any, b: Any, mode: str) -> Any:
+    """torch.div(a, b, rounding_mode="floor"/"trunc") (not differentiable here) with torch's dtype: an integer
+    tensor stays integer with an int divisor and becomes float32 with a python float."""
+    a, b = promote_pair(a, b)
+    with np.errstate(all="ignore"), broadcasting("div", a, b):
+        if mode == "floor":
+            return _plain(np.floor_divide(a, b))
+        q = np.trunc(np.true_divide(a, b))
+    return _plain(q.astype(np.result_type(a, b)) if np.result_type(a, b).kind in "iu" else q)
 
 
 def _unary(op: str) -> Any:
@@ -107,14 +129,12 @@ class BreadthMethods:
         return _m.Lerp.apply(self, _t(end), _t(weight))
 
     def floor_divide(self, other: Any) -> Any:
-        with np.errstate(all="ignore"):
-            return _plain(np.floor_divide(self.data, _d(other)))
+        return _rounded_div(self.data, _d(other), "floor")
 
     __floordiv__ = floor_divide
 
     def __rfloordiv__(self, other: Any) -> Any:
-        with np.errstate(all="ignore"):
-            return _plain(np.floor_divide(_d(other), self.data))
+        return _rounded_div(_d(other), self.data, "floor")
 
     # method names of the operators (alpha= as torch: a + alpha * b)
     def add(self, other: Any, alpha: float = 1) -> Any:
@@ -136,12 +156,8 @@ class BreadthMethods:
     def div(self, other: Any, rounding_mode: str | None = None) -> Any:
         if rounding_mode is None:
             return self / other
-        if rounding_mode == "floor":
-            return self.floor_divide(other)
-        if rounding_mode == "trunc":
-            with np.errstate(all="ignore"):
-                q = np.trunc(np.true_divide(self.data, _d(other)))
-            return _plain(q.astype(np.result_type(self.data, _d(other))) if self.data.dtype.kind in "iu" else q)
+        if rounding_mode in ("floor", "trunc"):
+            return _rounded_div(self.data, _d(other), rounding_mode)
         raise ValueError(f"rounding_mode: must be None, 'trunc' or 'floor', got {rounding_mode!r}")
 
     divide = true_divide = div
@@ -172,11 +188,19 @@ class BreadthMethods:
     def isfinite(self) -> Any:
         return _plain(np.isfinite(self.data))
 
+    def isposinf(self) -> Any:
+        return _plain(np.isposinf(self.data) if self.data.dtype.kind == "f" else np.zeros(self.shape, bool))
+
+    def isneginf(self) -> Any:
+        return _plain(np.isneginf(self.data) if self.data.dtype.kind == "f" else np.zeros(self.shape, bool))
+
     def isclose(self, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Any:
-        return _plain(np.isclose(self.data, _d(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+        with broadcasting("isclose", self.data, _d(other)):
+            return _plain(np.isclose(self.data, _d(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
 
     def allclose(self, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
-        return bool(np.allclose(self.data, _d(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+        with broadcasting("allclose", self.data, _d(other)):
+            return bool(np.allclose(self.data, _d(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
 
     def equal(self, other: Any) -> bool:
         return self.shape == np.shape(_d(other)) and bool(np.array_equal(self.data, _d(other)))
@@ -185,19 +209,23 @@ class BreadthMethods:
         return _plain(np.logical_not(self.data))
 
     def logical_and(self, other: Any) -> Any:
-        return _plain(np.logical_and(self.data, _d(other)))
+        with broadcasting("logical_and", self.data, _d(other)):
+            return _plain(np.logical_and(self.data, _d(other)))
 
     def logical_or(self, other: Any) -> Any:
-        return _plain(np.logical_or(self.data, _d(other)))
+        with broadcasting("logical_or", self.data, _d(other)):
+            return _plain(np.logical_or(self.data, _d(other)))
 
     def logical_xor(self, other: Any) -> Any:
-        return _plain(np.logical_xor(self.data, _d(other)))
+        with broadcasting("logical_xor", self.data, _d(other)):
+            return _plain(np.logical_xor(self.data, _d(other)))
 
     def _bitwise(self, other: Any, ufunc: np.ufunc, name: str) -> Any:
         o = _d(other)
         if self.data.dtype.kind not in "biu" or np.asarray(o).dtype.kind not in "biu":
             raise TypeError(f"{name}: only integer and bool tensors are supported, got dtype {self.data.dtype}")
-        return _plain(ufunc(self.data, o))
+        with broadcasting(name, self.data, o):
+            return _plain(ufunc(self.data, o))
 
     def bitwise_and(self, other: Any) -> Any:
         return self._bitwise(other, np.bitwise_and, "bitwise_and")
@@ -229,13 +257,11 @@ class BreadthMethods:
         return self.abs()
 
     # -- reductions, scans, sorting ----------------------------------------------------------------------------
-    def all(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        ax = None if dim is None else _dim(dim, self.ndim)
-        return _plain(np.all(self.data, axis=ax, keepdims=keepdim) if self.ndim else bool(self.data))
+    def all(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+        return _logical_reduce(self, dim, keepdim, np.all)
 
-    def any(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        ax = None if dim is None else _dim(dim, self.ndim)
-        return _plain(np.any(self.data, axis=ax, keepdims=keepdim) if self.ndim else bool(self.data))
+    def any(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+        return _logical_reduce(self, dim, keepdim, np.any)
 
     def prod(self, dim: int | None = None, keepdim: bool = False, dtype: Any = None) -> Any:
         x = self if dtype is None else self.to(dtype)
@@ -287,7 +313,7 @@ class BreadthMethods:
         n = self.shape[d]
         start = start + n if start < 0 else start
         if not (0 <= start <= n and 0 <= length and start + length <= n):
-            raise ValueError(f"narrow: start {start} + length {length} exceeds dim {dim} of size {n}")
+            raise ShapeError(f"narrow: start {start} + length {length} exceeds dim {dim} of size {n}")
         return self._slice(d, slice(start, start + length))
 
     def split(self, split_size_or_sections: Any, dim: int = 0) -> tuple:
@@ -301,7 +327,7 @@ class BreadthMethods:
         else:
             sizes = [int(v) for v in split_size_or_sections]
             if sum(sizes) != n:
-                raise ValueError(f"split: sizes {sizes} do not sum to the size {n} of dim {dim}")
+                raise ShapeError(f"split: sizes {sizes} do not sum to the size {n} of dim {dim}")
         out, start = [], 0
         for s in sizes:
             out.append(self._slice(d, slice(start, start + s)))
@@ -320,9 +346,12 @@ class BreadthMethods:
 
     def flip(self, *dims: Any) -> Any:
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], list | tuple) else dims
+        axes = [_dim(d, self.ndim) for d in dims]
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"dims: a dim appears more than once in {dims}")
         idx = [slice(None)] * self.ndim
-        for d in dims:
-            idx[_dim(d, self.ndim)] = slice(None, None, -1)
+        for a in axes if self.ndim else ():  # a 0-d tensor: dim 0 / -1 flip nothing, as torch
+            idx[a] = slice(None, None, -1)
         return _sh.GetItem.apply(self, tuple(idx))
 
     def fliplr(self) -> Any:
@@ -353,7 +382,7 @@ class BreadthMethods:
         if self.ndim == 1:
             return _mv.DiagEmbed.apply(self, offset=diagonal)
         if self.ndim != 2:
-            raise ValueError(f"diag: input must be 1-D or 2-D, got shape {self.shape}")
+            raise ShapeError(f"diag: input must be 1-D or 2-D, got shape {self.shape}")
         return self.diagonal(diagonal)
 
     def repeat_interleave(self, repeats: Any, dim: int | None = None) -> Any:
@@ -408,8 +437,17 @@ class BreadthMethods:
     def gather(self, dim: int, index: Any) -> Any:
         return _ix.Gather.apply(self, dim, _d(index))
 
-    def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None) -> Any:
-        return _ix.Scatter.apply(self, dim, _d(index), _t(value if src is None else src))
+    def scatter(self, dim: int, index: Any, src: Any = None, value: Any = None, *, reduce: str | None = None) -> Any:
+        """torch's Tensor.scatter: src (a tensor or a number) or value= written at index along dim; with
+        ``reduce="add"`` / ``"multiply"`` accumulated into self instead (differentiable here; torch is not)."""
+        if src is None and value is None:
+            raise TypeError("scatter: expected src or value, got neither")
+        v = _t(value if src is None else src)
+        if reduce is None:
+            return _ix.Scatter.apply(self, dim, _d(index), v)
+        if reduce not in _SCATTER_REDUCE:
+            raise ValueError(f"reduce: must be one of {list(_SCATTER_REDUCE)}, got {reduce!r}")
+        return _ix.ScatterReduce.apply(self, dim, _d(index), v, reduce=_SCATTER_REDUCE[reduce], include_self=True)
 
     def scatter_add(self, dim: int, index: Any, src: Any) -> Any:
         return _ix.Scatter.apply(self, dim, _d(index), _t(src), add=True)
@@ -432,7 +470,8 @@ class BreadthMethods:
 
     def masked_select(self, mask: Any) -> Any:
         m = np.asarray(_d(mask), dtype=bool)
-        shape = np.broadcast_shapes(self.shape, m.shape)
+        with broadcasting("masked_select", self.data, m):
+            shape = np.broadcast_shapes(self.shape, m.shape)
         x = self if self.shape == shape else self.expand(*shape)
         return _sh.GetItem.apply(x, np.broadcast_to(m, shape))
 
@@ -442,7 +481,8 @@ class BreadthMethods:
         return _plain(np.argwhere(self.data).astype(np.int64))
 
     def count_nonzero(self, dim: Any = None) -> Any:
-        return _plain(np.count_nonzero(self.data, axis=dim))
+        ax = _rd.norm_axes(dim, self.ndim)
+        return _plain(np.asarray(np.count_nonzero(self.data, axis=ax if self.ndim else None), np.int64))
 
     def new_zeros(self, *size: Any) -> Any:
         size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], list | tuple) else size
@@ -459,20 +499,28 @@ class BreadthMethods:
         return _plain(np.array(_d(data), dtype=self.data.dtype))
 
     def outer(self, other: Any) -> Any:
-        return self.reshape(-1, 1) * _t(other).reshape(1, -1)
+        o = _t(other)
+        if self.ndim != 1 or np.ndim(_d(o)) != 1:
+            raise ShapeError(f"outer: both operands must be 1-D, got shapes {self.shape} and {np.shape(_d(o))}")
+        return self.reshape(-1, 1) * o.reshape(1, -1)
 
     def bmm(self, other: Any) -> Any:
         if self.ndim != 3 or _t(other).ndim != 3:
-            raise ValueError(f"bmm: both operands must be 3-D, got shapes {self.shape} and {np.shape(_d(other))}")
+            raise ShapeError(f"bmm: both operands must be 3-D, got shapes {self.shape} and {np.shape(_d(other))}")
         return self @ other
 
     def mm(self, other: Any) -> Any:
         if self.ndim != 2 or np.ndim(_d(other)) != 2:
-            raise ValueError(f"mm: both operands must be 2-D, got shapes {self.shape} and {np.shape(_d(other))}")
+            raise ShapeError(f"mm: both operands must be 2-D, got shapes {self.shape} and {np.shape(_d(other))}")
         return self @ other
 
     def dot(self, other: Any) -> Any:
-        return (self * other).sum()
+        o = _t(other)
+        if self.ndim != 1 or np.shape(_d(o)) != self.shape:
+            raise ShapeError(
+                f"dot: expected two 1-D tensors of one size, got shapes {self.shape} and {np.shape(_d(o))}"
+            )
+        return (self * o).sum()
 
     def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Any:
         from .linalg_breadth import vector_norm

@@ -20,7 +20,8 @@ import math
 
 import numpy as np
 
-from .errors import ShapeError
+from .dtypes import promote_pair
+from .errors import ShapeError, broadcasting
 from .function import Function, unbroadcast
 from .relu import relu_array, relu_backward_array  # registered ops autograd.relu / autograd.relu_backward
 
@@ -29,23 +30,20 @@ def _bshape(op: str, a, b) -> None:
     raise ShapeError(f"{op}: shapes {np.shape(a)} and {np.shape(b)} cannot be broadcast together")
 
 
-def _promote(a, b, true_div: bool = False):
-    """torch's type promotion where numpy's differs: an integer/bool tensor meeting a python float or a float
-    tensor becomes that float dtype (float32 for python floats), not float64; true division of integers gives
-    float32. Floats of different widths keep numpy's rule."""
+_promote = promote_pair  # torch's type promotion (dtypes.py)
 
-    def fix(x, other):
-        if not isinstance(x, np.ndarray) or x.dtype.kind not in "biu":
-            return x
-        if isinstance(other, np.ndarray) and other.dtype.kind == "f":
-            return x.astype(other.dtype)
-        if isinstance(other, float) or (
-            true_div and (isinstance(other, int) or (isinstance(other, np.ndarray) and other.dtype.kind in "biu"))
-        ):
-            return x.astype(np.float32)
-        return x
 
-    return fix(a, b), fix(b, a)
+def _int_pow(a, b):
+    """Integer a ** b with negative integer exponents in b as torch: 1 ** -k = 1, (-1) ** -k = +-1, else 0 (a
+    python int exponent below 0 is refused, as torch does)."""
+    if not isinstance(b, np.ndarray):
+        raise ValueError(f"exponent: integers to negative integer powers are not allowed, got {b}")
+    neg = b < 0
+    with np.errstate(all="ignore"):
+        pos = np.power(a, np.where(neg, 0, b))
+    one = np.ones_like(pos)
+    small = np.where(np.asarray(a) == 1, one, np.where(np.asarray(a) == -1, np.where(b % 2 == 0, one, -one), 0 * one))
+    return np.where(neg, small, pos).astype(pos.dtype)
 
 
 def _float_in(a):
@@ -128,8 +126,10 @@ class Pow(Function):
         try:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out = np.power(a, b)
-        except ValueError:
-            _bshape("pow", a, b)
+        except ValueError:  # a broadcast error, or numpy refusing integers to negative integer powers
+            with broadcasting("pow", a, b):
+                np.broadcast_shapes(np.shape(a), np.shape(b))
+            out = _int_pow(a, b)
         if type(out) is not np.ndarray:
             out = np.asarray(out, dtype=np.result_type(a, b))
         ctx.save_for_backward(a, b, out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import ShapeError
 from .function import Function
 from .ops_reduce import norm_axes
 
@@ -22,13 +23,13 @@ def positions(x_shape: tuple[int, ...], dim: int, index: np.ndarray, op: str) ->
         raise TypeError(f"{op}: index must be an integer tensor, got dtype {index.dtype}")
     nd = max(len(x_shape), 1)
     if index.ndim != len(x_shape) and not (index.ndim <= 1 and len(x_shape) <= 1):
-        raise ValueError(f"{op}: index has {index.ndim} dims but the input shape {x_shape} has {len(x_shape)}")
+        raise ShapeError(f"{op}: index has {index.ndim} dims but the input shape {x_shape} has {len(x_shape)}")
     (d,) = norm_axes(dim, nd, "dim")
     shp = x_shape or (1,)
     ix = index.reshape(index.shape or (1,))
     for a, (si, sx) in enumerate(zip(ix.shape, shp)):
         if a != d and si > sx:
-            raise ValueError(f"{op}: index shape {index.shape} exceeds input shape {x_shape} in dim {a}")
+            raise ShapeError(f"{op}: index shape {index.shape} exceeds input shape {x_shape} in dim {a}")
     if ix.size and (ix.min() < -shp[d] or ix.max() >= shp[d]):
         raise IndexError(f"{op}: index {int(ix.max())} is out of bounds for dim {d} with size {shp[d]}")
     grid = list(np.indices(ix.shape, sparse=True))
@@ -58,7 +59,7 @@ def _src_at(src, pos, dtype):
         return np.full(shape, src, dtype)
     src = np.asarray(src)
     if src.ndim != len(shape) or any(a > b for a, b in zip(shape, src.shape)):
-        raise ValueError(f"scatter: src shape {src.shape} is smaller than index shape {shape}")
+        raise ShapeError(f"scatter: src shape {src.shape} is smaller than index shape {shape}")
     return src[tuple(slice(0, s) for s in shape)]
 
 
@@ -102,7 +103,7 @@ class ScatterReduce(Function):
 
     VJPs: sum  dx = g (0 where replaced: include_self=False), dsrc = g[P];  mean  the same divided by the count;
     amax/amin  g split evenly among the tied maxima (x and every src landing there), as torch;
-    prod  dx = g y / x, dsrc = g[P] y[P] / src (inputs with zeros give non-finite gradients here).
+    prod  dx = g * (product of the other factors at x's position), dsrc likewise (exact with zero factors).
     """
 
     @staticmethod
@@ -137,8 +138,14 @@ class ScatterReduce(Function):
             if red in ("sum", "mean"):
                 scale = 1.0 / count if red == "mean" else np.ones_like(count)
                 gx, gs = g * scale * self_in, (g * scale)[pos]
-            elif red == "prod":
-                gx, gs = g * out / x * self_in, g[pos] * out[pos] / vals
+            elif red == "prod":  # d/dv = product of the other factors: exact when some factors are 0
+                own = self_in & (x != 0)
+                nzp = np.where(own, x, 1).astype(g.dtype)  # product of the non-zero factors at each position
+                np.multiply.at(nzp, pos, np.where(vals != 0, vals, 1))
+                zc = (self_in & (x == 0)).astype(np.int64)  # number of zero factors at each position
+                np.add.at(zc, pos, (vals == 0).astype(np.int64))
+                gx = g * _others(x, nzp, zc) * self_in
+                gs = g[pos] * _others(vals, nzp[pos], zc[pos])
             else:
                 n = (self_in & (x == out)).astype(g.dtype)
                 np.add.at(n, pos, (vals == out[pos]).astype(g.dtype))
@@ -150,3 +157,10 @@ class ScatterReduce(Function):
             gsrc = np.zeros(ctx.src_shape, g.dtype)
             gsrc[tuple(slice(0, s) for s in gs.shape)] = gs
         return gx, None, None, gsrc
+
+
+def _others(v, nzp, zc):
+    """Product of the factors other than v at its position, from the product of the non-zero factors (nzp) and
+    the count of zero factors (zc) there."""
+    with np.errstate(all="ignore"):
+        return np.where(v != 0, np.where(zc == 0, nzp / np.where(v != 0, v, 1), 0), np.where(zc == 1, nzp, 0))

@@ -25,6 +25,8 @@ import math
 
 import numpy as np
 
+from .dtypes import promote_pair
+from .errors import ShapeError, broadcasting
 from .function import Function, unbroadcast
 
 _LN2, _LN10 = math.log(2.0), math.log(10.0)
@@ -117,7 +119,11 @@ class Round(Function):
         return np.zeros(ctx.shape, g.dtype)
 
 
-def _binary_prep(a, b):
+def _binary_prep(a, b, op: str = "binary op"):
+    if np.shape(a) != np.shape(b):
+        with broadcasting(op, a, b):
+            np.broadcast_shapes(np.shape(a), np.shape(b))
+    a, b = promote_pair(a, b)  # torch's pairwise rule first (an int tensor meeting float16 becomes float16)
     if isinstance(a, np.ndarray):
         a = promote_float(a)
     if isinstance(b, np.ndarray):
@@ -133,7 +139,7 @@ def _cast(out, a, b):
 class Atan2(Function):
     @staticmethod
     def forward(ctx, a, b):
-        a, b = _binary_prep(a, b)
+        a, b = _binary_prep(a, b, "atan2")
         ctx.save_for_backward(a, b)
         return _cast(np.arctan2(a, b), a, b)
 
@@ -151,7 +157,7 @@ class Atan2(Function):
 class Copysign(Function):
     @staticmethod
     def forward(ctx, a, b):
-        a, b = _binary_prep(a, b)
+        a, b = _binary_prep(a, b, "copysign")
         y = _cast(np.copysign(a, b), a, b)
         ctx.save_for_backward(a, y)
         return y
@@ -173,7 +179,7 @@ class Copysign(Function):
 class LogAddExp(Function):
     @staticmethod
     def forward(ctx, a, b):
-        a, b = _binary_prep(a, b)
+        a, b = _binary_prep(a, b, "logaddexp")
         y = _cast(np.logaddexp(a, b), a, b)
         ctx.save_for_backward(a, b, y)
         return y
@@ -192,9 +198,10 @@ class Remainder(Function):
 
     @staticmethod
     def forward(ctx, a, b, fmod=False):
+        a, b = promote_pair(a, b)
         ctx.save_for_backward(a, b)
         ctx.fmod = fmod
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), broadcasting("fmod" if fmod else "remainder", a, b):
             return _cast(np.fmod(a, b) if fmod else np.remainder(a, b), a, b)
 
     @staticmethod
@@ -217,7 +224,7 @@ class Lerp(Function):
         try:
             return _cast(a + w * (b - a), a, b)
         except ValueError:
-            raise ValueError(f"lerp: shapes {np.shape(a)}, {np.shape(b)}, {np.shape(w)} cannot be broadcast") from None
+            raise ShapeError(f"lerp: shapes {np.shape(a)}, {np.shape(b)}, {np.shape(w)} cannot be broadcast") from None
 
     @staticmethod
     def backward(ctx, g):

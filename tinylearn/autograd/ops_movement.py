@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import ShapeError
 from .function import Function
 from .ops_reduce import norm_axes
 
@@ -36,7 +37,7 @@ class Tri(Function):
     @staticmethod
     def forward(ctx, x, diagonal=0, upper=False):
         if x.ndim < 2:
-            raise ValueError(f"{'triu' if upper else 'tril'}: input must have at least 2 dims, got shape {x.shape}")
+            raise ShapeError(f"{'triu' if upper else 'tril'}: input must have at least 2 dims, got shape {x.shape}")
         n, m = x.shape[-2:]
         mask = np.triu(np.ones((n, m), bool), diagonal) if upper else np.tril(np.ones((n, m), bool), diagonal)
         ctx.mask = mask

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import dim_error
 from .function import Function
 
 
@@ -37,9 +38,22 @@ def norm_axes(dim: int | Sequence[int] | None, nd: int, name: str = "dim") -> tu
         if isinstance(d, bool | np.bool_) or not isinstance(d, int | np.integer):
             raise TypeError(f"{name}: expected int entries, got {type(d).__name__} {d!r} in {dim!r}")
         if not -max(nd, 1) <= d < max(nd, 1):
-            raise ValueError(f"{name}: dimension {d} out of range for a tensor with {nd} dims")
+            raise dim_error(name, d, nd)
         out.append(int(d) % max(nd, 1))
     return tuple(out)
+
+
+def norm_dim(dim: Any, nd: int, name: str = "dim") -> int:
+    """One dim (an int in [-nd, nd), a 0-d tensor counting as 1-d like torch) -> its index in [0, nd)."""
+    if isinstance(dim, tuple | list):
+        raise TypeError(f"{name}: expected one int, got {type(dim).__name__} {dim!r}")
+    (d,) = norm_axes(dim, nd, name)
+    return d
+
+
+def _scalar_dims(dim: Any) -> None:
+    """A 0-d tensor reduces over dim 0 / -1 (or ()) as over nothing, like torch; other dims are out of range."""
+    norm_axes(dim, 0)
 
 
 class ValuesIndicesResult(namedtuple("ValuesIndicesResult", ["values", "indices"])):
@@ -66,7 +80,7 @@ def _expand_back(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...] | 
 class Sum(Function):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False):
-        ctx.axes = norm_axes(dim, x.ndim) if x.ndim else None  # a 0-d tensor accepts dim 0 / -1, like torch
+        ctx.axes = norm_axes(dim, x.ndim) if x.ndim or dim is None else _scalar_dims(dim)
         ctx.shape, ctx.keepdim = x.shape, keepdim
         return np.sum(x, axis=ctx.axes, keepdims=keepdim)
 
@@ -78,7 +92,7 @@ class Sum(Function):
 class Mean(Function):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False):
-        ctx.axes = norm_axes(dim, x.ndim) if x.ndim else None  # a 0-d tensor accepts dim 0 / -1, like torch
+        ctx.axes = norm_axes(dim, x.ndim) if x.ndim or dim is None else _scalar_dims(dim)
         ctx.shape, ctx.keepdim = x.shape, keepdim
         n = x.size if ctx.axes is None else int(np.prod([x.shape[a] for a in ctx.axes]))
         ctx.n = n

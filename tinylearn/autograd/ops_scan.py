@@ -16,14 +16,13 @@ from collections import namedtuple
 import numpy as np
 
 from .function import Function
-from .ops_reduce import _expand_back, norm_axes
+from .ops_reduce import _expand_back, _scalar_dims, norm_axes, norm_dim
 
 ValuesIndices = namedtuple("ValuesIndices", ["values", "indices"])  # torch.return_types.sort/topk/cummax/...
 
 
 def _one_dim(dim, nd: int) -> int:
-    (d,) = norm_axes(dim, nd)
-    return d
+    return norm_dim(dim, nd)
 
 
 class Prod(Function):
@@ -56,7 +55,7 @@ class Prod(Function):
 class LogSumExp(Function):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False):
-        axes = norm_axes(dim, x.ndim) if x.ndim else None
+        axes = norm_axes(dim, x.ndim) if x.ndim or dim is None else _scalar_dims(dim)
         m = np.max(x, axis=axes, keepdims=True)
         m = np.where(np.isfinite(m), m, 0)
         with np.errstate(divide="ignore"):
@@ -76,7 +75,7 @@ class LogSumExp(Function):
 class CumSum(Function):
     @staticmethod
     def forward(ctx, x, dim=0):
-        ctx.d = _one_dim(dim, x.ndim) if x.ndim else None
+        ctx.d = _one_dim(dim, x.ndim) if x.ndim else _scalar_dims(dim)  # 0-d: dim 0 / -1 only, as torch
         if x.ndim == 0:
             return x.copy()
         if x.dtype.kind in "biu":
@@ -93,7 +92,7 @@ class CumSum(Function):
 class CumProd(Function):
     @staticmethod
     def forward(ctx, x, dim=0):
-        ctx.d = _one_dim(dim, x.ndim) if x.ndim else None
+        ctx.d = _one_dim(dim, x.ndim) if x.ndim else _scalar_dims(dim)  # 0-d: dim 0 / -1 only, as torch
         if x.ndim == 0:
             return x.copy()
         y = np.cumprod(x.astype(np.int64) if x.dtype.kind in "biu" else x, axis=ctx.d)
@@ -126,8 +125,8 @@ class CumMax(Function):
         xm = np.moveaxis(x.reshape(x.shape or (1,)), d, -1)
         vals = np.empty_like(xm)
         idx = np.empty(xm.shape, np.int64)
-        best, bi = xm[..., 0].copy(), np.zeros(xm.shape[:-1], np.int64)
-        for i in range(xm.shape[-1]):
+        best, bi = (xm[..., 0].copy() if xm.shape[-1] else None), np.zeros(xm.shape[:-1], np.int64)
+        for i in range(xm.shape[-1]):  # a zero-size dim: no step, empty values and indices (as torch)
             v = xm[..., i]
             take = (v >= best) if sign > 0 else (v <= best)
             best = np.where(take, v, best)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import is_floating
-from .errors import ShapeError
+from .errors import DimError, ShapeError
 from .function import Function, unbroadcast
 from .ops_reduce import norm_axes
 
@@ -61,7 +61,7 @@ class Repeat(Function):
     @staticmethod
     def forward(ctx, x, reps):
         if len(reps) < x.ndim:
-            raise ValueError(f"repeat: {len(reps)} repeats given for a tensor of shape {x.shape}")
+            raise ShapeError(f"repeat: {len(reps)} repeats given for a tensor of shape {x.shape}")
         ctx.xshape = (1,) * (len(reps) - x.ndim) + x.shape
         ctx.shape, ctx.reps = x.shape, reps
         return np.tile(x, reps)
@@ -88,7 +88,7 @@ class GetItem(Function):
         try:
             out = x[idx]
         except IndexError as e:
-            raise ValueError(f"index: {e} (tensor shape {x.shape})") from None
+            raise DimError(f"index: {e} (tensor shape {x.shape})") from None
         ctx.shape, ctx.dtype, ctx.idx, ctx.adv = x.shape, x.dtype, idx, _is_advanced(idx)
         return out
 
@@ -111,7 +111,7 @@ class Cat(Function):
         (d,) = norm_axes(dim, xs[0].ndim)
         for i, x in enumerate(xs):
             if x.ndim != xs[0].ndim or x.shape[:d] + x.shape[d + 1 :] != xs[0].shape[:d] + xs[0].shape[d + 1 :]:
-                raise ValueError(
+                raise ShapeError(
                     f"cat: tensor {i} has shape {x.shape}, incompatible with shape {xs[0].shape} outside dim {dim}"
                 )
         ctx.d = d
@@ -147,7 +147,7 @@ class Where(Function):
         try:
             out = np.where(cond, a, b)
         except ValueError:
-            raise ValueError(
+            raise ShapeError(
                 f"where: shapes cond {cond.shape}, a {np.shape(a)}, b {np.shape(b)} cannot be broadcast"
             ) from None
         if not isinstance(a, np.ndarray) and isinstance(b, np.ndarray):

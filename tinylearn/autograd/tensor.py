@@ -16,6 +16,7 @@ import numpy as np
 
 from . import storage as _storage
 from .dtypes import as_array, as_dtype, is_floating
+from .errors import ShapeError
 from .function import Function, _GradMode
 from .methods import TensorMethods, _unwrap_index
 from .storage import get_storage_hook, set_storage_hook  # noqa: F401  (re-exported: memory.pooled uses them here)
@@ -120,7 +121,14 @@ class Tensor(TensorMethods):
         return self.data.ndim
 
     def size(self, dim: int | None = None) -> Any:
-        return self.data.shape if dim is None else self.data.shape[dim]
+        if dim is None:
+            return self.data.shape
+        from .errors import DimError
+        from .ops_reduce import norm_dim
+
+        if self.data.ndim == 0:  # torch: a 0-d tensor has no dims to ask about
+            raise DimError(f"dim: dimension {dim} specified but the tensor has no dimensions")
+        return self.data.shape[norm_dim(dim, self.data.ndim)]
 
     def numel(self) -> int:
         return self.data.size
@@ -252,7 +260,7 @@ class Tensor(TensorMethods):
         else:
             g = np.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.data.dtype)
             if g.shape != self.shape:
-                raise ValueError(f"grad: shape {g.shape} does not match the tensor's shape {self.shape}")
+                raise ShapeError(f"grad: shape {g.shape} does not match the tensor's shape {self.shape}")
         _engine.run_backward(self, g, retain_graph)
 
     # in-place arithmetic: updates .data (no graph), e.g. ``with tl.no_grad(): p -= lr * p.grad``.
@@ -270,7 +278,7 @@ class Tensor(TensorMethods):
             ufunc(self.data, o, out=self.data, casting="same_kind")
             self._version += 1
         except ValueError:
-            raise ValueError(
+            raise ShapeError(
                 f"{name}: operand of shape {np.shape(o)} cannot update a tensor of shape {self.shape}"
             ) from None
         return self
@@ -309,7 +317,7 @@ class Tensor(TensorMethods):
             np.copyto(self.data, np.broadcast_to(arr, self.shape), casting="same_kind")
             self._version += 1
         except ValueError:
-            raise ValueError(f"copy_: source of shape {arr.shape} cannot be copied into shape {self.shape}") from None
+            raise ShapeError(f"copy_: source of shape {arr.shape} cannot be copied into shape {self.shape}") from None
         return self
 
     def __setitem__(self, idx: Any, value: Any) -> None:

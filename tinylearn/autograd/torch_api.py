@@ -1,5 +1,5 @@
 """torch's free functions (``tl.sin(x)``, ``tl.einsum(...)``, ``tl.eye(3)``, ``tl.linalg.vector_norm``...) on top
-of the Tensor methods, plus the creation functions torch scripts reach for and ``ShapeError``.
+of the Tensor methods, plus the creation functions torch scripts reach for, ``ShapeError`` and ``DimError``.
 
 ``tinylearn.__getattr__`` looks names up here, so ``tl.<name>`` works for everything below.
 """
@@ -7,6 +7,7 @@ of the Tensor methods, plus the creation functions torch scripts reach for and `
 from __future__ import annotations
 
 import builtins
+import operator
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import factory as _f
-from .errors import ShapeError
+from .errors import DimError, ShapeError
 from .linalg_breadth import einsum, vector_norm
 from .methods_breadth import BreadthMethods
 from .tensor import Tensor
@@ -134,7 +135,34 @@ def rand_like(x: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tens
 
 
 def linspace(start: float, end: float, steps: int, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return Tensor(np.linspace(start, end, int(steps), dtype=np.dtype(dtype or np.float32)), requires_grad=requires_grad)
+    """torch.linspace; an integer dtype gives torch's values (see ``_int_linspace``), not numpy's floor."""
+    try:
+        if isinstance(steps, bool):
+            raise TypeError
+        steps = operator.index(steps)  # ints, numpy ints, 0-d integer tensors; never a truncated float
+    except TypeError:
+        raise TypeError(f"steps: expected an int, got {type(steps).__name__} {steps!r}") from None
+    if steps < 0:
+        raise ValueError(f"steps: must be non-negative, got {steps}")
+    dt = np.dtype(dtype or np.float32)
+    if dt.kind in "iu":
+        return Tensor(_int_linspace(start, end, steps, dt), requires_grad=requires_grad)
+    return Tensor(np.linspace(start, end, steps, dtype=dt), requires_grad=requires_grad)
+
+
+def _int_linspace(start: float, end: float, steps: int, dt: np.dtype) -> np.ndarray:
+    """torch's CPU kernel for integer linspace: start and end truncated to integers first, a float64 step, the first
+    half counted up from start and the second half down from end, each value one fused multiply-add (a single
+    rounding: emulated in long double) truncated toward zero. numpy instead floors a float64 linspace."""
+    s, e = int(float(start)), int(float(end))
+    if steps <= 1:
+        return np.full(steps, s).astype(dt)
+    ld = np.longdouble
+    step = np.float64((e - s) / (steps - 1))
+    i = np.arange(steps)
+    up = (ld(s) + ld(step) * i.astype(ld)).astype(np.float64)
+    down = (ld(e) - ld(step) * (steps - 1 - i).astype(ld)).astype(np.float64)
+    return np.trunc(np.where(i < steps // 2, up, down)).astype(np.int64).astype(dt)
 
 
 def logspace(start: float, end: float, steps: int, base: float = 10.0, dtype: Any = None) -> Tensor:
@@ -175,14 +203,22 @@ def multinomial(probs: Any, num_samples: int, replacement: bool = False) -> Tens
 def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple:
     if len(tensors) == 1 and isinstance(tensors[0], list | tuple):
         tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"indexing: must be 'ij' or 'xy', got {indexing!r}")
     ts = [_as_t(x) for x in tensors]
+    if not ts:
+        raise ValueError("tensors: meshgrid expects at least one tensor")
+    for i, x in enumerate(ts):
+        if x.ndim > 1:
+            raise ShapeError(f"tensors: meshgrid expects 0-D or 1-D tensors, tensor {i} has shape {x.shape}")
     n = len(ts)
+    swap = indexing == "xy" and n >= 2  # "xy": the first two output dims swapped (a single tensor: nothing to swap)
     shape = tuple(x.numel() for x in ts)
-    if indexing == "xy" and n >= 2:
+    if swap:
         shape = (shape[1], shape[0]) + shape[2:]
     out = []
     for i, x in enumerate(ts):
-        pos = i if not (indexing == "xy" and i < 2) else 1 - i
+        pos = 1 - i if swap and i < 2 else i
         view = [1] * n
         view[pos] = x.numel()
         out.append(x.reshape(*view).expand(*shape))
@@ -196,7 +232,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
     return _f.where(condition, input, other)
 
 
-__all__ = ["ShapeError", "einsum", "vector_norm", "linalg", "where", *_METHODS]
+__all__ = ["ShapeError", "DimError", "einsum", "vector_norm", "linalg", "where", *_METHODS]
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:

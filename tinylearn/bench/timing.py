@@ -14,6 +14,8 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._inputs import as_int
+
 
 @dataclass
 class Timing:
@@ -53,8 +55,7 @@ def measure(
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    if warmup < 0 or repeat < 1:
-        raise ValueError(f"warmup/repeat: need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    warmup, repeat = as_int(warmup, "warmup", min=0), as_int(repeat, "repeat", min=1)
     start = time.perf_counter()
     done = 0
     while done < warmup or (done > 0 and time.perf_counter() - start < warmup_s):

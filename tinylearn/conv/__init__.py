@@ -5,6 +5,7 @@ F(2x2, 3x3), Conv+BN folding and the tiled-im2col memory lesson. numpy arrays in
     tl.conv.col2im(cols, output_size, kernel_size, stride=1, padding=0, dilation=1, backend=...)     [N, C, H, W]
     tl.conv.conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, backend=...)
     tl.conv.winograd_conv2d(x, w, bias=None, padding=0)
+    tl.conv.deform_conv2d(x, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None)
     tl.conv.fold_batchnorm(conv_w, conv_b, bn_mean, bn_var, bn_gamma, bn_beta, eps) -> (w', b')
 
 The autograd stack (torch signatures, on tl.Tensors; re-exported by tinylearn.nn.functional) is one N-d stack:
@@ -23,6 +24,7 @@ with more than one implementation is an op of ``tinylearn.backends``: ``conv.im2
 from ._params import BACKENDS, conv_out_size, conv_output_size, cpp_available
 from .batchnorm_fold import fold_batchnorm
 from .conv2d import conv2d, conv2d_backward, conv2d_flops, conv2d_forward
+from .deformable import deform_conv2d, deform_conv2d_direct, deform_im2col, sampling_footprint
 from .functional_pool import MaxPool2dFunction as _registers_max_pool2d  # noqa: F401  (op conv.max_pool2d)
 from .im2col import col2im, im2col
 from .pooling import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
@@ -45,6 +47,9 @@ __all__ = [
     "conv_out_size",
     "conv_output_size",
     "cpp_available",
+    "deform_conv2d",
+    "deform_conv2d_direct",
+    "deform_im2col",
     "fold_batchnorm",
     "fold_channel_scale",
     "fold_input_affine",
@@ -54,5 +59,6 @@ __all__ = [
     "linear_chain_cost",
     "max_pool2d",
     "max_pool2d_backward",
+    "sampling_footprint",
     "winograd_conv2d",
 ]

@@ -61,6 +61,13 @@ def check_backend(backend: str | None) -> str | None:
     return name
 
 
+def as_pool_array(x: Any, name: str) -> np.ndarray:
+    """numpy array for a max pool: integer dtypes are kept (torch's max pools keep them), bools -> float32, floats
+    kept; TypeError for non-numeric input."""
+    a = as_array(x, name, dtypes=("f", "i", "u", "b"))
+    return a if a.dtype.kind in "iu" else as_float_array(a, name)
+
+
 def as_float_array(x: Any, name: str) -> np.ndarray:
     """numpy float array (float16/32/64 kept, ints and bools -> float32); TypeError for non-numeric input."""
     a = as_array(x, name, dtypes=("f", "i", "u", "b"))

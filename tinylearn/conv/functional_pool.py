@@ -24,7 +24,7 @@ from .. import backends
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from . import poolnd as P
-from ._params import as_float_array, ntuple
+from ._params import as_float_array, as_pool_array, ntuple
 from ._tensor_args import as_tensor, backend_for, batched, unbatch
 from .im2col import _native_dtype
 from .pooling import _pool_params, avg_pool2d_backward, max_pool2d_backward
@@ -132,7 +132,7 @@ class ArgmaxPoolFunction(Function):
 
     @classmethod
     def forward(cls, ctx, x, **kwargs):
-        x = as_float_array(x, "input")
+        x = as_pool_array(x, "input")  # integer inputs keep their dtype, as torch's max pools
         y, idx = cls._pool(x, **kwargs)
         ctx.save_for_backward(idx)
         ctx.shape = x.shape
@@ -154,7 +154,8 @@ class MaxPoolNdFunction(ArgmaxPoolFunction):
 
 def _max_pool(nd, name, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     x, sq = batched(input, nd, name)
-    if nd == 2 and not ceil_mode and not return_indices:  # the registered 2-D kernels (op conv.max_pool2d)
+    integer = x.dtype.kind in "iu"  # integer inputs: the n-d numpy kernels, which keep the dtype (the 2-D ones cast)
+    if nd == 2 and not ceil_mode and not return_indices and not integer:  # registered 2-D kernels (conv.max_pool2d)
         k, s, p, d, out = _pool_params(x.shape, kernel_size, stride, padding, dilation)
         return unbatch(backends.dispatch("conv.max_pool2d", x, k, s, p, d, out, backend=backend_for(x)), sq)
     y, idx = MaxPoolNdFunction.apply(

@@ -7,7 +7,8 @@ Windows are a strided view [N, C, *out, *k] of the padded input (no copy until r
 
 ceil_mode pads the right end with ``extra = (out-1)*s + d(k-1) + 1 - (L + 2p)`` more cells (-inf / 0).
 
-    max:   y = max over window, idx = flat index into the input plane of the first maximum (NaN wins)
+    max:   y = max over window, idx = flat index into the input plane of the first maximum (NaN wins); integer
+           inputs keep their dtype (padding = the dtype's minimum, never chosen over a real cell)
            dx = scatter-add of dy to idx                                  (also adaptive max, and max_unpool's adjoint)
     avg:   y = window sum / divisor; divisor = divisor_override, or the window clipped to [-p, L + p) per axis
            (count_include_pad), or clipped to the input [0, L) (count_include_pad=False). dx spreads dy / divisor.
@@ -75,9 +76,15 @@ def _flat_index(local: np.ndarray, spatial, k, s, p, d, out) -> np.ndarray:
 def max_pool_nd(x: np.ndarray, k, s, p, d, out, extra) -> tuple[np.ndarray, np.ndarray]:
     """(y, indices) of max pooling over the last len(k) axes of a [N, C, *spatial] array."""
     n = len(k)
-    win = windows(_pad(x, p, extra, -np.inf), k, s, d, out)
+    integer = x.dtype.kind in "iu"  # pad with the dtype's minimum (ints have no -inf), dtype kept
+    win = windows(_pad(x, p, extra, np.iinfo(x.dtype).min if integer else -np.inf), k, s, d, out)
     win = win.reshape(win.shape[: 2 + n] + (int(np.prod(k)),))
-    local = np.argmax(win, axis=-1)
+    if integer and (any(p) or any(extra)):  # a real minimum ties with the padding: first maximum among real cells
+        real = windows(_pad(np.ones((1, 1) + x.shape[2:], bool), p, extra, False), k, s, d, out)
+        real = real.reshape(real.shape[: 2 + n] + (int(np.prod(k)),))
+        local = np.argmax((win == win.max(axis=-1, keepdims=True)) & real, axis=-1)
+    else:
+        local = np.argmax(win, axis=-1)
     y = np.take_along_axis(win, local[..., None], axis=-1)[..., 0]
     return y, _flat_index(local, x.shape[2:], k, s, p, d, out)
 

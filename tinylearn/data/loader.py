@@ -13,7 +13,25 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_int
 from ..autograd.tensor import Tensor
+
+
+def _samples(a: Any, name: str) -> np.ndarray:
+    """``a`` (an array, a Tensor or a nested sequence) as an array with a first (sample) axis; errors name ``name``."""
+    if isinstance(a, Tensor):
+        a = a.data
+    if isinstance(a, str | bytes | dict) or a is None:
+        raise TypeError(f"{name}: expected an array of samples, got {type(a).__name__}")
+    try:
+        a = np.asarray(a)
+    except ValueError as e:  # a ragged nested list
+        raise ValueError(f"{name}: not a rectangular array of samples ({e})") from None
+    if a.ndim == 0:
+        raise ValueError(f"{name}: expected an array of samples (at least 1 dimension), got a scalar {a!r}")
+    if a.dtype.kind not in "biufc":  # batches become Tensors: numbers only
+        raise TypeError(f"{name}: expected numeric samples, got dtype {a.dtype}")
+    return a
 
 
 class DataLoader:
@@ -26,15 +44,12 @@ class DataLoader:
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        X = X.data if isinstance(X, Tensor) else np.asarray(X)
-        if y is not None:
-            y = y.data if isinstance(y, Tensor) else np.asarray(y)
-            if len(y) != len(X):
-                raise ValueError(f"y: length {len(y)} does not match X length {len(X)}")
-        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
-            raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+        X, y = _samples(X, "X"), None if y is None else _samples(y, "y")
+        if y is not None and len(y) != len(X):
+            raise ValueError(f"y: length {len(y)} does not match X length {len(X)}")
         self.X, self.y = X, y
-        self.batch_size, self.shuffle, self.seed, self.drop_last = int(batch_size), shuffle, seed, drop_last
+        self.batch_size = as_int(batch_size, "batch_size", min=1)
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
 
     def __len__(self) -> int:

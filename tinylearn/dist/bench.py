@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_int
 from .._threads import cores
 from ..bench.table import Row, Table
 from . import cost_model
@@ -84,11 +85,12 @@ def sample_weights(sizes: Sequence[int], cap: int = 8) -> dict[int, int]:
     2, 1). The standard error of a point's mean is CV / sqrt(n); a small all-reduce is cheap and the noisiest
     (one scheduler time slice is most of the call: CV ~ 1 at 64 KB on p = 2, ~ 0.3 at 16 MB), so it gets more
     samples for a fraction of the time a large one takes."""
-    if cap < 1:
+    if not is_int(cap) or cap < 1:
         raise ValueError(f"cap: expected an int >= 1, got {cap!r}")
-    s = sorted(set(int(v) for v in sizes))
-    if not s or s[0] < 1:
-        raise ValueError(f"sizes: expected sizes >= 1 byte, got {list(sizes)}")
+    sizes = list(sizes)
+    if not sizes or not all(is_int(v) and v >= 1 for v in sizes):
+        raise ValueError(f"sizes: expected int sizes >= 1 byte, got {sizes}")
+    s, cap = sorted(set(int(v) for v in sizes)), int(cap)
     return {nb: int(min(cap, max(1, round(math.sqrt(s[-1] / nb))))) for nb in s}
 
 
@@ -159,15 +161,24 @@ def measure(
     ``keep_awake``: run one ``SCHED_IDLE`` spinner per core while measuring (``keep_awake.keep_cores_awake``), so a
     core whose rank waits does not go idle; on a VM an idle vCPU's wake-up can wait a host tick (~4 ms), which
     is not the algorithm's cost. "awake" says whether the spinners ran (they need Linux)."""
+    if not all(is_int(p) and p >= 1 for p in world_sizes):
+        raise ValueError(f"world_sizes: expected ints >= 1, got {list(world_sizes)}")
+    world_sizes = [int(p) for p in world_sizes]
     rounds_p = {p: rounds.get(p) if isinstance(rounds, dict) else rounds for p in world_sizes}
     for p, r in rounds_p.items():
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        if not is_int(r) or r < 1:
             raise ValueError(f"rounds: expected an int >= 1 per world size, got {r!r} for p={p}")
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        rounds_p[p] = int(r)
+    if not is_int(chunks) or chunks < 1:
         raise ValueError(f"chunks: expected an int >= 1, got {chunks!r}")
-    w = {int(nb): int((weights or {}).get(nb, 1)) for nb in sizes}
-    if any(v < 1 for v in w.values()):
+    chunks = int(chunks)
+    if not all(is_int(nb) and nb >= 1 for nb in sizes):
+        raise ValueError(f"sizes: expected int sizes >= 1 byte, got {list(sizes)}")
+    sizes = [int(nb) for nb in sizes]
+    w_raw = {nb: (weights or {}).get(nb, 1) for nb in sizes}
+    if not all(is_int(v) and v >= 1 for v in w_raw.values()):
         raise ValueError(f"weights: expected ints >= 1 per size, got {weights!r}")
+    w = {int(nb): int(v) for nb, v in w_raw.items()}
     out: dict[int, dict[str, Any]] = {}
     for c in range(chunks):
         for p in world_sizes:

@@ -18,11 +18,15 @@ all_reduce(x) leaves sum/max/min/avg over ranks of x in x on every rank. Algorit
   m nodes, same bytes as ring. Nodes may be unequal (p not divisible by k).
 
 Every call first does a size handshake (one MAX all-reduce of [numel, dtype, algorithm]); a mismatch raises
-ValueError on every rank. Integer-valued data give results identical to ``dist.all_reduce``; fp32 sums may
+ValueError on every rank naming the first differing field and each rank's value (``check_same_across_ranks`` and
+``check_params_across_ranks`` offer the same handshake to wrappers: DDP, ZeRO, TP, pipeline). A point-to-point
+message whose peer died or hung raises RuntimeError naming this rank, the peer and the cause.
+
+Integer-valued data give results identical to ``dist.all_reduce``; fp32 sums may
 differ in the last bits because the summation order differs (each algorithm still gives bitwise-identical
 results on all ranks). avg = sum / p (float dtypes only).
 
-Why one ~600-line module: the five algorithms and the four public collectives share the private group wrapper,
+Why one ~700-line module: the five algorithms and the four public collectives share the private group wrapper,
 size handshake, tagged p2p exchange and workspace helpers; split apart, those internals would become a cross-module
 API. The sections below (validation, ring, tree etc., public API) are the seams.
 
@@ -116,26 +120,129 @@ class _Group:
             if self.me < 0:
                 raise ValueError(f"group: this process (global rank {dist.get_rank()}) is not a member of {self.ranks}")
 
-    def isend(self, t: torch.Tensor, peer: int, tag: int) -> Any:
-        return dist.isend(t, dst=self.ranks[peer], group=self.group, tag=tag)
+    def isend(self, t: torch.Tensor, peer: int, tag: int) -> _Work:
+        return _Work(dist.isend(t, dst=self.ranks[peer], group=self.group, tag=tag), self, "send to", peer)
 
-    def irecv(self, t: torch.Tensor, peer: int, tag: int) -> Any:
-        return dist.irecv(t, src=self.ranks[peer], group=self.group, tag=tag)
+    def irecv(self, t: torch.Tensor, peer: int, tag: int) -> _Work:
+        return _Work(dist.irecv(t, src=self.ranks[peer], group=self.group, tag=tag), self, "receive from", peer)
+
+    def name(self, member: int) -> str:
+        """'rank 3' (world group) or 'rank 3 (group rank 1)' for a subgroup member."""
+        glob = self.ranks[member]
+        return f"rank {glob}" if self.group is None else f"rank {glob} (group rank {member})"
 
 
-def _handshake(g: _Group, what: str, values: list[int]) -> None:
-    """All ranks must agree on ``values`` (sizes, dtype, algorithm): one MAX all-reduce of [v, -v, ...]."""
+class _Work:
+    """A point-to-point request whose failure names the peer: when a rank dies (connection closed) or hangs (the
+    process-group timeout), the survivors' error says which rank they were waiting for and why."""
+
+    __slots__ = ("work", "g", "verb", "peer")
+
+    def __init__(self, work: Any, g: _Group, verb: str, peer: int) -> None:
+        self.work, self.g, self.verb, self.peer = work, g, verb, peer
+
+    def wait(self) -> Any:
+        try:
+            return self.work.wait()
+        except RuntimeError as e:
+            raise peer_failure(f"{self.verb} {self.g.name(self.peer)}", self.g.name(self.g.me), e) from e
+
+
+def peer_failure(what: str, me: str, cause: BaseException) -> RuntimeError:
+    """The RuntimeError a surviving rank raises when a message exchange with a peer fails: names this rank, the
+    operation and peer, and the cause (peer died: connection closed; peer hung: timed out)."""
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    low = text.lower()
+    if "timed out" in low or "timeout" in low:
+        why = "timed out (the peer is hung, or stopped calling the same collectives)"
+    elif "closed" in low or "reset" in low or "broken pipe" in low or "connection" in low:
+        why = "connection closed (the peer died or raised)"
+    else:
+        why = "failed"
+    return RuntimeError(f"{me}: {what} {why}: {type(cause).__name__}: {text}")
+
+
+def _handshake(
+    g: _Group,
+    what: str,
+    values: list[int],
+    labels: list[str] | None = None,
+    show: Callable[[int, int], str] | None = None,
+) -> None:
+    """All ranks must agree on ``values`` (sizes, dtype, algorithm): one MAX all-reduce of [v, -v, ...].
+
+    ``labels`` names each value (default: ``what`` split at ", "); ``show(i, v)`` formats value v of field i (a
+    dtype index as its name...). On a mismatch every rank finds the same first differing field, gathers every
+    rank's value of it (one more small collective, on the failure path only) and raises ValueError naming it.
+    """
     meta = torch.tensor([x for v in values for x in (v, -v)], dtype=torch.int64)
-    dist.all_reduce(meta, op=dist.ReduceOp.MAX, group=g.group)
-    names = what.split(", ")
+    try:
+        dist.all_reduce(meta, op=dist.ReduceOp.MAX, group=g.group)
+    except RuntimeError as e:
+        others = [g.name(j) for j in range(g.size) if j != g.me]
+        peers = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise peer_failure(f"handshake of {what!r} with {peers}", g.name(g.me), e) from e
+    names = labels if labels is not None else what.split(", ")
     for i, v in enumerate(values):
         hi, lo = int(meta[2 * i]), -int(meta[2 * i + 1])
         if hi != lo:
             field = names[i] if len(names) == len(values) else f"field {i}"
+            parts = [torch.zeros(1, dtype=torch.int64) for _ in range(g.size)]
+            dist.all_gather(parts, torch.tensor([v], dtype=torch.int64), group=g.group)
+            fmt = show or (lambda _i, x: str(x))
+            per_rank = ", ".join(f"{g.name(j)} has {fmt(i, int(t))}" for j, t in enumerate(parts))
             raise ValueError(
-                f"{field}: mismatch across ranks: this rank (group rank {g.me}) has {v}, "
-                f"ranks hold values from {lo} to {hi} (fields: {what})"
+                f"{field}: mismatch across ranks: {per_rank} (raised on {g.name(g.me)}, which has {fmt(i, v)}; "
+                f"checked: {what})"
             )
+
+
+def check_same_across_ranks(
+    what: str,
+    fields: list[tuple[str, int]],
+    group: Any = None,
+    show: Callable[[int, int], str] | None = None,
+    *,
+    count_first: bool = True,
+) -> None:
+    """Collective: every rank of ``group`` passes ``fields`` ((label, int) pairs); unless all ranks pass the same
+    values, every rank raises ValueError naming the first differing label and each rank's value of it.
+
+    The number of fields is compared first (one tiny all-reduce), so ranks may safely pass lists of different
+    lengths; ``count_first=False`` skips that when the length is fixed. Then the values (one all-reduce of 2 int64
+    per field). Use it once at construction of anything that later runs collectives without a check (a size
+    mismatch inside gloo aborts the process). ``show(i, v)`` formats value v of field i for the message.
+    """
+    g = _Group(group)
+    if count_first:
+        _handshake(g, f"{what}: number of fields", [len(fields)], labels=[f"{what}: number of fields"])
+    if fields:
+        _handshake(g, what, [int(v) for _, v in fields], labels=[name for name, _ in fields], show=show)
+
+
+def check_params_across_ranks(
+    who: str, params: list[torch.Tensor], group: Any = None, setup: list[tuple[str, int]] | tuple = ()
+) -> None:
+    """Collective: every rank must hold the same parameters (count, dim, dtype, requires_grad, shape) and the same
+    ``setup`` fields; otherwise every rank raises ValueError naming ``who``, the first differing ``params[i]``
+    field and each rank's value. Three small all-reduces (plus their length checks): for constructors of wrappers
+    (DDP, ZeRO) whose later collectives run unchecked."""
+
+    def show_flags(i: int, v: int) -> str:
+        kind = i % 3
+        if kind == 1:
+            return str(_DTYPES[v]) if 0 <= v < len(_DTYPES) else f"dtype code {v}"
+        return str(bool(v)) if kind == 2 else str(v)
+
+    check_same_across_ranks(f"{who} setup", [*setup, ("number of parameters", len(params))], group)
+    flags = []
+    for i, p in enumerate(params):
+        code = _DTYPES.index(p.dtype) if p.dtype in _DTYPES else 99
+        flags += [(f"params[{i}].dim()", p.dim()), (f"params[{i}].dtype", code)]
+        flags.append((f"params[{i}].requires_grad", int(p.requires_grad)))
+    check_same_across_ranks(f"{who} parameter dtypes and requires_grad flags", flags, group, show_flags)
+    dims = [(f"params[{i}].shape[{d}]", n) for i, p in enumerate(params) for d, n in enumerate(p.shape)]
+    check_same_across_ranks(f"{who} parameter shapes", dims, group, count_first=False)  # dims agree by now
 
 
 def _reducer(op: str) -> Callable[[torch.Tensor, torch.Tensor], Any]:

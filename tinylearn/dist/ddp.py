@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .collectives import all_reduce, broadcast
+from .collectives import ALGORITHMS, OPS, all_reduce, broadcast, check_params_across_ranks
 from .compression import Int8, TopK, compressed_all_reduce, dense_ring_bytes
 
 
@@ -84,6 +84,16 @@ class DataParallel:
         self.residuals = [torch.zeros(n) for n in sizes] if self.compressor else None
         self.bytes_sent = 0.0
         self.comm_s = 0.0
+        if self.world > 1:  # same parameters and bucket layout everywhere, else the broadcasts below hang or abort
+            codes = {None: 0, "topk": 1, "int8": 2}
+            setup = [
+                ("cap_bytes", int(cap_bytes)),
+                ("algorithm", ALGORITHMS.index(algorithm) if algorithm in ALGORITHMS else -1),
+                ("overlap", int(bool(overlap))),
+                ("compression", codes[compression]),
+                ("op", OPS.index(op) if op in OPS else -1),
+            ]
+            check_params_across_ranks("DataParallel", self.params, group, setup)
         if self.world > 1:  # identical starting point on every rank
             for p in self.params:
                 broadcast(p.data, src=0, group=group)

@@ -28,6 +28,8 @@ import time
 from collections.abc import Iterable
 from types import TracebackType
 
+from .._inputs import is_int
+
 # The child: pin to one core, drop to SCHED_IDLE, spin until the parent pid changes (the parent died) or stdin
 # closes (the parent ended the context). Polls the parent every ~1M iterations (~10-30 ms of spinning).
 _CHILD = r"""
@@ -56,9 +58,9 @@ class keep_cores_awake:  # noqa: N801 - used like a function: ``with keep_cores_
         self.cores: list[int] = []
         if cores is not None:
             for c in cores:
-                if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                if not is_int(c) or c < 0:
                     raise ValueError(f"cores: expected core numbers >= 0, got {c!r}")
-                self.cores.append(c)
+                self.cores.append(int(c))
         self.pids: list[int] = []
         self.reason = ""
         self._procs: list[subprocess.Popen] = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._inputs import is_int
 from .cost_model import check_nonneg
 
 
@@ -42,12 +43,13 @@ class Hop:
         check_nonneg("alpha_s", self.alpha_s)
         if check_nonneg("beta_s_per_byte", self.beta_s_per_byte) == 0:
             raise ValueError(f"beta_s_per_byte: expected > 0, got {self.beta_s_per_byte}")
-        if isinstance(self.fan_in, bool) or not isinstance(self.fan_in, int) or self.fan_in < 1:
+        if not is_int(self.fan_in) or self.fan_in < 1:
             raise ValueError(f"fan_in: expected an int >= 1, got {self.fan_in!r}")
+        object.__setattr__(self, "fan_in", int(self.fan_in))  # np.int64(2) -> 2 (frozen dataclass)
 
 
 def _check(nbytes: int, hops: Sequence[Hop]) -> None:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 1:
+    if not is_int(nbytes) or nbytes < 1:
         raise ValueError(f"nbytes: expected an int >= 1, got {nbytes!r}")
     if len(hops) == 0 or not all(isinstance(h, Hop) for h in hops):
         raise ValueError(f"hops: expected a non-empty sequence of Hop, got {hops!r}")
@@ -56,11 +58,11 @@ def _check(nbytes: int, hops: Sequence[Hop]) -> None:
 def pipeline_time(nbytes: int, hops: Sequence[Hop], chunks: Sequence[int] | int) -> float:
     """Seconds until ``nbytes`` per source have crossed every hop with these chunk sizes (one int = all hops)."""
     _check(nbytes, hops)
-    cs = [chunks] * len(hops) if isinstance(chunks, int | np.integer) else list(chunks)
+    cs = [chunks] * len(hops) if is_int(chunks) else list(chunks)
     if len(cs) != len(hops):
         raise ValueError(f"chunks: expected {len(hops)} sizes (one per hop), got {len(cs)}")
     for c in cs:
-        if isinstance(c, bool) or not isinstance(c, int | np.integer) or c < 1:
+        if not is_int(c) or c < 1:
             raise ValueError(f"chunks: expected ints >= 1, got {c!r}")
     n = int(nbytes)
     cum_prev = np.array([n], dtype=np.int64)  # the source holds everything at t = 0
@@ -79,7 +81,7 @@ def pipeline_time(nbytes: int, hops: Sequence[Hop], chunks: Sequence[int] | int)
 def adaptive_chunks(nbytes: int, hops: Sequence[Hop], overhead: float = 0.1) -> list[int]:
     """Per-hop chunk sizes from each level's alpha and beta (see the module docstring)."""
     _check(nbytes, hops)
-    if not isinstance(overhead, int | float) or not 0 < overhead < 1:
+    if not (is_int(overhead) or isinstance(overhead, float)) or not 0 < overhead < 1:
         raise ValueError(f"overhead: expected a number in (0, 1), got {overhead!r}")
     fan = np.cumprod([h.fan_in for h in hops]).astype(float)  # bytes on hop h per source byte
     per_src = [h.beta_s_per_byte * f for h, f in zip(hops, fan)]

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._inputs import is_int
+
 __all__ = [
     "ParityFrame",
     "ShardCode",
@@ -77,8 +79,9 @@ def to_bytes(*arrays: np.ndarray) -> np.ndarray:
 def encode_parity(data: np.ndarray, n_blocks: int) -> ParityFrame:
     """Split ``data`` (any array, taken as its raw bytes) into ``n_blocks`` equal zero-padded blocks, with one CRC-32
     per block and the XOR parity block."""
-    if not isinstance(n_blocks, int) or n_blocks < 1:
+    if not is_int(n_blocks) or n_blocks < 1:
         raise ValueError(f"n_blocks: expected an int >= 1, got {n_blocks!r}")
+    n_blocks = int(n_blocks)
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
     if raw.size == 0:
         raise ValueError("data: expected a non-empty payload, got 0 bytes")
@@ -135,14 +138,15 @@ del _x, _i
 
 def gf256_mul(data: np.ndarray, c: int) -> np.ndarray:
     """Multiply every byte of ``data`` (uint8) by the constant ``c`` (0..255) in GF(2^8) (polynomial 0x11d)."""
-    if not isinstance(c, int | np.integer) or not 0 <= int(c) <= 255:
+    if not is_int(c) or not 0 <= int(c) <= 255:
         raise ValueError(f"c: expected an int in 0..255, got {c!r}")
+    c = int(c)
     data = np.asarray(data)
     if data.dtype != np.uint8:
         raise ValueError(f"data: expected a uint8 array, got dtype {data.dtype}")
     table = np.zeros(256, dtype=np.uint8)
     if c:
-        table[1:] = _GF_EXP[_GF_LOG[1:] + _GF_LOG[int(c)]]
+        table[1:] = _GF_EXP[_GF_LOG[1:] + _GF_LOG[c]]
     return table[data]
 
 
@@ -152,8 +156,9 @@ def _gf_inv(x: int) -> int:
 
 def shard_columns(w: np.ndarray, k: int) -> list[np.ndarray]:
     """Cut a 2-D matrix into ``k`` contiguous column blocks (widths differ by at most one, as np.array_split)."""
-    if not isinstance(k, int) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"k: expected an int >= 1, got {k!r}")
+    k = int(k)
     w = np.asarray(w)
     if w.ndim != 2:
         raise ValueError(f"w: expected a 2-D matrix, got shape {w.shape}")
@@ -190,9 +195,10 @@ def encode_shards(w: np.ndarray, k: int, r: int = 1) -> ShardCode:
     """Column-shard ``w`` (2-D, any dtype, taken as raw bytes) into ``k`` data fragments and add ``r`` parity
     fragments: P = xor of the shards (r >= 1) and Q = sum_i g^i d_i in GF(2^8) (r = 2). Any r losses are
     recoverable with ``recover_shards``."""
-    if not isinstance(r, int) or r not in (1, 2):
+    if not is_int(r) or r not in (1, 2):
         raise ValueError(f"r: expected 1 or 2, got {r!r}")
-    if isinstance(k, int) and k > 255:
+    r = int(r)
+    if is_int(k) and k > 255:
         raise ValueError(f"k: expected at most 255 (distinct GF(2^8) weights), got {k}")
     shards = shard_columns(w, k)
     raw = [s.view(np.uint8).reshape(-1) for s in shards]
@@ -205,7 +211,7 @@ def encode_shards(w: np.ndarray, k: int, r: int = 1) -> ShardCode:
     parity = [np.bitwise_xor.reduce(np.stack(data), axis=0)]
     if r == 2:
         parity.append(_weighted(list(enumerate(data)), size))
-    return ShardCode([*data, *parity], k, r, [s.shape for s in shards], np.asarray(w).dtype)
+    return ShardCode([*data, *parity], len(shards), r, [s.shape for s in shards], np.asarray(w).dtype)
 
 
 def recover_shards(code: ShardCode) -> np.ndarray:

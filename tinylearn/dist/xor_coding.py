@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._inputs import is_int
+
 
 def xor_bytes(a: bytes, b: bytes) -> bytes:
     """a ⊕ b byte by byte; the shorter operand is zero-padded to the longer one's length."""
@@ -122,11 +124,12 @@ def recursive_doubling_demands(world_size: int, round_: int) -> tuple[list[tuple
     """Round ``round_`` of a recursive-doubling all-gather routed through a relay: rank r holds the blocks of its
     aligned group of 2^round ranks and wants those of the partner group (r XOR 2^round). Message id = rank whose
     accumulated payload it is; returns (wants, has) for ``relay_exchange``."""
-    p = world_size
-    if isinstance(p, bool) or not isinstance(p, int) or p < 2 or p & (p - 1):
+    if not is_int(world_size) or world_size < 2 or int(world_size) & (int(world_size) - 1):
         raise ValueError(f"world_size: expected a power of two >= 2, got {world_size!r}")
-    if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < p.bit_length() - 1:
+    p = int(world_size)
+    if not is_int(round_) or not 0 <= round_ < p.bit_length() - 1:
         raise ValueError(f"round_: expected an int in [0, {p.bit_length() - 1}), got {round_!r}")
+    round_ = int(round_)
     wants = [(r, r ^ (1 << round_)) for r in range(p)]
     has = {r: {r} for r in range(p)}
     return wants, has

@@ -16,16 +16,24 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from .._inputs import is_int
+
 ORDERS = ("ijk", "ikj", "tiled")
+
+
+def _pos_int(name: str, v: int) -> int:
+    if not is_int(v) or v < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    return int(v)
 
 
 class CacheSim:
     """``ways``-way set-associative cache of ``size_bytes`` with ``line_bytes`` lines and LRU replacement per set."""
 
     def __init__(self, size_bytes: int, line_bytes: int = 64, ways: int = 8) -> None:
-        for name, v in (("size_bytes", size_bytes), ("line_bytes", line_bytes), ("ways", ways)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        size_bytes, line_bytes, ways = (
+            _pos_int(name, v) for name, v in (("size_bytes", size_bytes), ("line_bytes", line_bytes), ("ways", ways))
+        )
         if line_bytes & (line_bytes - 1):
             raise ValueError(f"line_bytes: expected a power of two, got {line_bytes}")
         if size_bytes % (line_bytes * ways):
@@ -57,13 +65,15 @@ class CacheSim:
 
 def matmul_trace(n: int, order: str, tile: int = 16, elem_bytes: int = 4) -> Iterator[int]:
     """Byte addresses of A[i,k], B[k,j], C[i,j] (C read and written: one access) per multiply-add, in the loop
-    ``order``; A, B, C are n x n row-major and laid out one after another."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n: expected an int >= 1, got {n!r}")
+    ``order``; A, B, C are n x n row-major and laid out one after another. Arguments are checked at the call,
+    not at the first ``next``."""
+    n, tile, elem_bytes = _pos_int("n", n), _pos_int("tile", tile), _pos_int("elem_bytes", elem_bytes)
     if order not in ORDERS:
         raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
-        raise ValueError(f"tile: expected an int >= 1, got {tile!r}")
+    return _trace(n, order, tile, elem_bytes)
+
+
+def _trace(n: int, order: str, tile: int, elem_bytes: int) -> Iterator[int]:
     a0, b0, c0 = 0, n * n * elem_bytes, 2 * n * n * elem_bytes
 
     def fma(i: int, k: int, j: int) -> Iterator[int]:
@@ -100,4 +110,5 @@ def simulate_matmul(
 
 def compulsory_misses(n: int, line_bytes: int = 64, elem_bytes: int = 4) -> int:
     """Lines of A, B and C: the misses no order can avoid (every line touched once)."""
+    n, line_bytes, elem_bytes = _pos_int("n", n), _pos_int("line_bytes", line_bytes), _pos_int("elem_bytes", elem_bytes)
     return int(3 * np.ceil(n * n * elem_bytes / line_bytes))

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._inputs import as_int
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -54,12 +56,6 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _as_int(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name}: must be an int, got {type(v).__name__} {v!r}")
-    return v
-
-
 def occupancy(
     threads_per_block: int, registers_per_thread: int, shared_bytes_per_block: int, arch: str = "sm_80"
 ) -> dict:
@@ -68,10 +64,10 @@ def occupancy(
     Returns dict(blocks_per_sm, warps_per_sm, occupancy, limiter, limiters, limits={rule: blocks},
     regs_per_warp, smem_per_block_allocated, needs_optin (shared > 48 KB needs cudaFuncSetAttribute)).
     """
-    t = _as_int("threads_per_block", threads_per_block)
-    r = _as_int("registers_per_thread", registers_per_thread)
-    s = _as_int("shared_bytes_per_block", shared_bytes_per_block)
-    if arch not in ARCHS:
+    t = as_int(threads_per_block, "threads_per_block")
+    r = as_int(registers_per_thread, "registers_per_thread")
+    s = as_int(shared_bytes_per_block, "shared_bytes_per_block")
+    if not isinstance(arch, str) or arch not in ARCHS:
         raise ValueError(f"arch: unknown architecture {arch!r}; known: {sorted(ARCHS)}")
     a = ARCHS[arch]
     if not 1 <= t <= a.max_threads_per_block:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._inputs import as_int
+
 
 def _check2d(name: str, x: object) -> np.ndarray:
     if not isinstance(x, np.ndarray):
@@ -20,18 +22,17 @@ def _check2d(name: str, x: object) -> np.ndarray:
     return x
 
 
-def _check_tile(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer):
-        raise TypeError(f"{name}: must be an int, got {type(v).__name__}")
-    if v < 1:
-        raise ValueError(f"{name}: must be >= 1, got {v}")
-    return int(v)
+MAX_PANEL = 1 << 16  # a micro-panel width (mr, nr) past this is no register tile: it only pads (and exhausts memory)
+
+
+def _check_tile(name: str, v: object, max_: int | None = None) -> int:
+    return as_int(v, name, min=1, max=max_)
 
 
 def pack_a(a: np.ndarray, mr: int) -> np.ndarray:
     """A (M, K) -> (ceil(M/mr), K, mr) row micro-panels, zero-padded past M."""
     a = _check2d("a", a)
-    mr = _check_tile("mr", mr)
+    mr = _check_tile("mr", mr, MAX_PANEL)
     m, k = a.shape
     p = -(-m // mr)
     padded = np.zeros((p * mr, k), dtype=a.dtype)
@@ -42,7 +43,7 @@ def pack_a(a: np.ndarray, mr: int) -> np.ndarray:
 def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
     """B (K, N) -> (ceil(N/nr), K, nr) column micro-panels, zero-padded past N."""
     b = _check2d("b", b)
-    nr = _check_tile("nr", nr)
+    nr = _check_tile("nr", nr, MAX_PANEL)
     k, n = b.shape
     p = -(-n // nr)
     padded = np.zeros((k, p * nr), dtype=b.dtype)

@@ -10,9 +10,17 @@ micro-kernel's blocking (``tile_intensity``).
 
 from __future__ import annotations
 
+from .._inputs import is_int
 from ..bench.roofline import machine_peak, roofline
 
 __all__ = ["machine_peak", "matmul_traffic", "roofline", "tile_intensity"]
+
+
+def _int(name: str, v: int, low: int) -> int:
+    """``v`` as a Python int >= ``low`` (numpy ints accepted: no int32 overflow in m * n * k); ValueError else."""
+    if not is_int(v) or v < low:
+        raise ValueError(f"{name}: must be {'a positive' if low == 1 else 'a non-negative'} int, got {v!r}")
+    return int(v)
 
 
 def matmul_traffic(m: int, n: int, k: int, itemsize: int = 4, write_allocate: bool = True) -> tuple[float, float]:
@@ -22,6 +30,8 @@ def matmul_traffic(m: int, n: int, k: int, itemsize: int = 4, write_allocate: bo
     line of C reads that line from memory before it is overwritten, so C costs a read and a write:
     itemsize * (mk + kn + 2mn) bytes — 16 n^2 for fp32 n x n x n, intensity n / 8 (n / 6 without the read of C,
     which only non-temporal / streaming stores avoid)."""
+    m, n, k = (_int(name, v, 0) for name, v in (("m", m), ("n", n), ("k", k)))
+    itemsize = _int("itemsize", itemsize, 1)
     c_bytes = 2 * m * n if write_allocate else m * n
     return 2.0 * m * n * k, float(itemsize * (m * k + k * n + c_bytes))
 
@@ -34,9 +44,7 @@ def tile_intensity(mr: int, nr: int, itemsize: int = 4, c_in_registers: bool = T
     a 6 x 16 micro-kernel -> 192/88 = 2.18 FLOP/byte for fp32). Otherwise (the ikj / blocked inner loop
     ``C[i, j] += a * B[k, j]``: only the scalar of A in a register) every FMA loads B, loads C and stores C:
     2 / (3*itemsize) = 1/6 for fp32, whatever mr and nr."""
-    for name, v in (("mr", mr), ("nr", nr), ("itemsize", itemsize)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: must be a positive int, got {v!r}")
+    mr, nr, itemsize = (_int(name, v, 1) for name, v in (("mr", mr), ("nr", nr), ("itemsize", itemsize)))
     if not c_in_registers:
         return 2.0 / (3 * itemsize)
     return 2.0 * mr * nr / (itemsize * (mr + nr))

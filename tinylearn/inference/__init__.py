@@ -9,6 +9,7 @@ static-vs-continuous batching serving simulator with an SLA (earliest-deadline) 
 
 from .adaptive_temperature import TemperatureController, generate_adaptive, repetition_rate
 from .batching import form_batches, padding_stats
+from .checks import InvalidDistributionError
 from .config import GPTConfig
 from .kv_delta import delta_compress, delta_decompress, delta_stats
 from .model import DenseKVCache, TinyGPT, apply_rope, causal_mask, kv_append, kv_gather, rope_tables, rotate_half
@@ -44,6 +45,7 @@ __all__ = [
     "causal_mask",
     "generate",
     "filter_probs",
+    "InvalidDistributionError",
     "softmax",
     "top_k_filter",
     "top_p_filter",

@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from .checks import int_arg, real_arg, seed_arg, token_list
 from .sampling import filter_probs, sample_from, softmax
 from .session import open_session
 
 
 def repetition_rate(tokens: Sequence[int]) -> float:
     """1 - distinct / count of ``tokens`` (0 for all-distinct, -> 1 for one token repeated)."""
-    if len(tokens) == 0:
-        raise ValueError("tokens: need at least one token")
-    return 1.0 - len(set(int(t) for t in tokens)) / len(tokens)
+    toks = token_list(tokens, "tokens")
+    return 1.0 - len(set(toks)) / len(toks)
 
 
 class TemperatureController:
@@ -43,13 +43,17 @@ class TemperatureController:
         t_min: float = 0.05,
         t_max: float = 2.0,
     ) -> None:
+        for name, v in (("t0", t0), ("target_repetition", target_repetition), ("max_perplexity", max_perplexity)):
+            real_arg(v, name)
+        for name, v in (("step", step), ("t_min", t_min), ("t_max", t_max)):
+            real_arg(v, name)
         if not (0 < t_min <= t0 <= t_max and math.isfinite(t_max)):
             raise ValueError(f"t0: need 0 < t_min <= t0 <= t_max < inf, got t_min={t_min}, t0={t0}, t_max={t_max}")
         if not 0 <= target_repetition < 1:
             raise ValueError(f"target_repetition: must be in [0, 1), got {target_repetition!r}")
         if not (math.isfinite(max_perplexity) and max_perplexity > 1):
             raise ValueError(f"max_perplexity: must be finite and > 1, got {max_perplexity!r}")
-        if not isinstance(window, int) or window < 2:
+        if int_arg(window, "window") < 2:
             raise ValueError(f"window: must be an int >= 2, got {window!r}")
         if not 0 < step < 1:
             raise ValueError(f"step: must be in (0, 1), got {step!r}")
@@ -89,13 +93,14 @@ def generate_adaptive(
     docstring)."""
     if (controller is None) == (temperature is None):
         raise ValueError(f"controller, temperature: give exactly one, got {controller!r}, {temperature!r}")
-    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+    if temperature is not None and not (math.isfinite(real_arg(temperature, "temperature")) and temperature > 0):
         raise ValueError(f"temperature: must be finite and > 0, got {temperature!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 16:
+    if int_arg(max_new_tokens, "max_new_tokens") < 16:
         raise ValueError(f"max_new_tokens: must be an int >= 16 (one measurement window), got {max_new_tokens!r}")
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ValueError("prompt_ids: need at least one token")
+    if controller is not None and not isinstance(controller, TemperatureController):
+        raise TypeError(f"controller: expected a TemperatureController, got {type(controller).__name__}")
+    seed = seed_arg(seed)
+    prompt = token_list(prompt_ids, "prompt_ids")
     rng = np.random.default_rng(seed)
     sess = open_session(model, True)
     logits = sess.extend(prompt)[-1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -19,14 +21,21 @@ class GPTConfig:
     rope: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len", "n_kv_heads"):
+            v = getattr(self, name)
+            if isinstance(v, np.integer) and not isinstance(v, bool):  # np.int64(256) is a valid size
+                object.__setattr__(self, name, int(v))
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: must be a positive int, got {v!r}")
+        if not isinstance(self.rope, (bool, np.bool_)):
+            raise TypeError(f"rope: expected a bool, got {type(self.rope).__name__} {self.rope!r}")
+        object.__setattr__(self, "rope", bool(self.rope))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
         kv = self.kv_heads
-        if not isinstance(kv, int) or kv < 1 or self.n_heads % kv:
+        if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_heads % kv:
             raise ValueError(f"n_kv_heads: must divide n_heads={self.n_heads}, got {self.n_kv_heads!r}")
         if self.rope and self.head_dim % 2:
             raise ValueError(f"rope: head_dim={self.head_dim} must be even (rotate-half pairs i and i + head_dim/2)")

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .checks import int_arg, real_arg
+
 
 def delta_compress(x: np.ndarray, threshold: float, keyframe_every: int = 16) -> dict[str, Any]:
     """Compress ``x`` [T, D]; returns dict(shape, keyframe_every, rows) where rows[t] is ("key", row) or
@@ -26,9 +28,11 @@ def delta_compress(x: np.ndarray, threshold: float, keyframe_every: int = 16) ->
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1 or not np.issubdtype(x.dtype, np.floating):
         raise ValueError(f"x: expected a float array [T, D] with T, D >= 1, got {x.dtype} {x.shape}")
-    if not (isinstance(threshold, int | float) and math.isfinite(threshold) and threshold >= 0):
+    if not np.isfinite(x).all():
+        raise ValueError("x: delta compression needs finite values (a NaN row would never be sent as a delta)")
+    if not (math.isfinite(real_arg(threshold, "threshold")) and threshold >= 0):
         raise ValueError(f"threshold: must be a finite number >= 0, got {threshold!r}")
-    if not isinstance(keyframe_every, int) or keyframe_every < 1:
+    if int_arg(keyframe_every, "keyframe_every") < 1:
         raise ValueError(f"keyframe_every: must be an int >= 1, got {keyframe_every!r}")
     rows: list[tuple[Any, ...]] = []
     recon = None

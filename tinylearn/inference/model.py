@@ -27,6 +27,7 @@ import numpy as np
 
 from ..autograd import Tensor, cat, no_grad
 from ..nn import GELU, Embedding, LayerNorm, Linear, Module, ModuleList
+from .checks import int_arg
 from .config import GPTConfig
 
 ROPE_BASE = 10000.0
@@ -59,6 +60,7 @@ def apply_rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
 
 def causal_mask(t: int, start: int) -> np.ndarray:
     """[t, start + t] additive mask: 0 where key j <= start + i, -inf above."""
+    t, start = int_arg(t, "t", minimum=0), int_arg(start, "start", minimum=0)
     s = start + t
     keep = np.arange(s)[None, :] <= (start + np.arange(t))[:, None]
     return np.where(keep, 0.0, -np.inf).astype(np.float32)
@@ -68,9 +70,16 @@ class DenseKVCache:
     """Preallocated per-layer K/V [B, Hkv, max_seq_len, hd] and the number of cached positions ``length``."""
 
     def __init__(self, config: GPTConfig, batch_size: int = 1, dtype: Any = np.float32) -> None:
+        c = GPTConfig.coerce(config)
+        batch_size = int_arg(batch_size, "batch_size")
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-        c = config
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"dtype: expected a numpy float dtype, got {dtype!r}") from e
+        if dtype.kind != "f":
+            raise TypeError(f"dtype: expected a numpy float dtype, got {dtype}")
         shape = (batch_size, c.kv_heads, c.max_seq_len, c.head_dim)
         self.k = [np.zeros(shape, dtype) for _ in range(c.n_layers)]
         self.v = [np.zeros(shape, dtype) for _ in range(c.n_layers)]
@@ -90,6 +99,10 @@ def kv_append(k_cache: np.ndarray, v_cache: np.ndarray, length: int, k: np.ndarr
     """Write k/v [B, H, T, D] into the preallocated caches [B, H, max_len, D] at [length, length + T).
 
     Returns the new length; ValueError (naming max_len) when the caches would overflow."""
+    length = int_arg(length, "length", minimum=0)
+    k, v = np.asarray(k), np.asarray(v)
+    if k.ndim != 4 or np.ndim(k_cache) != 4 or np.shape(v_cache) != np.shape(k_cache):
+        raise ValueError(f"k, k_cache: expected 4-D [B, H, T, D] arrays, got {k.shape}, {np.shape(k_cache)}")
     t = k.shape[2]
     if k.shape != v.shape or k.shape[:2] != k_cache.shape[:2] or k.shape[3] != k_cache.shape[3]:
         raise ValueError(f"k, v: expected [B, H, T, D] matching the cache {k_cache.shape}, got {k.shape}, {v.shape}")
@@ -102,6 +115,9 @@ def kv_append(k_cache: np.ndarray, v_cache: np.ndarray, length: int, k: np.ndarr
 
 def kv_gather(k_cache: np.ndarray, v_cache: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """The first ``length`` cached positions (views, no copy): [B, H, length, D] each."""
+    length = int_arg(length, "length", minimum=0)
+    if length > np.shape(k_cache)[2]:
+        raise ValueError(f"length: {length} exceeds the cache's max_len={np.shape(k_cache)[2]}")
     return k_cache[:, :, :length], v_cache[:, :, :length]
 
 

@@ -14,20 +14,39 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import to_numpy
+from .checks import (
+    InvalidDistributionError,
+    bool_arg,
+    check_vocab,
+    int_arg,
+    logit_vector,
+    prob_vector,
+    real_arg,
+    seed_arg,
+    token_list,
+)
 from .session import max_len, open_session
 
 
 def _check(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not isinstance(temperature, int | float) or not np.isfinite(temperature) or temperature < 0:
+    t = real_arg(temperature, "temperature")
+    if not np.isfinite(t) or t < 0:
         raise ValueError(f"temperature: must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int | np.integer) or top_k < 1):
-        raise ValueError(f"top_k: must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (not isinstance(top_p, int | float) or not 0 < top_p <= 1):
+    if top_k is not None:
+        int_arg(top_k, "top_k", minimum=1)
+    if top_p is not None and not 0 < real_arg(top_p, "top_p") <= 1:  # also rejects NaN
         raise ValueError(f"top_p: must be None or in (0, 1], got {top_p!r}")
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
+    """float64 softmax over the last axis (NaN in, NaN out, as torch's softmax)."""
+    a = to_numpy(x, "x")
+    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+        raise TypeError(f"x: expected numeric logits, got dtype {a.dtype}")
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError(f"x: softmax needs at least one entry on the last axis, got shape {a.shape}")
+    x = np.asarray(a, dtype=np.float64)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -38,7 +57,8 @@ def top_k_filter(probs: np.ndarray, k: int) -> np.ndarray:
         raise TypeError(f"k: expected an int >= 1, got {type(k).__name__} {k!r}")
     if k < 1:
         raise ValueError(f"k: must be >= 1, got {k}")
-    p = np.asarray(probs, dtype=np.float64)
+    k = int(k)  # -k of a numpy uint8 would wrap around
+    p = prob_vector(probs)
     if k >= p.shape[-1]:
         return p / p.sum()
     kth = np.sort(p)[-k]
@@ -52,7 +72,7 @@ def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
         raise TypeError(f"top_p: expected a float in (0, 1], got {type(top_p).__name__} {top_p!r}")
     if not 0.0 < top_p <= 1.0:  # also rejects NaN
         raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
-    p = np.asarray(probs, dtype=np.float64)
+    p = prob_vector(probs)
     order = np.argsort(-p, kind="stable")
     before = np.cumsum(p[order]) - p[order]  # mass of the tokens ranked above each one
     keep_sorted = before < top_p
@@ -66,14 +86,19 @@ def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
 def filter_probs(
     logits: Any, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> np.ndarray:
-    """The float64 distribution sampling draws from (temperature > 0): softmax(logits/T) -> top-k -> top-p."""
+    """The float64 distribution sampling draws from (temperature > 0): softmax(logits/T) -> top-k -> top-p.
+
+    NaN or +inf logits (and all -inf) have no distribution: InvalidDistributionError (a RuntimeError and a
+    ValueError), as ``torch.multinomial`` refuses the NaN probabilities softmax would give."""
     _check(temperature, top_k, top_p)
     if temperature == 0:
         raise ValueError("temperature: 0 means greedy decoding; filter_probs needs temperature > 0")
-    logits = np.asarray(logits, dtype=np.float64)
-    if logits.ndim != 1:
-        raise ValueError(f"logits: expected a [V] vector, got shape {logits.shape}")
-    p = softmax(logits / temperature)
+    logits = logit_vector(logits)
+    p = softmax(logits / float(temperature))
+    if not np.isfinite(p).all():  # a huge logit range / tiny temperature overflowing exp
+        raise InvalidDistributionError(
+            f"logits: softmax(logits / temperature={temperature!r}) is not finite; raise the temperature"
+        )
     if top_k is not None:
         p = top_k_filter(p, int(top_k))
     if top_p is not None:
@@ -82,7 +107,13 @@ def filter_probs(
 
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF draw: the first index whose cumulative probability exceeds u ~ U[0, 1)."""
+    """Inverse-CDF draw: the first index whose cumulative probability exceeds u ~ U[0, 1).
+
+    ``probs`` need not sum to 1, but must be finite, >= 0 and not all zero (as for ``torch.multinomial``)."""
+    probs = prob_vector(probs)
+    if not isinstance(rng, np.random.Generator):
+        got = type(rng).__name__
+        raise TypeError(f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)), got {got}")
     c = np.cumsum(probs)
     i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
     i = min(i, len(probs) - 1)
@@ -95,6 +126,8 @@ def choose(
     logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None, rng: np.random.Generator
 ) -> int:
     if temperature == 0:
+        if np.isnan(logits).any():  # argmax would pick the first NaN as if it were the best token
+            raise InvalidDistributionError("logits: the model produced NaN logits; greedy decoding has no argmax")
         return int(np.argmax(logits))
     return sample_from(filter_probs(logits, temperature, top_k, top_p), rng)
 
@@ -114,11 +147,10 @@ def generate(
     kv_cache=True: one prefill forward over the prompt, then one single-token forward per new token (O(S) each);
     False: every step re-runs the model over the whole sequence (O(S^2) attention per step)."""
     _check(temperature, top_k, top_p)
-    prompt = [int(t) for t in np.asarray(prompt_ids).reshape(-1)]
-    if not prompt:
-        raise ValueError("prompt_ids: need at least one token")
-    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: must be an int >= 0, got {max_new_tokens!r}")
+    prompt = token_list(prompt_ids, "prompt_ids")
+    max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", minimum=0)
+    kv_cache = bool_arg(kv_cache, "kv_cache")
+    seed = seed_arg(seed)
     m = max_len(model)
     if m is not None and len(prompt) + max_new_tokens - 1 > m:
         raise ValueError(
@@ -126,9 +158,10 @@ def generate(
         )
     rng = np.random.default_rng(seed)
     out: list[int] = []
+    sess = open_session(model, kv_cache)  # refuses a non-model even when nothing is generated
+    check_vocab(prompt, sess, "prompt_ids")
     if max_new_tokens == 0:
         return out
-    sess = open_session(model, kv_cache)
     logits = sess.extend(prompt)[-1]
     while True:
         tok = choose(logits, temperature, top_k, top_p, rng)

@@ -35,15 +35,19 @@ from typing import Any
 
 import numpy as np
 
+from .checks import int_arg, real_arg, seed_arg
+
 
 def _check_requests(requests: Sequence[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
+        raise TypeError(f"requests: expected a list of request dicts, got {type(requests).__name__}")
     out = []
     for i, r in enumerate(requests):
         try:
-            a, p, o = float(r["arrival"]), int(r["prompt_len"]), int(r["output_len"])
-            slo = float(r.get("slo", math.inf))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"requests[{i}]: need arrival (s), prompt_len and output_len, got {r!r}") from e
+            a, slo = float(r["arrival"]), float(r.get("slo", math.inf))
+            p, o = int_arg(r["prompt_len"], f"requests[{i}].prompt_len"), int_arg(r["output_len"], "output_len")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"requests[{i}]: need arrival (s) and integer prompt_len and output_len, got {r!r}") from e
         if not math.isfinite(a) or a < 0 or p < 1 or o < 1 or not slo > 0:
             raise ValueError(
                 f"requests[{i}]: arrival >= 0, prompt_len >= 1, output_len >= 1, slo > 0 required, got {r!r}"
@@ -248,7 +252,8 @@ def simulate_serving(
 
 def linear_step_cost(fixed_s: float, per_token_s: float) -> Callable[[int], float]:
     """step_cost(n) = fixed_s + per_token_s * n: a weight-read floor plus per-token compute."""
-    if fixed_s < 0 or per_token_s < 0:
+    fixed_s, per_token_s = real_arg(fixed_s, "fixed_s"), real_arg(per_token_s, "per_token_s")
+    if not (fixed_s >= 0 and per_token_s >= 0 and math.isfinite(fixed_s) and math.isfinite(per_token_s)):
         raise ValueError(f"fixed_s, per_token_s: must be >= 0, got {fixed_s}, {per_token_s}")
     return lambda n: fixed_s + per_token_s * n
 
@@ -261,9 +266,16 @@ def poisson_requests(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """n requests with exponential inter-arrival times (``rate`` req/s) and uniform prompt/output lengths."""
-    if n < 1 or not rate > 0 or not np.isfinite(rate):  # `not rate > 0` also rejects NaN
+    n = int_arg(n, "n")
+    if n < 1 or not real_arg(rate, "rate") > 0 or not np.isfinite(rate):  # `not rate > 0` also rejects NaN
         raise ValueError(f"n, rate: need n >= 1 and a finite rate > 0, got {n}, {rate}")
-    rng = np.random.default_rng(seed)
+    for name, rng_ in (("prompt_len", prompt_len), ("output_len", output_len)):
+        if not isinstance(rng_, (tuple, list)) or len(rng_) != 2:
+            raise TypeError(f"{name}: expected a (low, high) pair of ints, got {rng_!r}")
+        lo, hi = int_arg(rng_[0], name), int_arg(rng_[1], name)
+        if not 1 <= lo <= hi:
+            raise ValueError(f"{name}: need 1 <= low <= high, got {rng_!r}")
+    rng = np.random.default_rng(seed_arg(seed))
     arr = np.cumsum(rng.exponential(1.0 / rate, n))
     p = rng.integers(prompt_len[0], prompt_len[1] + 1, n)
     o = rng.integers(output_len[0], output_len[1] + 1, n)

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._inputs import to_numpy
 from ..autograd import no_grad
+from .checks import bool_arg, int_arg, token_list
 from .model import TinyGPT
 
 
@@ -34,7 +36,9 @@ class GPTSession:
     """A TinyGPT decoding one sequence, with a dense KV cache (kv_cache=True) or full recompute (False)."""
 
     def __init__(self, model: TinyGPT, kv_cache: bool = True) -> None:
-        self.model, self.kv_cache = model, kv_cache
+        if not isinstance(model, TinyGPT):
+            raise TypeError(f"model: expected a TinyGPT, got {type(model).__name__}")
+        self.model, self.kv_cache = model, bool_arg(kv_cache, "kv_cache")
         self.vocab_size = model.config.vocab_size
         self.cache = model.new_cache(1) if kv_cache else None
         self.tokens: list[int] = []
@@ -45,9 +49,7 @@ class GPTSession:
         return len(self.tokens)
 
     def extend(self, tokens: list[int]) -> np.ndarray:
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("tokens: extend needs at least one token")
+        tokens = token_list(tokens, "tokens")
         self.forward_calls += 1
         with no_grad():
             if self.cache is not None:
@@ -58,7 +60,7 @@ class GPTSession:
         return out
 
     def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
+        if not 0 <= int_arg(length, "length") <= self.length:
             raise ValueError(f"length: must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
         if self.cache is not None:
@@ -72,14 +74,20 @@ class TableLM:
     target's exact sequence distribution computable (a Markov chain), so a chi-square test can check sampling."""
 
     def __init__(self, table: Any) -> None:
-        t = np.asarray(table, dtype=np.float64)
-        if t.ndim != 2 or t.shape[0] != t.shape[1]:
-            raise ValueError(f"table: expected a square [V, V] logits table, got shape {t.shape}")
+        a = to_numpy(table, "table")
+        if a.dtype.kind not in "fiu":
+            raise TypeError(f"table: expected a numeric [V, V] logits table, got dtype {a.dtype}")
+        t = np.asarray(a, dtype=np.float64)
+        if t.ndim != 2 or t.shape[0] != t.shape[1] or t.shape[0] == 0:
+            raise ValueError(f"table: expected a square [V, V] logits table with V >= 1, got shape {t.shape}")
+        if np.isnan(t).any() or (t == np.inf).any():
+            raise ValueError("table: logits must not be NaN or +inf (-inf masks a token)")
         self.table = t
         self.vocab_size = t.shape[0]
         self.calls = 0
 
     def session(self, kv_cache: bool = True) -> _TableSession:
+        bool_arg(kv_cache, "kv_cache")
         return _TableSession(self)
 
 
@@ -92,21 +100,22 @@ class _TableSession:
         return len(self.tokens)
 
     def extend(self, tokens: list[int]) -> np.ndarray:
-        tokens = [int(t) for t in tokens]
-        if not tokens or min(tokens) < 0 or max(tokens) >= self.vocab_size:
+        tokens = token_list(tokens, "tokens")
+        if max(tokens) >= self.vocab_size:
             raise ValueError(f"tokens: need >= 1 id in [0, {self.vocab_size}), got {tokens}")
         self.lm.calls += 1
         self.tokens += tokens
         return self.lm.table[tokens]
 
     def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
+        if not 0 <= int_arg(length, "length") <= self.length:
             raise ValueError(f"length: must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
 
 
 def open_session(model: Any, kv_cache: bool = True) -> Any:
     """A decoding session for ``model`` (TinyGPT or any object with ``session(kv_cache=...)``)."""
+    kv_cache = bool_arg(kv_cache, "kv_cache")
     if isinstance(model, TinyGPT):
         return GPTSession(model, kv_cache)
     if callable(getattr(model, "session", None)):

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .checks import real_arg
+
 
 def _check_jobs(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(jobs) == 0:
@@ -99,10 +101,15 @@ def simulate_shared_device(jobs: Sequence[dict[str, Any]], policy: str = "urgenc
 
 def weighted_tail_latency(latencies: Sequence[float], weights: Sequence[float], q: float = 99.0) -> float:
     """sum_g w_g * percentile_q(latencies of the jobs with weight w_g) / sum_g w_g over the distinct weights g."""
-    lat, w = np.asarray(latencies, float), np.asarray(weights, float)
+    try:
+        lat, w = np.asarray(latencies, float), np.asarray(weights, float)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"latencies, weights: expected sequences of numbers, got {latencies!r}, {weights!r}") from e
     if lat.ndim != 1 or lat.shape != w.shape or lat.size == 0:
         raise ValueError(f"weights: need one weight per latency (non-empty), got {w.shape} vs {lat.shape}")
-    if not (0 <= q <= 100):
+    if np.isnan(lat).any():
+        raise ValueError("latencies: NaN latency (a job that never ran is +inf, not NaN)")
+    if not (0 <= real_arg(q, "q") <= 100):
         raise ValueError(f"q: must be a percentile in [0, 100], got {q!r}")
     if not np.all(w > 0):
         raise ValueError(f"weights: must all be > 0, got min {w.min()}")

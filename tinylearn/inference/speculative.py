@@ -18,12 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from .checks import check_vocab, int_arg, prob_vector, real_arg, seed_arg, token_list
 from .sampling import filter_probs, sample_from
 from .session import max_len, open_session
 
 
 def accept_draft(p_x: float, q_x: float, u: float) -> bool:
     """The acceptance rule: keep draft token x when u < min(1, p(x) / q(x)) (u ~ U[0, 1))."""
+    for name, v in (("p_x", p_x), ("q_x", q_x)):
+        if not 0.0 <= real_arg(v, name) <= 1.0:  # also rejects NaN
+            raise ValueError(f"{name}: must be a probability in [0, 1], got {v!r}")
+    if not 0.0 <= real_arg(u, "u") < 1.0:
+        raise ValueError(f"u: must be a uniform draw in [0, 1), got {u!r}")
     if q_x <= 0:
         return False  # the draft cannot have proposed it; treat as rejected
     return u < min(1.0, p_x / q_x)
@@ -31,9 +37,12 @@ def accept_draft(p_x: float, q_x: float, u: float) -> bool:
 
 def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """norm(max(0, p - q)); falls back to p when p <= q everywhere (then a rejection has probability 0)."""
-    r = np.maximum(0.0, np.asarray(p, np.float64) - np.asarray(q, np.float64))
+    p, q = prob_vector(p, "p"), prob_vector(q, "q")
+    if p.shape != q.shape:
+        raise ValueError(f"p, q: expected distributions over the same vocabulary, got shapes {p.shape}, {q.shape}")
+    r = np.maximum(0.0, p - q)
     s = r.sum()
-    return r / s if s > 0 else np.asarray(p, np.float64) / np.sum(p)
+    return r / s if s > 0 else p / p.sum()
 
 
 def speculative_generate(
@@ -55,15 +64,14 @@ def speculative_generate(
     never judged, so accepted / proposed underestimates it), round_log ([(drafts proposed, tokens emitted)] per
     round), tokens_per_target_call (generate(target) needs 1 target
     call per token)."""
-    if not isinstance(k, int | np.integer) or k < 1:
+    if int_arg(k, "k") < 1:
         raise ValueError(f"k: number of draft tokens must be an int >= 1, got {k!r}")
-    if not isinstance(temperature, int | float) or not np.isfinite(temperature) or temperature < 0:
+    temp = real_arg(temperature, "temperature")
+    if not np.isfinite(temp) or temp < 0:
         raise ValueError(f"temperature: must be a finite number >= 0, got {temperature!r}")
-    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: must be an int >= 0, got {max_new_tokens!r}")
-    prompt = [int(t) for t in np.asarray(prompt_ids).reshape(-1)]
-    if not prompt:
-        raise ValueError("prompt_ids: need at least one token")
+    max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", minimum=0)
+    seed = seed_arg(seed)
+    prompt = token_list(prompt_ids, "prompt_ids")
     for name, m in (("target", target), ("draft", draft)):
         n = max_len(m)
         if n is not None and len(prompt) + max_new_tokens - 1 > n:
@@ -79,6 +87,7 @@ def speculative_generate(
     vt, vd = getattr(st, "vocab_size", None), getattr(sd, "vocab_size", None)
     if vt is not None and vd is not None and vt != vd:
         raise ValueError(f"draft: vocab_size {vd} differs from the target's {vt}")
+    check_vocab(prompt, st, "prompt_ids")
     if len(prompt) > 1:
         st.extend(prompt[:-1])
         sd.extend(prompt[:-1])

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .._inputs import as_array
+from .._inputs import as_array, as_int
 
 _FLOATS = (np.float16, np.float32, np.float64)
 PUBLIC_NAMES = {"cpp": "cpu"}  # this topic named the C++ backend "cpu" first; both spellings are accepted
@@ -278,8 +278,9 @@ def layer_norm(
     x = _as_float(x, "x")
     mod = _kernel("layer_norm", backend, version)
     ct = _compute_dtype(mod, x.dtype, "x")
-    if not (isinstance(eps, int | float) and eps >= 0):
+    if isinstance(eps, bool) or not (isinstance(eps, int | float | np.integer | np.floating) and eps >= 0):
         raise ValueError(f"eps: must be a number >= 0, got {eps!r}")
+    eps = float(eps)
     w, b, norm, c = _ln_params(x, weight, bias, ct)
     lead = x.shape[: x.ndim - len(norm)]
     x2 = _prep(x, ct).reshape(-1, c)
@@ -383,8 +384,7 @@ def _attn_prep(
         raise ValueError(f"k: need at least one key and head dim >= 1, got k {k.shape}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise TypeError(f"q/k/v: dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if not isinstance(block_size, int | np.integer) or block_size < 1:
-        raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
+    block_size = as_int(block_size, "block_size", min=1)
     ct = _compute_dtype(mod, q.dtype, "q")
 
     def flat(a: np.ndarray) -> np.ndarray:

@@ -5,13 +5,15 @@
 
 Allocators (each with backend="python" (the readable reference) or "cpp" (tinylearn._C.memory), same offsets for
 the same trace): BumpAllocator, FirstFitAllocator, BestFitAllocator, BuddyAllocator, SlabAllocator,
-CachingAllocator. Planner: plan, lower_bound. Traces: TraceRecorder, random_ops, replay_stats. pooled(alloc).
+CachingAllocator. Planner: plan, lower_bound. Compaction: plan_window, plan_greedy_ratio, apply_plan.
+Traces: TraceRecorder, random_ops, replay_stats. pooled(alloc).
 """
 
 from .base import STAT_KEYS, Allocator, align_up, external_fragmentation
 from .buddy import BuddyAllocator, buddy_of, next_pow2, split_block
 from .bump import BumpAllocator
 from .caching import CachingAllocator, CachingConfig, allocation_size, round_size
+from .compaction import CompactionPlan, apply_plan, holes, largest_free, plan_greedy_ratio, plan_window
 from .estimate import estimate, measure_peak, model_state_bytes, transformer_memory
 from .freelist import BestFitAllocator, FirstFitAllocator
 from .planner import check_plan, lower_bound, plan, plan_greedy
@@ -46,11 +48,15 @@ __all__ = [
     "TraceRecorder",
     "align_up",
     "CachingConfig",
+    "CompactionPlan",
+    "apply_plan",
     "allocation_size",
     "buddy_of",
     "check_plan",
     "count_numpy_allocations",
     "external_fragmentation",
+    "holes",
+    "largest_free",
     "estimate",
     "lifetimes_from_ops",
     "lower_bound",
@@ -62,6 +68,8 @@ __all__ = [
     "stream_ordered_checksum",
     "plan",
     "plan_greedy",
+    "plan_greedy_ratio",
+    "plan_window",
     "plot_arena",
     "pooled",
     "random_ops",

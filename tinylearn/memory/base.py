@@ -46,6 +46,8 @@ STAT_KEYS = (
 
 def align_up(x: int, a: int) -> int:
     """Smallest multiple of ``a`` that is >= ``x`` (a > 0)."""
+    if type(x) is not int or type(a) is not int:  # the check costs the allocators' hot path only for non-ints
+        x, a = check_int("x", x), check_int("a", a)
     if a <= 0:
         raise ValueError(f"a: the alignment must be positive, got {a}")
     return (x + a - 1) // a * a

@@ -16,11 +16,12 @@ and no bytes are lost on the first allocation. Internal fragmentation = rounding
 
 from __future__ import annotations
 
-from .base import Allocator, PyCore, check_power_of_two, make_core, register_core
+from .base import Allocator, PyCore, check_int, check_power_of_two, make_core, register_core
 
 
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
+    n = check_int("n", n)
     if n < 1:
         raise ValueError(f"n: must be >= 1, got {n}")
     return 1 << (n - 1).bit_length()
@@ -68,6 +69,7 @@ class PyBuddy(PyCore):
     def __init__(self, capacity: int, min_block: int = 256) -> None:
         min_block = check_power_of_two("min_block", min_block)
         super().__init__(capacity, min_block)
+        capacity = self.capacity  # a Python int (numpy integers are valid sizes)
         if capacity < min_block:
             raise ValueError(f"capacity: {capacity} is smaller than min_block={min_block}")
         self.min_block = min_block

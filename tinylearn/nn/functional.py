@@ -22,10 +22,10 @@ from ..autograd.tensor import Tensor
 from ..conv.functional import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
 from . import functional_fused as _fused
 from .functional_act import *  # noqa: F403  (activations, one_hot)
+from .functional_attention import scaled_dot_product_attention  # noqa: F401
 from .functional_dropout import DropoutFn, dropout  # noqa: F401  (DropoutFn: kept importable from here)
-from .functional_extra import *  # noqa: F403  (more losses, sdpa, group_norm, pad, torch's cross_entropy)
-from .functional_extra import cross_entropy
-from .functional_loss import mse_loss
+from .functional_extra import *  # noqa: F403  (more losses, group_norm, pad)
+from .functional_loss import cross_entropy, mse_loss
 from .functional_norm import batch_norm, layer_norm
 from .functional_spatial import *  # noqa: F403  (conv1d/3d, conv_transpose, 1d/3d/adaptive pools, interpolate)
 

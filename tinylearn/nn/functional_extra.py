@@ -1,18 +1,17 @@
-"""More torch.nn.functional: losses, normalize, cosine_similarity, scaled_dot_product_attention, group_norm, pad.
-All are compositions of differentiable Tensor ops (autograd derives the VJPs), except pad (ops_movement.Pad).
+"""More torch.nn.functional: losses, normalize, cosine_similarity, group_norm, pad (scaled_dot_product_attention and
+cross_entropy are re-exported from functional_attention.py / functional_loss.py). All are compositions of
+differentiable Tensor ops (autograd derives the VJPs), except pad (ops_movement.Pad, plus slicing for negative pads).
 
     bce               -(w) [y log p + (1-y) log(1-p)]                 (log clamped at -100, as torch)
     bce_with_logits   (1-y) x + (1 + (pw-1) y) softplus(-x)           (stable: never exp of a large positive)
     nll_loss          -x[n, t_n] (weighted mean over the non-ignored targets)
     kl_div            target (log target - input)   (input is log-probabilities; log_target= as torch)
     huber             0.5 d^2 if |d| < delta else delta (|d| - 0.5 delta);  smooth_l1 = huber / beta
-    sdpa              softmax(Q K^T / sqrt(d) + mask) V
     group_norm        (x - mean_g) / sqrt(var_g + eps) * w + b        (statistics over each group of channels)
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -20,9 +19,9 @@ import numpy as np
 from ..autograd import factory as _f
 from ..autograd.ops_movement import Pad
 from ..autograd.tensor import Tensor
-from . import functional_fused as _fused
 from .functional_act import softplus
-from .functional_dropout import dropout
+from .functional_attention import scaled_dot_product_attention  # noqa: F401  (re-exported)
+from .functional_loss import cross_entropy  # noqa: F401  (the implementation; re-exported here)
 
 _RED = ("mean", "sum", "none")
 
@@ -152,34 +151,6 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     return (x1 * x2).sum(dim) / (n1 * n2)
 
 
-def scaled_dot_product_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Tensor:
-    """softmax(Q K^T * scale + mask) V; a bool mask keeps True positions, a float mask is added.
-
-    Without mask, dropout or a non-default scale (and outside autocast) this is one node on the registered
-    ``kernels.attention`` flash kernel (functional_fused.py); otherwise the composite below."""
-    if _fused.sdpa_fits(query, key, value, attn_mask, dropout_p, scale):
-        return _fused.ScaledDotProductAttention.apply(query, key, value, causal=bool(is_causal))
-    lq, lk = query.shape[-2], key.shape[-2]
-    s = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
-    if is_causal:
-        s = s.masked_fill(~np.tril(np.ones((lq, lk), bool)), -np.inf)
-    if attn_mask is not None:
-        m = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
-        s = s.masked_fill(~m, -np.inf) if m.dtype == np.bool_ else s + attn_mask
-    a = s.softmax(-1)
-    if dropout_p > 0:
-        a = dropout(a, dropout_p)
-    return a @ value
-
-
 def group_norm(
     input: Tensor,
     num_groups: int,
@@ -206,76 +177,34 @@ def instance_norm(input: Tensor, weight: Tensor | None = None, bias: Tensor | No
     return group_norm(input, input.shape[1], weight, bias, eps)
 
 
+def _pad_crop(x: Tensor, pad: tuple[int, ...]) -> Tensor:
+    """``x`` with max(-p, 0) cells cut from each side (the negative entries of a torch ``pad`` list)."""
+    sl = [slice(None)] * x.ndim
+    for j in range(len(pad) // 2):
+        ax = x.ndim - 1 - j
+        lo, hi = max(-pad[2 * j], 0), max(-pad[2 * j + 1], 0)
+        sl[ax] = slice(lo, x.shape[ax] - hi)
+    return x[tuple(sl)]
+
+
 def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Tensor:  # noqa: A002
-    """torch.nn.functional.pad: ``pad`` lists (left, right) pairs starting from the LAST dim."""
-    return Pad.apply(input, tuple(int(p) for p in pad), mode=mode, value=0.0 if value is None else value)
-
-
-def cross_entropy(
-    input: Tensor,  # noqa: A002
-    target: Any,
-    weight: Any = None,
-    size_average: Any = None,
-    ignore_index: int = -100,
-    reduce: Any = None,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-) -> Tensor:
-    """torch's cross_entropy: class-index or probability targets, inputs [N, C] / [C] / [N, C, d1, ...], class
-    ``weight``, ``ignore_index``, ``label_smoothing``, ``reduction``. The plain case is the fused
-    functional_loss.CrossEntropyFn; weights and probability targets use log_softmax + a weighted sum.
-    (A string as the third positional argument is read as ``reduction``, as in tinylearn's older signature.)"""
-    from .functional_loss import cross_entropy as _fused
-
-    if isinstance(weight, str):
-        weight, reduction = None, weight
-    if reduction not in _RED:
-        raise ValueError(f"reduction: must be one of {_RED}, got {reduction!r}")
-    t = target.data if isinstance(target, Tensor) else np.asarray(target)
-    probs = t.dtype.kind == "f"
-    if probs and t.shape != input.shape:
-        raise TypeError(
-            f"cross_entropy: target must hold integer class indices, or probabilities of the input's shape "
-            f"{input.shape}; got dtype {t.dtype} shape {t.shape}"
-        )
-    x = input
-    if x.ndim > 2:  # [N, C, d1, ...] -> [N * d1 * ..., C]
-        c = x.shape[1]
-        x = x.movedim(1, -1).reshape(-1, c)
-        t = np.moveaxis(t, 1, -1).reshape(-1, c) if probs else t.reshape(-1)
-    spatial = input.shape[:1] + input.shape[2:] if input.ndim > 2 else None
-    if not probs and weight is None:
-        out = _fused(x, t, reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing)
-    else:
-        squeeze = x.ndim == 1
-        if squeeze:
-            x, t = x.reshape(1, -1), t.reshape(1, -1) if probs else t.reshape(1)
-        n, c = x.shape
-        w = np.ones(c, x.dtype) if weight is None else np.asarray(weight.data if isinstance(weight, Tensor) else weight)
-        logp = x.log_softmax(1)
-        if probs:
-            if t.shape != x.shape:
-                raise ValueError(f"cross_entropy: probability target shape {t.shape} != input shape {x.shape}")
-            tt = t * (1 - label_smoothing) + label_smoothing / c
-            out = -(logp * Tensor((tt * w).astype(x.dtype))).sum(1)
-            denom = n
-        else:
-            valid = t != ignore_index
-            if ((t[valid] < 0) | (t[valid] >= c)).any():
-                raise ValueError(f"cross_entropy: target out of range [0, {c}) for input shape {input.shape}")
-            ts = np.where(valid, t, 0)
-            wt = (w[ts] * valid).astype(x.dtype)
-            out = -logp.gather(1, ts[:, None]).reshape(-1) * Tensor(wt * (1 - label_smoothing))
-            if label_smoothing:
-                smooth = -(logp * Tensor((w * label_smoothing / c).astype(x.dtype))).sum(1)
-                out = out + smooth * Tensor(valid.astype(x.dtype))
-            denom = wt.sum()
-        if reduction == "mean":
-            return out.sum() / denom
-        if reduction == "sum":
-            return out.sum()
-        if squeeze:
-            out = out.reshape(())
-    if reduction == "none" and spatial is not None:
-        out = out.reshape(spatial)
-    return out
+    """torch.nn.functional.pad: ``pad`` lists (left, right) pairs starting from the LAST dim. A negative entry crops
+    that side, as torch: circular crops first and wraps the cropped input; constant / reflect / replicate pad the
+    whole input first (a reflection reads cells a crop removes) and then crop."""
+    if not isinstance(pad, tuple | list) or not all(isinstance(p, int | np.integer) for p in pad):
+        raise TypeError(f"pad: expected a tuple of ints, got {pad!r}")
+    pads = tuple(int(p) for p in pad)
+    if len(pads) % 2 or len(pads) // 2 > input.ndim:
+        raise ValueError(f"pad: padding {pads} must have an even length <= 2 * ndim for input shape {input.shape}")
+    val = 0.0 if value is None else value
+    if min(pads, default=0) >= 0:
+        return Pad.apply(input, pads, mode=mode, value=val)
+    for j in range(len(pads) // 2):
+        ax, n = input.ndim - 1 - j, input.shape[input.ndim - 1 - j]
+        out = n + pads[2 * j] + pads[2 * j + 1]
+        if out < 0:
+            raise ValueError(f"pad: padding {pads} would make dim {ax} (size {n}) {out} long ({mode!r} mode)")
+    grow = tuple(max(p, 0) for p in pads)
+    if mode == "circular":
+        return Pad.apply(_pad_crop(input, pads), grow, mode=mode, value=val)
+    return _pad_crop(Pad.apply(input, grow, mode=mode, value=val), pads)

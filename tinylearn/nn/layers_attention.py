@@ -10,8 +10,11 @@ Multi-head attention (Vaswani et al. 2017, torch.nn.MultiheadAttention's paramet
 M combines ``attn_mask`` ([L, S] or [N*H, L, S]) and ``key_padding_mask`` ([N, S]); in both a bool True means
 "do not attend" (torch.nn.MultiheadAttention's convention, the opposite of scaled_dot_product_attention's) and a float
 mask is added to the scores. ``need_weights`` returns the attention probabilities, averaged over heads unless
-``average_attn_weights=False``. Names, shapes, defaults and the init (xavier_uniform_ in_proj, zero biases) follow
-torch, so ``module.load_state_dict(torch_module.state_dict())`` reproduces torch's outputs.
+``average_attn_weights=False``. A query whose keys are all masked (a fully padded sequence) gets output 0 and
+attention weights 0, as torch's scaled_dot_product_attention path (``need_weights=False``, TransformerEncoderLayer
+in training); torch's ``need_weights=True`` path gives NaN there. Names, shapes, defaults and the init
+(xavier_uniform_ in_proj, zero biases) follow torch, so ``module.load_state_dict(torch_module.state_dict())``
+reproduces torch's outputs.
 
 TransformerEncoderLayer (post-norm, torch's default): x = LN1(x + SA(x)); x = LN2(x + FF(x)), FF = W2 act(W1 x);
 ``norm_first=True`` (pre-norm): x = x + SA(LN1(x)); x = x + FF(LN2(x)).
@@ -29,6 +32,7 @@ import numpy as np
 from ..autograd.tensor import Tensor
 from . import functional as F
 from . import init
+from .functional_attention import masked_softmax
 from .layers import Dropout, LayerNorm, Linear, ModuleList
 from .module import Module
 from .parameter import Parameter
@@ -198,7 +202,7 @@ class MultiheadAttention(Module):
             scores = (qh @ kh.transpose(-2, -1)) * (1.0 / math.sqrt(d))
             if mask is not None:
                 scores = scores + mask
-            attn = scores.softmax(-1)
+            attn = masked_softmax(scores)  # a fully masked row: probabilities 0, not NaN (see functional_attention)
             if p > 0:  # torch returns the dropped-out probabilities as attn_weights too
                 attn = F.dropout(attn, p)
             ctx = attn @ vh

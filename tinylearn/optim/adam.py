@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.tensor import Tensor
-from .optimizer import Optimizer, check_betas, register_step
+from .optimizer import Optimizer, check_betas, check_hyper, register_step
 
 
 class Adam(Optimizer):
@@ -34,8 +34,8 @@ class Adam(Optimizer):
         *,
         backend: str | None = None,
     ) -> None:
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"{type(self).__name__}: lr {lr}, eps {eps}, weight_decay {weight_decay} must be >= 0")
+        for name, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            check_hyper(name, v)
         check_betas(betas)
         super().__init__(
             params,

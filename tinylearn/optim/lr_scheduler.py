@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from .._inputs import as_int
 from .optimizer import Optimizer
 
 
@@ -37,9 +38,7 @@ class LRScheduler:
 
 class StepLR(LRScheduler):
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
-        if step_size < 1:
-            raise ValueError(f"step_size: must be >= 1, got {step_size}")
-        self.step_size, self.gamma = step_size, gamma
+        self.step_size, self.gamma = as_int(step_size, "step_size", min=1), gamma
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, base_lr: float, t: int) -> float:

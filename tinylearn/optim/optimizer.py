@@ -80,11 +80,7 @@ class Optimizer:
         g = {**self.defaults, **group, "params": ps}
         for name in ("lr", "momentum", "dampening", "weight_decay", "eps"):
             if name in g:
-                v = g[name]
-                if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
-                    raise TypeError(f"{name}: expected a real number, got {type(v).__name__} {v!r}")
-                if not math.isfinite(v) or v < 0:
-                    raise ValueError(f"{name}: must be finite and >= 0, got {v}")
+                check_hyper(name, g[name])
         if "betas" in g:
             check_betas(g["betas"])
         seen = {id(p) for old in self.param_groups for p in old["params"]}
@@ -181,6 +177,15 @@ class Optimizer:
             flat[int(i)]: {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
             for i, s in sd["state"].items()
         }
+
+
+def check_hyper(name: str, v: Any) -> float:
+    """A hyper-parameter (lr, momentum, eps, ...): a finite real >= 0; TypeError/ValueError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+        raise TypeError(f"{name}: expected a real number, got {type(v).__name__} {v!r}")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: must be finite and >= 0, got {v}")
+    return float(v)
 
 
 def check_betas(betas: Any) -> tuple[float, float]:

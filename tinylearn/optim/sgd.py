@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.tensor import Tensor
-from .optimizer import Optimizer, register_step
+from .optimizer import Optimizer, check_hyper, register_step
 
 
 class SGD(Optimizer):
@@ -32,8 +32,8 @@ class SGD(Optimizer):
         *,
         backend: str | None = None,
     ) -> None:
-        if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: lr {lr}, momentum {momentum}, weight_decay {weight_decay} must be >= 0")
+        for name, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay), ("dampening", dampening)):
+            check_hyper(name, v)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("nesterov: Nesterov momentum requires momentum > 0 and dampening = 0")
         super().__init__(

@@ -9,6 +9,11 @@ accumulate in ``stage_module``'s parameters, exactly those of the single-process
 mean loss (up to fp32 summation order over microbatches). Messages carry a small header (dtype, shape) so stages
 may change the activation shape. ``events`` keeps (kind, mb, start_s, end_s) per op for a Gantt chart, times from
 a barrier at the start of the step.
+
+The constructor handshakes (schedule, n_microbatches, n_stages) over the group: ranks that disagree raise
+ValueError naming each rank's schedule instead of deadlocking until the process-group timeout. A peer that dies
+or hangs surfaces as a RuntimeError naming this stage, the peer rank, the message (activation/gradient of which
+microbatch) and the cause (connection closed / timed out).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..dist.collectives import check_same_across_ranks, peer_failure
 from .schedules import pipeline_schedule
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 _HDR = 10
+_SCHEDULES = ("gpipe", "1f1b")
 
 
 class PipelineParallel:
@@ -45,6 +52,15 @@ class PipelineParallel:
         self.n_stages, self.stage = dist.get_world_size(group), dist.get_rank(group)
         ranks = list(range(self.n_stages)) if group is None else dist.get_process_group_ranks(group)
         self.ranks = ranks
+        # ranks running different schedules or microbatch counts would wait on each other's messages until the
+        # process-group timeout: agree first (one small all-reduce), naming every rank's schedule on a mismatch
+        check_same_across_ranks(
+            "PipelineParallel",
+            [("schedule", _SCHEDULES.index(schedule)), ("n_microbatches", n_microbatches), ("n_stages", self.n_stages)],
+            group,
+            lambda i, v: repr(_SCHEDULES[v]) if i == 0 and 0 <= v < len(_SCHEDULES) else str(v),
+            count_first=False,
+        )
         self.ops = pipeline_schedule(schedule, self.n_stages, n_microbatches)[self.stage]
         self.events: list[tuple[str, int, float, float]] = []
         self.peak_held = 0
@@ -57,20 +73,35 @@ class PipelineParallel:
     def is_last(self) -> bool:
         return self.stage == self.n_stages - 1
 
+    def _failed(self, what: str, e: BaseException) -> RuntimeError:
+        return peer_failure(what, f"PipelineParallel stage {self.stage} (rank {self.ranks[self.stage]})", e)
+
+    def _what(self, peer: int, tag: int, verb: str) -> str:
+        kind = "activation" if tag < self.m else "gradient"
+        return f"{verb} rank {self.ranks[peer]} (stage {peer}) of the {kind} of microbatch {tag % self.m}"
+
     def _send(self, t: torch.Tensor, peer: int, tag: int, works: list[Any]) -> None:
         t = t.detach().contiguous()
         hdr = torch.zeros(_HDR, dtype=torch.int64)
         hdr[0], hdr[1] = _DTYPES.index(t.dtype), t.dim()
         hdr[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-        works.append((dist.isend(hdr, self.ranks[peer], tag=2 * tag), hdr))
-        works.append((dist.isend(t, self.ranks[peer], tag=2 * tag + 1), t))
+        what = self._what(peer, tag, "send to")
+        try:
+            # the tensors ride along in ``works``: alive until the sends completed
+            works.append((dist.isend(hdr, self.ranks[peer], group=self.group, tag=2 * tag), what, hdr))
+            works.append((dist.isend(t, self.ranks[peer], group=self.group, tag=2 * tag + 1), what, t))
+        except RuntimeError as e:
+            raise self._failed(what, e) from e
 
     def _recv(self, peer: int, tag: int) -> torch.Tensor:
         hdr = torch.empty(_HDR, dtype=torch.int64)
-        dist.recv(hdr, self.ranks[peer], tag=2 * tag)
-        shape = [int(x) for x in hdr[2 : 2 + int(hdr[1])]]
-        out = torch.empty(shape, dtype=_DTYPES[int(hdr[0])])
-        dist.recv(out, self.ranks[peer], tag=2 * tag + 1)
+        try:
+            dist.recv(hdr, self.ranks[peer], group=self.group, tag=2 * tag)
+            shape = [int(x) for x in hdr[2 : 2 + int(hdr[1])]]
+            out = torch.empty(shape, dtype=_DTYPES[int(hdr[0])])
+            dist.recv(out, self.ranks[peer], group=self.group, tag=2 * tag + 1)
+        except RuntimeError as e:
+            raise self._failed(self._what(peer, tag, "receive from"), e) from e
         return out
 
     def train_step(
@@ -97,7 +128,11 @@ class PipelineParallel:
         held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         loss_sum = torch.zeros(())
         self.events, self.peak_held = [], 0
-        dist.barrier(group=self.group)
+        try:
+            dist.barrier(group=self.group)
+        except RuntimeError as e:
+            others = ", ".join(f"rank {r}" for i, r in enumerate(self.ranks) if i != self.stage)
+            raise self._failed(f"barrier at the start of train_step with {others}", e) from e
         t0 = time.perf_counter()
         for kind, mb in self.ops:
             start = time.perf_counter() - t0
@@ -128,7 +163,13 @@ class PipelineParallel:
                 if not self.is_first:
                     self._send(x.grad, self.stage - 1, m + mb, works)
             self.events.append((kind, mb, start, time.perf_counter() - t0))
-        for w, _ in works:
-            w.wait()
-        dist.broadcast(loss_sum, self.ranks[-1], group=self.group)
+        for w, what, _ in works:
+            try:
+                w.wait()
+            except RuntimeError as e:
+                raise self._failed(what, e) from e
+        try:
+            dist.broadcast(loss_sum, self.ranks[-1], group=self.group)
+        except RuntimeError as e:
+            raise self._failed(f"broadcast of the loss from rank {self.ranks[-1]} (last stage)", e) from e
         return loss_sum

@@ -20,9 +20,10 @@ Model (a transformer with Ψ = n_params parameters, L layers, hidden h, sequence
 rate of the matmuls, not divided by anything. Calibrate it from a measured forward+backward of one layer, and
 alpha/beta from the collective the job really uses (a measured all-reduce), as notebook 10 does.
 
-Configurations are skipped when tp does not divide h, pp exceeds L, or dp·b does not divide global_batch.
-The result is sorted by estimated step time (fastest first); configurations over ``memory_per_rank_bytes`` are
-dropped (an empty list means nothing fits: raise ZeRO's stage, lower b, or add ranks).
+(tp, pp) run over the divisors of world_size (from its prime factorisation, ``divisors.py``: 100 for 10**9, two
+for a prime), never over every integer. Configurations are skipped when tp does not divide h, pp exceeds L, or dp·b
+does not divide global_batch. The result is sorted by estimated step time (fastest first); configurations over
+``memory_per_rank_bytes`` are dropped (an empty list means nothing fits: raise ZeRO's stage, lower b, or add ranks).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..dist import cost_model
+from .divisors import divisors
 from .zero import zero_memory_per_rank
+
+_MAX_WORLD = 2**63 - 1  # int64: factorised in milliseconds; larger counts are not a world size
 
 
 class Plan(NamedTuple):
@@ -122,8 +126,15 @@ def plan_3d(
         "microbatch_size": microbatch_size,
     }
     for name, v in ints.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):  # numpy integers are fine, floats and bools not
+            raise TypeError(f"{name}: expected an int >= 1, got {type(v).__name__} {v!r}")
+        if v.__index__() < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    world_size, n_params, n_layers, hidden, seq_len, global_batch, microbatch_size = (
+        v.__index__() for v in ints.values()
+    )
+    if world_size > _MAX_WORLD:
+        raise ValueError(f"world_size: expected an int in [1, 2**63), got {world_size}")
     if not memory_per_rank_bytes > 0:
         raise ValueError(f"memory_per_rank_bytes: expected > 0, got {memory_per_rank_bytes!r}")
     link = link or {"alpha_s": 5e-6, "beta_s_per_byte": 1 / 100e9}
@@ -133,11 +144,11 @@ def plan_3d(
         raise ValueError(f"flops_per_s: expected > 0, got {flops_per_s!r}")
     _check_model_args(tp_allreduces_per_layer, dtype_bytes, optimizer_s_per_param)
     out: list[Plan] = []
-    for tp in range(1, world_size + 1):
-        if world_size % tp or hidden % tp:
-            continue
-        for pp in range(1, world_size // tp + 1):
-            if (world_size // tp) % pp or pp > n_layers:
+    divs = divisors(world_size)  # via the prime factorisation: 100 for 10**9, 2 for a prime
+    pps = [d for d in divs if d <= n_layers]
+    for tp in (d for d in divs if hidden % d == 0):
+        for pp in pps:
+            if (world_size // tp) % pp:
                 continue
             dp = world_size // (tp * pp)
             if global_batch % (dp * microbatch_size):

@@ -25,29 +25,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinylearn._inputs import as_int
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 Op = tuple  # ("F"|"B", microbatch) or ("F"|"B", microbatch, chunk)
 
 
-def _check(name: str, n_stages: int, n_microbatches: int, n_chunks: int) -> None:
-    if name not in SCHEDULES:
+def _check(name: str, n_stages: int, n_microbatches: int, n_chunks: int) -> tuple[int, int, int]:
+    """The three counts as Python ints (numpy integers accepted, bool/float refused), after validation."""
+    if not isinstance(name, str) or name not in SCHEDULES:
         raise ValueError(f"name: unknown schedule {name!r}; expected one of {SCHEDULES}")
-    for arg, v in (("n_stages", n_stages), ("n_microbatches", n_microbatches), ("n_chunks", n_chunks)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{arg}: expected an int >= 1, got {v!r}")
+    n_stages, n_microbatches, n_chunks = (
+        as_int(v, arg, min=1)
+        for arg, v in (("n_stages", n_stages), ("n_microbatches", n_microbatches), ("n_chunks", n_chunks))
+    )
     if name != "interleaved_1f1b" and n_chunks != 1:
         raise ValueError(f"n_chunks: only 'interleaved_1f1b' uses model chunks; got n_chunks={n_chunks} for {name!r}")
     if name == "interleaved_1f1b" and n_microbatches % n_stages:
         raise ValueError(
             f"n_microbatches: the interleaved schedule needs a multiple of n_stages={n_stages}, got {n_microbatches}"
         )
+    return n_stages, n_microbatches, n_chunks
 
 
 def pipeline_schedule(name: str, n_stages: int, n_microbatches: int, n_chunks: int = 1) -> list[list[Op]]:
     """Per stage, the ordered operations of one training step (see the module docstring)."""
-    _check(name, n_stages, n_microbatches, n_chunks)
-    p, m, v = n_stages, n_microbatches, n_chunks
+    p, m, v = _check(name, n_stages, n_microbatches, n_chunks)
     out: list[list[Op]] = []
     for s in range(p):
         if name == "gpipe":
@@ -77,8 +81,7 @@ def pipeline_schedule(name: str, n_stages: int, n_microbatches: int, n_chunks: i
 
 def bubble_fraction(name: str, n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
     """Idle fraction of each stage: (p-1)/(m+p-1), interleaved (p-1)/(v·m+p-1)."""
-    _check(name, n_stages, n_microbatches, n_chunks)
-    p, m, v = n_stages, n_microbatches, n_chunks
+    p, m, v = _check(name, n_stages, n_microbatches, n_chunks)
     return (p - 1) / (v * m + p - 1)
 
 

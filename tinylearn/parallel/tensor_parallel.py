@@ -16,11 +16,19 @@ transformer layer costs 2 + 2 all-reduces of b·s·h elements per step (``allred
 Weights are initialised like ``nn.Linear`` on the full matrix (same RNG on every rank) and sliced, so a TP layer
 built after ``torch.manual_seed(s)`` equals the dense layer built after the same seed; ``from_linear`` slices an
 existing dense layer.
+
+Every rank must feed the same input shape (batch included): the outermost TP call (a layer, ``ParallelMLP``,
+``ParallelSelfAttention``, ``copy_to_tp``/``reduce_from_tp``) handshakes the input's dims and dtype once per
+forward (one all-reduce of 20 int64, ``check_input_across_ranks``); a mismatch raises ValueError on every rank
+naming the dimension and each rank's value instead of aborting inside gloo. Backward shapes follow from forward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..dist import all_gather, all_reduce
+from ..dist.collectives import check_same_across_ranks
 
 COUNTS: dict[str, int] = {"all_reduce": 0, "all_gather": 0}
 
@@ -77,6 +86,47 @@ def _my_slice(x: torch.Tensor, group: Any) -> torch.Tensor:
     return x.narrow(-1, r * (n // t), n // t).contiguous()
 
 
+_MAX_DIMS = 8
+_TLS = threading.local()
+_DTYPE_CODES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def check_input_across_ranks(x: torch.Tensor, group: Any = None, who: str = "tensor parallel") -> None:
+    """Collective: every TP rank must feed the same input shape and dtype (the batch included). The collectives of
+    the TP operators run unchecked, and a size mismatch inside gloo aborts the rank; this one all-reduce of 20 int64
+    makes every rank raise ValueError naming the first differing dimension and each rank's value instead."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input: expected a torch.Tensor, got {type(x).__name__}")
+    shape = list(x.shape)
+    if len(shape) > _MAX_DIMS:  # fold leading dimensions: fixed-size message, numel still compared
+        shape = [math.prod(shape[: len(shape) - _MAX_DIMS + 1]), *shape[len(shape) - _MAX_DIMS + 1 :]]
+    shape += [-1] * (_MAX_DIMS - len(shape))
+    code = _DTYPE_CODES.index(x.dtype) if x.dtype in _DTYPE_CODES else 99
+    fields = [("input.dim()", x.dim()), ("input.dtype", code)]
+    fields += [(f"input.shape[{d}]" + (" (the batch)" if d == 0 else ""), n) for d, n in enumerate(shape)]
+
+    def show(i: int, v: int) -> str:
+        if i == 1:
+            return str(_DTYPE_CODES[v]) if v < len(_DTYPE_CODES) else f"dtype code {v}"
+        return "(no such dimension)" if i >= 2 and v == -1 else str(v)
+
+    check_same_across_ranks(f"{who} input (shape {tuple(x.shape)} here)", fields, group, show, count_first=False)
+
+
+@contextlib.contextmanager
+def _entry(x: torch.Tensor, group: Any, who: str) -> Iterator[None]:
+    """Check the input once per outermost TP call (nested TP modules see shapes derived from it)."""
+    if getattr(_TLS, "inside", False):
+        yield
+        return
+    check_input_across_ranks(x, group, who)
+    _TLS.inside = True
+    try:
+        yield
+    finally:
+        _TLS.inside = False
+
+
 class _CopyToTP(torch.autograd.Function):  # f
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -122,12 +172,14 @@ class _ScatterToTP(torch.autograd.Function):
 
 def copy_to_tp(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """f: identity forward, all-reduce of the gradient backward."""
-    return _CopyToTP.apply(x, group)
+    with _entry(x, group, "copy_to_tp"):
+        return _CopyToTP.apply(x, group)
 
 
 def reduce_from_tp(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """g: all-reduce forward, identity backward."""
-    return _ReduceFromTP.apply(x, group)
+    with _entry(x, group, "reduce_from_tp"):
+        return _ReduceFromTP.apply(x, group)
 
 
 def _dense_init(out_features: int, in_features: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -185,8 +237,9 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(
                 f"input: last dimension must be in_features={self.in_features}, got shape {tuple(x.shape)}"
             )
-        y = self.local_forward(copy_to_tp(x, self.group))
-        return _GatherFromTP.apply(y, self.group) if self.gather_output else y
+        with _entry(x, self.group, "ColumnParallelLinear"):
+            y = self.local_forward(copy_to_tp(x, self.group))
+            return _GatherFromTP.apply(y, self.group) if self.gather_output else y
 
     def extra_repr(self) -> str:
         return (
@@ -240,13 +293,14 @@ class RowParallelLinear(nn.Module):
                 raise ValueError(
                     f"input: input_is_parallel=True expects last dimension in_features/tp={local}, got {tuple(x.shape)}"
                 )
-        else:
-            if x.shape[-1] != self.in_features:
-                raise ValueError(
-                    f"input: last dimension must be in_features={self.in_features}, got shape {tuple(x.shape)}"
-                )
-            x = _ScatterToTP.apply(x, self.group)
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        elif x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"input: last dimension must be in_features={self.in_features}, got shape {tuple(x.shape)}"
+            )
+        with _entry(x, self.group, "RowParallelLinear"):
+            if not self.input_is_parallel:
+                x = _ScatterToTP.apply(x, self.group)
+            y = reduce_from_tp(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:
@@ -276,7 +330,8 @@ class ParallelMLP(nn.Module):
         self.fc2 = RowParallelLinear.from_linear(dense.fc2, input_is_parallel=True, group=group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        with _entry(x, self.fc1.group, "ParallelMLP"):
+            return self.fc2(F.gelu(self.fc1(x)))
 
 
 class DenseSelfAttention(nn.Module):
@@ -317,9 +372,10 @@ class ParallelSelfAttention(nn.Module):
         self._attend = dense.attend.__func__  # same math as the dense module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(x, self.group)
-        q, k, v = self.q.local_forward(x), self.k.local_forward(x), self.v.local_forward(x)
-        return self.o(self._attend(self, q, k, v, self.local_heads))
+        with _entry(x, self.group, "ParallelSelfAttention"):
+            x = copy_to_tp(x, self.group)
+            q, k, v = self.q.local_forward(x), self.k.local_forward(x), self.v.local_forward(x)
+            return self.o(self._attend(self, q, k, v, self.local_heads))
 
 
 # ----------------------------------------------------------------------------------- single-process simulation

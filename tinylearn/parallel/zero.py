@@ -30,6 +30,17 @@ Data flow of ``step()`` (gradients are averaged over the group here: DDP semanti
   the parameter's storage to 0 bytes (like FSDP), so the views autograd saved stay valid and see the re-gathered
   values in backward. Pass the ``nn.Module`` as ``params`` to get the hooks; with a plain parameter list use
   ``with opt.gather_parameters(): ...`` around forward and backward.
+
+Cross-rank safety: the collectives above run without a size check (a mismatch inside gloo aborts the rank), so the
+constructor handshakes once (``tl.dist.collectives.check_params_across_ranks``: stage, bucket cap, parameter count,
+dims, dtypes, requires_grad flags, shapes) and every rank raises ValueError naming the first difference and each
+rank's value; each gradient bucket and each stage-3 gather also agrees on its index (one 2-int all-reduce), so
+ranks that skip a parameter raise instead of aborting. A parameter listed twice is refused (ValueError naming its
+index). A peer that dies or hangs mid-step surfaces as a RuntimeError naming the rank waited for and the cause.
+
+Why one file: the three stages are one optimizer whose paths share the per-parameter slot bookkeeping, the bucket
+and gather hooks and the cross-rank handshake; the single-process helpers at the end (memory formula, shard bounds,
+state sharding) are the exact arithmetic that code uses and are tested against it, so they stay next to it.
 """
 
 from __future__ import annotations
@@ -43,7 +54,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._inputs import as_int, is_int
 from ..dist import all_gather, all_reduce, reduce_scatter
+from ..dist.collectives import check_params_across_ranks, check_same_across_ranks
 
 # stage 3 gathers parameters in a full backward pre-hook; on the first layer (input without grad) torch warns that
 # the hook fires for the outputs only — which is exactly when the gather is needed.
@@ -60,16 +73,14 @@ def zero_memory_per_rank(
     K (optimizer_state bytes per parameter) = fp32 state (Adam 8, SGD-momentum 4) + 4 for the fp32 master copy
     when the parameters are stored in 16 bits (dtype_bytes < 4): mixed-precision Adam has K = 12.
     """
-    if isinstance(n_params, bool) or not isinstance(n_params, int) or n_params < 0:
-        raise ValueError(f"n_params: expected an int >= 0, got {n_params!r}")
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage: expected 0, 1, 2 or 3, got {stage!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
-    if dtype_bytes not in (1, 2, 4, 8):
+    n_params = as_int(n_params, "n_params", min=0)
+    stage = as_int(stage, "stage", min=0, max=3)
+    world_size = as_int(world_size, "world_size", min=1)
+    if not is_int(dtype_bytes) or int(dtype_bytes) not in (1, 2, 4, 8):
         raise ValueError(f"dtype_bytes: expected 1, 2, 4 or 8, got {dtype_bytes!r}")
     if not isinstance(optimizer, str) or optimizer.lower() not in _STATE_BYTES:
         raise ValueError(f"optimizer: expected one of {sorted(_STATE_BYTES)}, got {optimizer!r}")
+    dtype_bytes = int(dtype_bytes)
     k = _STATE_BYTES[optimizer.lower()] + (4 if dtype_bytes < 4 else 0)
     psi, n = float(n_params), world_size
     params = dtype_bytes * psi / (n if stage >= 3 else 1)
@@ -128,15 +139,28 @@ class ZeroOptimizer:
         plist = list(module.parameters() if module is not None else params)
         if not plist:
             raise ValueError("params: got an empty parameter list")
+        seen: dict[int, int] = {}
         for i, p in enumerate(plist):
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"params[{i}]: expected a torch.Tensor, got {type(p).__name__}")
             if not p.dtype.is_floating_point:
                 raise TypeError(f"params[{i}]: expected a floating-point tensor, got {p.dtype}")
+            if id(p) in seen:  # stages 1/2 would update it twice, stage 3 free it under its own feet
+                raise ValueError(
+                    f"params[{i}]: the same tensor as params[{seen[id(p)]}] (shape {tuple(p.shape)}); "
+                    "list every parameter once"
+                )
+            seen[id(p)] = i
+        if isinstance(bucket_cap_bytes, bool) or not isinstance(bucket_cap_bytes, int) or bucket_cap_bytes < 1:
+            raise ValueError(f"bucket_cap_bytes: expected an int >= 1, got {bucket_cap_bytes!r}")
         self.stage, self.group, self.module = stage, group, module
         self.world_size, self.rank = _group_info(group)
+        # step() runs its collectives unchecked (a size mismatch inside gloo aborts the rank): agree once here
+        setup = [("stage", stage), ("bucket_cap_bytes", bucket_cap_bytes if stage >= 2 else 0)]
+        check_params_across_ranks("ZeroOptimizer", plist, group, setup)
         self.params = plist
         self.slots = [_Slot(p, self.world_size, self.rank) for p in plist]
+        self._index = {id(sl): i for i, sl in enumerate(self.slots)}
         self._handles: list[Any] = []
         self._grads_reduced = False
         for sl in self.slots:
@@ -198,6 +222,13 @@ class ZeroOptimizer:
         todo = [sl for sl in slots if sl.p.data.untyped_storage().nbytes() != sl.numel * sl.p.element_size()]
         if not todo:
             return  # already gathered (the same on every rank: all ranks run the same hooks)
+        # every rank must gather the same parameters (ranks that run different modules would abort inside gloo)
+        check_same_across_ranks(
+            "ZeroOptimizer stage-3 parameter gather",
+            [("first parameter gathered", self._index[id(todo[0])]), ("parameters gathered", len(todo))],
+            self.group,
+            count_first=False,
+        )
         fulls = self._gather_many([sl.p_shard for sl in todo], todo)
         for sl, full in zip(todo, fulls, strict=True):
             sl.p.data.untyped_storage().resize_(sl.numel * sl.p.element_size())
@@ -227,6 +258,14 @@ class ZeroOptimizer:
         bucket = self._buckets[b]
         dtype = next((sl.p.grad.dtype for sl in bucket if sl.p.grad is not None), bucket[0].p.dtype)
         total = sum(sl.s for sl in bucket)
+        # ranks must reduce the buckets in the same order (a parameter frozen or skipped on one rank only changes
+        # it): one tiny all-reduce per bucket turns a gloo abort into a ValueError naming the buckets
+        check_same_across_ranks(
+            "ZeroOptimizer gradient bucket order",
+            [("gradient bucket", b), ("bucket elements", total)],
+            self.group,
+            count_first=False,
+        )
         flat = torch.zeros(self.world_size, total, dtype=dtype)
         off = 0
         for sl in bucket:
@@ -436,12 +475,9 @@ class ZeroOptimizer:
 def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     """Rank ``rank``'s element range [lo, hi) of a flat tensor of ``numel`` elements: slices of s = ceil(numel/N)
     elements (the tensor padded to N·s), so the last ranks may own fewer elements or none."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank: expected 0 <= rank < {world_size}, got {rank!r}")
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
-        raise ValueError(f"numel: expected an int >= 0, got {numel!r}")
+    world_size = as_int(world_size, "world_size", min=1)
+    rank = as_int(rank, "rank", min=0, max=world_size - 1)
+    numel = as_int(numel, "numel", min=0)
     s = math.ceil(numel / world_size)
     return min(rank * s, numel), min((rank + 1) * s, numel)
 

@@ -10,7 +10,8 @@ composition of repeated pruning (PruningContainer), ``remove`` to make it perman
     tl.prune.AGPSchedule(initial_sparsity, final_sparsity, start_step, end_step, frequency)(step) -> float
 
 Submodules: masks (numpy math), methods, functional, schedules, scores (magnitude, gradient, Taylor, SNIP,
-OBD/Fisher), sensitivity (per-layer sweeps), surgery (physically remove channels), lottery (iterative pruning
+OBD/Fisher), sensitivity (per-layer sweeps), surgery (physically remove channels),
+rigl (dynamic sparse training: RigL, train_rigl), lottery (iterative pruning
 with rewinding), bench.
 """
 
@@ -40,6 +41,7 @@ from .methods import (
     RandomStructured,
     RandomUnstructured,
 )
+from .rigl import RigL, cosine_update_fraction, drop_and_grow, train_rigl
 from .schedules import AGPSchedule, OneShotSchedule, amount_to_reach
 
 __all__ = [
@@ -54,7 +56,10 @@ __all__ = [
     "PruningContainer",
     "RandomStructured",
     "RandomUnstructured",
+    "RigL",
     "amount_to_reach",
+    "cosine_update_fraction",
+    "drop_and_grow",
     "custom_from_mask",
     "global_unstructured",
     "identity",
@@ -71,4 +76,5 @@ __all__ = [
     "remove",
     "restore",
     "sparsity",
+    "train_rigl",
 ]

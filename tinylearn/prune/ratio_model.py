@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import sparse
+from .._inputs import is_int
 from .masks import n_m_mask
 
 FORMATS = ("csr", "ell", "bsr")
@@ -38,9 +39,21 @@ def _mask(mask: Any) -> np.ndarray:
     return m != 0
 
 
-def _block(block_size: int, shape: tuple[int, int]) -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size < 1:
+def _check_block(block_size: int) -> int:
+    if not is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    return int(block_size)
+
+
+def _check_fraction(name: str, v: float, what: str) -> float:
+    """``v`` in (0, 1] as a float (Python or numpy int/float; bool refused), else ValueError naming ``name``."""
+    if not (is_int(v) or isinstance(v, float | np.floating)) or not 0 < v <= 1:
+        raise ValueError(f"{name}: expected {what}, got {v!r}")
+    return float(v)
+
+
+def _block(block_size: int, shape: tuple[int, int]) -> int:
+    block_size = _check_block(block_size)
     if shape[0] % block_size or shape[1] % block_size:
         raise ValueError(f"block_size: {block_size} must divide the mask shape {shape}")
     return int(block_size)
@@ -56,8 +69,7 @@ def pattern_features(mask: Any, block_size: int = 4, sample: float | None = None
     b = _block(block_size, m.shape)
     M, K = m.shape
     if sample is not None:
-        if isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 < sample <= 1:
-            raise ValueError(f"sample: expected None or a fraction in (0, 1], got {sample!r}")
+        sample = _check_fraction("sample", sample, "None or a fraction in (0, 1]")
         nb = M // b
         take = np.sort(np.random.default_rng(seed).choice(nb, size=max(1, int(np.ceil(sample * nb))), replace=False))
         m = m.reshape(nb, b, K)[take].reshape(-1, K)
@@ -93,13 +105,12 @@ def random_pattern(kind: str, shape: tuple[int, int], density: float, rng: np.ra
     uniform)."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-    if not (isinstance(density, int | float) and 0 < density <= 1):
-        raise ValueError(f"density: expected a number in (0, 1], got {density!r}")
+    density = _check_fraction("density", density, "a number in (0, 1]")
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy Generator, got {type(rng).__name__}")
-    if len(shape) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 or s % 4 for s in shape):
+    if len(shape) != 2 or any(not is_int(s) or s < 4 or s % 4 for s in shape):
         raise ValueError(f"shape: expected (M, K) with M, K positive multiples of 4, got {shape!r}")
-    M, K = shape
+    M, K = shape = (int(shape[0]), int(shape[1]))
     if kind == "uniform":
         return rng.random(shape) < density
     if kind == "row_skew":
@@ -132,17 +143,14 @@ class CompressionRatioModel:
     ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"fmt: expected one of {FORMATS}, got {fmt!r}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size < 1:
-            raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+        block_size = _check_block(block_size)
         names = FEATURES if features is None else tuple(features)
         if not names or any(f not in FEATURES for f in names) or len(set(names)) != len(names):
             raise ValueError(f"features: expected distinct names from {FEATURES}, got {features!r}")
         self.fmt, self.block_size, self.dtype = fmt, int(block_size), np.dtype(dtype)
         self.features = names
-        if sample is not None and (
-            isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 < sample <= 1
-        ):
-            raise ValueError(f"sample: expected None or a fraction in (0, 1], got {sample!r}")
+        if sample is not None:
+            sample = _check_fraction("sample", sample, "None or a fraction in (0, 1]")
         self.sample = sample
         self._cols = [FEATURES.index(f) for f in names]
         self.coef_: np.ndarray | None = None

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_int
+
 __all__ = ["RigL", "cosine_update_fraction", "drop_and_grow", "train_rigl"]
 
 
@@ -31,10 +33,8 @@ def cosine_update_fraction(step: int, alpha: float, t_end: int) -> float:
     """``alpha/2 * (1 + cos(pi * step / t_end))`` for step < t_end, else 0 (RigL's drop-fraction decay)."""
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"alpha: must be in (0, 1], got {alpha}")
-    if t_end < 1:
-        raise ValueError(f"t_end: must be >= 1, got {t_end}")
-    if step < 0:
-        raise ValueError(f"step: must be >= 0, got {step}")
+    t_end = as_int(t_end, "t_end", min=1)
+    step = as_int(step, "step", min=0)
     return 0.0 if step >= t_end else alpha / 2 * (1 + math.cos(math.pi * step / t_end))
 
 
@@ -51,6 +51,7 @@ def drop_and_grow(
         raise ValueError(f"mask/grow_score: shapes {mask.shape}/{grow_score.shape} must equal weight {weight.shape}")
     m = mask.astype(bool).ravel()
     n_active = int(m.sum())
+    k = as_int(k, "k")
     if not 0 <= k <= n_active:
         raise ValueError(f"k: must be in [0, {n_active}] (the number of active entries), got {k}")
     if k == 0:
@@ -70,7 +71,8 @@ def drop_and_grow(
 class RigL:
     """Masks + prune/regrow for a list of weight Parameters (tinylearn Tensors with ``.data`` and ``.grad``).
 
-    ``sparsity`` per layer (uniform), random initial masks (seeded). ``grow``: "gradient" (RigL),
+    ``sparsity`` per layer (uniform; every layer keeps at least one active weight, so a small layer can end up
+    less sparse than asked), random initial masks (seeded). ``grow``: "gradient" (RigL),
     "momentum" (EMA of the dense gradient, ``beta``), or "random" (SET).
     """
 
@@ -87,11 +89,11 @@ class RigL:
     ) -> None:
         if not 0.0 <= sparsity < 1.0:
             raise ValueError(f"sparsity: must be in [0, 1), got {sparsity}")
-        if delta_t < 1:
-            raise ValueError(f"delta_t: must be >= 1, got {delta_t}")
+        delta_t = as_int(delta_t, "delta_t", min=1)
         if grow not in ("gradient", "momentum", "random"):
             raise ValueError(f"grow: expected 'gradient', 'momentum' or 'random', got {grow!r}")
         cosine_update_fraction(0, alpha, t_end)  # validates alpha, t_end
+        t_end = as_int(t_end, "t_end")
         if not weights:
             raise ValueError("weights: empty list")
         self.weights, self.sparsity, self.delta_t, self.t_end = list(weights), sparsity, delta_t, t_end
@@ -100,7 +102,9 @@ class RigL:
         self.masks: list[np.ndarray] = []
         for w in self.weights:
             n = w.data.size
-            keep = n - int(round(sparsity * n))
+            # at least one active weight per layer: round(0.95 * 10) = 10 would leave a 10-weight layer dead (no
+            # output signal, nothing to drop, nothing the gradient score could ever grow back)
+            keep = min(n, max(1, n - int(round(sparsity * n))))
             m = np.zeros(n, bool)
             m[self.rng.permutation(n)[:keep]] = True
             self.masks.append(m.reshape(w.data.shape))
@@ -120,10 +124,12 @@ class RigL:
                 self.momentum[i] = self.beta * self.momentum[i] + (1 - self.beta) * w.grad.data
 
     def should_update(self, step: int) -> bool:
+        step = as_int(step, "step")
         return step > 0 and step % self.delta_t == 0 and step < self.t_end
 
     def update(self, step: int) -> dict[str, float]:
         """Drop/grow in every layer with fraction ``cosine_update_fraction(step)``; newly grown weights are zeroed."""
+        step = as_int(step, "step", min=0)
         f = cosine_update_fraction(step, self.alpha, self.t_end)
         changed, total, regrown_before = 0, 0, 0
         for i, w in enumerate(self.weights):
@@ -136,8 +142,9 @@ class RigL:
                 score = self.rng.random(w.data.shape)
             old = self.masks[i]
             new, dropped, grown = drop_and_grow(w.data, old, score, k)
-            flat = w.data.reshape(-1)
-            flat[grown] = 0.0  # grown connections start at zero
+            # grown connections start at zero; written through the weight itself (a reshape(-1) of a transposed or
+            # sliced weight is a copy, and writing into the copy left the regrown weights at their old values)
+            w.data[np.unravel_index(grown, w.data.shape)] = 0.0
             regrown_before += int(np.isin(grown, dropped).sum())
             changed += int((new & ~old).sum())
             total += int(old.sum())

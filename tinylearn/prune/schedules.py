@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numbers
 
+from .._inputs import is_int
+
 
 def _check_fraction(name: str, v: float) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
@@ -28,9 +30,16 @@ def _check_fraction(name: str, v: float) -> float:
 
 
 def _check_int(name: str, v: int, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+    if not is_int(v) or v < low:
         raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
     return int(v)
+
+
+def _step(step: int) -> int:
+    """The training step as a Python int (numpy ints and 0-d int tensors too); TypeError for bool/float/str."""
+    if not is_int(step):
+        raise TypeError(f"step: expected an int, got {type(step).__name__} {step!r}")
+    return int(step)
 
 
 class AGPSchedule:
@@ -53,20 +62,20 @@ class AGPSchedule:
         self.frequency = _check_int("frequency", frequency, 1)
 
     def __call__(self, step: int) -> float:
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-            raise TypeError(f"step: expected an int, got {type(step).__name__} {step!r}")
+        step = _step(step)
         t0, t_end = self.start_step, self.end_step
         if step < t0:
             return self.initial_sparsity
         if step >= t_end:
             return self.final_sparsity
-        t = t0 + ((int(step) - t0) // self.frequency) * self.frequency  # last update step
+        t = t0 + ((step - t0) // self.frequency) * self.frequency  # last update step
         p = (t - t0) / (t_end - t0)
         si, sf = self.initial_sparsity, self.final_sparsity
         return sf + (si - sf) * (1.0 - p) ** 3
 
     def should_update(self, step: int) -> bool:
         """True at t0, t0 + Δt, ... (< end_step) and at end_step."""
+        step = _step(step)
         if step == self.end_step:
             return True
         return self.start_step <= step < self.end_step and (step - self.start_step) % self.frequency == 0
@@ -86,10 +95,10 @@ class OneShotSchedule:
         self.step = _check_int("step", step, 0)
 
     def __call__(self, step: int) -> float:
-        return self.sparsity if step >= self.step else 0.0
+        return self.sparsity if _step(step) >= self.step else 0.0
 
     def should_update(self, step: int) -> bool:
-        return step == self.step
+        return _step(step) == self.step
 
 
 def amount_to_reach(current_sparsity: float, target_sparsity: float) -> float:

@@ -118,6 +118,14 @@ def calculate_qparams(min_val: Any, max_val: Any, dtype: str = "int8", symmetric
 _REAL_SCALARS = (float, int, np.floating, np.integer)
 
 
+def _qparam_array(v: Any, name: str) -> np.ndarray:
+    """A scale or zero point as an array; a ragged nested list is a ValueError naming ``name``."""
+    try:
+        return np.asarray(v)
+    except ValueError as e:
+        raise ValueError(f"{name}: not a number or a rectangular array of numbers ({e})") from None
+
+
 def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int | None, ndim: int, shape: tuple):
     if (
         axis is None
@@ -132,11 +140,12 @@ def _check_qparams(scale: Any, zero_point: Any, qmin: int, qmax: int, axis: int 
         if zi < qmin or zi > qmax:
             raise ValueError(f"zero_point: {zero_point!r} outside the quantized range [{qmin}, {qmax}]")
         return np.float32(sf), zi, None
-    s = np.asarray(scale)
+    if type(zero_point) is float or isinstance(zero_point, bool | np.bool_):  # torch: an int (or an int tensor)
+        raise TypeError(f"zero_point: must be an int or an array of ints, got {type(zero_point).__name__}")
+    s, z = _qparam_array(scale, "scale"), _qparam_array(zero_point, "zero_point")
     if s.dtype.kind not in "fiu":
         raise TypeError(f"scale: must be a positive number or an array of them, got {scale!r} (dtype {s.dtype})")
     s = s.astype(np.float64)
-    z = np.asarray(zero_point)
     if z.dtype.kind == "f":
         if not np.all(np.isfinite(z)) or np.any(z != np.round(z)):
             raise ValueError(f"zero_point: must be integers, got {zero_point!r}")

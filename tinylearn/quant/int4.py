@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array
+from .._inputs import as_array, as_int
 
 
 def pack_int4(q: Any) -> np.ndarray:
@@ -57,8 +57,7 @@ def unpack_int4(packed: Any, n: int, signed: bool = True) -> np.ndarray:
 
 
 def _groups(w: np.ndarray, group_size: int) -> np.ndarray:
-    if not isinstance(group_size, int | np.integer) or group_size < 1:
-        raise ValueError(f"group_size: must be a positive int, got {group_size!r}")
+    group_size = as_int(group_size, "group_size", min=1)
     if w.ndim < 1:
         raise ValueError("w: need at least 1 dimension, got a scalar")
     if w.shape[-1] % group_size:
@@ -71,8 +70,7 @@ def quantize_groupwise(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, scales, zero_points): q has w's shape (int8 if symmetric else uint8); scales/zero_points have shape
     w.shape[:-1] + (w.shape[-1] // group_size,)."""
-    if not isinstance(bits, int | np.integer) or not 2 <= bits <= 8:
-        raise ValueError(f"bits: must be an int in [2, 8], got {bits!r}")
+    bits = as_int(bits, "bits", min=2, max=8)
     wa = as_array(w, "w", dtypes=("f",)).astype(np.float32)
     if not np.all(np.isfinite(wa)):
         raise ValueError("w: contains NaN or inf")

@@ -13,12 +13,13 @@ numpy). A named compiled backend with a non-float input is a TypeError that name
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
 
 from .. import backends
-from .._inputs import as_array
+from .._inputs import as_array, is_int
 
 _COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -49,15 +50,44 @@ def index_array(a: Any, name: str, dtype: Any = np.int32) -> np.ndarray:
     return out
 
 
+def check_compressed(
+    indptr: np.ndarray, indices: np.ndarray, n_data: int, shape: tuple[int, int], *, columns: bool = True
+) -> None:
+    """What a kernel needs before it walks the rows of a compressed (CSR/BSR) matrix of ``shape`` (rows, columns; in
+    blocks for BSR): ``indptr`` of shape (rows+1,) rising from 0 to nnz without a step down, nnz = ``len(indices)``
+    = ``n_data`` (the entries in ``data``), and with ``columns`` every column in [0, columns).
+
+    O(rows) for ``indptr`` plus one read-only O(nnz) pass for the columns: cheap next to the product. Every matmul
+    backend runs it (or the same checks in C++ / inside the numba loop), so a matrix built with ``check=False`` is a
+    ValueError there, never an out-of-bounds access."""
+    M, K = shape
+    if M < 0 or K < 0:
+        raise ValueError(f"shape: negative dimension in {shape}")
+    if indptr.shape != (M + 1,):
+        raise ValueError(f"indptr: expected shape ({M + 1},) for {M} rows, got {indptr.shape}")
+    if indices.ndim != 1 or indices.shape[0] != n_data:
+        raise ValueError(f"indices/data: must be 1-D of equal length, got {indices.shape} and {n_data} entries")
+    nnz = indices.shape[0]
+    if indptr[0] != 0 or indptr[-1] != nnz:
+        raise ValueError(f"indptr: must rise from 0 to nnz={nnz}, got {indptr[0]}..{indptr[-1]}")
+    down = np.flatnonzero(indptr[1:] < indptr[:-1])
+    if down.size:
+        i = int(down[0])
+        raise ValueError(f"indptr: must not decrease, got indptr[{i}]={indptr[i]} > indptr[{i + 1}]={indptr[i + 1]}")
+    if columns and nnz and (indices.min() < 0 or indices.max() >= K):
+        bad = indices[(indices < 0) | (indices >= K)][0]
+        raise ValueError(f"indices: column {bad} out of range for {K} columns")
+
+
 def check_shape(shape: Any) -> tuple[int, int]:
     """A pair of non-negative Python/numpy ints (TypeError for (1, 4.7), which used to truncate to (1, 4))."""
     if not isinstance(shape, tuple | list) or len(shape) != 2:
         raise TypeError(f"shape: expected a pair of ints, got {shape!r}")
-    if not all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in shape):
+    if not all(is_int(v) for v in shape):
         raise TypeError(f"shape: expected a pair of ints, got {shape!r}")
     if min(shape) < 0:
         raise ValueError(f"shape: negative dimension in {tuple(shape)}")
-    return int(shape[0]), int(shape[1])
+    return operator.index(shape[0]), operator.index(shape[1])
 
 
 def register_matmul(op: str, numpy_fn: Any, cpp_fn: Any, numba_fn: Any = None, example: Any = None) -> None:
@@ -102,7 +132,10 @@ class SparseMatrix:
         b, _, fn = backends.resolve(self.op, backend, version, (self, x, dt))
         if b != "numpy":
             if dt not in _COMPILED_DTYPES:
-                raise TypeError(f"backend={b!r}: supports float32/float64 only, got dtype {dt}; use backend='numpy'")
+                raise TypeError(
+                    f"dense: backend={b!r} supports float32/float64 only, got dtype {dt} (the matrix is {self.dtype},"
+                    f" dense {x.dtype}); use backend='numpy'"
+                )
             x = np.ascontiguousarray(x, dtype=dt)
         return fn(self, x, dt)
 

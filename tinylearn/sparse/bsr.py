@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .base import SparseMatrix, as_2d, check_shape, example_input, index_array, register_matmul
-from .csr import CSR
+from .._inputs import as_int, is_int
+from .base import SparseMatrix, as_2d, check_compressed, check_shape, example_input, index_array, register_matmul
 
 
 class BSR(SparseMatrix):
@@ -30,19 +30,29 @@ class BSR(SparseMatrix):
             raise ValueError(f"data: expected shape (nblocks, R, C), got {self.data.shape}")
         self.block_size = (int(self.data.shape[1]), int(self.data.shape[2]))
         if check:
-            R, C = self.block_size
-            if R < 1 or C < 1 or self.shape[0] % R or self.shape[1] % C:
-                raise ValueError(f"block_size: {self.block_size} must divide shape {self.shape}")
-            CSR(self.indptr, self.indices, np.zeros(self.indices.size), (self.shape[0] // R, self.shape[1] // C))
+            self.check_arrays()
+
+    def check_arrays(self, columns: bool = True) -> None:
+        """The block size divides the shape and indptr/indices form a valid CSR over the blocks (``check_compressed``:
+        O(M/R) for indptr, O(nblocks) for the block columns). ``check=False`` skips it at construction only:
+        ``matmul`` (both backends) and ``to_dense`` run it (or its C++ twin) first."""
+        R, C = self.block_size
+        if R < 1 or C < 1 or self.shape[0] % R or self.shape[1] % C:
+            raise ValueError(f"block_size: {self.block_size} must divide shape {self.shape}")
+        check_compressed(
+            self.indptr, self.indices, self.data.shape[0], (self.shape[0] // R, self.shape[1] // C), columns=columns
+        )
 
     @classmethod
     def from_dense(cls, a: Any, block_size: int | tuple[int, int]) -> BSR:
         a = as_2d(a)
-        if isinstance(block_size, int | np.integer):
-            block_size = (int(block_size), int(block_size))
-        if len(block_size) != 2 or any(int(b) < 1 for b in block_size):
+        if is_int(block_size):
+            block_size = (block_size, block_size)
+        if not isinstance(block_size, tuple | list) or len(block_size) != 2 or not all(map(is_int, block_size)):
+            raise TypeError(f"block_size: expected an int or a pair (R, C) of ints, got {block_size!r}")
+        R, C = (as_int(b, "block_size") for b in block_size)
+        if R < 1 or C < 1:
             raise ValueError(f"block_size: expected a positive int or (R, C), got {block_size}")
-        R, C = int(block_size[0]), int(block_size[1])
         M, K = a.shape
         if M % R or K % C:
             raise ValueError(f"block_size: {(R, C)} must divide the matrix shape {a.shape}")
@@ -65,9 +75,11 @@ class BSR(SparseMatrix):
 
     def block_rows(self) -> np.ndarray:
         """Block-row index of every stored block."""
+        self.check_arrays(columns=False)
         return np.repeat(np.arange(self.shape[0] // self.block_size[0]), np.diff(self.indptr))
 
     def to_dense(self) -> np.ndarray:
+        self.check_arrays()
         R, C = self.block_size
         M, K = self.shape
         blocks = np.zeros((M // R, K // C, R, C), dtype=self.data.dtype)
@@ -79,6 +91,7 @@ class BSR(SparseMatrix):
 
 
 def _matmul_numpy(A: BSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
+    A.check_arrays()  # a negative block column would wrap silently
     (M, K), (R, C) = A.shape, A.block_size
     x2 = x[:, None] if x.ndim == 1 else x
     xb = x2.reshape(K // C, C, -1)[A.indices]  # (nb, C, N)

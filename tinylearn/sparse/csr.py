@@ -1,6 +1,8 @@
 """CSR (compressed sparse row): construction from dense, back to dense, torch conversion, SpMV/SpMM.
 
-Invariant (checked by ``validate``): ``indptr`` (M+1,) int64 non-decreasing from 0 to nnz; row i owns
+Invariant (checked by ``validate``; ``check=False`` skips only that construction-time pass: every matmul backend and
+``to_dense`` still check ``indptr`` (O(M)) and the column range before touching memory, so a corrupt matrix is a
+ValueError, never a crash): ``indptr`` (M+1,) int64 non-decreasing from 0 to nnz; row i owns
 ``data[indptr[i]:indptr[i+1]]`` at columns ``indices[...]`` (int32, in [0, K), increasing within a row when built by
 ``from_dense``). ``to_dense()[i, indices[k]] == data[k]``; storage 8 bytes per fp32 nonzero (value + int32 column)
 + 8 per row. SpMM costs 2*nnz*N flops against 2*M*K*N for the dense product, but each flop reads an index and a
@@ -15,11 +17,14 @@ import numpy as np
 
 from .. import backends
 from . import cuda
-from .base import SparseMatrix, as_2d, check_shape, example_input, index_array, register_matmul
+from .base import SparseMatrix, as_2d, check_compressed, check_shape, example_input, index_array, register_matmul
 
 
 class CSR(SparseMatrix):
-    """Compressed sparse row matrix (see the module docstring for the invariant)."""
+    """Compressed sparse row matrix (see the module docstring for the invariant).
+
+    ``check=False`` skips only the construction-time ``validate`` (for arrays known to be valid, as ``from_dense``
+    builds them); the kernels still refuse a corrupt ``indptr`` or column with a ValueError."""
 
     format = "csr"
     op = "sparse.csr_matmul"
@@ -33,22 +38,14 @@ class CSR(SparseMatrix):
             self.validate()
 
     def validate(self) -> None:
-        M, K = self.shape
-        if M < 0 or K < 0:
-            raise ValueError(f"shape: negative dimension in {self.shape}")
-        if self.indptr.shape != (M + 1,):
-            raise ValueError(f"indptr: expected shape ({M + 1},) for {M} rows, got {self.indptr.shape}")
-        if self.indices.ndim != 1 or self.data.shape != self.indices.shape:
-            raise ValueError(
-                f"indices/data: must be 1-D of equal length, got {self.indices.shape} and {self.data.shape}"
-            )
-        if self.indptr[0] != 0 or self.indptr[-1] != self.indices.size or np.any(np.diff(self.indptr) < 0):
-            raise ValueError(
-                f"indptr: must rise from 0 to nnz={self.indices.size}, got {self.indptr[0]}..{self.indptr[-1]}"
-            )
-        if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= K):
-            bad = self.indices[(self.indices < 0) | (self.indices >= K)][0]
-            raise ValueError(f"indices: column {bad} out of range for {K} columns")
+        """The full invariant (O(M + nnz)); ``check=False`` skips it at construction, but every ``matmul`` backend and
+        ``to_dense`` still run ``check_compressed`` (O(M) for indptr, one O(nnz) read for the columns) first."""
+        self.check_arrays()
+
+    def check_arrays(self, columns: bool = True) -> None:
+        """What a kernel relies on: indptr (M+1,) from 0 to nnz, monotone; with ``columns``, columns in [0, K)."""
+        n_data = self.data.shape[0] if self.data.ndim == 1 else -1
+        check_compressed(self.indptr, self.indices, n_data, self.shape, columns=columns)
 
     @classmethod
     def from_dense(cls, a: Any) -> CSR:
@@ -76,9 +73,11 @@ class CSR(SparseMatrix):
 
     def row_ids(self) -> np.ndarray:
         """Row index of every stored entry (the COO view)."""
+        self.check_arrays(columns=False)
         return np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
 
     def to_dense(self) -> np.ndarray:
+        self.check_arrays()
         out = np.zeros(self.shape, dtype=self.data.dtype)
         out[self.row_ids(), self.indices] = self.data
         return out
@@ -104,6 +103,7 @@ class CSR(SparseMatrix):
 
 
 def _matmul_numpy(A: CSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
+    A.check_arrays()  # a negative column would wrap silently in x[A.indices]
     out = np.zeros((A.shape[0],) + x.shape[1:], dtype=dt)
     prod = A.data[:, None] * x[A.indices] if x.ndim == 2 else A.data * x[A.indices]
     np.add.at(out, A.row_ids(), prod.astype(dt, copy=False))
@@ -119,6 +119,7 @@ def _matmul_cpp(A: CSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
 def _matmul_numba(A: CSR, x: np.ndarray, dt: np.dtype) -> np.ndarray:
     from . import numba_kernels as nk
 
+    A.check_arrays(columns=False)  # O(M); the kernels check each column as they read it
     fn = nk.csr_spmv if x.ndim == 1 else nk.csr_spmm
     return fn(A.indptr, A.indices, A.data.astype(dt, copy=False), x, A.shape[0])
 

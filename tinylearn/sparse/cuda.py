@@ -28,6 +28,7 @@ def csr_matmul_cuda(A: Any, x: np.ndarray, dt: np.dtype, *, version: str = "scal
         raise ValueError(f"version: unknown CUDA CSR SpMV version {version!r}; known: {list(VERSIONS)}")
     if np.dtype(dt) != np.float32:
         raise TypeError(f"backend='cuda': sparse_csr_spmv.cu is float32 only, got dtype {np.dtype(dt)}")
+    A.check_arrays()  # the kernels trust indptr and the columns: a bad one is an illegal address on the device
     import cupy
 
     kernel = backends.cuda_module(SOURCE).get_function(f"csr_spmv_{version}")

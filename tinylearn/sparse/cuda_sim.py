@@ -27,6 +27,7 @@ def csr_spmv_scalar_kernel(indptr, indices, data, x, y):  # noqa: ANN001, ANN201
 def csr_spmv(a_csr: Any, x: np.ndarray, threads_per_block: int = 32) -> np.ndarray:
     """Launch the scalar kernel on ``a_csr`` (a tinylearn.sparse.CSR) and a float32 vector ``x``."""
     M, K = a_csr.shape
+    a_csr.check_arrays()  # the kernel trusts indptr and the columns
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape != (K,):
         raise ValueError(f"x: expected shape ({K},), got {x.shape}")

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .._inputs import as_int
+
 LAYOUTS = ("contiguous", "fortran", "strided", "reversed", "broadcast")
 _DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
@@ -25,9 +27,9 @@ def make_array(
     layout: str = "contiguous",
 ) -> np.ndarray:
     """Uniform random array in [low, high) (integers: randint) with the given logical ``shape`` and ``layout``."""
-    shape = tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape):
-        raise ValueError(f"shape: negative dimension in {shape}")
+    if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
+        raise TypeError(f"shape: expected a sequence of ints, got {type(shape).__name__} {shape!r}")
+    shape = tuple(as_int(s, "shape", min=0) for s in shape)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: unknown dtype {dtype!r}; known: {list(_DTYPES)}")
     if layout not in LAYOUTS:
