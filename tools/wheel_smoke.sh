@@ -123,9 +123,9 @@ head -12 "$work/bench.txt"
 say "bench ok"
 "$work/venv/bin/tinylearn" exercises copy "$work/user/ex"
 cd "$work/user/ex"
-"$work/venv/bin/tinylearn" check autodiff --impl=reference
-"$work/venv/bin/tinylearn" check 03_quantization --impl=reference
-if "$work/venv/bin/tinylearn" check quant >"$work/stub.txt"; then
+# one folder both ways (08_gemm: the quickest; the copy and the lookup are the same for every folder)
+"$work/venv/bin/tinylearn" check 08_gemm --impl=reference
+if "$work/venv/bin/tinylearn" check gemm >"$work/stub.txt"; then
   cat "$work/stub.txt"; echo "wheel-smoke: the untouched stubs passed (they must fail)"; exit 1
 fi
 grep -q "not written yet\|NotImplementedError" "$work/stub.txt" || { cat "$work/stub.txt"; exit 1; }

@@ -427,3 +427,210 @@ def test_isposinf_isneginf_like_torch(name, dtype):
     np.testing.assert_array_equal(getattr(tl, name)(tl.Tensor(a)).numpy(), ref)
     np.testing.assert_array_equal(getattr(tl.Tensor(a), name)().numpy(), ref)
     assert getattr(tl.Tensor(a), name)().dtype == np.bool_
+
+
+# ---------------------------------------------------------------- garbage-suite findings (issue 38), each vs torch
+DUP_DIM_OPS = [
+    ("sum", lambda m, x, d: x.sum(d)),
+    ("mean", lambda m, x, d: x.mean(d)),
+    ("std", lambda m, x, d: x.std(d)),
+    ("var", lambda m, x, d: x.var(d)),
+    ("any", lambda m, x, d: x.any(d)),
+    ("all", lambda m, x, d: x.all(d)),
+    ("logsumexp", lambda m, x, d: x.logsumexp(d)),
+    ("sum_keepdim", lambda m, x, d: x.sum(d, keepdim=True)),
+    ("count_nonzero", lambda m, x, d: x.count_nonzero(d)),
+    ("vector_norm", lambda m, x, d: m.linalg.vector_norm(x, 2, d)),
+]
+
+
+@pytest.mark.parametrize("dims", [[0, 0], (1, -1), [0, 1, -2]])
+@pytest.mark.parametrize("name, fn", DUP_DIM_OPS, ids=[r[0] for r in DUP_DIM_OPS])
+def test_reduction_with_a_repeated_dim_raises_like_torch(name, fn, dims):
+    ref = _raises(lambda: fn(torch, _x(torch), dims))
+    assert isinstance(ref, RuntimeError) and "multiple times" in str(ref), repr(ref)
+    err = _raises(lambda: fn(tl, _x(tl), dims))
+    assert isinstance(err, RuntimeError) and isinstance(err, ValueError), repr(err)
+    assert "dim" in str(err) and "multiple times" in str(err), str(err)
+
+
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("flip", lambda m, x: x.flip([0, 0])),
+        ("permute", lambda m, x: x.permute(0, 0)),
+        ("movedim_source", lambda m, x: x.movedim((0, 0), (0, 1))),
+        ("movedim_destination", lambda m, x: x.movedim((0, 1), (1, -1))),
+    ],
+)
+def test_repeated_dims_in_movement_ops_raise_runtime_error_like_torch(name, fn):
+    assert isinstance(_raises(lambda: fn(torch, _x(torch))), RuntimeError)
+    err = _raises(lambda: fn(tl, _x(tl)))
+    assert isinstance(err, RuntimeError) and isinstance(err, ValueError), repr(err)
+    assert name.split("_")[-1] in str(err) or "dims" in str(err), str(err)
+
+
+def test_transpose_with_none_dim_is_a_type_error_naming_the_dim_like_torch():
+    assert isinstance(_raises(lambda: _x(torch).transpose(0, None)), TypeError)
+    err = _raises(lambda: _x(tl).transpose(0, None))
+    assert isinstance(err, TypeError) and "dim1" in str(err), repr(err)
+
+
+@pytest.mark.parametrize("args", [(0, -1), (0, -1e30), (0, -5e-204), (5, 0), (0, 3, -1), (0, 1e30), (0.0, 1.0, 1e-30)])
+def test_arange_with_an_inconsistent_or_huge_range_raises_like_torch(args):
+    ref = _raises(lambda: torch.arange(*args))
+    assert isinstance(ref, RuntimeError), repr(ref)
+    err = _raises(lambda: tl.arange(*args))
+    assert isinstance(err, RuntimeError) and isinstance(err, ValueError) and "end" in str(err), repr(err)
+
+
+@pytest.mark.parametrize("args", [(0, 0), (1, 1, -1), (3, 0, -1), (0.5, 2.5, 0.5), (-2, 3)])
+def test_arange_valid_ranges_still_match_torch(args):
+    np.testing.assert_array_equal(tl.arange(*args).data, torch.arange(*args).numpy())
+
+
+def test_zeros_beyond_any_array_size_names_the_shape():
+    err = _raises(lambda: tl.zeros(2**80, 3))
+    assert isinstance(err, ValueError) and "shape" in str(err), repr(err)
+
+
+def test_ragged_nested_list_names_data():
+    assert isinstance(_raises(lambda: torch.tensor([1.0, [2.0, 3.0]])), (TypeError, ValueError))
+    err = _raises(lambda: tl.Tensor([1.0, [2.0, 3.0]]))
+    assert isinstance(err, ValueError) and "data" in str(err), repr(err)
+
+
+@pytest.mark.parametrize(  # torch refuses a bool alpha where the result is not bool
+    "other, alpha",
+    [
+        (o, a)
+        for o in ("bool_t", "int_t", "py_bool", "py_int")
+        for a in (2, 1, 0, True, False)
+        if "bool" in o or type(a) is int
+    ],
+)
+def test_add_alpha_dtype_like_torch(other, alpha):
+    vals = {"bool_t": np.array([True, False]), "int_t": np.array([3, -1]), "py_bool": True, "py_int": 3}[other]
+    res = {}
+    for m in (torch, tl):
+        b = _t(m, np.array([True, False]))
+        o = _t(m, vals) if isinstance(vals, np.ndarray) else vals
+        res[m] = b.add(o, alpha=alpha)
+    assert str(res[tl].dtype).split(".")[-1] == str(res[torch].dtype).split(".")[-1]
+    np.testing.assert_array_equal(res[tl].data, res[torch].numpy())
+
+
+@pytest.mark.parametrize(
+    "op, a, other, alpha",
+    [
+        ("add", np.array([1, 2]), np.array([3, 4]), True),
+        ("add", np.array([1, 2]), 3, 0.5),
+        ("sub", np.array([1, 2], np.int32), np.array([3, 4]), 2.0),
+        ("add", np.array([1.0, 2.0], np.float32), 3, True),
+    ],
+)
+def test_add_sub_refuse_the_alpha_torch_refuses(op, a, other, alpha):
+    ref = _raises(lambda: getattr(torch.tensor(a), op)(torch.tensor(other) if np.ndim(other) else other, alpha=alpha))
+    assert isinstance(ref, RuntimeError), repr(ref)
+    err = _raises(lambda: getattr(tl.Tensor(a), op)(tl.Tensor(other) if np.ndim(other) else other, alpha=alpha))
+    assert isinstance(err, RuntimeError) and "alpha" in str(err), repr(err)
+
+
+@pytest.mark.parametrize("exponent", [True, False, 1, 0, 2.0])
+def test_bool_tensor_power_dtype_like_torch(exponent):
+    want = torch.tensor([True, False]) ** exponent
+    got = tl.Tensor(np.array([True, False])) ** exponent
+    assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
+    np.testing.assert_array_equal(got.data, want.numpy())
+
+
+def test_index_select_with_a_2d_index_is_an_index_error_like_torch():
+    assert isinstance(_raises(lambda: _x(torch).index_select(0, _i(torch, [[0]]))), IndexError)
+    err = _raises(lambda: _x(tl).index_select(0, _i(tl, [[0]])))
+    assert isinstance(err, IndexError) and "index" in str(err), repr(err)
+    np.testing.assert_array_equal(_x(tl).index_select(1, _i(tl, 2)).data, _x(torch).index_select(1, _i(torch, 2)))
+
+
+@pytest.mark.parametrize("hi", range(-5, 4))
+@pytest.mark.parametrize("lo", range(-5, 4))
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad_op_with_negative_pads_matches_torch_forward_and_backward(mode, lo, hi):
+    """autograd's Pad (what F.pad calls) crops like torch in every mode; where torch raises, so does tinylearn, and
+    where torch would read uninitialised memory (a circular wrap larger than the cropped size), tinylearn raises."""
+    from tinylearn.autograd.ops_movement import Pad
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    pads = (lo, hi, 1, -2)
+    ref = _raises(lambda: torch.nn.functional.pad(torch.tensor(x), pads, mode=mode))
+    t = tl.Tensor(x, requires_grad=True)
+    err = _raises(lambda: Pad.apply(t, pads, mode=mode))
+    if ref is not None:  # torch refuses; tinylearn too (except an empty circular result, where torch crashes)
+        assert err is not None or (mode == "circular" and 4 + lo + hi == 0), ref
+        if err is not None:
+            assert isinstance(err, ValueError) and "pad" in str(err), repr(err)
+        return
+    if err is not None:
+        assert mode == "circular" and max(lo, hi) > 4 - max(-lo, 0) - max(-hi, 0), repr(err)
+        assert isinstance(err, ValueError) and "circular" in str(err), repr(err)
+        return
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.pad(xt, pads, mode=mode)
+    got = Pad.apply(t, pads, mode=mode)
+    np.testing.assert_allclose(got.data, want.detach().numpy())
+    w = np.random.default_rng(1).standard_normal(want.shape).astype(np.float32)
+    (want * torch.tensor(w)).sum().backward()
+    (got * tl.Tensor(w)).sum().backward()
+    np.testing.assert_allclose(t.grad.data, xt.grad.numpy(), atol=1e-5)
+    f = tl.nn.functional.pad(tl.Tensor(x), pads, mode=mode)  # F.pad goes through the same op
+    np.testing.assert_allclose(f.data, want.detach().numpy())
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3), (2, 3, 4), (2, 3, 4, 5)])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_functional_softmax_dim_none_uses_torchs_implicit_dim(name, shape):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    with pytest.warns(UserWarning, match="Implicit dimension"):
+        want = getattr(torch.nn.functional, name)(torch.tensor(x), dim=None).numpy()
+    with pytest.warns(UserWarning, match="Implicit dimension"):
+        got = getattr(tl.nn.functional, name)(tl.Tensor(x), dim=None).data
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [[], [0], (0, 1)])
+def test_functional_softmax_with_a_list_dim_is_a_type_error_like_torch(dim):
+    assert isinstance(_raises(lambda: torch.nn.functional.softmax(torch.ones(2, 3), dim=dim)), TypeError)
+    err = _raises(lambda: tl.nn.functional.softmax(tl.Tensor(np.ones((2, 3))), dim=dim))
+    assert isinstance(err, TypeError) and "dim" in str(err), repr(err)
+
+
+@pytest.mark.parametrize(
+    "make, arg",
+    [
+        (lambda: tl.nn.Linear(2**40, 2), "in_features"),
+        (lambda: tl.nn.Linear(2, 2**62), "out_features"),
+        (lambda: tl.nn.Conv2d(1, 1, 2**40), "kernel_size"),
+        (lambda: tl.nn.Conv2d(2**30, 2**30, 3), "in_channels"),
+        (lambda: tl.nn.Embedding(2**40, 2**10), "num_embeddings"),
+    ],
+)
+def test_layer_too_big_for_memory_raises_like_torch_naming_sizes_and_bytes(make, arg):
+    """torch's allocator raises RuntimeError ("you tried to allocate N bytes"); tinylearn checks before allocating
+    and raises OutOfMemoryError: a RuntimeError and a MemoryError naming the size arguments and the bytes."""
+    err = _raises(make)
+    assert isinstance(err, RuntimeError) and isinstance(err, MemoryError), repr(err)
+    assert arg in str(err) and "bytes" in str(err), str(err)
+
+
+def test_linear_too_big_raises_runtime_error_in_torch_too():
+    assert isinstance(_raises(lambda: torch.nn.Linear(2**40, 2)), RuntimeError)
+
+
+def test_movement_methods_are_a_base_mixin_of_the_breadth_methods():
+    """methods_breadth.py was split: movement / indexing live in methods_movement.MovementMethods, old paths work."""
+    from tinylearn.autograd import methods_breadth, methods_movement
+
+    assert issubclass(methods_breadth.BreadthMethods, methods_movement.MovementMethods)
+    assert issubclass(tl.Tensor, methods_movement.MovementMethods)
+    assert methods_breadth._t is methods_movement._t and methods_breadth._plain is methods_movement._plain
+    for name in ("narrow", "gather", "scatter", "index_select", "masked_fill", "new_zeros", "movedim", "unfold"):
+        assert name in vars(methods_movement.MovementMethods), name

@@ -48,26 +48,7 @@ from tinylearn.topics import TOPICS
 
 # Known bugs in packages owned by other changes (issue 38): "<call id>:<category>" -> what happens. Each is a strict
 # xfail: the test runs, and once the bug is fixed it passes and the strict xfail fails: then drop the entry.
-KNOWN: dict[str, str] = {
-    "autograd.zeros/shape:huge": "issue 38: tl.zeros(2**80, 3): numpy's 'Maximum allowed dimension exceeded', shape "
-    "not named",
-    "autograd.sum/dim:list": "issue 38: sum(dim=[0, 0]): numpy's \"duplicate value in 'axis'\", dim not named "
-    "(torch: 'dim 0 appears multiple times')",
-    "autograd.transpose/dim1:none": "issue 38: transpose(0, None): 'cannot unpack non-iterable NoneType', dim not "
-    "named",
-    "autograd.arange/end:below": "issue 38: arange(0, -1e30): numpy's 'Maximum allowed size exceeded', end not named",
-    "autograd.Tensor/data:ragged": "issue 38: Tensor([1.0, [2.0, 3.0]]): numpy's inhomogeneous-shape ValueError, "
-    "data not named",
-    "nn.Linear/in_features:huge": "issue 38: Linear(2**40, 2): numpy's MemoryError, in_features not named",
-    "nn.Conv2d/kernel_size:huge": "issue 38: Conv2d(1, 1, 2**40): numpy's 'array is too big', kernel_size not named",
-    "nn.functional.softmax/dim:list": "issue 38: softmax(x, dim=[]): 'not enough values to unpack', dim not named",
-    "parallel.bubble_fraction/n_stages:np_int": "issue 38: bubble_fraction refuses n_stages=np.int8(1)",
-    "parallel.pipeline_schedule/n_microbatches:np_int": "issue 38: pipeline_schedule refuses n_microbatches=np.int8(1)",
-    "parallel.shard_bounds/rank:bool": "issue 38: shard_bounds(10, 4, False) accepts a bool rank",
-    "parallel.shard_bounds/rank:np_int": "issue 38: shard_bounds refuses rank=np.int8(1)",
-    "parallel.zero_memory_per_rank/stage:float": "issue 38: zero_memory_per_rank(stage=0.0) accepts a float stage",
-    "parallel.zero_memory_per_rank/stage:bool": "issue 38: zero_memory_per_rank(stage=False) accepts a bool stage",
-}
+KNOWN: dict[str, str] = {}
 
 PER_CALL_S = 15  # one call in the child (a hang fails the test after this)
 START_S = 180  # the child's imports (every topic package) on a loaded machine

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 import tinylearn.parallel as par
@@ -201,3 +202,35 @@ def test_comm_per_step_matches_cost_model_terms() -> None:
     assert out["pp"] == pytest.approx((64 + 3) * 2 * (1e-5 + 1e-10 * act)) and out["dp"] == 0.0
     with pytest.raises(ValueError, match="microbatch_size"):
         par.comm_per_step({"dp": 1, "tp": 1, "pp": 4}, links, **job, microbatch_size=0)
+
+
+# ---------------------------------------------------------------- integer arguments (issue 38: the as_int rule)
+def test_schedule_and_zero_helpers_take_numpy_ints_like_python_ints() -> None:
+    assert par.bubble_fraction("1f1b", np.int8(4), np.uint16(8)) == par.bubble_fraction("1f1b", 4, 8)
+    assert par.pipeline_schedule("gpipe", np.int64(2), np.int8(3)) == par.pipeline_schedule("gpipe", 2, 3)
+    assert par.shard_bounds(np.int32(10), np.int8(4), np.int8(1)) == par.shard_bounds(10, 4, 1) == (3, 6)
+    assert par.zero_memory_per_rank(np.int64(10**6), np.int8(2), np.int16(4), np.int8(2)) == par.zero_memory_per_rank(
+        10**6, 2, 4, 2
+    )
+    assert type(par.shard_bounds(10, np.int8(4), np.int8(1))[0]) is int
+
+
+@pytest.mark.parametrize(
+    "call, arg, exc",
+    [
+        (lambda: par.shard_bounds(10, 4, False), "rank", TypeError),
+        (lambda: par.shard_bounds(10, 4, 1.0), "rank", TypeError),
+        (lambda: par.shard_bounds(10, 4, 4), "rank", ValueError),
+        (lambda: par.shard_bounds(10, True, 0), "world_size", TypeError),
+        (lambda: par.zero_memory_per_rank(10**6, 0.0, 4), "stage", TypeError),
+        (lambda: par.zero_memory_per_rank(10**6, False, 4), "stage", TypeError),
+        (lambda: par.zero_memory_per_rank(10**6, 4, 4), "stage", ValueError),
+        (lambda: par.zero_memory_per_rank(10**6, 1, 4, dtype_bytes=2.0), "dtype_bytes", ValueError),
+        (lambda: par.bubble_fraction("1f1b", 2.0, 8), "n_stages", TypeError),
+        (lambda: par.pipeline_schedule("gpipe", 2, True), "n_microbatches", TypeError),
+        (lambda: par.pipeline_schedule("gpipe", 2, 0), "n_microbatches", ValueError),
+    ],
+)
+def test_schedule_and_zero_helpers_refuse_bool_float_and_out_of_range(call, arg, exc) -> None:
+    with pytest.raises(exc, match=arg):
+        call()

@@ -17,9 +17,13 @@ import torch
 
 import tinylearn as tl
 from tinylearn._threads import limited_threads
-from tinylearn.dist import bench, keep_awake, multihop_chunks, parity, xor_coding
+from tinylearn.dist import bench, keep_awake, multihop_chunks, parity, workers, xor_coding
 from tinylearn.gemm import cache_sim
+from tinylearn.kernels import fusion_split
+from tinylearn.memory.estimate import plan_recompute
 from tinylearn.prune import ratio_model
+from tinylearn.quant.error_budget import fake_quantize_bits
+from tinylearn.quant.modules import weight_observer
 
 R = np.random.default_rng(0)
 
@@ -129,6 +133,88 @@ def _rigl_masks(n: Callable[[int], Any]) -> list[np.ndarray]:
     return [*r.masks, np.array(r.should_update(n(4)))]
 
 
+def _stages(n: Callable[[int], Any]) -> list[fusion_split.Stage]:
+    return [fusion_split.Stage(f"s{i}", n(r), n(2), n(4)) for i, r in enumerate((40, 90, 60, 120))]
+
+
+def _machine(n: Callable[[int], Any]) -> fusion_split.Machine:
+    return fusion_split.Machine(peak_flops=n(40000), bandwidth=n(8000), launch_s=n(0), threads=n(256))
+
+
+def _per_channel(n: Callable[[int], Any]) -> Any:
+    obs = tl.quant.PerChannelMinMaxObserver(ch_axis=n(1))
+    obs(np.arange(12.0, dtype=np.float32).reshape(3, 4))
+    return [*obs.calculate_qparams(), obs.ch_axis]
+
+
+def _histogram(n: Callable[[int], Any], cls: type) -> Any:
+    obs = cls(bins=n(256))
+    obs(np.linspace(-3, 3, 101, dtype=np.float32))
+    return [*obs.calculate_qparams(), obs.bins]
+
+
+def _recalibrator(n: Callable[[int], Any]) -> list[Any]:
+    r = tl.quant.OnlineRecalibrator(patience=n(1), cooldown=n(0))
+    for k in range(4):
+        r(np.linspace(0, 1 + 5 * k, 64, dtype=np.float32))
+    return [r.patience, r.cooldown, r.recalibrations, r.scale, r.zero_point]
+
+
+def _autotuner(n: Callable[[int], Any]) -> list[Any]:
+    t = iter(range(10**6))
+    tuner = tl.quant.KernelAutotuner(
+        {"a": np.add, "b": np.subtract}, repeat=n(2), warmup=n(1), window=n(3), drift=n(1), timer=lambda: next(t)
+    )
+    return [tuner(np.ones(2), np.ones(2)), tuner.repeat, tuner.warmup, tuner.window]
+
+
+def _packed(n: Callable[[int], Any]) -> np.ndarray:
+    w = tl.quant.PackedInt8Weight(np.arange(-8, 8, dtype=np.int8).reshape(4, 4))
+    return w.matmul(np.arange(8, dtype=np.uint8).reshape(2, 4), zero_point=n(3), backend="numpy")
+
+
+def _cache(n: Callable[[int], Any]) -> list[Any]:
+    clock = tl.memory.ManualClock()
+    c = tl.memory.TensorCache(n(64), ttl=n(5), clock=clock)
+    c.put("a", np.zeros(4, np.float32))
+    clock.advance(n(3))
+    hit = c.get("a") is not None
+    clock.advance(n(3))
+    return [c.capacity_bytes, c.ttl, hit, c.get("a") is None, clock()]
+
+
+def _collectives(n: Callable[[int], Any]) -> list[Any]:
+    import torch.distributed as dist
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.arange(6.0)
+        tl.dist.all_reduce(x, algorithm="hierarchical", node_size=n(1), chunk_bytes=n(8))
+        return tl.dist.broadcast(x, src=n(0)).tolist()
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def _lowprec(n: Callable[[int], Any]) -> list[Any]:
+    opt = tl.amp.lowprec_state.ShardedLowPrecisionAdam(n(10), state_format="int8", world_size=n(3))
+    return [opt.numel, opt.world_size, opt.shards, opt.state_bytes()]
+
+
+def _scaler(n: Callable[[int], Any]) -> list[Any]:
+    s = tl.amp.layer_scaler.PerGroupScaler(n(2), growth_interval=n(3))
+    for _ in range(4):
+        s.update([False, True])
+    return [s.n_groups, s.growth_interval, s.scales]
+
+
+def _hutchinson(n: Callable[[int], Any]) -> np.ndarray:
+    w = tl.nn.Parameter(np.array([1.0, 2.0], np.float32))
+    return tl.amp.hutchinson_trace(lambda: (w * w * w).sum(), [w], n_samples=n(3), seed=n(0))
+
+
 INT_ARGS: dict[str, Callable[[Callable[[int], Any]], Any]] = {
     "sparse.BSR.from_dense": lambda n: tl.sparse.BSR.from_dense(np.eye(4), n(2)).to_dense(),
     "sparse.BSR.from_dense-pair": lambda n: tl.sparse.BSR.from_dense(np.eye(4), (n(2), n(1))).to_dense(),
@@ -178,6 +264,55 @@ INT_ARGS: dict[str, Callable[[Callable[[int], Any]], Any]] = {
     "dist.parity.gf256_mul": lambda n: parity.gf256_mul(np.arange(6, dtype=np.uint8), n(29)),
     "dist.parity.shard_columns": lambda n: parity.shard_columns(np.arange(14.0).reshape(2, 7), n(3)),
     "dist.parity.encode_shards": lambda n: _code(parity.encode_shards(np.arange(14.0).reshape(2, 7), n(3), n(2))),
+    "quant.LearnableShiftScale": lambda n: tl.quant.LearnableShiftScale(n(4)).shift.shape,
+    "quant.saturation_rate": lambda n: tl.quant.saturation_rate(np.linspace(-1, 3, 50), 0.01, n(3)),
+    "quant.OnlineRecalibrator": _recalibrator,
+    "quant.strassen_reference": lambda n: tl.quant.strassen_reference(np.arange(16).reshape(4, 4), np.eye(4), n(1)),
+    "quant.cache_oblivious_matmul": lambda n: tl.quant.cache_oblivious_matmul(np.ones((4, 6)), np.ones((6, 2)), n(2)),
+    "quant.requantize": lambda n: tl.quant.requantize(np.arange(-4, 4, dtype=np.int32), 0.5, n(3), n(0), n(255)),
+    "quant.PackedInt8Weight.matmul": _packed,
+    "quant.enumerate_bit_configs": lambda n: tl.quant.enumerate_bit_configs(n(2), (n(4), n(8))),
+    "quant.BitCostModel": lambda n: tl.quant.BitCostModel({n(4): n(4), n(8): n(8)}, lanes_bits=n(512)).costs(
+        [10, 20], [100, 200], [4, 8]
+    ),
+    "quant.KernelAutotuner": _autotuner,
+    "quant.allocate_error_budget": lambda n: tl.quant.allocate_error_budget(n(2), [1.0, 2.0], [3, 4]),
+    "quant.fake_quantize_bits": lambda n: fake_quantize_bits(np.linspace(-1, 1, 12).reshape(3, 4), n(4), axis=n(1)),
+    "quant.PerChannelMinMaxObserver": _per_channel,
+    "quant.HistogramObserver": lambda n: _histogram(n, tl.quant.HistogramObserver),
+    "quant.PercentileObserver": lambda n: _histogram(n, tl.quant.PercentileObserver),
+    "quant.MSEObserver": lambda n: tl.quant.MSEObserver(n_candidates=n(20), bins=n(64)).n_candidates,
+    "quant.kl_threshold": lambda n: tl.quant.kl_threshold(np.ones(16), np.arange(17.0), n(4), start=n(6)),
+    "quant.weight_observer": lambda n: vars(weight_observer(bits=n(4), ch_axis=n(0))),
+    "kernels.fusion_split.Stage": lambda n: _stages(n),
+    "kernels.fusion_split.Machine": _machine,
+    "kernels.fusion_split.segment_regs": lambda n: fusion_split.segment_regs(_stages(n), n(16)),
+    "kernels.fusion_split.segment_time": lambda n: fusion_split.segment_time(_stages(n), n(4096), n(4), _machine(n)),
+    "kernels.fusion_split.split_time": lambda n: fusion_split.split_time(_stages(n), [n(2)], n(4096), n(4)),
+    "kernels.fusion_split.linear_scan": lambda n: fusion_split.linear_scan(_stages(n), n(128), n(16)),
+    "kernels.fusion_split.choose_split": lambda n: fusion_split.choose_split(_stages(n), n(4096), n(4)),
+    "kernels.fusion_split.optimal_split": lambda n: fusion_split.optimal_split(_stages(n), n(4096), n(4)),
+    "kernels.layer_norm-eps": lambda n: tl.kernels.layer_norm(
+        np.eye(3, dtype=np.float32), np.ones(3), np.zeros(3), eps=n(1)
+    ),
+    "memory.estimate": lambda n: tl.memory.estimate(
+        tl.nn.Sequential(tl.nn.Linear(4, 8), tl.nn.ReLU(), tl.nn.Linear(8, 2)), (n(2), n(4)), checkpoint_segments=n(2)
+    ),
+    "memory.plan_recompute": lambda n: plan_recompute([n(3), n(5), n(2)], [1.0, 2.0, 1.0], n(6)),
+    "memory.random_ops": lambda n: tl.memory.random_ops(n(20), (n(1), n(64)), max_live=n(4)),
+    "memory.pair_ops": lambda n: tl.memory.pair_ops(n(3), n(256)),
+    "memory.TensorCache": _cache,
+    "dist.all_reduce+broadcast": _collectives,
+    "dist.launch": lambda n: [
+        (o["rank"], o["world_size"], o["args"]) for o in tl.dist.launch(workers.rank_info, n(1), 5, timeout_s=n(60))
+    ],
+    "amp.ShardedLowPrecisionAdam": _lowprec,
+    "amp.PerGroupScaler": _scaler,
+    "amp.hutchinson_trace": _hutchinson,
+    "amp.quantize_symmetric": lambda n: tl.amp.quantize_symmetric(np.linspace(-1, 1, 9), n(3)),
+    "inference.form_batches": lambda n: tl.inference.form_batches(
+        [0.0, 0.1, 0.2, 1.5, 1.6], [5, 40, 7, 9, 33], n(2), n(1), bucket_width=n(16)
+    ),
 }
 INT_KINDS: dict[str, Callable[[int], Any]] = {
     "np.int64": np.int64,
@@ -276,11 +411,93 @@ def test_bool_and_float_steps_and_sizes_are_type_errors(call: Callable[[], Any])
         (lambda: parity.gf256_mul(np.arange(6, dtype=np.uint8), 2.0), "c"),
         (lambda: parity.shard_columns(_W, np.float64(2)), "k"),
         (lambda: parity.encode_shards(_W, 3, r=np.bool_(True)), "r"),
+        (lambda: tl.quant.LearnableShiftScale(True), "num_features"),
+        (lambda: tl.quant.saturation_rate(np.ones(4), 0.1, True), "zero_point"),
+        (lambda: tl.quant.saturation_rate(np.ones(4), True, 3), "scale"),
+        (lambda: tl.quant.OnlineRecalibrator(patience=2.0), "patience"),
+        (lambda: tl.quant.OnlineRecalibrator(cooldown=np.bool_(False)), "cooldown"),
+        (lambda: tl.quant.strassen_reference(np.eye(4), np.eye(4), 1.0), "levels"),
+        (lambda: tl.quant.cache_oblivious_matmul(np.eye(4), np.eye(4), True), "leaf"),
+        (lambda: tl.quant.enumerate_bit_configs(2.0), "n_layers"),
+        (lambda: tl.quant.enumerate_bit_configs(2, (4, True)), "widths"),
+        (lambda: tl.quant.BitCostModel({4.0: 4}), "datapath_bits"),
+        (lambda: tl.quant.BitCostModel(lanes_bits=True), "lanes_bits"),
+        (lambda: tl.quant.KernelAutotuner({"a": np.add}, repeat=True), "repeat"),
+        (lambda: tl.quant.KernelAutotuner({"a": np.add}, warmup=1.0), "warmup"),
+        (lambda: tl.quant.KernelAutotuner({"a": np.add}, drift=True), "drift"),
+        (lambda: tl.quant.allocate_error_budget(True, [1.0], [2]), "budget"),
+        (lambda: fake_quantize_bits(np.ones((2, 2)), 4.0), "bits"),
+        (lambda: fake_quantize_bits(np.ones((2, 2)), 4, axis=True), "axis"),
+        (lambda: tl.quant.HistogramObserver(bins=256.0), "bins"),
+        (lambda: weight_observer(bits=np.float64(8)), "bits"),
+        (lambda: fusion_split.Stage("s", True, 1.0, 4.0), "regs"),
+        (lambda: fusion_split.Stage("s", 4, np.bool_(True), 4.0), "flops"),
+        (lambda: fusion_split.Machine(saturation=True), "saturation"),
+        (lambda: fusion_split.segment_regs(_stages(int), 16.0), "base_regs"),
+        (lambda: fusion_split.segment_time(_stages(int), 4096.0, 4), "n"),
+        (lambda: fusion_split.split_time(_stages(int), [2.0], 4096, 4), "cuts"),
+        (lambda: fusion_split.linear_scan(_stages(int), True), "cap"),
+        (lambda: tl.memory.estimate(tl.nn.Linear(4, 2), (2.0, 4)), "input_shape"),
+        (lambda: tl.memory.estimate(tl.nn.Linear(4, 2), (2, 4), checkpoint_segments=True), "checkpoint_segments"),
+        (lambda: tl.memory.TensorCache(64.0), "capacity_bytes"),
+        (lambda: tl.memory.TensorCache(64, ttl=True), "ttl"),
+        (lambda: tl.memory.ManualClock().advance(True), "dt"),
+        (lambda: tl.dist.launch(print, 2.0), "world_size"),
+        (lambda: tl.dist.launch(print, np.bool_(True)), "world_size"),
+        (lambda: tl.dist.launch(print, 1, timeout_s=True), "timeout_s"),
+        (lambda: tl.dist.all_reduce(torch.ones(2), node_size=2.0), "node_size"),
+        (lambda: tl.dist.all_reduce(torch.ones(2), chunk_bytes=64.0), "chunk_bytes"),
+        (lambda: tl.amp.lowprec_state.ShardedLowPrecisionAdam(10.0), "numel"),
+        (lambda: tl.amp.lowprec_state.ShardedLowPrecisionAdam(10, world_size=True), "world_size"),
+        (lambda: tl.amp.layer_scaler.PerGroupScaler(2.0), "n_groups"),
+        (lambda: tl.amp.layer_scaler.PerGroupScaler(2, growth_interval=np.bool_(True)), "growth_interval"),
+        (lambda: tl.amp.quantize_symmetric(np.ones(3), 4.0), "bits"),
+        (lambda: tl.inference.form_batches([0.0], [4], True, 1.0), "max_batch"),
+        (lambda: tl.inference.form_batches([0.0], [4], 2, True), "window"),
+        (lambda: tl.inference.form_batches([0.0], [4], 2, 1.0, bucket_width=16.0), "bucket_width"),
     ],
 )
 def test_bool_and_float_are_not_ints_valueerror(call: Callable[[], Any], name: str) -> None:
     with pytest.raises(ValueError, match=rf"^{name}: "):
         call()
+
+
+# These kept their TypeError (as_int): the message starts with the argument's name.
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: tl.quant.requantize(np.zeros(2, np.int32), 0.5, True, 0, 255), "zero_point"),
+        (lambda: tl.quant.requantize(np.zeros(2, np.int32), 0.5, 0, 0.0, 255), "quant_min"),
+        (lambda: tl.quant.PerChannelMinMaxObserver(ch_axis=True), "ch_axis"),
+        (lambda: tl.quant.MSEObserver(n_candidates=2.5), "n_candidates"),
+        (lambda: tl.quant.kl_threshold(np.ones(16), np.arange(17.0), 4.0), "num_levels"),
+        (lambda: tl.quant.kl_threshold(np.ones(16), np.arange(17.0), 4, start=6.5), "start"),
+        (lambda: tl.kernels.softmax(np.eye(3, dtype=np.float32), dim=1.0), "dim"),
+        (lambda: plan_recompute([3.0, 5], [1.0, 2.0], 6), "act_bytes"),
+        (lambda: tl.memory.random_ops(2.5), "n_ops"),
+        (lambda: tl.memory.pair_ops(2.5, 8), "n_pairs"),
+        (lambda: tl.memory.pair_ops(np.bool_(True), 8), "n_pairs"),
+    ],
+)
+def test_bool_and_float_are_not_ints_typeerror(call: Callable[[], Any], name: str) -> None:
+    with pytest.raises(TypeError, match=rf"^{name}: "):
+        call()
+
+
+def test_numpy_floats_are_numbers() -> None:
+    """Arguments typed ``float`` take numpy floats (np.float32 is no Python float subclass) with the same result."""
+    for f in (np.float32, np.float64):
+        assert tl.inference.form_batches([0.0, 0.4, 1.2], [4, 9, 4], 2, f(0.5)) == tl.inference.form_batches(
+            [0.0, 0.4, 1.2], [4, 9, 4], 2, 0.5
+        )
+        assert tl.memory.TensorCache(64, ttl=f(2.5)).ttl == 2.5
+        assert fusion_split.Machine(saturation=f(0.5)).saturation == 0.5
+        assert tl.quant.KernelAutotuner({"a": np.add}, drift=f(0.5)).drift == 0.5
+        assert tl.quant.saturation_rate(np.linspace(-1, 3, 50), f(0.5), 3) == tl.quant.saturation_rate(
+            np.linspace(-1, 3, 50), 0.5, 3
+        )
+        budget = tl.quant.allocate_error_budget(f(2.0), [1.0, 2.0], [3, 4])
+        np.testing.assert_allclose(budget, tl.quant.allocate_error_budget(2.0, [1.0, 2.0], [3, 4]))
 
 
 def test_as_int_helper() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .args import is_int
 from .grad_scaler import update_scale
 
 __all__ = ["PerGroupScaler", "fp16_grad_roundtrip"]
@@ -47,7 +48,7 @@ class PerGroupScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 100,
     ) -> None:
-        if not isinstance(n_groups, int) or n_groups < 1:
+        if not is_int(n_groups) or n_groups < 1:
             raise ValueError(f"n_groups: must be a positive int, got {n_groups!r}")
         if not init_scale > 0:
             raise ValueError(f"init_scale: must be > 0, got {init_scale}")
@@ -55,8 +56,9 @@ class PerGroupScaler:
             raise ValueError(f"growth_factor: must be > 1.0, got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:
             raise ValueError(f"backoff_factor: must be in (0, 1), got {backoff_factor}")
-        if not isinstance(growth_interval, int) or growth_interval < 1:
+        if not is_int(growth_interval) or growth_interval < 1:
             raise ValueError(f"growth_interval: must be a positive int, got {growth_interval!r}")
+        n_groups, growth_interval = int(n_groups), int(growth_interval)
         self.scales = [np.float32(init_scale)] * n_groups
         self.trackers = [0] * n_groups
         self.growth_factor = np.float32(growth_factor)

@@ -81,6 +81,7 @@ class ShardedLowPrecisionAdam:
             raise ValueError(f"state_format: expected one of {sorted(STATE_FORMATS)}, got {state_format!r}")
         if not is_int(world_size) or not 1 <= world_size <= numel:
             raise ValueError(f"world_size: must be an int in [1, numel={numel}], got {world_size!r}")
+        numel, world_size = int(numel), int(world_size)
         self.numel, self.lr, self.betas, self.eps = numel, lr, betas, eps
         self.state_format, self.error_feedback, self.world_size = state_format, error_feedback, world_size
         bounds = np.linspace(0, numel, world_size + 1).astype(int)

@@ -48,6 +48,7 @@ def hutchinson_trace(
         raise ValueError("params: expected at least one parameter tensor")
     if not is_int(n_samples) or n_samples < 1:
         raise ValueError(f"n_samples: expected a positive int, got {n_samples!r}")
+    n_samples = int(n_samples)
     if not (real_arg(eps, "eps") > 0 and np.isfinite(eps)):
         raise ValueError(f"eps: must be > 0, got {eps}")
     rng = np.random.default_rng(seed)
@@ -76,6 +77,7 @@ def quantize_symmetric(w: Any, bits: int) -> np.ndarray:
     over a grid of clipping ratios (what an MSE observer does)."""
     if not is_int(bits) or not 2 <= bits <= 16:
         raise ValueError(f"bits: expected an int in [2, 16], got {bits!r}")
+    bits = int(bits)
     w = np.asarray(as_array(w, "w", dtypes=("f", "i", "u")), dtype=np.float64)
     if not np.isfinite(w).all():  # a NaN amax would make every clipping error NaN and return w unquantized
         raise ValueError("w: quantize_symmetric needs finite values, got NaN or Inf")

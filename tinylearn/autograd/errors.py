@@ -12,6 +12,11 @@ class DimError(IndexError, ValueError):
     """A dim (or an index) out of range: IndexError (what torch raises) and ValueError (tinylearn's convention)."""
 
 
+class OutOfMemoryError(RuntimeError, MemoryError):
+    """An allocation too big for this machine: RuntimeError (torch's CPU allocator raises one, "you tried to allocate N
+    bytes") and MemoryError (what numpy code catches)."""
+
+
 def dim_error(name: str, d: object, nd: int) -> DimError:
     """The one message for a dim out of range: names the argument, its value and the valid range (as torch)."""
     n = max(nd, 1)

@@ -5,14 +5,18 @@ All random factories draw from one ``np.random.Generator`` reset by ``manual_see
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .errors import ShapeError
 from .methods import _shape_arg
 from .ops_shape import Cat, Stack, Where
 from .tensor import Tensor
+
+_MAX_NUMEL = np.iinfo(np.intp).max
 
 _rng = np.random.default_rng(0)
 
@@ -44,6 +48,8 @@ def _check_shape(shape: Any) -> tuple[int, ...]:
     shape = _shape_arg(tuple(shape))
     if any(s < 0 for s in shape):
         raise ValueError(f"shape: negative dimension in shape {shape}")
+    if math.prod(shape) > _MAX_NUMEL:  # numpy would say "Maximum allowed dimension exceeded", naming nothing
+        raise ValueError(f"shape: {shape} has {math.prod(shape)} elements, more than an array can hold ({_MAX_NUMEL})")
     return shape
 
 
@@ -94,6 +100,14 @@ def arange(start: float, end: float | None = None, step: float = 1, dtype: Any =
     start, end, step = (_arange_bound(n, v) for n, v in (("start", start), ("end", end), ("step", step)))
     if step == 0:
         raise ValueError("step: must be non-zero")
+    size = math.ceil((end - start) / step)
+    # torch raises for a range against the step's sign (numpy returns an empty array, or fails to allocate)
+    if (end < start) if step > 0 else (end > start):
+        raise ShapeError(
+            f"end: upper bound and lower bound inconsistent with step sign: start={start!r}, end={end!r}, step={step!r}"
+        )
+    if size > _MAX_NUMEL:
+        raise ShapeError(f"end: invalid size {size} (possible overflow): start={start!r}, end={end!r}, step={step!r}")
     if dtype is None:
         dtype = np.int64 if all(isinstance(v, int | np.integer) for v in (start, end, step)) else np.float32
     return Tensor(np.arange(start, end, step).astype(dtype))

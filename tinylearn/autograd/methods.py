@@ -52,6 +52,8 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         return _ew.Div.apply(_lift(other), self)
 
     def __pow__(self, other: Any) -> Tensor:
+        if self.data.dtype == np.bool_ and isinstance(other, bool | np.bool_):  # torch: bool ** bool stays bool
+            return _tensor.Tensor(self.data.copy() if other else np.ones_like(self.data))
         return _ew.Pow.apply(self, _lift(other))
 
     def __rpow__(self, other: Any) -> Tensor:
@@ -215,7 +217,7 @@ class TensorMethods(BreadthMethods):  # the broad torch surface: methods_breadth
         dims = _shape_arg(dims, "dims")
         nd = self.data.ndim
         if sorted(_norm_dim(d, nd, "dims") for d in dims) != list(range(nd)):
-            raise ValueError(f"dims: {dims} is not a permutation of the {nd} dims of shape {self.shape}")
+            raise ShapeError(f"dims: {dims} is not a permutation of the {nd} dims of shape {self.shape}")
         return _sh.Permute.apply(self, tuple(_norm_dim(d, nd, "dims") for d in dims))
 
     @property

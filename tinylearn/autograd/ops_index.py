@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import ShapeError
 from .function import Function
-from .ops_reduce import norm_axes
+from .ops_reduce import norm_dim
 
 
 def positions(x_shape: tuple[int, ...], dim: int, index: np.ndarray, op: str) -> tuple:
@@ -24,7 +24,7 @@ def positions(x_shape: tuple[int, ...], dim: int, index: np.ndarray, op: str) ->
     nd = max(len(x_shape), 1)
     if index.ndim != len(x_shape) and not (index.ndim <= 1 and len(x_shape) <= 1):
         raise ShapeError(f"{op}: index has {index.ndim} dims but the input shape {x_shape} has {len(x_shape)}")
-    (d,) = norm_axes(dim, nd, "dim")
+    d = norm_dim(dim, nd, "dim")
     shp = x_shape or (1,)
     ix = index.reshape(index.shape or (1,))
     for a, (si, sx) in enumerate(zip(ix.shape, shp)):

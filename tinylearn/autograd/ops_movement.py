@@ -49,7 +49,10 @@ class Tri(Function):
 
 
 def pad_maps(shape: tuple[int, ...], pad: tuple[int, ...], mode: str) -> list[tuple[int, np.ndarray]]:
-    """(axis, source-index map) per padded axis, from torch's order (last dim first: left, right, ...)."""
+    """(axis, source-index map; -1 = the constant) per padded axis, from torch's order (last dim first: left, right,
+    ...). A negative entry crops that side, as torch: circular crops first and wraps the cropped input; constant /
+    reflect / replicate pad the whole input first (a reflection reads cells a crop removes) and then crop. An output
+    size below 0 is a ValueError."""
     if len(pad) % 2 or len(pad) // 2 > len(shape):
         raise ValueError(f"pad: padding {pad} must have an even length <= 2 * ndim for input shape {shape}")
     maps = []
@@ -57,21 +60,29 @@ def pad_maps(shape: tuple[int, ...], pad: tuple[int, ...], mode: str) -> list[tu
         ax = len(shape) - 1 - j
         lo, hi = int(pad[2 * j]), int(pad[2 * j + 1])
         n = shape[ax]
+        if n + lo + hi < 0:
+            raise ValueError(f"pad: padding {pad} would make dim {ax} (size {n}) {n + lo + hi} long ({mode!r} mode)")
+        if mode == "constant" and (-lo > n or -hi > n):  # torch: "narrow(): length must be non-negative"
+            raise ValueError(f"pad: cropping ({lo}, {hi}) removes more than the size {n} of dim {ax}")
         if mode == "reflect" and (lo >= n or hi >= n):
             raise ValueError(f"pad: reflect padding ({lo}, {hi}) must be < the input size {n} of dim {ax}")
         if mode == "circular" and (lo > n or hi > n):
             raise ValueError(f"pad: circular padding ({lo}, {hi}) must be <= the input size {n} of dim {ax}")
-        if mode != "constant" and (lo < 0 or hi < 0):
-            raise ValueError(f"pad: negative padding {pad} is only supported in constant mode")
+        grow, cut_lo, cut_hi = (max(lo, 0), max(hi, 0)), max(-lo, 0), max(-hi, 0)
         src = np.arange(n)
-        if lo < 0:
-            src, lo = src[-lo:], 0
-        if hi < 0:
-            src, hi = src[: len(src) + hi], 0
-        if mode == "constant":
-            idx = np.concatenate([np.full(lo, -1), src, np.full(hi, -1)])
-        else:
-            idx = np.pad(src, (lo, hi), mode=PAD_MODES[mode])
+        if mode == "circular":  # crop, then wrap the cropped input
+            src = src[cut_lo : max(n - cut_hi, cut_lo)]
+            if max(grow) > src.size and n + lo + hi:  # torch reads uninitialised cells here
+                raise ValueError(
+                    f"pad: circular padding ({lo}, {hi}) must be <= the size {src.size} dim {ax} has after cropping"
+                )
+            idx = np.pad(src, grow, mode="wrap") if n + lo + hi else src[:0]
+        else:  # pad the whole input, then crop
+            if mode == "constant":
+                idx = np.concatenate([np.full(grow[0], -1), src, np.full(grow[1], -1)])
+            else:
+                idx = np.pad(src, grow, mode=PAD_MODES[mode])
+            idx = idx[cut_lo : idx.size - cut_hi]
         maps.append((ax, idx))
     return maps
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import dim_error
+from .errors import ShapeError, dim_error
 from .function import Function
 
 
@@ -39,13 +39,16 @@ def norm_axes(dim: int | Sequence[int] | None, nd: int, name: str = "dim") -> tu
             raise TypeError(f"{name}: expected int entries, got {type(d).__name__} {d!r} in {dim!r}")
         if not -max(nd, 1) <= d < max(nd, 1):
             raise dim_error(name, d, nd)
-        out.append(int(d) % max(nd, 1))
+        d = int(d) % max(nd, 1)
+        if d in out:  # numpy: "duplicate value in 'axis'"; torch: RuntimeError naming the dim
+            raise ShapeError(f"{name}: dim {d} appears multiple times in the list of dims {dim!r}")
+        out.append(d)
     return tuple(out)
 
 
 def norm_dim(dim: Any, nd: int, name: str = "dim") -> int:
     """One dim (an int in [-nd, nd), a 0-d tensor counting as 1-d like torch) -> its index in [0, nd)."""
-    if isinstance(dim, tuple | list):
+    if dim is None or isinstance(dim, tuple | list):
         raise TypeError(f"{name}: expected one int, got {type(dim).__name__} {dim!r}")
     (d,) = norm_axes(dim, nd, name)
     return d
@@ -117,7 +120,7 @@ class Max(Function):
             # a NaN maximum (NaN propagates) takes the gradient at the NaN element(s), like torch ([0, 1, 0])
             ctx.save_for_backward(np.isnan(x) if np.isnan(out) else x == out)
             return np.asarray(out).reshape((1,) * x.ndim) if keepdim else np.asarray(out)
-        (d,) = norm_axes(dim, x.ndim)
+        d = norm_dim(dim, x.ndim)
         ctx.dim = d
         idx = np.argmax(x, axis=d, keepdims=True) if sign > 0 else np.argmin(x, axis=d, keepdims=True)
         ctx.save_for_backward(idx)
@@ -150,7 +153,7 @@ class MaxDim(Function):
             ctx.d = None
             ctx.mark_non_differentiable(1)
             return x.copy(), np.zeros((), np.int64)
-        (d,) = norm_axes(dim, x.ndim)
+        d = norm_dim(dim, x.ndim)
         if x.shape[d] == 0:
             raise ValueError(f"dim: {what} over dim {dim} of size 0 (input shape {x.shape})")
         if mode:
@@ -231,7 +234,7 @@ class Var(Function):
 class Softmax(Function):
     @staticmethod
     def forward(ctx, x, dim=-1):
-        (d,) = norm_axes(dim, x.ndim)
+        d = norm_dim(dim, x.ndim)
         e = np.exp(x - x.max(axis=d, keepdims=True))
         e /= e.sum(axis=d, keepdims=True)
         ctx.d = d
@@ -247,7 +250,7 @@ class Softmax(Function):
 class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, dim=-1):
-        (d,) = norm_axes(dim, x.ndim)
+        d = norm_dim(dim, x.ndim)
         z = x - x.max(axis=d, keepdims=True)
         out = z - np.log(np.exp(z).sum(axis=d, keepdims=True))
         ctx.d = d

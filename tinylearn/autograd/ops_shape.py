@@ -15,7 +15,7 @@ import numpy as np
 from .dtypes import is_floating
 from .errors import DimError, ShapeError
 from .function import Function, unbroadcast
-from .ops_reduce import norm_axes
+from .ops_reduce import norm_dim
 
 
 class Reshape(Function):
@@ -108,7 +108,7 @@ class Cat(Function):
     def forward(ctx, *xs, dim=0):
         if not xs:
             raise ValueError("cat: expected a non-empty sequence of tensors")
-        (d,) = norm_axes(dim, xs[0].ndim)
+        d = norm_dim(dim, xs[0].ndim)
         for i, x in enumerate(xs):
             if x.ndim != xs[0].ndim or x.shape[:d] + x.shape[d + 1 :] != xs[0].shape[:d] + xs[0].shape[d + 1 :]:
                 raise ShapeError(
@@ -131,7 +131,7 @@ class Stack(Function):
         for i, x in enumerate(xs):
             if x.shape != xs[0].shape:
                 raise ShapeError(f"stack: tensor {i} has shape {x.shape}, expected shape {xs[0].shape}")
-        (d,) = norm_axes(dim, xs[0].ndim + 1)
+        d = norm_dim(dim, xs[0].ndim + 1)
         ctx.d = d
         return np.stack(xs, axis=d)
 

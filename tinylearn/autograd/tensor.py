@@ -42,7 +42,10 @@ class Tensor(TensorMethods):
         return self.data.copy() if copy else self.data
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None) -> None:
-        arr = as_array(data.data if isinstance(data, Tensor) else data, dtype)
+        try:
+            arr = as_array(data.data if isinstance(data, Tensor) else data, dtype)
+        except ValueError as e:  # ragged nested lists: numpy's "inhomogeneous shape"
+            raise ValueError(f"data: cannot make a tensor of {type(data).__name__} {data!r:.80}: {e}") from e
         if arr.dtype.kind in "OUSMm":  # None, strings, objects, dates: not numeric data
             raise TypeError(
                 f"data: expected numeric data (array, number, nested list), got {type(data).__name__} "

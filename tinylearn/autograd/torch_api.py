@@ -18,6 +18,7 @@ from . import factory as _f
 from .errors import DimError, ShapeError
 from .linalg_breadth import einsum, vector_norm
 from .methods_breadth import BreadthMethods
+from .methods_movement import MovementMethods
 from .tensor import Tensor
 
 
@@ -34,7 +35,7 @@ def _method(name: str) -> Any:
     return f
 
 
-_METHODS = [n for n in vars(BreadthMethods) if not n.startswith("_")] + [
+_METHODS = [n for c in (BreadthMethods, MovementMethods) for n in vars(c) if not n.startswith("_")] + [
     "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "abs", "clamp", "clip", "maximum", "minimum", "pow", "matmul",
     "neg", "softmax", "log_softmax", "sum", "mean", "max", "min", "median", "mode", "var", "std", "argmax", "argmin",
     "reshape", "transpose", "permute", "flatten", "unsqueeze", "squeeze", "detach", "clone", "t",

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._inputs import is_int
+
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical")
 OPS = ("sum", "max", "min", "avg")
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -566,10 +568,12 @@ def all_reduce(
     _check_op(op)
     _check_algorithm(algorithm)
     _check_tensor("tensor", tensor, op)
-    if node_size is not None and (not isinstance(node_size, int) or node_size < 1):
+    if node_size is not None and (not is_int(node_size) or node_size < 1):
         raise ValueError(f"node_size: expected an int >= 1, got {node_size!r}")
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes: expected >= 1, got {chunk_bytes}")
+    node_size = None if node_size is None else int(node_size)
+    if not is_int(chunk_bytes) or chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes: expected an int >= 1, got {chunk_bytes!r}")
+    chunk_bytes = int(chunk_bytes)
     g = _Group(group)
     if check:
         _handshake(
@@ -709,8 +713,9 @@ def broadcast(
     _check_algorithm(algorithm, ("tree", "ring"))
     _check_tensor("tensor", tensor)
     g = _Group(group)
-    if not isinstance(src, int) or not 0 <= src < g.size:
+    if not is_int(src) or not 0 <= src < g.size:
         raise ValueError(f"src: expected a rank in [0, {g.size}), got {src!r}")
+    src = int(src)
     if check:
         _handshake(g, "tensor numel, dtype, src", [tensor.numel(), _DTYPES.index(tensor.dtype), src])
     if g.size == 1 or tensor.numel() == 0:

@@ -41,6 +41,10 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
+import numpy as np
+
+from .._inputs import is_int
+
 _CHILD_ENV = "TINYLEARN_DIST_CHILD"
 _STARTUP_S = 60.0  # extra allowance for process start, imports and rendezvous, on top of timeout_s
 
@@ -255,10 +259,13 @@ def launch(
     Returns the per-rank return values in rank order. See the module docstring for the failure contract.
     ``threads_per_rank`` sets torch/OpenMP threads in each child (1 by default: ranks share this box's cores).
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
-    if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+    world_size = int(world_size)
+    real = isinstance(timeout_s, int | float | np.integer | np.floating) and not isinstance(timeout_s, bool | np.bool_)
+    if not (real and timeout_s > 0):
         raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    timeout_s = float(timeout_s)
     if backend not in ("gloo", "nccl", "mpi"):
         raise ValueError(f"backend: expected 'gloo', 'nccl' or 'mpi', got {backend!r}")
     if _in_torchrun():

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_int
+
 
 def form_batches(
     arrivals: Sequence[float],
@@ -30,12 +32,14 @@ def form_batches(
     [k * window, (k + 1) * window) is dispatched at the end of window k."""
     if policy not in ("fifo", "bucket"):
         raise ValueError(f"policy: expected 'fifo' or 'bucket', got {policy!r}")
-    if not isinstance(max_batch, int | np.integer) or max_batch < 1:
+    if not is_int(max_batch) or max_batch < 1:
         raise ValueError(f"max_batch: must be an int >= 1, got {max_batch!r}")
-    if not (isinstance(window, int | float) and math.isfinite(window) and window > 0):
+    real = isinstance(window, int | float | np.integer | np.floating) and not isinstance(window, bool | np.bool_)
+    if not (real and math.isfinite(window) and window > 0):
         raise ValueError(f"window: must be a finite number > 0, got {window!r}")
-    if not isinstance(bucket_width, int | np.integer) or bucket_width < 1:
+    if not is_int(bucket_width) or bucket_width < 1:
         raise ValueError(f"bucket_width: must be an int >= 1, got {bucket_width!r}")
+    max_batch, window, bucket_width = int(max_batch), float(window), int(bucket_width)
     if len(arrivals) != len(lengths):
         raise ValueError(f"lengths: expected {len(arrivals)} entries (one per arrival), got {len(lengths)}")
     for i, (a, n) in enumerate(zip(arrivals, lengths, strict=True)):

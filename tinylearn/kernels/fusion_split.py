@@ -30,9 +30,22 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
+import numpy as np
+
+from .._inputs import is_int
 from ..gemm.occupancy import ARCHS, occupancy
 
 MAX_REGS = 255
+
+
+def _is_real(v: Any) -> bool:
+    """int, float or a numpy number, not a bool."""
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+
+
+def _py(v: Any) -> Any:
+    """A numpy scalar as the Python int / float it holds (results then do not depend on the argument's type)."""
+    return v.item() if isinstance(v, np.generic) else v
 
 
 @dataclass(frozen=True)
@@ -45,12 +58,14 @@ class Stage:
     out_bytes: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.regs, bool) or not isinstance(self.regs, int) or self.regs < 0:
+        if not is_int(self.regs) or self.regs < 0:
             raise ValueError(f"regs: expected a non-negative int for stage {self.name!r}, got {self.regs!r}")
+        object.__setattr__(self, "regs", int(self.regs))
         for field in ("flops", "out_bytes"):
             v = getattr(self, field)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+            if not _is_real(v) or not v >= 0:
                 raise ValueError(f"{field}: expected a non-negative number for stage {self.name!r}, got {v!r}")
+            object.__setattr__(self, field, _py(v))
 
 
 @dataclass(frozen=True)
@@ -70,31 +85,39 @@ class Machine:
             raise ValueError(f"arch: unknown architecture {self.arch!r}; known: {sorted(ARCHS)}")
         for field in ("peak_flops", "bandwidth"):
             v = getattr(self, field)
-            if not (isinstance(v, int | float) and v > 0):
+            if not (_is_real(v) and v > 0):
                 raise ValueError(f"{field}: expected a positive number, got {v!r}")
-        if not (isinstance(self.launch_s, int | float) and self.launch_s >= 0):
+        if not (_is_real(self.launch_s) and self.launch_s >= 0):
             raise ValueError(f"launch_s: expected a non-negative number of seconds, got {self.launch_s!r}")
-        if not (isinstance(self.saturation, int | float) and 0 < self.saturation <= 1):
+        if not (_is_real(self.saturation) and 0 < self.saturation <= 1):
             raise ValueError(f"saturation: expected a number in (0, 1], got {self.saturation!r}")
+        for field in ("peak_flops", "bandwidth", "launch_s", "saturation", "threads", "shared_bytes"):
+            object.__setattr__(self, field, _py(getattr(self, field)))
 
 
-def _check(stages: Sequence[Stage], n: int, in_bytes: float, base_regs: int) -> None:
+def _check(stages: Sequence[Stage], n: int, in_bytes: float, base_regs: int) -> tuple[int, float, int]:
+    """Checks the common arguments; returns (n, in_bytes, base_regs) with numpy scalars as Python numbers."""
     if isinstance(stages, str) or not isinstance(stages, Sequence) or len(stages) == 0:
         raise ValueError(f"stages: expected a non-empty list of Stage, got {stages!r:.80}")
     for i, s in enumerate(stages):
         if not isinstance(s, Stage):
             raise ValueError(f"stages[{i}]: expected a Stage, got {type(s).__name__}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"n: expected a positive int (elements), got {n!r}")
-    if isinstance(in_bytes, bool) or not isinstance(in_bytes, int | float) or not in_bytes >= 0:
+    if not _is_real(in_bytes) or not in_bytes >= 0:
         raise ValueError(f"in_bytes: expected a non-negative number of bytes per element, got {in_bytes!r}")
-    if isinstance(base_regs, bool) or not isinstance(base_regs, int) or not 1 <= base_regs <= MAX_REGS:
+    return int(n), _py(in_bytes), _base_regs(base_regs)
+
+
+def _base_regs(base_regs: Any) -> int:
+    if not is_int(base_regs) or not 1 <= base_regs <= MAX_REGS:
         raise ValueError(f"base_regs: expected an int in [1, {MAX_REGS}], got {base_regs!r}")
+    return int(base_regs)
 
 
 def segment_regs(stages: Sequence[Stage], base_regs: int = 16) -> int:
     """Estimated registers/thread of one kernel fusing ``stages``: ``base_regs + sum(stage.regs)`` (may exceed 255)."""
-    return base_regs + sum(s.regs for s in stages)
+    return _base_regs(base_regs) + sum(s.regs for s in stages)
 
 
 def segment_time(
@@ -107,7 +130,7 @@ def segment_time(
     """Model time of one kernel running ``stages`` on ``n`` elements that reads ``in_bytes`` per element.
 
     Returns dict(time_s, regs, occupancy, efficiency, spill_bytes, bytes, flops)."""
-    _check(stages, n, in_bytes, base_regs)
+    n, in_bytes, base_regs = _check(stages, n, in_bytes, base_regs)
     m = Machine() if machine is None else machine
     regs = segment_regs(stages, base_regs)
     spill = 2 * 4 * max(0, regs - MAX_REGS)
@@ -140,11 +163,12 @@ def split_time(
     """Model time of the chain split before each index in ``cuts`` (sorted, in 1..len-1; ``[]`` = fully fused).
 
     Returns dict(time_s, cuts, segments=[segment_time dicts], kernels)."""
-    _check(stages, n, in_bytes, base_regs)
+    n, in_bytes, base_regs = _check(stages, n, in_bytes, base_regs)
     k = len(stages)
     cs = list(cuts)
-    if any(isinstance(c, bool) or not isinstance(c, int) for c in cs) or cs != sorted(set(cs)):
+    if not all(is_int(c) for c in cs) or cs != sorted(set(cs)):
         raise ValueError(f"cuts: expected strictly increasing ints, got {cuts!r}")
+    cs = [int(c) for c in cs]
     if cs and not (1 <= cs[0] and cs[-1] <= k - 1):
         raise ValueError(f"cuts: every cut must be in [1, {k - 1}] for {k} stages, got {cuts!r}")
     bounds = [0, *cs, k]
@@ -171,9 +195,10 @@ def register_caps(machine: Machine | None = None) -> list[int]:
 def linear_scan(stages: Sequence[Stage], cap: int, base_regs: int = 16) -> list[int]:
     """Greedy cuts: walk the stages, start a new kernel when the next stage would push the estimate above ``cap``
     (a stage that alone exceeds the cap gets a kernel of its own)."""
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+    if not is_int(cap) or cap < 1:
         raise ValueError(f"cap: expected a positive int (registers/thread), got {cap!r}")
-    _check(stages, 1, 0, base_regs)
+    cap = int(cap)
+    _, _, base_regs = _check(stages, 1, 0, base_regs)
     cuts, regs = [], base_regs
     for i, s in enumerate(stages):
         if i and regs + s.regs > cap:
@@ -193,7 +218,7 @@ def choose_split(
     """The fastest (on the model) of the linear scans at every register cap in ``register_caps``.
 
     Returns split_time's dict plus ``cap`` (the winning cap) and ``candidates`` ({cap: (cuts, time_s)})."""
-    _check(stages, n, in_bytes, base_regs)
+    n, in_bytes, base_regs = _check(stages, n, in_bytes, base_regs)
     candidates: dict[int, tuple[list[int], float]] = {}
     best: dict[str, Any] | None = None
     for cap in register_caps(machine):
@@ -216,7 +241,7 @@ def optimal_split(
     """The model's optimum by dynamic programming over the last cut (k(k+1)/2 segment evaluations): the model's
     time is a sum over kernels, each depending only on its stages and its input, so ``best[j] = min_i best[i] +
     time(stages[i:j])`` is exact. Returns split_time's dict."""
-    _check(stages, n, in_bytes, base_regs)
+    n, in_bytes, base_regs = _check(stages, n, in_bytes, base_regs)
     k = len(stages)
     best: list[tuple[float, list[int]]] = [(0.0, [])]
     for j in range(1, k + 1):
@@ -238,7 +263,7 @@ def exhaustive_split(
     max_stages: int = 16,
 ) -> dict[str, Any]:
     """The model's optimum over all 2^(k-1) splits (a check for ``choose_split``; ValueError above ``max_stages``)."""
-    _check(stages, n, in_bytes, base_regs)
+    n, in_bytes, base_regs = _check(stages, n, in_bytes, base_regs)
     k = len(stages)
     if k > max_stages:
         raise ValueError(f"stages: {k} stages means 2^{k - 1} splits; raise max_stages (={max_stages}) to allow it")

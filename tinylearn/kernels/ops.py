@@ -198,8 +198,7 @@ def _prep(a: np.ndarray, ct: type) -> np.ndarray:
 
 
 def _check_dim(dim: int, ndim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int | np.integer):
-        raise TypeError(f"dim must be int, got {type(dim).__name__} {dim!r}")
+    dim = as_int(dim, "dim")
     if not -max(ndim, 1) <= dim < max(ndim, 1):
         raise ValueError(f"dim: {dim} out of range for an array with {ndim} dimensions")
     return int(dim) % max(ndim, 1)

@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_int
+
 _OPT_STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd_momentum": 1}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -208,10 +210,12 @@ def estimate(
         raise ValueError(f"optimizer: expected one of {sorted(_OPT_STATES)}, got {optimizer!r}")
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZE)}, got {dtype!r}")
-    if not isinstance(input_shape, tuple | list) or not all(isinstance(s, int) and s > 0 for s in input_shape):
+    if not isinstance(input_shape, tuple | list) or not all(is_int(s) and s > 0 for s in input_shape):
         raise ValueError(f"input_shape: expected a tuple of positive ints, got {input_shape!r}")
-    if checkpoint_segments is not None and (not isinstance(checkpoint_segments, int) or checkpoint_segments < 1):
+    input_shape = tuple(int(s) for s in input_shape)
+    if checkpoint_segments is not None and (not is_int(checkpoint_segments) or checkpoint_segments < 1):
         raise ValueError(f"checkpoint_segments: expected a positive int or None, got {checkpoint_segments!r}")
+    checkpoint_segments = None if checkpoint_segments is None else int(checkpoint_segments)
     params = list(model.parameters())
     scale = _ITEMSIZE[dtype] / 4
     n_param_bytes = int(sum(p.data.size for p in params) * _ITEMSIZE[dtype])
@@ -407,7 +411,7 @@ def plan_recompute(
     Returns dict(drop, keep, recompute, peak, step_time) with step_time = (1 + backward_factor) sum F + recompute.
     """
     a, f = _check_layers(act_bytes, fwd_cost, budget)
-    if not all(isinstance(x, int | np.integer) for x in a):
+    if not all(is_int(x) for x in a):
         raise TypeError("act_bytes: plan_recompute needs integer sizes (bytes, KiB, ...)")
     a = [int(x) for x in a]
     total, n = sum(a), len(a)

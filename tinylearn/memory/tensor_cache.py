@@ -23,6 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_int
+
+
+def _is_real(v: Any) -> bool:
+    """int, float or a numpy number, not a bool."""
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+
 
 class ManualClock:
     """A clock that moves only when told (deterministic TTL tests): ``clock()`` -> now, ``clock.advance(dt)``."""
@@ -36,7 +43,7 @@ class ManualClock:
         return self.now
 
     def advance(self, dt: float) -> float:
-        if not (isinstance(dt, int | float) and np.isfinite(dt) and dt >= 0):
+        if not (_is_real(dt) and np.isfinite(dt) and dt >= 0):
             raise ValueError(f"dt: expected a finite non-negative number of seconds, got {dt!r}")
         self.now += float(dt)
         return self.now
@@ -61,9 +68,9 @@ class TensorCache:
     """Reference-counted LRU/TTL cache of numpy tensors under ``capacity_bytes``; see the module docstring."""
 
     def __init__(self, capacity_bytes: int, ttl: float | None = None, clock: Callable[[], float] | None = None) -> None:
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int | np.integer) or capacity_bytes < 1:
+        if not is_int(capacity_bytes) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes: expected a positive int, got {capacity_bytes!r}")
-        if ttl is not None and not (isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl > 0):
+        if ttl is not None and not (_is_real(ttl) and ttl > 0):
             raise ValueError(f"ttl: expected None or a positive number of seconds, got {ttl!r}")
         if clock is not None and not callable(clock):
             raise ValueError(f"clock: expected a callable returning seconds, got {clock!r}")

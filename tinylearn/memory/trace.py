@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import as_int, is_int
+
 
 def check_ops(ops: Any) -> np.ndarray:
     """``ops`` as a C-contiguous int64 [m, 2] array; ValueError naming the first bad row."""
@@ -89,11 +91,7 @@ def random_ops(
     """A random trace of ``n_ops`` ops: malloc with probability decreasing in the live count, else free a random
     live block. ``sizes`` is a (lo, hi) range (log-uniform by default) or a list to draw from. Ends with
     everything freed (so the trace has n_ops + n_live_at_end ops)."""
-    for name, v, lo in (("n_ops", n_ops, 0), ("max_live", max_live, 1)):
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
-            raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
-        if v < lo:
-            raise ValueError(f"{name}: must be >= {lo}, got {v}")
+    n_ops, max_live = as_int(n_ops, "n_ops", min=0), as_int(max_live, "max_live", min=1)
     if isinstance(sizes, tuple) and len(sizes) == 2 and not 1 <= sizes[0] <= sizes[1]:
         raise ValueError(f"sizes: a (lo, hi) range needs 1 <= lo <= hi, got {sizes}")
     rng = np.random.default_rng(seed)
@@ -119,8 +117,9 @@ def random_ops(
 
 def pair_ops(n_pairs: int, size: int | Sequence[int], seed: int = 0) -> np.ndarray:
     """malloc + immediate free, ``n_pairs`` times (the latency benchmark's trace)."""
+    n_pairs = as_int(n_pairs, "n_pairs", min=0)
     rng = np.random.default_rng(seed)
-    sizes = np.full(n_pairs, size) if isinstance(size, int) else rng.choice(np.asarray(size), n_pairs)
+    sizes = np.full(n_pairs, int(size)) if is_int(size) else rng.choice(np.asarray(size), n_pairs)
     ops = np.empty((2 * n_pairs, 2), dtype=np.int64)
     ops[0::2, 0], ops[0::2, 1] = 0, sizes
     ops[1::2, 0], ops[1::2, 1] = 1, np.arange(n_pairs)

@@ -12,6 +12,7 @@ nn.MaxPool2d runs max pooling through a direct C++ kernel in the common case (fu
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -47,13 +48,26 @@ def tanh(x: Tensor) -> Tensor:
     return x.tanh()
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
+def _implicit_dim(name: str, x: Any, dim: Any) -> Any:
+    """torch's legacy ``dim=None`` for F.softmax / F.log_softmax: a deprecation warning and dim 0 for 0-, 1- and 3-d
+    input, else 1 (torch.nn.functional._get_softmax_dim)."""
+    if dim is not None:
+        return dim
+    warnings.warn(
+        f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as an argument.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return 0 if np.ndim(x.data if isinstance(x, Tensor) else x) in (0, 1, 3) else 1
+
+
+def softmax(x: Tensor, dim: int | None = -1) -> Tensor:
     """torch's softmax on the registered ``kernels.softmax`` kernel (functional_fused.py), with autograd."""
-    return _fused.Softmax.apply(x, dim=dim)
+    return _fused.Softmax.apply(x, dim=_implicit_dim("softmax", x, dim))
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return x.log_softmax(dim)
+def log_softmax(x: Tensor, dim: int | None = -1) -> Tensor:
+    return x.log_softmax(_implicit_dim("log_softmax", x, dim))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -177,34 +177,13 @@ def instance_norm(input: Tensor, weight: Tensor | None = None, bias: Tensor | No
     return group_norm(input, input.shape[1], weight, bias, eps)
 
 
-def _pad_crop(x: Tensor, pad: tuple[int, ...]) -> Tensor:
-    """``x`` with max(-p, 0) cells cut from each side (the negative entries of a torch ``pad`` list)."""
-    sl = [slice(None)] * x.ndim
-    for j in range(len(pad) // 2):
-        ax = x.ndim - 1 - j
-        lo, hi = max(-pad[2 * j], 0), max(-pad[2 * j + 1], 0)
-        sl[ax] = slice(lo, x.shape[ax] - hi)
-    return x[tuple(sl)]
-
-
 def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Tensor:  # noqa: A002
     """torch.nn.functional.pad: ``pad`` lists (left, right) pairs starting from the LAST dim. A negative entry crops
-    that side, as torch: circular crops first and wraps the cropped input; constant / reflect / replicate pad the
-    whole input first (a reflection reads cells a crop removes) and then crop."""
+    that side, as torch (``autograd.ops_movement.pad_maps``: circular crops first and wraps the cropped input;
+    constant / reflect / replicate pad the whole input first and then crop)."""
     if not isinstance(pad, tuple | list) or not all(isinstance(p, int | np.integer) for p in pad):
         raise TypeError(f"pad: expected a tuple of ints, got {pad!r}")
     pads = tuple(int(p) for p in pad)
     if len(pads) % 2 or len(pads) // 2 > input.ndim:
         raise ValueError(f"pad: padding {pads} must have an even length <= 2 * ndim for input shape {input.shape}")
-    val = 0.0 if value is None else value
-    if min(pads, default=0) >= 0:
-        return Pad.apply(input, pads, mode=mode, value=val)
-    for j in range(len(pads) // 2):
-        ax, n = input.ndim - 1 - j, input.shape[input.ndim - 1 - j]
-        out = n + pads[2 * j] + pads[2 * j + 1]
-        if out < 0:
-            raise ValueError(f"pad: padding {pads} would make dim {ax} (size {n}) {out} long ({mode!r} mode)")
-    grow = tuple(max(p, 0) for p in pads)
-    if mode == "circular":
-        return Pad.apply(_pad_crop(input, pads), grow, mode=mode, value=val)
-    return _pad_crop(Pad.apply(input, grow, mode=mode, value=val), pads)
+    return Pad.apply(input, pads, mode=mode, value=0.0 if value is None else value)  # crops too (pad_maps)

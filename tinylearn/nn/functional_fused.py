@@ -34,7 +34,7 @@ class Softmax(_red.Softmax):
         ctx.kernel = path
         if path is None:
             return _red.Softmax.forward(ctx, x, dim)
-        (ctx.d,) = _red.norm_axes(dim, x.ndim)  # the Tensor op's argument checks and messages
+        ctx.d = _red.norm_dim(dim, x.ndim)  # the Tensor op's argument checks and messages
         y = _k.softmax(x, ctx.d, backend=path[0], version=path[1])
         ctx.save_for_backward(y)
         return y

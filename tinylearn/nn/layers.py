@@ -19,7 +19,7 @@ from . import functional as F
 from . import init
 from .layers_spatial import AvgPool2d, Conv2d, MaxPool2d  # noqa: F401  (re-exported: the N-d families)
 from .module import Module
-from .parameter import Parameter
+from .parameter import Parameter, empty_parameter
 
 
 def _size(name: str, v: Any, minimum: int) -> int:
@@ -41,7 +41,8 @@ class Linear(Module):
         super().__init__()
         in_features, out_features = _size("in_features", in_features, 1), _size("out_features", out_features, 1)
         self.in_features, self.out_features = in_features, out_features
-        self.weight = Parameter(np.empty((out_features, in_features), dtype=dtype))
+        sizes = f"in_features={in_features}, out_features={out_features}"
+        self.weight = empty_parameter((out_features, in_features), dtype, sizes)
         if bias:
             self.bias = Parameter(np.empty(out_features, dtype=dtype))
         else:
@@ -206,7 +207,8 @@ class Embedding(Module):
         num_embeddings = _size("num_embeddings", num_embeddings, 0)
         embedding_dim = _size("embedding_dim", embedding_dim, 0)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(np.empty((num_embeddings, embedding_dim), dtype=np.float32))
+        sizes = f"num_embeddings={num_embeddings}, embedding_dim={embedding_dim}"
+        self.weight = empty_parameter((num_embeddings, embedding_dim), np.float32, sizes)
         init.normal_(self.weight)
 
     def forward(self, idx: Any) -> Tensor:

@@ -49,7 +49,7 @@ from .layers_pool import (  # noqa: F401  (re-exported: the pooling families liv
     _MaxPoolNd,
 )
 from .module import Module
-from .parameter import Parameter
+from .parameter import Parameter, empty_parameter
 
 _PAD_MODES = ("zeros", "reflect", "replicate", "circular")
 
@@ -113,7 +113,8 @@ class _ConvNd(Module):
         self.output_padding = ntuple(output_padding, nd, "output_padding")
         self.groups, self.padding_mode = int(groups), padding_mode
         shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
-        self.weight = Parameter(np.empty(shape + k, dtype=dtype))
+        sizes = f"in_channels={in_channels}, out_channels={out_channels}, kernel_size={k}"
+        self.weight = empty_parameter(shape + k, dtype, sizes)
         if bias:
             self.bias = Parameter(np.empty(out_channels, dtype=dtype))
         else:

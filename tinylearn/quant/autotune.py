@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
+from .._inputs import is_int
 from .gemm import int8_gemm
 
 
@@ -59,16 +60,18 @@ class KernelAutotuner:
         if not isinstance(candidates, dict) or not candidates or not all(callable(f) for f in candidates.values()):
             raise ValueError(f"candidates: need a non-empty dict of name -> callable, got {candidates!r}")
         for name, v in (("repeat", repeat), ("window", window)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        if not is_int(warmup) or warmup < 0:
             raise ValueError(f"warmup: must be an int >= 0, got {warmup!r}")
-        if not (isinstance(drift, int | float) and drift > 0):
+        real = isinstance(drift, int | float | np.integer | np.floating) and not isinstance(drift, bool | np.bool_)
+        if not (real and drift > 0):
             raise ValueError(f"drift: must be a number > 0, got {drift!r}")
         if stat not in ("median", "min"):
             raise ValueError(f"stat: expected 'median' or 'min', got {stat!r}")
         self.candidates = dict(candidates)
-        self.key, self.repeat, self.warmup, self.window, self.drift = key, repeat, warmup, window, float(drift)
+        self.key, self.drift = key, float(drift)
+        self.repeat, self.warmup, self.window = int(repeat), int(warmup), int(window)
         self.check, self.timer = check, timer
         self._stat = statistics.median if stat == "median" else min
         self.cache: dict[Any, TuneRecord] = {}

@@ -24,9 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array
+from .._inputs import as_array, is_int
 
 POLICIES = ("lagrange", "uniform")
+
+
+def _is_real(v: Any) -> bool:
+    """int, float or a numpy number, not a bool."""
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
 
 
 def _positive_vector(v: Any, name: str) -> np.ndarray:
@@ -52,7 +57,7 @@ def allocate_error_budget(
     clip(t / w_i, ...)) with the scalar t found by bisection so that the budget is met: a segment that cannot use
     its share (already at the widest width, or exact enough at the narrowest) hands the rest to the others.
     """
-    if not (isinstance(budget, int | float | np.floating) and math.isfinite(budget) and budget > 0):
+    if not (_is_real(budget) and math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget: must be a finite number > 0, got {budget!r}")
     w = _positive_vector(sensitivities, "sensitivities")
     n = _positive_vector(sizes, "sizes")
@@ -100,10 +105,11 @@ def fake_quantize_bits(w: Any, bits: int, axis: int | None = 0) -> np.ndarray:
     """Symmetric b-bit quantize-dequantize of ``w`` (2 <= bits <= 16): one scale amax / (2^(b-1) - 1) per slice along
     ``axis`` (None: per tensor), round half to even, float32 out."""
     a = as_array(w, "w", dtypes=("f",)).astype(np.float32, copy=False)
-    if not (isinstance(bits, int | np.integer) and 2 <= bits <= 16):
+    if not (is_int(bits) and 2 <= bits <= 16):
         raise ValueError(f"bits: must be an int in [2, 16], got {bits!r}")
-    if axis is not None and not (isinstance(axis, int) and -a.ndim <= axis < a.ndim):
+    if axis is not None and not (is_int(axis) and -a.ndim <= axis < a.ndim):
         raise ValueError(f"axis: {axis!r} out of range for w of shape {a.shape}")
+    axis = None if axis is None else int(axis)
     qmax = 2 ** (int(bits) - 1) - 1
     if axis is None:
         amax = np.abs(a).max(initial=0.0)
@@ -216,7 +222,7 @@ def allocate_bits(
         raise ValueError(
             f"error_table/sizes: need {w.size} sizes and a ({w.size}, {len(bits)}) table, got {n.size} and {t.shape}"
         )
-    if not (isinstance(budget, int | float | np.floating) and math.isfinite(budget) and budget > 0):
+    if not (_is_real(budget) and math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget: must be a finite number > 0, got {budget!r}")
     bv = np.asarray(bits, np.float64)
     rows = np.arange(w.size)

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .._inputs import as_array
+from .._inputs import as_array, as_int, is_int
 from . import cuda
 
 GEMM_OP = "quant.int8_gemm"  # int8_gemm: A and B per call
@@ -156,8 +156,9 @@ def strassen_reference(a: Any, b: Any, levels: int = 1) -> tuple[np.ndarray, int
     b = np.asarray(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"strassen_reference: a [M, K] and b [K, N] needed, got a {a.shape} and b {b.shape}")
-    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 0:
+    if not is_int(levels) or levels < 0:
         raise ValueError(f"levels: expected an int >= 0, got {levels!r}")
+    levels = int(levels)
     m, k = a.shape
     n = b.shape[1]
     if levels == 0:
@@ -193,8 +194,9 @@ def cache_oblivious_matmul(a: Any, b: Any, leaf: int = 32) -> tuple[np.ndarray, 
     b = np.asarray(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"cache_oblivious_matmul: a [M, K] and b [K, N] needed, got a {a.shape} and b {b.shape}")
-    if isinstance(leaf, bool) or not isinstance(leaf, int) or leaf < 1:
+    if not is_int(leaf) or leaf < 1:
         raise ValueError(f"leaf: expected an int >= 1, got {leaf!r}")
+    leaf = int(leaf)
     c = np.zeros((a.shape[0], b.shape[1]), np.result_type(a, b))
     ws: list[int] = []
 
@@ -326,9 +328,11 @@ def requantize(acc: np.ndarray, multiplier: Any, zero_point: int, quant_min: int
     Output dtype int8 when quant_min < 0 else uint8; [quant_min, quant_max] must fit it, zero_point must lie in it,
     multiplier must be finite and > 0 (ValueError naming the argument otherwise).
     """
-    for name, v in (("zero_point", zero_point), ("quant_min", quant_min), ("quant_max", quant_max)):
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
-            raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    zero_point, quant_min, quant_max = (
+        as_int(zero_point, "zero_point"),
+        as_int(quant_min, "quant_min"),
+        as_int(quant_max, "quant_max"),
+    )
     if quant_min > quant_max:
         raise ValueError(f"quant_min: {quant_min} > quant_max {quant_max}")
     lo, hi = (-128, 127) if quant_min < 0 else (0, 255)
@@ -414,8 +418,7 @@ class PackedInt8Weight:
         a = as_array(a, "a_int8", dtypes=(np.int8, np.uint8), ndim=2)
         if a.shape[1] != self.k:
             raise ValueError(f"a_int8: inner dimension {a.shape[1]} != packed K {self.k}")
-        if isinstance(zero_point, bool) or not isinstance(zero_point, int | np.integer):
-            raise TypeError(f"zero_point: expected an int, got {type(zero_point).__name__}")
+        zero_point = as_int(zero_point, "zero_point")
         if a.dtype == np.int8 and zero_point != 0:
             raise ValueError(f"zero_point: {zero_point} given for int8 a_int8 (only uint8 codes take a zero point)")
         if not 0 <= zero_point <= 255:

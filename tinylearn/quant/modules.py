@@ -28,6 +28,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import backends
+from .._inputs import is_int
 from ..autograd import Tensor
 from ..nn import Conv2d, Linear, Module, Parameter
 from .affine import quantize
@@ -544,6 +545,6 @@ class LearnableFakeQuantize(Module):
 
 def weight_observer(bits: int = 8, ch_axis: int = 0) -> PerChannelMinMaxObserver:
     """Per-channel symmetric weight observer for int8 ([-128, 127]) or int4 ([-8, 7]) codes (``bits`` 8 or 4)."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (4, 8):
+    if not is_int(bits) or bits not in (4, 8):
         raise ValueError(f"bits: weight_observer supports 4 or 8 bits, got {bits!r}")
     return PerChannelMinMaxObserver(ch_axis, "int8" if bits == 8 else "int4", symmetric=True, averaging_constant=1.0)

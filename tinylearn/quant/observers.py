@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array
+from .._inputs import as_array, as_int, is_int
 from .affine import qparams_for_range, qrange
 
 
@@ -125,9 +125,7 @@ class PerChannelMinMaxObserver(ObserverBase):
         self, ch_axis: int = 0, dtype: str = "int8", symmetric: bool = False, averaging_constant: float | None = None
     ) -> None:
         super().__init__(dtype, symmetric)
-        if not isinstance(ch_axis, int):
-            raise TypeError(f"ch_axis: expected an int, got {type(ch_axis).__name__}")
-        self.ch_axis = ch_axis
+        self.ch_axis = as_int(ch_axis, "ch_axis")
         self.averaging_constant = averaging_constant
         self.min_val: np.ndarray | None = None
         self.max_val: np.ndarray | None = None
@@ -170,9 +168,9 @@ class _AbsHistogramObserver(ObserverBase):
 
     def __init__(self, bins: int = 2048, dtype: str = "int8", symmetric: bool = True) -> None:
         super().__init__(dtype, symmetric)
-        if not isinstance(bins, int) or bins < 16:
+        if not is_int(bins) or bins < 16:
             raise ValueError(f"bins: must be an int >= 16, got {bins!r}")
-        self.bins = bins
+        self.bins = int(bins)
         self.hist = np.zeros(bins, np.float64)
         self.amax = 0.0
         self.min_val, self.max_val = float("inf"), float("-inf")
@@ -239,7 +237,7 @@ class MSEObserver(_AbsHistogramObserver):
 
     def __init__(self, n_candidates: int = 200, bins: int = 2048, dtype: str = "int8", symmetric: bool = True):
         super().__init__(bins, dtype, symmetric)
-        self.n_candidates = int(n_candidates)
+        self.n_candidates = as_int(n_candidates, "n_candidates", min=1)
 
     def mse_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(thresholds, expected squared error per element) for the scanned thresholds."""
@@ -269,9 +267,10 @@ def kl_threshold(
     nb = h.size
     if e.size != nb + 1:
         raise ValueError(f"edges: need len(hist) + 1 = {nb + 1} edges, got {e.size}")
+    num_levels = as_int(num_levels, "num_levels")
     if num_levels < 2 or num_levels > nb:
         raise ValueError(f"num_levels: must be in [2, {nb}] for {nb} bins, got {num_levels}")
-    start = num_levels if start is None else max(int(start), num_levels)
+    start = num_levels if start is None else max(as_int(start, "start"), num_levels)
     cands = np.arange(start, nb + 1)
     kls = np.full(cands.size, np.inf)
     total_tail = np.concatenate([np.cumsum(h[::-1])[::-1], [0.0]])  # total_tail[i] = sum(h[i:])

@@ -24,8 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array
+from .._inputs import as_array, is_int
 from .affine import calculate_qparams, qrange, quantize_dequantize
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
 
 
 def saturation_rate(x: Any, scale: float, zero_point: int, dtype: str = "uint8") -> float:
@@ -34,9 +38,9 @@ def saturation_rate(x: Any, scale: float, zero_point: int, dtype: str = "uint8")
     a = as_array(x, "x", dtypes=("f", "i", "u")).astype(np.float64, copy=False)
     if a.size == 0:
         raise ValueError(f"x: empty array (shape {a.shape}): no saturation rate")
-    if not (isinstance(scale, int | float | np.floating | np.integer) and math.isfinite(scale) and scale > 0):
+    if not (_is_real(scale) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: must be a finite number > 0, got {scale!r}")
-    if not (isinstance(zero_point, int | np.integer) and qmin <= zero_point <= qmax):
+    if not (is_int(zero_point) and qmin <= zero_point <= qmax):
         raise ValueError(f"zero_point: must be an int in [{qmin}, {qmax}], got {zero_point!r}")
     lo = (qmin - int(zero_point) - 0.5) * float(scale)
     hi = (qmax - int(zero_point) + 0.5) * float(scale)
@@ -75,16 +79,16 @@ class OnlineRecalibrator:
             raise ValueError(
                 f"ratio_low/ratio_high: need 1 <= ratio_low <= ratio_high, got {ratio_low!r}, {ratio_high!r}"
             )
-        if not (isinstance(patience, int) and patience >= 1):
+        if not (is_int(patience) and patience >= 1):
             raise ValueError(f"patience: must be an int >= 1, got {patience!r}")
-        if not (isinstance(cooldown, int) and cooldown >= 0):
+        if not (is_int(cooldown) and cooldown >= 0):
             raise ValueError(f"cooldown: must be an int >= 0, got {cooldown!r}")
         if not (math.isfinite(headroom) and headroom >= 0):
             raise ValueError(f"headroom: must be a finite number >= 0, got {headroom!r}")
         self.dtype, self.symmetric = dtype, bool(symmetric)
         self.sat_high, self.sat_low = float(sat_high), float(sat_low)
         self.ratio_high, self.ratio_low = float(ratio_high), float(ratio_low)
-        self.patience, self.cooldown, self.headroom = patience, cooldown, float(headroom)
+        self.patience, self.cooldown, self.headroom = int(patience), int(cooldown), float(headroom)
         self.scale: float | None = None
         self.zero_point: int | None = None
         self.history: list[dict[str, Any]] = []

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array
+from .._inputs import as_array, is_int
 
 OBJECTIVES = ("latency_cycles", "memory_bits", "energy_pj", "accuracy")
 
@@ -84,7 +84,7 @@ def pareto_front(points: Any, minimize: bool | Sequence[bool] = True) -> np.ndar
 
 def enumerate_bit_configs(n_layers: int, widths: Sequence[int] = (2, 4, 8, 16)) -> np.ndarray:
     """Every per-layer width assignment: [len(widths) ** n_layers, n_layers] int64, in itertools.product order."""
-    if not (isinstance(n_layers, int | np.integer) and not isinstance(n_layers, bool) and 1 <= n_layers <= 8):
+    if not (is_int(n_layers) and 1 <= n_layers <= 8):
         raise ValueError(f"n_layers: must be an int in [1, 8], got {n_layers!r}")
     w = _widths(widths)
     return np.array(list(itertools.product(w, repeat=int(n_layers))), np.int64).reshape(-1, int(n_layers))
@@ -93,7 +93,7 @@ def enumerate_bit_configs(n_layers: int, widths: Sequence[int] = (2, 4, 8, 16)) 
 def _widths(widths: Any) -> list[int]:
     if isinstance(widths, str) or not isinstance(widths, Sequence) or len(widths) == 0:
         raise ValueError(f"widths: need a non-empty sequence of bit widths, got {widths!r}")
-    if not all(isinstance(b, int | np.integer) and not isinstance(b, bool) and 2 <= b <= 16 for b in widths):
+    if not all(is_int(b) and 2 <= b <= 16 for b in widths):
         raise ValueError(f"widths: every width must be an int in [2, 16], got {widths!r}")
     if len(set(int(b) for b in widths)) != len(widths):
         raise ValueError(f"widths: duplicate widths in {widths!r}")
@@ -122,13 +122,14 @@ class BitCostModel:
                 f"datapath_bits: need a non-empty mapping width -> datapath bits, got {self.datapath_bits!r}"
             )
         for b, d in self.datapath_bits.items():
-            if not (isinstance(b, int) and isinstance(d, int) and 2 <= b <= 16 and b <= d <= 64):
+            if not (is_int(b) and is_int(d) and 2 <= b <= 16 and b <= d <= 64):
                 raise ValueError(
                     f"datapath_bits: need int widths 2..16 mapped to ints in [width, 64], got {b!r}: {d!r}"
                 )
         for name in ("lanes_bits", "bytes_per_cycle", "pj_mac_fixed", "pj_mac_per_bit", "pj_per_byte"):
             v = getattr(self, name)
-            if not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+            real = isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+            if not (real and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
         if self.lanes_bits <= 0 or self.bytes_per_cycle <= 0:
             raise ValueError(

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array
+from .._inputs import as_array, is_int
 from ..autograd import Tensor
 from ..nn import Linear, Module, Parameter
 from .affine import calculate_qparams, qrange, quantize
@@ -44,8 +44,9 @@ class LearnableShiftScale(Module):
 
     def __init__(self, num_features: int, dtype: str = "int8", symmetric: bool = True) -> None:
         super().__init__()
-        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+        if not is_int(num_features) or num_features < 1:
             raise ValueError(f"num_features: must be an int >= 1, got {num_features!r}")
+        num_features = int(num_features)
         self.quant_min, self.quant_max = qrange(dtype)
         self.dtype, self.symmetric, self.num_features = dtype, bool(symmetric), num_features
         self.shift = Parameter(np.zeros(num_features, np.float32))
