@@ -376,6 +376,8 @@ def sanitizer_tests() -> list[str]:
 INDIRECTLY_TESTED: dict[str, str] = {
     "tinylearn.autograd.methods": "Tensor methods: tests/autograd/test_autograd.py, test_ops_breadth.py",
     "tinylearn.autograd.methods_breadth": "Tensor methods: tests/autograd/test_ops_breadth.py",
+    "tinylearn.autograd.methods_movement": "Tensor movement/indexing methods: tests/autograd/test_ops_breadth.py, "
+    "test_autograd_hardening.py",
     "tinylearn.autograd.ops_math": "Tensor.round/atan2/copysign...: tests/autograd/test_ops_breadth.py (gradcheck)",
     "tinylearn.autograd.ops_movement": "Tensor.roll/tril/pad/diagonal: tests/autograd/test_ops_breadth.py",
     "tinylearn.autograd.ops_scan": "Tensor.prod/logsumexp/cumsum: tests/autograd/test_ops_breadth.py",

@@ -1,5 +1,6 @@
 """torch's free functions (``tl.sin(x)``, ``tl.einsum(...)``, ``tl.eye(3)``, ``tl.linalg.vector_norm``...) on top
-of the Tensor methods, plus the creation functions torch scripts reach for, ``ShapeError`` and ``DimError``.
+of the Tensor methods, plus the creation functions torch scripts reach for, ``ShapeError``, ``DimError`` and
+``OutOfMemoryError``.
 
 ``tinylearn.__getattr__`` looks names up here, so ``tl.<name>`` works for everything below.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import factory as _f
-from .errors import DimError, ShapeError
+from .errors import DimError, OutOfMemoryError, ShapeError
 from .linalg_breadth import einsum, vector_norm
 from .methods_breadth import BreadthMethods
 from .methods_movement import MovementMethods
@@ -233,7 +234,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
     return _f.where(condition, input, other)
 
 
-__all__ = ["ShapeError", "DimError", "einsum", "vector_norm", "linalg", "where", *_METHODS]
+__all__ = ["ShapeError", "DimError", "OutOfMemoryError", "einsum", "vector_norm", "linalg", "where", *_METHODS]
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
