@@ -127,6 +127,12 @@ def is_int(v: Any) -> bool:
     return True
 
 
+def is_real(v: Any) -> bool:
+    """True for a real number argument: int, float, numpy integers and floats; False for bool / numpy bool, strings,
+    arrays and everything else (finiteness is the caller's check)."""
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+
+
 def as_int(v: Any, name: str, *, min: int | None = None, max: int | None = None) -> int:  # noqa: A002
     """``v`` as a Python int (``is_int`` rule): TypeError naming ``name`` for bool/float/str/...; ValueError when it
     is below ``min`` or above ``max``. ``as_int(np.int64(256), "size", min=1) == 256``."""

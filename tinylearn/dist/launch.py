@@ -41,9 +41,7 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
-import numpy as np
-
-from .._inputs import is_int
+from .._inputs import is_int, is_real
 
 _CHILD_ENV = "TINYLEARN_DIST_CHILD"
 _STARTUP_S = 60.0  # extra allowance for process start, imports and rendezvous, on top of timeout_s
@@ -262,7 +260,7 @@ def launch(
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
     world_size = int(world_size)
-    real = isinstance(timeout_s, int | float | np.integer | np.floating) and not isinstance(timeout_s, bool | np.bool_)
+    real = is_real(timeout_s)
     if not (real and timeout_s > 0):
         raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     timeout_s = float(timeout_s)

@@ -13,9 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from .._inputs import is_int
+from .._inputs import is_int, is_real
 
 
 def form_batches(
@@ -34,7 +32,7 @@ def form_batches(
         raise ValueError(f"policy: expected 'fifo' or 'bucket', got {policy!r}")
     if not is_int(max_batch) or max_batch < 1:
         raise ValueError(f"max_batch: must be an int >= 1, got {max_batch!r}")
-    real = isinstance(window, int | float | np.integer | np.floating) and not isinstance(window, bool | np.bool_)
+    real = is_real(window)
     if not (real and math.isfinite(window) and window > 0):
         raise ValueError(f"window: must be a finite number > 0, got {window!r}")
     if not is_int(bucket_width) or bucket_width < 1:

@@ -32,15 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import is_int
+from .._inputs import is_int, is_real
 from ..gemm.occupancy import ARCHS, occupancy
 
 MAX_REGS = 255
-
-
-def _is_real(v: Any) -> bool:
-    """int, float or a numpy number, not a bool."""
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
 
 
 def _py(v: Any) -> Any:
@@ -63,7 +58,7 @@ class Stage:
         object.__setattr__(self, "regs", int(self.regs))
         for field in ("flops", "out_bytes"):
             v = getattr(self, field)
-            if not _is_real(v) or not v >= 0:
+            if not is_real(v) or not v >= 0:
                 raise ValueError(f"{field}: expected a non-negative number for stage {self.name!r}, got {v!r}")
             object.__setattr__(self, field, _py(v))
 
@@ -85,11 +80,11 @@ class Machine:
             raise ValueError(f"arch: unknown architecture {self.arch!r}; known: {sorted(ARCHS)}")
         for field in ("peak_flops", "bandwidth"):
             v = getattr(self, field)
-            if not (_is_real(v) and v > 0):
+            if not (is_real(v) and v > 0):
                 raise ValueError(f"{field}: expected a positive number, got {v!r}")
-        if not (_is_real(self.launch_s) and self.launch_s >= 0):
+        if not (is_real(self.launch_s) and self.launch_s >= 0):
             raise ValueError(f"launch_s: expected a non-negative number of seconds, got {self.launch_s!r}")
-        if not (_is_real(self.saturation) and 0 < self.saturation <= 1):
+        if not (is_real(self.saturation) and 0 < self.saturation <= 1):
             raise ValueError(f"saturation: expected a number in (0, 1], got {self.saturation!r}")
         for field in ("peak_flops", "bandwidth", "launch_s", "saturation", "threads", "shared_bytes"):
             object.__setattr__(self, field, _py(getattr(self, field)))
@@ -104,7 +99,7 @@ def _check(stages: Sequence[Stage], n: int, in_bytes: float, base_regs: int) -> 
             raise ValueError(f"stages[{i}]: expected a Stage, got {type(s).__name__}")
     if not is_int(n) or n < 1:
         raise ValueError(f"n: expected a positive int (elements), got {n!r}")
-    if not _is_real(in_bytes) or not in_bytes >= 0:
+    if not is_real(in_bytes) or not in_bytes >= 0:
         raise ValueError(f"in_bytes: expected a non-negative number of bytes per element, got {in_bytes!r}")
     return int(n), _py(in_bytes), _base_regs(base_regs)
 

@@ -23,12 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import is_int
-
-
-def _is_real(v: Any) -> bool:
-    """int, float or a numpy number, not a bool."""
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+from .._inputs import is_int, is_real
 
 
 class ManualClock:
@@ -43,7 +38,7 @@ class ManualClock:
         return self.now
 
     def advance(self, dt: float) -> float:
-        if not (_is_real(dt) and np.isfinite(dt) and dt >= 0):
+        if not (is_real(dt) and np.isfinite(dt) and dt >= 0):
             raise ValueError(f"dt: expected a finite non-negative number of seconds, got {dt!r}")
         self.now += float(dt)
         return self.now
@@ -70,7 +65,7 @@ class TensorCache:
     def __init__(self, capacity_bytes: int, ttl: float | None = None, clock: Callable[[], float] | None = None) -> None:
         if not is_int(capacity_bytes) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes: expected a positive int, got {capacity_bytes!r}")
-        if ttl is not None and not (_is_real(ttl) and ttl > 0):
+        if ttl is not None and not (is_real(ttl) and ttl > 0):
             raise ValueError(f"ttl: expected None or a positive number of seconds, got {ttl!r}")
         if clock is not None and not callable(clock):
             raise ValueError(f"clock: expected a callable returning seconds, got {clock!r}")

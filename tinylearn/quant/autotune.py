@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from .._inputs import is_int
+from .._inputs import is_int, is_real
 from .gemm import int8_gemm
 
 
@@ -64,7 +64,7 @@ class KernelAutotuner:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
         if not is_int(warmup) or warmup < 0:
             raise ValueError(f"warmup: must be an int >= 0, got {warmup!r}")
-        real = isinstance(drift, int | float | np.integer | np.floating) and not isinstance(drift, bool | np.bool_)
+        real = is_real(drift)
         if not (real and drift > 0):
             raise ValueError(f"drift: must be a number > 0, got {drift!r}")
         if stat not in ("median", "min"):

@@ -24,14 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array, is_int
+from .._inputs import as_array, is_int, is_real
 
 POLICIES = ("lagrange", "uniform")
-
-
-def _is_real(v: Any) -> bool:
-    """int, float or a numpy number, not a bool."""
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
 
 
 def _positive_vector(v: Any, name: str) -> np.ndarray:
@@ -57,7 +52,7 @@ def allocate_error_budget(
     clip(t / w_i, ...)) with the scalar t found by bisection so that the budget is met: a segment that cannot use
     its share (already at the widest width, or exact enough at the narrowest) hands the rest to the others.
     """
-    if not (_is_real(budget) and math.isfinite(budget) and budget > 0):
+    if not (is_real(budget) and math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget: must be a finite number > 0, got {budget!r}")
     w = _positive_vector(sensitivities, "sensitivities")
     n = _positive_vector(sizes, "sizes")
@@ -222,7 +217,7 @@ def allocate_bits(
         raise ValueError(
             f"error_table/sizes: need {w.size} sizes and a ({w.size}, {len(bits)}) table, got {n.size} and {t.shape}"
         )
-    if not (_is_real(budget) and math.isfinite(budget) and budget > 0):
+    if not (is_real(budget) and math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget: must be a finite number > 0, got {budget!r}")
     bv = np.asarray(bits, np.float64)
     rows = np.arange(w.size)

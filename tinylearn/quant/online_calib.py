@@ -24,12 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array, is_int
+from .._inputs import as_array, is_int, is_real
 from .affine import calculate_qparams, qrange, quantize_dequantize
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
 
 
 def saturation_rate(x: Any, scale: float, zero_point: int, dtype: str = "uint8") -> float:
@@ -38,7 +34,7 @@ def saturation_rate(x: Any, scale: float, zero_point: int, dtype: str = "uint8")
     a = as_array(x, "x", dtypes=("f", "i", "u")).astype(np.float64, copy=False)
     if a.size == 0:
         raise ValueError(f"x: empty array (shape {a.shape}): no saturation rate")
-    if not (_is_real(scale) and math.isfinite(scale) and scale > 0):
+    if not (is_real(scale) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: must be a finite number > 0, got {scale!r}")
     if not (is_int(zero_point) and qmin <= zero_point <= qmax):
         raise ValueError(f"zero_point: must be an int in [{qmin}, {qmax}], got {zero_point!r}")

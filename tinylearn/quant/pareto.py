@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import as_array, is_int
+from .._inputs import as_array, is_int, is_real
 
 OBJECTIVES = ("latency_cycles", "memory_bits", "energy_pj", "accuracy")
 
@@ -128,7 +128,7 @@ class BitCostModel:
                 )
         for name in ("lanes_bits", "bytes_per_cycle", "pj_mac_fixed", "pj_mac_per_bit", "pj_per_byte"):
             v = getattr(self, name)
-            real = isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+            real = is_real(v)
             if not (real and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
         if self.lanes_bits <= 0 or self.bytes_per_cycle <= 0:
