@@ -334,6 +334,9 @@ def test_scatter_reduce_gradient_like_torch_with_zero_factors(reduce, torch_name
 
 @pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "uint8"])
 def test_linspace_integer_dtype_like_torch(dtype):
+    """tinylearn follows torch's vectorized CPU kernel (one fused multiply-add per element): equal to torch on every
+    SIMD path; torch's scalar fallback differs by at most 1 on a few elements."""
+    vectorized = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
     rng = np.random.default_rng(5)
     cases = [
         (0, 10, 4),
@@ -356,7 +359,14 @@ def test_linspace_integer_dtype_like_torch(dtype):
         ref = torch.linspace(start, end, steps, dtype=getattr(torch, dtype))
         out = tl.linspace(start, end, steps, dtype=dtype)
         assert out.dtype == np.dtype(dtype)
-        np.testing.assert_array_equal(out.numpy(), ref.numpy(), err_msg=f"linspace({start}, {end}, {steps})")
+        if vectorized:
+            np.testing.assert_array_equal(out.numpy(), ref.numpy(), err_msg=f"linspace({start}, {end}, {steps})")
+        else:
+            # torch's scalar kernel (ATEN_CPU_CAPABILITY=default) rounds step * i and the add separately where the
+            # vectorized one (and tinylearn) fuse them: the two truncate to neighbouring ints where start + step * i
+            # lands within an ulp of an integer
+            off = np.abs(out.numpy().astype(np.int64) - ref.numpy().astype(np.int64))
+            assert off.max(initial=0) <= 1 and (off > 0).sum() <= max(1, off.size // 20), (start, end, steps, off)
 
 
 _PROMO_OPS = {
