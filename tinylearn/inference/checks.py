@@ -82,14 +82,20 @@ def check_vocab(ids: list[int], session: Any, name: str) -> None:
         raise ValueError(f"{name}: token ids must lie in [0, {v}) (the model's vocab_size), got {max(ids)}")
 
 
+def _float64_vector(v: Any, name: str, kind: str, shape: str) -> np.ndarray:
+    """``v`` as a non-empty float64 [V] vector: TypeError for a non-numeric dtype, ValueError for another shape."""
+    a = to_numpy(v, name)
+    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+        raise TypeError(f"{name}: expected {kind}, got dtype {a.dtype}")
+    x = np.asarray(a, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"{name}: expected {shape}, got shape {x.shape}")
+    return x
+
+
 def prob_vector(probs: Any, name: str = "probs") -> np.ndarray:
     """A float64 [V] probability vector (V >= 1) that ``torch.multinomial`` would accept; unnormalised is fine."""
-    a = to_numpy(probs, name)
-    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
-        raise TypeError(f"{name}: expected a numeric probability vector, got dtype {a.dtype}")
-    p = np.asarray(a, dtype=np.float64)
-    if p.ndim != 1 or p.size == 0:
-        raise ValueError(f"{name}: expected a non-empty 1-D vector [V], got shape {p.shape}")
+    p = _float64_vector(probs, name, "a numeric probability vector", "a non-empty 1-D vector [V]")
     if not np.isfinite(p).all() or (p < 0).any():
         raise InvalidDistributionError(f"{name}: probability tensor contains either `inf`, `nan` or element < 0")
     if not p.sum() > 0:
@@ -99,12 +105,7 @@ def prob_vector(probs: Any, name: str = "probs") -> np.ndarray:
 
 def logit_vector(logits: Any, name: str = "logits") -> np.ndarray:
     """A float64 [V] logits vector (V >= 1): NaN and +inf refused; -inf (a masked token) allowed if not all."""
-    a = to_numpy(logits, name)
-    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
-        raise TypeError(f"{name}: expected numeric logits, got dtype {a.dtype}")
-    x = np.asarray(a, dtype=np.float64)
-    if x.ndim != 1 or x.size == 0:
-        raise ValueError(f"{name}: expected a non-empty [V] vector, got shape {x.shape}")
+    x = _float64_vector(logits, name, "numeric logits", "a non-empty [V] vector")
     if np.isnan(x).any() or (x == np.inf).any():
         raise InvalidDistributionError(f"{name}: contains NaN or +inf, so softmax has no distribution")
     if (x == -np.inf).all():
