@@ -313,6 +313,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_parallel_more",
             "test_parallel_staleness",
             "test_parallel_hardening",
+            "test_parallel_graph",
         ),
         "tinylearn.parallel.bench",
         aliases=("parallel_training", "zero", "pipeline"),

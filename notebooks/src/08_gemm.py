@@ -8,8 +8,9 @@
 # - [Q77] *Build a simple instruction-level model of a kernel's upper-bound throughput (FMA, loads/stores,
 #   bandwidth).* (§2, §4)
 # - [Q50] *A roofline analysis: arithmetic intensity, bottleneck identification, performance prediction.* (§2)
-# - [Q7] [Q23] [Q55] *Explain the CUDA programming model and memory hierarchy; how do you optimise a kernel
-#   (tiling, registers, vector loads, occupancy)?* (§6)
+# - [Q55] *Explain the CUDA programming model and memory hierarchy; how do you optimise a kernel
+#   (tiling, registers, vector loads, occupancy)?* (§6) — Q7 (multi-stream concurrency) and Q23 (texture and
+#   constant memory) need a GPU to measure and are not claimed here: this notebook runs no CUDA kernel.
 # - [Q56] *What is memory coalescing? What are shared-memory bank conflicts and how does padding fix them?* (§7)
 # - [Q226] [Q63] *Predict occupancy from registers / shared memory per block; what do PTX and nvcc -ptx give you?*
 #   (§6, §8)
@@ -434,7 +435,7 @@ else:
             print(v, [ln.split(",")[0] + " " + ln.split(",")[2] for ln in r_.stderr.strip().splitlines()[-2:]])
 
 # %% [markdown]
-# ## 6. GEMM on a GPU: the CUDA ladder, PTX and occupancy [Q7] [Q23] [Q55] [Q63] [Q226]
+# ## 6. GEMM on a GPU: the CUDA ladder, PTX and occupancy [Q55] [Q63] [Q226]
 #
 # The model: a *grid* of *blocks*, each block up to 1024 threads running on one SM, scheduled in *warps* of 32
 # threads that issue one instruction together. Warps are not lock-step since Volta: with *independent thread
@@ -569,7 +570,7 @@ assert_close(tl.gemm.matmul(x, y, backend="triton"), x.astype(np.float64) @ y, d
 print("triton (interpreter) tiled matmul matches numpy:", True)
 
 # %% [markdown]
-# ## 7. Coalescing and bank conflicts of the CUDA ladder, replayed from the kernels' index arithmetic [Q56] [Q23]
+# ## 7. Coalescing and bank conflicts of the CUDA ladder, replayed from the kernels' index arithmetic [Q56]
 #
 # Two memory rules decide what a warp's access costs (`tl.gemm.gpu_model`). Global memory is served in 32-byte
 # sectors: `transactions` counts the distinct sectors (and 128-byte segments) the warp's byte addresses touch.
@@ -668,7 +669,7 @@ print("numba.cuda tiled matmul (simulator, 8x8 tiles, shared memory) matches num
 # - **[Q50] Roofline analysis**: intensity per rung from its blocking (register↔L1: 1/4, 1/6, 2.18 FLOP/B),
 #   compulsory DRAM intensity n/8 with the write-allocate read of C, bound = which side of the ridge; a point above
 #   a roof means the data came from a faster level (hierarchical roofline).
-# - **[Q7][Q23][Q55] CUDA optimisation**: coalesce global loads (threadIdx.x on the contiguous axis), tile in shared
+# - **[Q55] CUDA optimisation**: coalesce global loads (threadIdx.x on the contiguous axis), tile in shared
 #   memory, register-tile for ILP, vectorise to 128-bit accesses, avoid bank conflicts, size blocks for occupancy
 #   but accept lower occupancy when each thread does more independent work.
 # - **[Q56] Coalescing / banks**: a warp's access costs one transaction per distinct 32 B sector (128 B segment);

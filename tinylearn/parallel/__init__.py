@@ -128,3 +128,15 @@ __all__ += [
     "simulate_async_sgd",
     "staleness_weight",
 ]
+from .graph_plan import (  # noqa: E402 - appended exports (Q147)
+    Chain,
+    GraphPlan,
+    OpNode,
+    check_graph,
+    layer_chain,
+    min_max_partition,
+    plan_graph,
+    to_chain,
+)
+
+__all__ += ["Chain", "GraphPlan", "OpNode", "check_graph", "layer_chain", "min_max_partition", "plan_graph", "to_chain"]
