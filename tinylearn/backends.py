@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
 
+from . import topics
+
 BACKENDS: tuple[str, ...] = ("python", "numpy", "numba", "cpp", "triton", "cuda")
 ALIASES: dict[str, str] = {"cpu": "cpp"}
 # default preference when an op registers no priority: compiled before interpreted, GPU only when present
@@ -279,15 +281,28 @@ def register(
     return deco if fn is None else deco(fn)
 
 
+_LOADED: set[str] = set()  # registering modules of the topic table already imported
+
+
+def load_registered(package: str | None = None) -> None:
+    """Import the modules the topic table lists as registering ops (``Topic.registers``): all of them, or those of
+    one package. Registration goes through the table: an op is found by name whether or not its package was
+    imported, and ``ops()`` lists every op of the table."""
+    for mod in topics.registering_modules(package):
+        if mod not in _LOADED:
+            importlib.import_module(mod)
+            _LOADED.add(mod)
+
+
 def ops() -> list[str]:
-    """Every registered op name."""
+    """Every registered op name (the topic table's registering modules are imported first)."""
+    load_registered()
     return sorted(_REGISTRY)
 
 
 def _op(op: str) -> _Op:
-    if op not in _REGISTRY and isinstance(op, str) and "." in op:  # "conv.x" registers when tinylearn.conv imports
-        with contextlib.suppress(ImportError):
-            importlib.import_module(f"tinylearn.{op.split('.', 1)[0]}")
+    if op not in _REGISTRY and isinstance(op, str) and "." in op:  # "conv.x": the table's conv.* modules register it
+        load_registered(op.split(".", 1)[0])
     if op not in _REGISTRY:
         raise ValueError(f"op: no backend registered for {op!r}; known ops: {ops()}")
     return _REGISTRY[op]

@@ -30,6 +30,10 @@ class Topic:
     # test modules whose results cannot depend on a CPU numeric path (file layout, CLI, packaging, docs, nvcc,
     # process launchers): marked ``path_independent`` by tests/conftest.py, so make test-portable does not rerun them
     path_independent: tuple[str, ...] = ()
+    # modules (under tinylearn/) whose import registers this topic's ops in tinylearn.backends: backends imports them
+    # from here the first time an op of one of the topic's packages is asked for, so an op is found whether or not
+    # its package was imported (tests/tour/test_foundation.py checks that every registering module is listed)
+    registers: tuple[str, ...] = ()
 
     def sanitized_tests(self) -> tuple[str, ...]:
         """The test files (paths) the sanitizer job runs for this topic."""
@@ -117,6 +121,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_relu_kernel",
             "test_autograd_hardening",
         ),
+        registers=("autograd.relu", "optim.optimizer"),
     ),
     Topic(
         "conv",
@@ -145,6 +150,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_conv_deformable",
             "test_ops_spatial",
         ),
+        registers=("conv.conv2d", "conv.im2col", "conv.functional_pool"),
     ),
     Topic(
         "quant",
@@ -172,6 +178,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_quant_gemm",
             "test_quant_ptq",
         ),
+        registers=("quant.affine", "quant.fp8", "quant.gemm", "quant.modules", "quant.cuda"),
     ),
     Topic(
         "prune",
@@ -190,6 +197,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_sparse",
             "test_prune_rigl",
         ),
+        registers=("sparse.base", "sparse.cuda"),
     ),
     Topic(
         "kernels",
@@ -224,6 +232,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_vec_math",
         ),
         path_independent=("test_cuda_compile",),
+        registers=("kernels.ops", "kernels.reduce"),
     ),
     Topic(
         "dist",
@@ -271,6 +280,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_memory_compaction",
             "test_memory_fastpath",
         ),
+        registers=("memory.base", "memory.stream_ordered"),
     ),
     Topic(
         "gemm",
@@ -283,8 +293,9 @@ TOPICS: tuple[Topic, ...] = (
         ("gemm*.cpp",),
         ("gemm_*.cu",),
         aliases=("matmul_ladder",),
-        questions="3, 5, 7, 11, 23, 50, 51, 55, 56, 63, 77, 226",
+        questions="3, 5, 11, 50, 51, 55, 56, 63, 77, 226",
         sanitize=("test_gemm",),
+        registers=("gemm.ops",),
     ),
     Topic(
         "inference",
@@ -314,10 +325,11 @@ TOPICS: tuple[Topic, ...] = (
             "test_parallel_staleness",
             "test_parallel_hardening",
             "test_parallel_graph",
+            "test_parallel_reshard",
         ),
         "tinylearn.parallel.bench",
         aliases=("parallel_training", "zero", "pipeline"),
-        questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 176, 185, 207, 240, 252, 255",
+        questions="8, 25, 39, 41, 48, 75, 96, 134, 147, 150, 176, 185, 207, 240, 252, 255, 274",
     ),
     Topic(
         "amp",
@@ -390,6 +402,13 @@ INDIRECTLY_TESTED: dict[str, str] = {
     "tinylearn.conv.convnd": "3-d im2col/col2im behind conv3d and the 3-d pools: tests/conv/test_ops_spatial.py",
     "tinylearn.nn.functional_spatial": "re-exports (conv1d/3d, pools, interpolate): tests/conv/test_ops_spatial.py",
 }
+
+
+def registering_modules(package: str | None = None) -> tuple[str, ...]:
+    """The modules (``tinylearn.<module>``) the table lists as registering backends ops; with ``package``, those of
+    that package only (an op named ``"conv.conv2d"`` is registered by a listed ``conv.*`` module)."""
+    mods = (m for t in TOPICS for m in t.registers)
+    return tuple(f"tinylearn.{m}" for m in mods if package is None or m.split(".", 1)[0] == package)
 
 
 def all_topics() -> tuple[Topic, ...]:

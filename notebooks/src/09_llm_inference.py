@@ -15,8 +15,8 @@
 # 5. **[Q133]** Requests arrive unevenly: how do static and continuous (iteration-level) batching differ in
 #    throughput and tail latency, how does an SLA priority queue protect urgent requests, and what do you do when
 #    the KV memory runs out (preemption)?
-# 6. **[Q247]** How can a controller adapt the sampling temperature from the repetition rate and perplexity of
-#    the output? (section 3)
+# 6. **[Q247]** How can a controller adapt the sampling temperature in real time from the repetition rate,
+#    perplexity and semantic consistency of the output? (section 3)
 # 7. **[Q137]** Adjacent tokens' K/V often differ little: how do you store thresholded deltas with keyframes, and
 #    what do they save on real K/V? (section 4)
 # 8. **[Q124]** How do length buckets inside a sync window cut the padding of batched requests? (section 7)
@@ -245,47 +245,100 @@ assert x == generate(model, [5], 12, temperature=0.8, top_p=0.9, seed=1)
 print("seeded sample:", x)
 
 # %% [markdown]
-# ### Adaptive temperature from repetition and perplexity [Q247]
+# ### Adaptive temperature from repetition, perplexity and semantic consistency [Q247]
 #
-# A fixed low temperature makes a model loop on a few tokens; a high one makes the text improbable. A feedback
-# controller (`TemperatureController`) watches the last 16 generated tokens: their **repetition rate**
-# (1 - distinct/count) and their **perplexity** under the model's own untempered distribution. Too repetitive
-# (above a target of 0.1) -> temperature x1.1; too surprising (perplexity above a bound of 30) -> temperature
-# / 1.1, this rule winning when both fire; clamped to [0.05, 2]. (Semantic consistency, the question's third
-# signal, needs an embedding model; it would be one more error term of the same kind.) `generate_adaptive` samples
-# with it from TinyGPT; we compare it with a fixed temperature 0.1 (the controller's start) over four seeds, and
-# with a fixed temperature 1.0 for the perplexity scale. Sampling is seeded, but the logits come from BLAS, whose
-# last bits differ between CPU paths, so the printed values stay out of the checked output and the asserts leave
-# margins.
+# A fixed low temperature makes a model loop on a few tokens; a high one makes the text improbable and lets it
+# wander away from what it was saying. A feedback controller (`TemperatureController`) watches the last 16 generated
+# tokens after every token and measures three signals:
+#
+# - **repetition rate**: 1 - distinct/count of the window;
+# - **perplexity** of the window under the model's own untempered distribution (how surprising the text is to it);
+# - **semantic consistency**: the cosine similarity between the mean token embedding of the window and the mean
+#   embedding of the text before it (prompt and earlier tokens), read from the model's own embedding table
+#   (`tok_emb.weight`). A trained model's embeddings place related tokens close, so a low cosine means the text
+#   drifted off its subject; TinyGPT's are random, so here the signal only says how far the window strays from the
+#   tokens that came before it.
+#
+# The rules, in order: perplexity above a bound (30) **or** consistency below a bound (`min_consistency` = 0.5)
+# -> temperature / 1.1 (one step when both fire); otherwise repetition above a target (0.1) -> temperature x1.1;
+# clamped to [0.05, 2]. The lowering rules win: incoherent or off-topic text is the worse failure.
+# `min_consistency=None` (the default) switches the third rule off and gives the earlier controller exactly.
+# `generate_adaptive` samples with it from TinyGPT and reports the consistency of every 16-token window. Over four
+# seeds we compare fixed T=0.1 (the controller's start), fixed T=1.0, the controller on repetition and perplexity
+# only, and the controller with the consistency bound. Sampling is seeded, but the logits come from BLAS, whose last
+# bits differ between CPU paths, so the printed values stay out of the checked output and the asserts leave margins.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-adaptive_rows = []
+emb = model.tok_emb.weight.data  # TinyGPT's own [V, d] token embeddings
+runs = {"fixed T=0.1": [], "fixed T=1.0": [], "repetition+perplexity": [], "+ consistency >= 0.5": []}
 for seed in range(4):
-    fixed = generate_adaptive(model, [1, 2, 3], 128, temperature=0.1, seed=seed)
+    runs["fixed T=0.1"].append(generate_adaptive(model, [1, 2, 3], 128, temperature=0.1, seed=seed))
+    runs["fixed T=1.0"].append(generate_adaptive(model, [1, 2, 3], 128, temperature=1.0, seed=seed))
     ctl = TemperatureController(t0=0.1, target_repetition=0.1, max_perplexity=30.0, step=0.1)
-    adapt = generate_adaptive(model, [1, 2, 3], 128, controller=ctl, seed=seed)
-    adaptive_rows.append((fixed, adapt))
-    print(
-        f"seed {seed}: fixed T=0.1  repetition {fixed['repetition']:.2f} perplexity {fixed['perplexity']:5.1f} | "
-        f"adaptive repetition {adapt['repetition']:.2f} perplexity {adapt['perplexity']:5.1f}, "
-        f"T in [{min(adapt['temperatures']):.2f}, {max(adapt['temperatures']):.2f}]"
+    runs["repetition+perplexity"].append(generate_adaptive(model, [1, 2, 3], 128, controller=ctl, seed=seed))
+    ctl = TemperatureController(
+        t0=0.1, target_repetition=0.1, max_perplexity=30.0, step=0.1, min_consistency=0.5, embeddings=emb
     )
-hot = generate_adaptive(model, [1, 2, 3], 128, temperature=1.0, seed=0)
-print(f"fixed T=1.0 (seed 0): repetition {hot['repetition']:.2f} perplexity {hot['perplexity']:.1f}")
-# in every seed the controller lowers the repetition of fixed T=0.1 (on average by more than 0.04, about a fifth)
-# and keeps the perplexity under its bound of 30, while T=1.0 would have pushed it far above (> 40)
-rep_f, rep_a = (np.array([row[i]["repetition"] for row in adaptive_rows]) for i in (0, 1))
-print(f"mean repetition: fixed {rep_f.mean():.3f} -> adaptive {rep_a.mean():.3f}")
-assert np.all(rep_a < rep_f) and rep_f.mean() - rep_a.mean() > 0.04
-assert all(a["perplexity"] < 30.0 for _, a in adaptive_rows) and hot["perplexity"] > 40.0
-assert all(max(a["temperatures"]) > 0.1 for _, a in adaptive_rows)  # it did raise the temperature
+    runs["+ consistency >= 0.5"].append(generate_adaptive(model, [1, 2, 3], 128, controller=ctl, seed=seed))
+
+
+def mean_consistency(out):
+    """Mean consistency over the output's full 16-token windows (the first 15 tokens have none: NaN)."""
+    return float(np.nanmean(out["consistency"]))
+
+
+stat = {
+    name: {
+        "repetition": np.array([o["repetition"] for o in outs]),
+        "perplexity": np.array([o["perplexity"] for o in outs]),
+        "consistency": np.array([mean_consistency(o) for o in outs]),
+        "t_max": np.array([max(o["temperatures"]) for o in outs]),
+    }
+    for name, outs in runs.items()
+}
+for name, st in stat.items():
+    print(
+        f"{name:22s} repetition {np.array2string(st['repetition'], precision=2)}  "
+        f"perplexity {np.array2string(st['perplexity'], precision=1)}  "
+        f"consistency {np.array2string(st['consistency'], precision=2)}  max T {st['t_max'].max():.2f}"
+    )
+fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.4))
+for name, outs in runs.items():
+    ax0.plot(outs[0]["consistency"], label=name)
+    ax1.plot(outs[0]["temperatures"], label=name)
+ax0.axhline(0.5, color="k", ls=":", lw=1, label="min_consistency")
+ax0.set(xlabel="generated token", ylabel="consistency of the last 16 tokens", title="semantic consistency (seed 0)")
+ax1.set(xlabel="generated token", ylabel="temperature", title="temperature (seed 0)")
+ax0.legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+fixed, hot, old, new = (stat[k] for k in runs)
+# the repetition+perplexity controller lowers the repetition of fixed T=0.1 in every seed (on average by more than
+# 0.04, about a fifth) and keeps the perplexity under its bound of 30, while T=1.0 pushes it far above (> 40)
+assert np.all(old["repetition"] < fixed["repetition"]) and fixed["repetition"].mean() - old["repetition"].mean() > 0.04
+assert np.all(old["perplexity"] < 30.0) and np.all(hot["perplexity"] > 40.0)
+assert np.all(old["t_max"] > 0.1)  # it did raise the temperature
+assert old["consistency"].mean() < fixed["consistency"].mean() - 0.05  # ... and the text strays more
+# the consistency bound: in every seed the mean consistency stays above 0.4 where fixed T=1.0 stays below it, and it
+# is higher than without the bound by more than 0.05 on average; perplexity still under 30, temperature still raised
+assert np.all(new["consistency"] > 0.4) and np.all(hot["consistency"] < 0.4)
+assert new["consistency"].mean() > old["consistency"].mean() + 0.05
+assert np.all(new["perplexity"] < 30.0) and np.all(new["t_max"] > 0.1)
 
 # %% [markdown]
-# The controller lowers the repetition of the fixed low temperature in every seed (on average by more than 0.04,
-# about a fifth or more: this random TinyGPT loops only mildly at T=0.1) and keeps the perplexity of the whole output
-# under its bound of 30, where a fixed T=1.0 exceeds 40. TinyGPT is random, so "quality" here is only the model's
-# own likelihood; with a trained model the same two signals apply, and the target and bound are tuned per task.
+# The controller on repetition and perplexity lowers the repetition of the fixed low temperature in every seed (on
+# average by more than 0.04, about a fifth or more: this random TinyGPT loops only mildly at T=0.1) and keeps the
+# perplexity of the whole output under its bound of 30, where a fixed T=1.0 exceeds 40. But the temperature it
+# climbs to lets the text stray: its mean window consistency is lower than at T=0.1 (by more than 0.05 on average).
+# With the consistency bound the controller backs off whenever the window drifts below 0.5: its mean consistency
+# stays above 0.4 in every seed, more than 0.05 above the controller without the bound on average, while a fixed
+# T=1.0 stays below 0.4 in every seed; the perplexity stays under 30 and the temperature still rises above its start.
+# The price is part of the diversity the temperature bought (the repetition is printed beside the others). Single
+# windows early in the output are noisy (a 3-token prompt is a thin reference), which is why the claims are about
+# the mean. TinyGPT is random, so "quality" here is only the model's own likelihood and "meaning" only its embedding
+# geometry; with a trained model the same three signals apply, a sentence-embedding model can replace the mean of
+# token embeddings, and the target and bounds are tuned per task.
 
 # %% [markdown]
 # ## 4. Paged KV cache: memory per token, block tables, INT8, eviction [Q107]
@@ -942,15 +995,21 @@ assert att["edf", "packed"] > max(att["fifo", "packed"], att["edf", "exclusive"]
 #
 # The same TinyGPT weights (copied from `torch_reference`) in three frameworks, on the two kinds of step a server
 # runs: a **prefill** of a 64-token prompt into an empty KV cache, and a **decode** step of one token at context 64.
-# torch is eager with a `past_key_values` cache; tinygrad runs the decode step of `tinylearn.inference.tinygrad_ref`
-# under TinyJit (fixed-size cache). Compiling that step with clang takes tens of seconds on a 2-core box, so its row
-# is filled only with `TINYLEARN_FULL=1` (and in `tinylearn bench inference`). The logits are checked first: the
-# frameworks agree to fp32 tolerance. Timings: bench harness, one thread each.
+# torch is eager with a `past_key_values` cache. tinygrad runs `tinylearn.inference.tinygrad_ref`: `build_prefill`
+# (causal attention over the prompt, K/V written into a fixed cache of 65 slots) and `build_decode_step` (the new
+# K/V written into that fixed cache through a one-hot row, attention over all slots with an additive mask), each
+# under TinyJit, which needs fixed shapes; the decode step reads the caches the prefill wrote. TinyJit compiles a
+# graph with clang on its first call and captures its kernels on the second: `jit_compiled` makes both calls
+# before anything is timed and reports their wall time. By default it compiles with `NOOPT=1`, without tinygrad's
+# hand-coded kernel optimisations (upcasts, unrolls): tinygrad's Python code generator is most of the compile time on
+# CPU and has far less to rewrite without them, so both graphs compile in seconds (printed below), at the price of
+# slower kernels. `TINYLEARN_FULL=1` compiles with the optimisations instead. The logits are checked first: the three
+# frameworks agree to fp32 tolerance. Timings: bench harness (2 warm-up calls, then 7 timed), one thread each.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from tinylearn.bench import Comparison, plot_table, tinygrad_jit  # noqa: E402
-from tinylearn.inference.tinygrad_ref import build_decode_step  # noqa: E402
+from tinylearn.bench import Comparison, import_tinygrad, plot_table, tinygrad_status  # noqa: E402
+from tinylearn.inference.tinygrad_ref import build_decode_step, build_prefill, jit_compiled  # noqa: E402
 
 torch_threads = torch.get_num_threads()
 torch.set_num_threads(1)
@@ -967,6 +1026,27 @@ with tl.no_grad(), torch.no_grad():
     dec_t = ref(tids[:, P:], past_key_values=past, use_cache=True)[0]
 assert_close(pre_tl, pre_t.numpy(), np.float32)
 assert_close(dec_tl, dec_t.numpy(), np.float32)  # the same logits: the timings compare the same computation
+
+# tinygrad: compile both graphs now (not in the timed calls), then check their logits against torch
+tg_ok, tg_reason = tinygrad_status()
+tg_runs, compile_s = {}, {}
+if tg_ok:
+    tg = import_tinygrad()
+    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+    prefill, make_prefill = build_prefill(tg, CFG, sd, P, P + 1)
+    tg_runs["prefill"], compile_s["prefill"] = jit_compiled(tg, prefill, make_prefill(ids[0, :P]), noopt=not FULL)
+    outs = tg_runs["prefill"]()
+    assert_close(outs[0].numpy(), pre_t.numpy()[0], np.float32)
+    caches = [tg.Tensor(c.numpy()) for c in outs[1:]]  # own copies of the prefill's K/V (its jit reuses its buffers)
+    step, make_step = build_decode_step(tg, CFG, sd, P + 1)
+    tg_runs["decode"], compile_s["decode"] = jit_compiled(
+        tg, step, make_step(int(ids[0, P]), P, caches), noopt=not FULL
+    )
+    assert_close(tg_runs["decode"]()[0].numpy(), dec_t.numpy()[0], np.float32)  # decode after tinygrad's own prefill
+    print(
+        f"tinygrad logits match torch; compile ({'optimised' if FULL else 'NOOPT=1'}, in this process): "
+        f"prefill {compile_s['prefill']:.1f} s, decode {compile_s['decode']:.1f} s"
+    )
 
 
 def tl_prefill():
@@ -991,26 +1071,22 @@ def torch_decode():
         ref(tids[:, P:], past_key_values=past, use_cache=True)
 
 
-def tg_decode(tg):
-    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
-    step, make = build_decode_step(tg, CFG, sd, P + 1)
-    f = tinygrad_jit(step)
-    ins = make(int(ids[0, P]), P)
-    return lambda: f(*ins)
-
-
+tg_note = "TinyJit" + ("" if FULL else ", NOOPT=1")
 cmp = Comparison(f"TinyGPT {CFG.n_layers} layers, d={CFG.d_model}, batch 1, fp32, CPU", baseline="torch", repeat=7)
 with cmp.case(f"prefill {P} tokens") as c:
     c.add("torch", torch_prefill, note="eager")
     c.add("tinylearn", tl_prefill, note="tinylearn autograd/nn, numpy")
-    c.unavailable("tinygrad", "n/a: only the decode step is written in tinygrad here")
+    if tg_ok:
+        c.add("tinygrad", tg_runs["prefill"], note=f"{tg_note}, writes a fixed cache of S+1 slots")
+    else:
+        c.unavailable("tinygrad", tg_reason)
 with cmp.case(f"decode 1 token at S={P}") as c:
     c.add("torch", torch_decode, note="past_key_values cache")
     c.add("tinylearn", tl_decode, note="dense KV cache")
-    if FULL:
-        c.add_tinygrad("tinygrad", tg_decode, note="TinyJit, fixed cache of S+1 slots")
+    if tg_ok:
+        c.add("tinygrad", tg_runs["decode"], note=f"{tg_note}, fixed cache of S+1 slots")
     else:
-        c.unavailable("tinygrad", "n/a: TINYLEARN_FULL=1 runs it (clang compile, tens of seconds)")
+        c.unavailable("tinygrad", tg_reason)
 torch.set_num_threads(torch_threads)
 table = cmp.table
 print(table)
@@ -1018,16 +1094,35 @@ plot_table(table)
 plt.show()
 ms = {(r.case, r.impl): r.min_ms for r in table.rows}  # best of 7: the least load-disturbed statistic
 pre, dec = f"prefill {P} tokens", f"decode 1 token at S={P}"
-print(
-    f"tinylearn / torch: prefill {ms[pre, 'tinylearn'] / ms[pre, 'torch']:.1f}x, "
-    f"decode {ms[dec, 'tinylearn'] / ms[dec, 'torch']:.1f}x the time; a {P}-token prefill costs "
-    f"{ms[pre, 'tinylearn'] / ms[dec, 'tinylearn']:.1f} (tinylearn) and {ms[pre, 'torch'] / ms[dec, 'torch']:.1f} "
-    f"(torch) decode steps"
-)
-# per-op Python overhead: torch's eager step is faster than tinylearn's, and in both a 64-token prefill costs far
-# fewer than 64 decode steps (that is why batching tokens into one step pays)
+impls = ["tinylearn", "torch"] + (["tinygrad"] if tg_ok else [])
+for impl in impls:
+    print(
+        f"{impl:9s}: prefill {ms[pre, impl]:6.2f} ms ({ms[pre, impl] / ms[pre, 'torch']:4.1f}x torch), "
+        f"decode {ms[dec, impl]:5.2f} ms ({ms[dec, impl] / ms[dec, 'torch']:4.1f}x torch); "
+        f"a {P}-token prefill costs {ms[pre, impl] / ms[dec, impl]:.1f} decode steps"
+    )
+# every row that can run here did run (tinygrad needs clang: without it its rows say why)
+assert all(ms[case, impl] > 0 for case in (pre, dec) for impl in impls)
+# per-op Python overhead: torch's eager step is faster than tinylearn's, and in every framework a 64-token prefill
+# costs far fewer than 64 decode steps (that is why batching tokens into one step pays)
 assert ms[dec, "tinylearn"] > ms[dec, "torch"] and ms[pre, "tinylearn"] > ms[pre, "torch"]
-assert ms[pre, "tinylearn"] < P / 4 * ms[dec, "tinylearn"] and ms[pre, "torch"] < P / 4 * ms[dec, "torch"]
+assert all(ms[pre, impl] < P / 4 * ms[dec, impl] for impl in impls)
+if tg_ok:
+    # tinygrad's prefill is the slowest of the three (measured: several times torch's; asserted: any margin), and
+    # compiling a graph costs more than ten of its replays: it has to stay out of the timed calls
+    assert ms[pre, "tinygrad"] > max(ms[pre, "torch"], ms[pre, "tinylearn"])
+    assert compile_s["prefill"] > 10 * ms[pre, "tinygrad"] / 1e3
+    assert compile_s["decode"] > 10 * ms[dec, "tinygrad"] / 1e3
+
+# %% [markdown]
+# Reading the table: tinylearn is slower than torch eager on both steps (its per-op Python overhead over numpy),
+# and in every framework a 64-token prefill costs far fewer than 64 decode steps (under 16 is asserted): one step
+# over 64 tokens pays the per-op overhead once and turns 64 matrix-vector products into one matrix product, the
+# reason servers batch tokens into one step. tinygrad's prefill is the slowest of the three: its kernels are C loops
+# generated for this graph, without the tuned GEMMs that torch and numpy call (and, with `NOOPT=1`, without
+# tinygrad's own unrolling and upcasting), and each of them is one more call when the jit replays. Its decode step is
+# small enough that the three differ mostly in overhead; that ratio is printed, not asserted. Compiling costs more than
+# ten replays of either graph, so it happens in warm-up, never in the timed calls.
 
 # %% [markdown]
 # ## Recap: interview answers
@@ -1068,10 +1163,14 @@ assert ms[pre, "tinylearn"] < P / 4 * ms[dec, "tinylearn"] and ms[pre, "torch"] 
 # requests behind the ones that can still make it): here every interactive request met its 1 s SLO instead of 31%,
 # for a slightly higher p99 of the batch jobs.
 
-# **[Q247] Adaptive temperature.** Measure repetition (1 - distinct/count over a window) and perplexity under the
-# model's untempered distribution; raise the temperature when the text repeats beyond a target, lower it when the
-# perplexity exceeds a bound. On TinyGPT it lowered the repetition of a fixed T=0.1 in every seed (on average by more
-# than 0.04) while keeping the perplexity under 30 (fixed T=1.0: above 40).
+# **[Q247] Adaptive temperature.** After every token measure, over the last window: repetition (1 - distinct/count),
+# perplexity under the model's untempered distribution, and semantic consistency (cosine of the window's mean token
+# embedding with the preceding text's, from the model's own embedding table). Lower the temperature (/1.1) when the
+# perplexity exceeds a bound or the consistency falls below one; otherwise raise it (x1.1) when the text repeats
+# beyond a target. On TinyGPT the repetition and perplexity rules lowered the repetition of a fixed T=0.1 in every
+# seed (on average by more than 0.04) while keeping the perplexity under 30 (fixed T=1.0: above 40); the consistency
+# bound of 0.5 kept the mean consistency above 0.4 in every seed (fixed T=1.0: below 0.4; without the bound: more
+# than 0.05 lower on average), the perplexity still under 30.
 #
 # **[Q137] Delta-compressed K/V.** Keyframe every $k$ tokens, otherwise store the entries whose change against the
 # reconstructed previous row exceeds a threshold: closed loop, so the error stays within the threshold (checked), and

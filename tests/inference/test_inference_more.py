@@ -20,6 +20,7 @@ from tinylearn.inference import (
     simulate_shared_device,
     weighted_tail_latency,
 )
+from tinylearn.inference.adaptive_temperature import semantic_consistency
 
 # --- form_batches / padding_stats ---
 
@@ -278,3 +279,135 @@ def test_generate_adaptive_tinygpt_and_bad_input():
         generate_adaptive(model, [1], 8, temperature=1.0)
     with pytest.raises(ValueError, match="prompt_ids"):
         generate_adaptive(model, [], 20, temperature=1.0)
+
+
+# --- adaptive temperature: the semantic-consistency signal ---
+
+
+def test_semantic_consistency():
+    e = np.eye(4)
+    assert semantic_consistency(e, [0, 0], [0]) == pytest.approx(1.0)
+    assert semantic_consistency(e, [0], [1, 2]) == 0.0  # orthogonal means
+    assert semantic_consistency(np.vstack([e, -e]), [0], [4]) == pytest.approx(-1.0)
+    assert semantic_consistency(e, [0, 1], [0]) == pytest.approx(1 / np.sqrt(2))
+    assert semantic_consistency(np.zeros((4, 2)), [0], [1]) == 0.0  # zero mean: no direction
+    with pytest.raises(ValueError, match="window"):
+        semantic_consistency(e, [0], [4])
+    with pytest.raises(ValueError, match="context"):
+        semantic_consistency(e, [], [1])
+    with pytest.raises(ValueError, match="embeddings"):
+        semantic_consistency(np.ones(4), [0], [1])
+    with pytest.raises(ValueError, match="embeddings"):
+        semantic_consistency(np.full((2, 2), np.nan), [0], [1])
+
+
+def test_controller_consistency_rule_fires():
+    # the window drifts away from the context ([0, 0, 0]): consistency falls from 1 to 0 and the temperature drops
+    flat = np.zeros(8)  # perplexity 8, under the bound of 100: only the consistency rule can lower the temperature
+    kw = dict(t0=0.5, target_repetition=0.9, max_perplexity=100.0, window=4, step=0.1)
+    c = TemperatureController(**kw, min_consistency=0.3, embeddings=np.eye(8))
+    c.set_context([0, 0, 0])
+    temps = [c.update(tok, flat) for tok in [0, 0, 0, 0, 1, 2, 3, 4, 5]]
+    assert np.isnan(c.consistency[:3]).all() and c.consistency[3] == pytest.approx(1.0)
+    assert c.consistency[-2:] == [0.0, 0.0] and c.consistency[5] > 0.3  # windows [1,2,3,4], [2,3,4,5]
+    assert temps[:7] == [0.5] * 7 and temps[7] == pytest.approx(0.5 / 1.1) and temps[8] == pytest.approx(0.5 / 1.1**2)
+    # off (the default) or measured only: the same temperatures as the controller without the signal
+    plain = TemperatureController(**kw)
+    measured = TemperatureController(**kw, embeddings=np.eye(8))
+    measured.set_context([0, 0, 0])
+    toks = [0, 0, 0, 0, 1, 2, 3, 4, 5]
+    assert [plain.update(t, flat) for t in toks] == [measured.update(t, flat) for t in toks] == [0.5] * 9
+    assert measured.consistency == c.consistency and plain.consistency[-1] != plain.consistency[-1]  # NaN
+
+
+def test_controller_consistency_precedence():
+    flat = np.zeros(8)
+    # repetitive (raise) AND drifting (lower): lowering wins
+    c = TemperatureController(0.5, 0.2, 100.0, 4, min_consistency=0.5, embeddings=np.eye(8))
+    c.set_context([1])
+    assert [c.update(0, flat) for _ in range(4)][-1] == pytest.approx(0.5 / 1.1)
+    # too surprising AND drifting: one step down, not two
+    c = TemperatureController(0.5, 0.9, 4.0, 4, min_consistency=0.5, embeddings=np.eye(8))
+    c.set_context([1])
+    assert [c.update(0, flat) for _ in range(4)][-1] == pytest.approx(0.5 / 1.1)
+
+
+def test_controller_consistency_bad_input():
+    e = np.eye(8)
+    for kwargs, err, name in [
+        (dict(min_consistency=1.0, embeddings=e), ValueError, "min_consistency"),
+        (dict(min_consistency=-1.5, embeddings=e), ValueError, "min_consistency"),
+        (dict(min_consistency=float("nan"), embeddings=e), ValueError, "min_consistency"),
+        (dict(min_consistency="0.5", embeddings=e), TypeError, "min_consistency"),
+        (dict(min_consistency=0.5), ValueError, "embeddings"),
+        (dict(min_consistency=0.5, embeddings=np.ones(8)), ValueError, "embeddings"),
+        (dict(embeddings=np.full((2, 2), np.inf)), ValueError, "embeddings"),
+    ]:
+        with pytest.raises(err, match=name):
+            TemperatureController(**kwargs)
+    c = TemperatureController(min_consistency=0.0, embeddings=e)
+    with pytest.raises(ValueError, match="tokens"):
+        c.set_context([8])
+    with pytest.raises(ValueError, match="token"):
+        c.update(9, np.zeros(10))
+
+
+def test_generate_adaptive_reports_consistency():
+    tl.manual_seed(0)
+    model = TinyGPT.from_config(GPTConfig(16, 16, 2, 1, 64))
+    out = generate_adaptive(model, [1, 2], 24, temperature=1.0, seed=0)
+    cons = out["consistency"]
+    assert len(cons) == 24 and np.isnan(cons[:15]).all() and all(-1 <= v <= 1 for v in cons[15:])
+    text = [1, 2] + out["tokens"]
+    e = model.tok_emb.weight.data
+    assert cons[20] == pytest.approx(semantic_consistency(e, text[: 2 + 5], out["tokens"][5:21]))
+    # a controller with the rule on steers with the same table; the off controller samples like a fixed run
+    ctl = TemperatureController(t0=1.0, min_consistency=0.99, embeddings=e)
+    on = generate_adaptive(model, [1, 2], 24, controller=ctl, seed=0)
+    assert on["temperatures"][-1] < 1.0 and ctl.context == [1, 2] and len(ctl.consistency) == 24
+    off = generate_adaptive(model, [1, 2], 24, controller=TemperatureController(1.0, 0.99, 1e9), seed=0)
+    assert off["tokens"] == out["tokens"] and off["consistency"] == pytest.approx(cons, nan_ok=True)
+    lm = TableLM(np.zeros((4, 4)))
+    assert generate_adaptive(lm, [0], 16, temperature=1.0)["consistency"] is None
+    assert len(generate_adaptive(lm, [0], 16, temperature=1.0, embeddings=np.eye(4))["consistency"]) == 16
+
+
+# --- tinygrad prefill and decode on the same weights ---
+
+
+@pytest.mark.slow  # tinygrad compiles its kernels with clang (NOOPT=1 here: a few seconds)
+@pytest.mark.parametrize("cfg", [GPTConfig(37, 32, 4, 2, 32, n_kv_heads=2), GPTConfig(29, 16, 2, 1, 32, rope=False)])
+def test_tinygrad_prefill_then_decode_match_torch(cfg) -> None:
+    torch = pytest.importorskip("torch")
+    from tinylearn.bench.comparators import import_tinygrad, tinygrad_status
+    from tinylearn.inference import torch_reference
+    from tinylearn.inference.tinygrad_ref import build_decode_step, build_prefill, jit_compiled
+    from tinylearn.testing import assert_close
+
+    ok, reason = tinygrad_status()
+    if not ok:
+        pytest.skip(reason)
+    tg = import_tinygrad()
+    torch.manual_seed(0)
+    ref = torch_reference(cfg).eval()
+    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 7)
+    with torch.no_grad():
+        exp_pre, past = ref(torch.from_numpy(ids[None, :6]), use_cache=True)
+        exp_dec = ref(torch.from_numpy(ids[None, 6:]), past_key_values=past, use_cache=True)[0]
+    prefill, make = build_prefill(tg, cfg, sd, 6, 8)
+    run, seconds = jit_compiled(tg, prefill, make(ids[:6]), noopt=True)
+    outs = run()  # a replay of the captured kernels
+    assert seconds > 0 and len(outs) == 1 + 2 * cfg.n_layers
+    assert_close(outs[0].numpy(), exp_pre.numpy()[0], np.float32)
+    assert outs[1].shape == (cfg.kv_heads, 8, cfg.head_dim) and not outs[1].numpy()[:, 6:].any()  # zeros after P
+    step, make_step = build_decode_step(tg, cfg, sd, 8)
+    caches = [tg.Tensor(c.numpy()) for c in outs[1:]]
+    dec = jit_compiled(tg, step, make_step(int(ids[6]), 6, caches), noopt=True)[0]()
+    assert_close(dec[0].numpy(), exp_dec.numpy()[0], np.float32)
+    with pytest.raises(ValueError, match="tokens"):
+        make(ids[:5])
+    with pytest.raises(ValueError, match="prompt_len"):
+        build_prefill(tg, cfg, sd, 9, 8)
+    with pytest.raises(TypeError, match="noopt"):
+        jit_compiled(tg, prefill, make(ids[:6]), noopt=1)

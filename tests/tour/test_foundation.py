@@ -424,3 +424,62 @@ def test_unnamed_backend_ranking_is_cached_but_when_and_register_are_honoured():
         backends._REGISTRY.pop(op)
         backends._RESOLVED.clear()
         backends._RANKED.clear()
+
+
+def _registering_modules_in_source() -> set[str]:
+    """Modules whose code calls ``backends.register`` (the one way ops register), found by reading the source."""
+    found = set()
+    for path in (ROOT / "tinylearn").rglob("*.py"):
+        if "exercises" in path.parts or path.name == "backends.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            f = node.func if isinstance(node, ast.Call) else None
+            if isinstance(f, ast.Attribute) and f.attr == "register" and getattr(f.value, "id", "") == "backends":
+                found.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
+                break
+    return found
+
+
+def test_every_registering_module_is_listed_in_the_topic_table():
+    """Ops register through the topic table: each module that calls backends.register is a row's ``registers``
+    entry, and importing exactly the listed modules (a fresh interpreter) registers every op, each module only ops
+    of its own package, so backends finds every op by name."""
+    listed = set(tinylearn.topics.registering_modules())
+    source = _registering_modules_in_source()
+    assert source == listed, f"not in the table: {sorted(source - listed)}; listed, never registering: " + str(
+        sorted(listed - source)
+    )
+    code = (  # record which module's code calls register (package __init__s import each other's modules)
+        "import importlib, inspect, json, sys, tinylearn.backends as b, tinylearn.topics as t\n"
+        "seen, real = {}, b.register\n"
+        "def spy(op, *a, **k):\n"
+        "    seen.setdefault(inspect.stack()[1].frame.f_globals['__name__'], set()).add(op)\n"
+        "    return real(op, *a, **k)\n"
+        "b.register = spy\n"
+        "for m in t.registering_modules():\n"
+        "    importlib.reload(sys.modules[m]) if m in sys.modules else importlib.import_module(m)\n"
+        "print(json.dumps({m: sorted(v) for m, v in seen.items()}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    new_ops = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(new_ops) == listed, sorted(set(new_ops) ^ listed)
+    for mod, ops in new_ops.items():
+        assert all(op.split(".", 1)[0] == mod.split(".")[1] for op in ops), (mod, ops)
+    assert len(set().union(*new_ops.values())) >= 30  # the ~35 ops of the table
+
+
+def test_an_op_is_found_from_the_table_without_importing_its_package():
+    """A fresh interpreter that never imports tinylearn.conv still resolves "conv.conv2d" (backends imports the
+    modules the table lists for that package), and an op of no package is a clear ValueError."""
+    code = (
+        "import sys, tinylearn.backends as b\n"
+        "assert 'tinylearn.conv' not in sys.modules\n"
+        "print(sorted(b.versions('conv.conv2d')))\n"
+        "assert 'tinylearn.conv.conv2d' in sys.modules\n"
+        "try:\n    b.resolve('nosuch.op')\nexcept ValueError as e:\n    print('ValueError', 'nosuch.op' in str(e))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert "numpy" in lines[0] and lines[1] == "ValueError True"

@@ -210,8 +210,10 @@ def _context(start_method: str) -> Any:
         if start_method == "forkserver":
             # the guard (only armed by this env var, inherited by the server) ends the server with its launcher
             os.environ["TINYLEARN_FORKSERVER_GUARD"] = "1"
+            # torch._dynamo: torch.optim imports it on a process's first optimizer step (~10 s per rank on 2 loaded
+            # cores when 4 ranks do it at once); preloaded, every rank inherits it
             ctx.set_forkserver_preload(
-                ["torch", "torch.distributed", "tinylearn.dist", "tinylearn.dist._forkserver_guard"]
+                ["torch", "torch._dynamo", "torch.distributed", "tinylearn.dist", "tinylearn.dist._forkserver_guard"]
             )
         _CTX_CACHE[start_method] = ctx
     return _CTX_CACHE[start_method]

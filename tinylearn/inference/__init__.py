@@ -7,7 +7,7 @@ static-vs-continuous batching serving simulator with an SLA (earliest-deadline) 
     tokens = tl.inference.generate(model, [1, 2, 3], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=0)
 """
 
-from .adaptive_temperature import TemperatureController, generate_adaptive, repetition_rate
+from .adaptive_temperature import TemperatureController, generate_adaptive, repetition_rate, semantic_consistency
 from .batching import form_batches, padding_stats
 from .checks import InvalidDistributionError
 from .config import GPTConfig
@@ -80,4 +80,5 @@ __all__ = [
     "TemperatureController",
     "generate_adaptive",
     "repetition_rate",
+    "semantic_consistency",
 ]

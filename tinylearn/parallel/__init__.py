@@ -140,3 +140,13 @@ from .graph_plan import (  # noqa: E402 - appended exports (Q147)
 )
 
 __all__ += ["Chain", "GraphPlan", "OpNode", "check_graph", "layer_chain", "min_max_partition", "plan_graph", "to_chain"]
+from .reshard import (  # noqa: E402 - appended exports (Q134)
+    Transfer,
+    apply_plan,
+    consolidate_bytes,
+    plan_traffic,
+    reshard_plan,
+    reshard_zero,
+)
+
+__all__ += ["Transfer", "apply_plan", "consolidate_bytes", "plan_traffic", "reshard_plan", "reshard_zero"]
