@@ -212,3 +212,14 @@ def test_hung_peer_fails_within_the_timeout() -> None:
     assert msg.startswith("rank 0 raised RuntimeError: after ") and "rank 1" in msg and "timed out" in msg, msg
     waited = float(msg.split("after ", 1)[1].split(" s:", 1)[0])
     assert 2.5 <= waited < 30.0, msg  # the 3 s bound, with room for a loaded machine
+
+
+def test_bf16_checkpoint_keeps_the_fp32_master_copies() -> None:
+    """ZeroOptimizer.state_dict() carries the fp32 masters of 16-bit parameters (``master_params``): a resume is
+    bitwise, next step included, at every stage; a plain state without masters takes them from the loaded weights."""
+    for r in tl.dist.launch(workers_elastic.mixed_checkpoint_check, 2, timeout_s=120):
+        for stage in (1, 2, 3):
+            assert r[f"stage{stage}_has_masters"], r
+            assert r[f"stage{stage}_plain_masters_from_weights"], r
+            assert r[f"stage{stage}_masters_bitwise"], r
+            assert r[f"stage{stage}_next_step_bitwise"], r

@@ -337,3 +337,60 @@ def hang_drill(timeout_s: float = 3.0) -> dict[str, Any]:
     except RuntimeError as e:
         raise RuntimeError(f"after {time.monotonic() - t0:.2f} s: {e}") from e
     return {}
+
+
+def _own_slice(opt: ZeroOptimizer, sl: Any, full: torch.Tensor) -> torch.Tensor:
+    """This rank's padded slice of a full tensor, as ZeroOptimizer lays out a parameter's shard."""
+    return opt._padded(full.reshape(-1), sl)[opt.rank * sl.s : (opt.rank + 1) * sl.s]
+
+
+def mixed_checkpoint_check(dims: tuple[int, ...] = (8, 33, 16, 4), steps: int = 3) -> dict[str, Any]:
+    """Per rank: a bf16 model under ZeroOptimizer (stages 1-3) trained ``steps`` steps, checkpointed with
+    ``state_dict()`` and resumed in a fresh optimizer over the same weights. With the fp32 master copies in the
+    checkpoint (``master_params``) the resumed masters and the next step are bitwise those of the original; a plain
+    state (no masters) takes the masters from the loaded bf16 weights, so they equal ``param.float()``."""
+    from contextlib import nullcontext
+
+    from .workers import _rank_batch
+
+    rank, out = dist.get_rank(), {}
+    for stage in (1, 2, 3):
+        runs = [
+            (m, ZeroOptimizer(m, torch.optim.Adam, stage=stage, lr=1e-2))
+            for m in (tiny_mlp(0, dims, torch.bfloat16), tiny_mlp(0, dims, torch.bfloat16))
+        ]
+        (m0, o0), (m1, o1) = runs
+        for step in range(steps):
+            x, y = _rank_batch(step, rank, dims, dtype=torch.bfloat16)
+            o0.zero_grad()
+            nn.functional.mse_loss(m0(x), y).backward()
+            o0.step()
+        sd = o0.state_dict()
+        with o0.gather_parameters() if stage == 3 else nullcontext():
+            weights = [p.detach().clone() for p in m0.parameters()]
+        with torch.no_grad():  # the "model checkpoint": the resumed model gets the same bf16 weights
+            for p, sl, w in zip(m1.parameters(), o1.slots, weights, strict=True):
+                if stage == 3:  # stage 3 keeps the weights in its shards
+                    sl.p_shard.copy_(_own_slice(o1, sl, w))
+                else:
+                    p.copy_(w)
+        o1.load_state_dict({"state": sd["state"], "param_groups": sd["param_groups"]})  # a plain state: no masters
+        out[f"stage{stage}_plain_masters_from_weights"] = all(
+            torch.equal(sl.master, _own_slice(o1, sl, w).float()) for sl, w in zip(o1.slots, weights, strict=True)
+        )
+        o1.load_state_dict(sd)
+        out[f"stage{stage}_has_masters"] = "master_params" in sd and len(sd["master_params"]) == len(weights)
+        out[f"stage{stage}_masters_bitwise"] = all(
+            torch.equal(a.master, b.master) for a, b in zip(o0.slots, o1.slots, strict=True)
+        )
+        x, y = _rank_batch(steps, rank, dims, dtype=torch.bfloat16)
+        for mdl, o in runs:
+            o.zero_grad()
+            nn.functional.mse_loss(mdl(x), y).backward()
+            o.step()
+        out[f"stage{stage}_next_step_bitwise"] = all(
+            torch.equal(a.master, b.master) for a, b in zip(o0.slots, o1.slots, strict=True)
+        )
+        for _, o in runs:
+            o.remove_hooks()
+    return out

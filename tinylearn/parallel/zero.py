@@ -406,7 +406,9 @@ class ZeroOptimizer:
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Consolidated state in the plain optimizer's format (collective: every rank gets the full dict), so
-        ``optimizer_cls(params).load_state_dict(sd)`` continues exactly where this one stopped."""
+        ``optimizer_cls(params).load_state_dict(sd)`` continues exactly where this one stopped. With 16-bit
+        parameters it also holds ``master_params`` ({index: full fp32 master copy}; torch's optimizers ignore the
+        extra key), so that a resume through ``load_state_dict`` is bitwise instead of rounded to 16 bits."""
         inner = self.optimizer.state_dict()
         has = torch.tensor([1 if inner["state"].get(i) else 0 for i in range(len(self.slots))])
         dist.all_reduce(has, op=dist.ReduceOp.MIN, group=self.group)  # state exists on every rank or is dropped
@@ -428,7 +430,12 @@ class ZeroOptimizer:
                 if i not in sharded and k in inner["state"][i]:
                     v = inner["state"][i][k]
                     state[i][k] = v.clone() if isinstance(v, torch.Tensor) else v
-        return {"state": state, "param_groups": inner["param_groups"]}
+        out: dict[str, Any] = {"state": state, "param_groups": inner["param_groups"]}
+        mixed = [i for i, sl in enumerate(self.slots) if sl.master.dtype != sl.p.dtype]
+        if mixed:  # the fp32 master copies of 16-bit parameters: without them a resume would round to 16 bits
+            fulls = self._gather_many([self.slots[i].master for i in mixed], [self.slots[i] for i in mixed])
+            out["master_params"] = {i: f.clone().view(self.slots[i].shape) for i, f in zip(mixed, fulls, strict=True)}
+        return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a consolidated state (from ``state_dict()`` of any world size, or from the plain optimizer)."""
@@ -458,6 +465,28 @@ class ZeroOptimizer:
             g["params"] = [next(flat_ids) for _ in g["params"]]
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.param_groups = self.optimizer.param_groups
+        self._load_masters(order, state_dict.get("master_params") or {})
+
+    def _load_masters(self, order: list[Any], masters: dict[Any, torch.Tensor]) -> None:
+        """fp32 master copies of 16-bit parameters: from ``master_params`` when the state_dict has them (one saved by
+        ``state_dict()``), else from the 16-bit parameters as they are now (a plain optimizer's state_dict has no
+        masters: the model's loaded weights are the best value there is)."""
+        for j, key in enumerate(order):
+            sl = self.slots[j]
+            if sl.master.dtype == sl.p.dtype:
+                continue
+            m = masters.get(key)
+            if m is not None and (not isinstance(m, torch.Tensor) or m.numel() != sl.numel):
+                got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+                raise ValueError(f"state_dict['master_params'][{key!r}]: expected {sl.numel} elements, got {got}")
+            with torch.no_grad():
+                if m is not None:
+                    src = self._padded(m.detach().reshape(-1).float(), sl)[self.rank * sl.s :]
+                elif sl.p_shard is not None:  # stage 3: the parameter lives in this rank's shard
+                    src = sl.p_shard.float()
+                else:
+                    src = self._padded(sl.p.detach().reshape(-1).float(), sl)[self.rank * sl.s :]
+                sl.master.copy_(src[: sl.master.numel()])
 
     def remove_hooks(self) -> None:
         for h in self._handles:
