@@ -31,6 +31,10 @@ version=...)`` pins that choice for calls passing ``backend=None`` (the one pin;
 
 Errors (one policy): an unknown backend or version name is a ``ValueError`` naming the argument and listing
 what exists; a known backend that cannot run here is a ``RuntimeError`` that says why.
+
+Why one file (> 500 lines): it is the one layer between the topic packages and compiled code that the import
+contracts protect (only this module imports ``_C``, loads CUDA sources, probes devices); the registry's lookups
+(resolve, use, versions, the conformance hooks) share its private tables and caches.
 """
 
 from __future__ import annotations
@@ -222,6 +226,7 @@ class _Op:
     impls: dict[str, dict[str, _Impl]] = field(default_factory=dict)  # backend -> version -> impl
     defaults: dict[str, str] = field(default_factory=dict)  # backend -> default version
     example: Callable[[Any], tuple[tuple, dict]] | None = None  # rng -> (args, kwargs) for the conformance test
+    compared: Callable[[Any], Any] | None = None  # output -> the part the conformance test compares
 
 
 _REGISTRY: dict[str, _Op] = {}
@@ -255,6 +260,7 @@ def register(
     when: Callable[..., bool] | None = None,
     available: Callable[[], bool] | None = None,
     example: Callable[[Any], tuple[tuple, dict]] | None = None,
+    compared: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Register ``fn`` as ``op`` on ``backend`` (variant ``version``). Usable as a decorator when ``fn`` is None.
 
@@ -263,6 +269,9 @@ def register(
     used when named explicitly). available: extra probe beyond the backend's own (e.g. one _C submodule).
     example: ``rng -> (args, kwargs)``, a small random input for the op (one per op, any registration may give
     it): tests/common/test_conformance.py runs every backend x version on it against the reference backend.
+    compared: ``output -> what to compare`` (one per op, like example): the arrays that must agree across
+    implementations when the output also holds implementation details (a saved intermediate some versions skip) or
+    is an object (an allocator core: compare the offsets a fixed workload gets).
     """
     b = canonical(backend)
 
@@ -272,6 +281,8 @@ def register(
         o = _REGISTRY.setdefault(op, _Op(op))
         if example is not None:
             o.example = example
+        if compared is not None:
+            o.compared = compared
         versions = o.impls.setdefault(b, {})
         versions[version] = _Impl(f, _DEFAULT_PRIORITY[b] if priority is None else priority, when, available)
         if default or b not in o.defaults:
@@ -306,6 +317,12 @@ def _op(op: str) -> _Op:
     if op not in _REGISTRY:
         raise ValueError(f"op: no backend registered for {op!r}; known ops: {ops()}")
     return _REGISTRY[op]
+
+
+def compared(op: str, output: Any) -> Any:
+    """The part of ``output`` (one implementation's result of ``op``) that every implementation must agree on."""
+    o = _op(op)
+    return output if o.compared is None else o.compared(output)
 
 
 def example(op: str, rng: Any) -> tuple[tuple, dict] | None:

@@ -391,13 +391,35 @@ def conv2d_flops(
     return 2 * N * w_shape[0] * OH * OW * w_shape[1] * k[0] * k[1]
 
 
+def _example_forward(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """A grouped, strided, padded conv (the conformance test's input): validated args of ``conv.conv2d``."""
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    return _prepare(x, w, b, (2, 1), 1, 1, 2, None), {}
+
+
+def _example_backward(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """The same conv's backward (stride 1, so the v2/v3 kernels take their own dX path): all three gradients."""
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    x, w, _, g, k, s, p, d, out = _prepare(x, w, None, 1, 1, 1, 2, None)
+    dy = rng.standard_normal((2, 6, *out)).astype(np.float32)
+    return (x, w, dy, g, k, s, p, d, out, None, (True, True, True)), {}
+
+
 def _register() -> None:
     """Every forward/backward path as an implementation of ``conv.conv2d`` / ``conv.conv2d_backward``."""
     import functools
 
     avail = lambda: backends.C_available("conv")  # noqa: E731
+    # compared: the forward's second output is the column matrix kept for backward (None on the direct kernels)
+    extra = {
+        "conv.conv2d": {"example": _example_forward, "compared": lambda out: out[0]},
+        "conv.conv2d_backward": {"example": _example_backward},
+    }
     for op, fn in (("conv.conv2d", _forward), ("conv.conv2d_backward", _backward)):
-        backends.register(op, "numpy", functools.partial(fn, "numpy", None))
+        backends.register(op, "numpy", functools.partial(fn, "numpy", None), **extra[op])
         # numba ranks below numpy for backend=None (its first call pays the JIT compile); name it to use it
         backends.register(op, "numba", functools.partial(fn, "numba", None), priority=5, when=_native_dtype)
         for v in CPP_VERSIONS:

@@ -90,8 +90,20 @@ def _direct_max_pool(x: Tensor, k, s, p, d, out) -> Tensor:
     return MaxPool2dDirect.apply(x, k, s, p, d, out)
 
 
+def _example_max_pool(rng: np.random.Generator) -> tuple[tuple, dict]:
+    """Overlapping, padded, dilated windows on a float32 [2, 3, 11, 10] input (the conformance test's case)."""
+    x = Tensor(rng.standard_normal((2, 3, 11, 10)).astype(np.float32))
+    return (x, *_pool_params(x.shape, 3, 2, 1, (1, 2))), {}
+
+
 # op conv.max_pool2d on a 4-D Tensor with validated (k, s, p, d, out) pairs (floor mode)
-backends.register("conv.max_pool2d", "numpy", _im2col_max_pool("numpy"))
+backends.register(
+    "conv.max_pool2d",
+    "numpy",
+    _im2col_max_pool("numpy"),
+    example=_example_max_pool,
+    compared=lambda y: y.numpy(),
+)
 backends.register("conv.max_pool2d", "numba", _im2col_max_pool("numba"), priority=5, when=_native_dtype)
 backends.register(
     "conv.max_pool2d",

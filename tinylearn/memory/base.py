@@ -284,11 +284,22 @@ class Allocator:
         )
 
 
-def register_core(kind: str, python_core: Any, cpp_core: Any) -> None:
+def core_workload(core: Any) -> np.ndarray:
+    """The offsets a fixed malloc/free sequence gets from an allocator core, then its live blocks (offset, size,
+    requested): what the python and cpp cores of one allocator must agree on (the conformance test compares it)."""
+    offs = [int(core.malloc(n)) for n in (100, 3000, 64, 4000, 700, 256)]
+    for i in (1, 3):
+        core.free(offs[i])
+    offs += [int(core.malloc(n)) for n in (2000, 50, 4096)]
+    return np.array(offs + [int(v) for b in sorted(core.live_blocks()) for v in b], dtype=np.int64)
+
+
+def register_core(kind: str, python_core: Any, cpp_core: Any, *args: Any) -> None:
     """Register an allocator's two cores as op ``memory.<kind>``: ``python`` (reference) and ``cpp`` (same offsets).
 
-    ``cpp_core(_C.memory, *args)`` builds the C++ core from the Python constructor's arguments."""
-    backends.register(f"memory.{kind}", "python", python_core)
+    ``cpp_core(_C.memory, *args)`` builds the C++ core from the Python constructor's arguments. ``args``: the
+    constructor arguments of the conformance test's example (compared through ``core_workload``)."""
+    backends.register(f"memory.{kind}", "python", python_core, example=lambda rng: (args, {}), compared=core_workload)
     backends.register(
         f"memory.{kind}",
         "cpp",

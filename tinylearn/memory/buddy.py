@@ -105,7 +105,7 @@ class PyBuddy(PyCore):
         return sorted((o, s) for s, offs in self.free_lists.items() for o in offs)
 
 
-register_core("Buddy", PyBuddy, lambda C, *a: C.Buddy(*a))
+register_core("Buddy", PyBuddy, lambda C, *a: C.Buddy(*a), 1 << 16, 64)
 
 
 class BuddyAllocator(Allocator):

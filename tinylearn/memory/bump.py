@@ -50,7 +50,7 @@ class PyBump(PyCore):
         return [(self.top, self.capacity - self.top)] if self.top < self.capacity else []
 
 
-register_core("Bump", PyBump, lambda C, *a: C.Bump(*a))
+register_core("Bump", PyBump, lambda C, *a: C.Bump(*a), 1 << 16, 64)
 
 
 class BumpAllocator(Allocator):

@@ -346,7 +346,7 @@ def _cpp_caching(
     )
 
 
-register_core("Caching", PyCaching, _cpp_caching)
+register_core("Caching", PyCaching, _cpp_caching, 1 << 20, DEFAULT)
 
 
 class CachingAllocator(Allocator):

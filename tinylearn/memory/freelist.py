@@ -98,7 +98,7 @@ class PyFreeList(PyCore):
         return [(o, self.holes[o]) for o in self.starts]
 
 
-register_core("FreeList", PyFreeList, lambda C, *a: C.FreeList(*a))
+register_core("FreeList", PyFreeList, lambda C, *a: C.FreeList(*a), 1 << 16, 64)
 
 
 class FirstFitAllocator(Allocator):

@@ -123,7 +123,9 @@ class PySlab(PyCore):
         return sorted(out)
 
 
-register_core("Slab", PySlab, lambda C, sizes, *a: C.Slab([check_int("sizes", s) for s in sizes], *a))
+register_core(
+    "Slab", PySlab, lambda C, sizes, *a: C.Slab([check_int("sizes", s) for s in sizes], *a), (64, 256, 1024, 4096)
+)
 
 
 class SlabAllocator(Allocator):
