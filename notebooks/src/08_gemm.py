@@ -424,8 +424,8 @@ else:
     else:
         for v in ("naive", "blocked", "simd"):
             code = (
-                "import numpy as np; from tinylearn._C import gemm; a=np.ones((256,256),np.float32); "
-                f"gemm.matmul(a, a, '{v}')"
+                "import numpy as np; from tinylearn.backends import load_C; a=np.ones((256,256),np.float32); "
+                f"load_C('gemm').matmul(a, a, '{v}')"
             )
             r_ = subprocess.run(
                 ["perf", "stat", "-x,", "-e", "cache-misses,cache-references", sys.executable, "-c", code],

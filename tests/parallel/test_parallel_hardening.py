@@ -192,3 +192,11 @@ def test_plan_3d_world_size_not_an_int(bad: Any) -> None:
 def test_plan_3d_accepts_numpy_integers() -> None:
     ref = tl.parallel.plan_3d(64, 7 * 10**9, 32, 4096, 2048, 512, 80e9)
     assert tl.parallel.plan_3d(np.int64(64), np.int64(7 * 10**9), 32, np.int32(4096), 2048, 512, 80e9) == ref
+
+
+def test_zero_check_order_off_gives_the_same_result_and_must_agree_across_ranks() -> None:
+    """check_order=False drops ZeRO-2/3's per-bucket order all-reduce: the same parameters bitwise; ranks that
+    disagree on it are refused at construction on every rank."""
+    for r in tl.dist.launch(fault_drills.check_order_drill, 2, timeout_s=90):
+        assert r["stage2_same"] and r["stage3_same"], r
+        assert "check_order" in r["mismatch"] and "rank 0" in r["mismatch"], r["mismatch"]

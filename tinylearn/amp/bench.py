@@ -34,18 +34,19 @@ def _tl_model(kind: str, width: int) -> Any:
 
 
 def _tl_step(kind: str, width: int, batch: int, amp: str | None) -> Callable[[], Any]:
-    import tinylearn as tl
+    from .. import autograd, nn, optim
+    from .autocast_mode import autocast
 
-    tl.manual_seed(0)
+    autograd.manual_seed(0)
     model = _tl_model(kind, width)
-    opt = tl.optim.SGD(model.parameters(), lr=0.01)
-    X = tl.randn(batch, 1, 8, 8)
-    y = tl.Tensor(np.arange(batch) % 10)
+    opt = optim.SGD(model.parameters(), lr=0.01)
+    X = autograd.randn(batch, 1, 8, 8)
+    y = autograd.Tensor(np.arange(batch) % 10)
 
     def step() -> Any:
         opt.zero_grad()
-        with tl.autocast(amp) if amp else contextlib.nullcontext():
-            loss = tl.nn.functional.cross_entropy(model(X), y)
+        with autocast(amp) if amp else contextlib.nullcontext():
+            loss = nn.functional.cross_entropy(model(X), y)
         loss.backward()
         opt.step()
         return loss

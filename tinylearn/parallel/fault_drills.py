@@ -200,3 +200,33 @@ def fault(
             f"first error: {report[failed[0]]['error']}"
         )
     return report
+
+
+def check_order_drill() -> dict[str, Any]:
+    """Per rank: ZeRO-2/3 trained 3 steps with and without ``check_order`` (the per-bucket order all-reduce) give the
+    same parameters bitwise; a rank that alone turns the check off is refused at construction (ValueError naming
+    ``check_order``) instead of running different collectives than its peer."""
+    from .zero import ZeroOptimizer
+
+    rank, out = dist.get_rank(), {}
+    for stage in (2, 3):
+        finals = []
+        for check in (True, False):
+            torch.manual_seed(0)
+            model = _mlp()
+            opt = ZeroOptimizer(model, torch.optim.SGD, stage=stage, lr=0.1, bucket_cap_bytes=64, check_order=check)
+            g = torch.Generator().manual_seed(rank)
+            for _ in range(3):
+                model(torch.randn(6, 4, generator=g)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            with opt.gather_parameters():
+                finals.append([p.detach().clone() for p in model.parameters()])
+            opt.remove_hooks()
+        out[f"stage{stage}_same"] = all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+    try:
+        ZeroOptimizer(_mlp(), torch.optim.SGD, stage=2, lr=0.1, check_order=rank == 0)
+        out["mismatch"] = "no error"
+    except ValueError as e:
+        out["mismatch"] = str(e)
+    return out

@@ -41,7 +41,7 @@ from typing import NamedTuple
 from .._inputs import as_int
 from ..dist import cost_model
 from .divisors import divisors
-from .planner import _check_model_args
+from .planner import _check_model_args, check_resources
 from .zero import zero_memory_per_rank
 
 
@@ -217,13 +217,7 @@ def plan_graph(
     global_batch = as_int(global_batch, "global_batch", min=1)
     b = as_int(microbatch_size, "microbatch_size", min=1)
     zero_stage = as_int(zero_stage, "zero_stage", min=0, max=3)
-    if not memory_per_rank_bytes > 0:
-        raise ValueError(f"memory_per_rank_bytes: expected > 0, got {memory_per_rank_bytes!r}")
-    if not flops_per_s > 0:
-        raise ValueError(f"flops_per_s: expected > 0, got {flops_per_s!r}")
-    link = link or {"alpha_s": 5e-6, "beta_s_per_byte": 1 / 100e9}
-    if not isinstance(link, dict) or not {"alpha_s", "beta_s_per_byte"} <= set(link):
-        raise ValueError(f"link: expected dict(alpha_s=..., beta_s_per_byte=...), got {link!r}")
+    link = check_resources(memory_per_rank_bytes, link, flops_per_s)
     a, beta = float(link["alpha_s"]), float(link["beta_s_per_byte"])
     _check_model_args(0, dtype_bytes, optimizer_s_per_param)
     job = {"alpha_s": a, "beta_s_per_byte": beta, "zero_stage": zero_stage, "dtype_bytes": dtype_bytes}

@@ -118,6 +118,10 @@ class ZeroOptimizer:
     ``params``: an iterable of parameters, or an ``nn.Module`` (needed for stage 3's automatic gather hooks).
     ``bucket_cap_bytes`` (stages 2/3): gradient bytes per reduce-scatter; smaller buckets free memory sooner and
     overlap better on real networks, larger ones send fewer messages.
+    ``check_order`` (stages 2/3): before each bucket's reduce-scatter and each stage-3 gather, one tiny all-reduce
+    checks that every rank is at the same bucket / parameters, so a rank that skipped or froze a parameter raises a
+    ValueError naming it instead of aborting inside gloo. That is one extra small message per bucket per step;
+    ``check_order=False`` drops it once a setup is known to be consistent (the results are identical).
     Every rank must construct it with identical parameters (same initial values, same order).
     """
 
@@ -129,6 +133,7 @@ class ZeroOptimizer:
         group: Any = None,
         *,
         bucket_cap_bytes: int = 25 << 20,
+        check_order: bool = True,
         **optimizer_kwargs: Any,
     ) -> None:
         if stage not in (1, 2, 3):
@@ -153,10 +158,13 @@ class ZeroOptimizer:
             seen[id(p)] = i
         if isinstance(bucket_cap_bytes, bool) or not isinstance(bucket_cap_bytes, int) or bucket_cap_bytes < 1:
             raise ValueError(f"bucket_cap_bytes: expected an int >= 1, got {bucket_cap_bytes!r}")
-        self.stage, self.group, self.module = stage, group, module
+        if not isinstance(check_order, bool):
+            raise TypeError(f"check_order: expected a bool, got {type(check_order).__name__} {check_order!r}")
+        self.stage, self.group, self.module, self.check_order = stage, group, module, check_order
         self.world_size, self.rank = _group_info(group)
         # step() runs its collectives unchecked (a size mismatch inside gloo aborts the rank): agree once here
         setup = [("stage", stage), ("bucket_cap_bytes", bucket_cap_bytes if stage >= 2 else 0)]
+        setup.append(("check_order", int(check_order)))  # ranks that disagree would run different collectives
         check_params_across_ranks("ZeroOptimizer", plist, group, setup)
         self.params = plist
         self.slots = [_Slot(p, self.world_size, self.rank) for p in plist]
@@ -223,12 +231,13 @@ class ZeroOptimizer:
         if not todo:
             return  # already gathered (the same on every rank: all ranks run the same hooks)
         # every rank must gather the same parameters (ranks that run different modules would abort inside gloo)
-        check_same_across_ranks(
-            "ZeroOptimizer stage-3 parameter gather",
-            [("first parameter gathered", self._index[id(todo[0])]), ("parameters gathered", len(todo))],
-            self.group,
-            count_first=False,
-        )
+        if self.check_order:
+            check_same_across_ranks(
+                "ZeroOptimizer stage-3 parameter gather",
+                [("first parameter gathered", self._index[id(todo[0])]), ("parameters gathered", len(todo))],
+                self.group,
+                count_first=False,
+            )
         fulls = self._gather_many([sl.p_shard for sl in todo], todo)
         for sl, full in zip(todo, fulls, strict=True):
             sl.p.data.untyped_storage().resize_(sl.numel * sl.p.element_size())
@@ -260,12 +269,13 @@ class ZeroOptimizer:
         total = sum(sl.s for sl in bucket)
         # ranks must reduce the buckets in the same order (a parameter frozen or skipped on one rank only changes
         # it): one tiny all-reduce per bucket turns a gloo abort into a ValueError naming the buckets
-        check_same_across_ranks(
-            "ZeroOptimizer gradient bucket order",
-            [("gradient bucket", b), ("bucket elements", total)],
-            self.group,
-            count_first=False,
-        )
+        if self.check_order:
+            check_same_across_ranks(
+                "ZeroOptimizer gradient bucket order",
+                [("gradient bucket", b), ("bucket elements", total)],
+                self.group,
+                count_first=False,
+            )
         flat = torch.zeros(self.world_size, total, dtype=dtype)
         off = 0
         for sl in bucket:

@@ -140,7 +140,7 @@ def torch_chain(model: Any) -> Any:
 def structured_table(full: bool = False, progress: Callable[[str], None] | None = None) -> Table:
     import torch
 
-    from .. import manual_seed
+    from ..autograd import manual_seed
     from ..autograd.grad_mode import no_grad
     from ..autograd.tensor import Tensor
     from ..nn.models import DigitsCNN

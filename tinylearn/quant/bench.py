@@ -240,7 +240,8 @@ def _per_channel_table(full: bool, progress: Callable[[str], None] | None) -> Ta
 
 
 def _model_table(full: bool, progress: Callable[[str], None] | None) -> Table:
-    from .. import data, manual_seed
+    from .. import data
+    from ..autograd import manual_seed
     from ..nn.models import DigitsCNN, DigitsMLP
     from ..nn.training import evaluate, fit, predict
     from .observers import MinMaxObserver
