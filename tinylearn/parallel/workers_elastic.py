@@ -72,25 +72,11 @@ def _state_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
                 return False
             if not isinstance(v, torch.Tensor) and v != w:
                 return False
+    ma, mb = a.get("master_params", {}), b.get("master_params", {})  # fp32 masters of 16-bit parameters
+    if ma.keys() != mb.keys() or not all(torch.equal(ma[i], mb[i]) for i in ma):
+        return False
     strip = [{k: v for k, v in g.items() if k != "params"} for g in a["param_groups"]]
     return strip == [{k: v for k, v in g.items() if k != "params"} for g in b["param_groups"]]
-
-
-def full_masters(opt: ZeroOptimizer) -> list[torch.Tensor]:
-    """Collective over ``opt.group``: the full fp32 master copy of each 16-bit parameter (``state_dict()`` does not
-    hold it), empty tensors for parameters without a separate master."""
-    mine = [sl.master[: sl.hi - sl.lo].clone() if sl.master.dtype != sl.p.dtype else None for sl in opt.slots]
-    parts: list[Any] = [None] * opt.world_size
-    dist.all_gather_object(parts, mine, group=opt.group)
-    return [torch.cat([p[i] for p in parts]) if mine[i] is not None else torch.empty(0) for i in range(len(opt.slots))]
-
-
-def _set_masters(opt: ZeroOptimizer, masters: list[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for sl, m in zip(opt.slots, masters, strict=True):
-            if sl.master.dtype != sl.p.dtype:
-                sl.master.zero_()
-                sl.master[: sl.hi - sl.lo] = m[sl.lo : sl.hi]
 
 
 def _params(model: nn.Module) -> list[torch.Tensor]:
@@ -189,20 +175,17 @@ def elastic_job(
         t0 = time.perf_counter()
         sd_before = opt.state_dict() if opt is not None else None  # for the checks and the restart path
         mine[f"consolidate_s_{phase}"] = time.perf_counter() - t0
-        masters_before = full_masters(opt) if opt is not None else None
-        snapshots.append((sd_before, _params(model), masters_before) if opt is not None else None)
+        snapshots.append((sd_before, _params(model)) if opt is not None else None)
         opt, st = reshard_zero(opt, build, prev, cur, groups[tuple(cur)], timeout_s=timeout_s, plan_fn=plan_fn)
         if opt is not None:
             mine[f"grad_shard_elems_{phase}"] = sum(sl.s for sl in opt.slots)
-            sd_after, masters_after = opt.state_dict(), full_masters(opt)
-            if sd_before is not None and masters_before is not None:
-                same_masters = all(torch.equal(a, b) for a, b in zip(masters_before, masters_after, strict=True))
-                mine[f"state_equal_{phase}"] = _state_equal(sd_before, sd_after) and same_masters
+            sd_after = opt.state_dict()  # collective over the new group: joiners take part too
+            if sd_before is not None:
+                mine[f"state_equal_{phase}"] = _state_equal(sd_before, sd_after)
             _train(model, opt, range(phase * steps, (phase + 1) * steps), cur, global_batch, dims)
         mine[f"resize_{phase}"] = st
     last = schedule[-1]
     live_sd = opt.state_dict() if opt is not None else None
-    live_masters = full_masters(opt) if opt is not None else []
     live_params = _params(model)
     if opt is not None:
         opt.remove_hooks()
@@ -215,20 +198,19 @@ def elastic_job(
         if phase == 1:
             held = snapshots[0]
         else:
-            held = (ropt.state_dict(), _params(model), full_masters(ropt)) if ropt is not None else None
+            held = (ropt.state_dict(), _params(model)) if ropt is not None else None
         box = [held if rank == prev[0] else None]
         dist.broadcast_object_list(box, src=prev[0])  # "write the checkpoint, every new member reads it"
         if ropt is not None:
             ropt.remove_hooks()
             ropt = None
         if rank in cur:
-            sd, params, masters = box[0]
+            sd, params = box[0]
             with torch.no_grad():
                 for p, q in zip(model.parameters(), params, strict=True):
                     p.copy_(q)
             ropt = build(groups[tuple(cur)])
-            ropt.load_state_dict(sd)
-            _set_masters(ropt, masters)  # state_dict() has no fp32 master: without it 16-bit runs would drift
+            ropt.load_state_dict(sd)  # with the fp32 masters of 16-bit parameters (master_params)
             mine[f"restart_load_s_{phase}"] = time.perf_counter() - t0
             _train(model, ropt, range(phase * steps, (phase + 1) * steps), cur, global_batch, dims)
     if rank in last:
@@ -236,8 +218,7 @@ def elastic_job(
         mine["restart_params_bitwise"] = all(
             torch.equal(a, b) for a, b in zip(_params(model), live_params, strict=True)
         )
-        same_masters = all(torch.equal(a, b) for a, b in zip(full_masters(ropt), live_masters, strict=True))
-        mine["restart_state_bitwise"] = _state_equal(ropt.state_dict(), live_sd) and same_masters
+        mine["restart_state_bitwise"] = _state_equal(ropt.state_dict(), live_sd)
         ropt.remove_hooks()
 
     # -------------------------------------------------- a single process that never resized (fp32 runs)
