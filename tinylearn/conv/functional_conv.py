@@ -90,20 +90,16 @@ class ConvNdFunction(Function):
 Conv2dFunction = ConvNdFunction  # the 2-D name of the one conv Function (ndim 2 runs the registered 2-D kernels)
 
 
-def _conv(nd: int, name: str, input, weight, bias, stride, padding, dilation, groups) -> Tensor:
+def _apply(function: type, nd: int, name: str, input, weight, bias, **geometry: Any) -> Tensor:
+    """One conv-like Function on ``input`` with or without its batch dimension (torch accepts both)."""
     x, sq = batched(input, nd, name)
-    y = ConvNdFunction.apply(
-        x,
-        as_tensor(weight, "weight"),
-        None if bias is None else as_tensor(bias, "bias"),
-        stride=stride,
-        padding=padding,
-        dilation=dilation,
-        groups=groups,
-        nd=nd,
-        name=name,
-    )
-    return unbatch(y, sq)
+    w, b = as_tensor(weight, "weight"), None if bias is None else as_tensor(bias, "bias")
+    return unbatch(function.apply(x, w, b, **geometry, nd=nd, name=name), sq)
+
+
+def _conv(nd: int, name: str, input, weight, bias, stride, padding, dilation, groups) -> Tensor:
+    geometry = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    return _apply(ConvNdFunction, nd, name, input, weight, bias, **geometry)
 
 
 def _conv_fn(nd: int, doc: str) -> Callable[..., Tensor]:
@@ -183,20 +179,8 @@ class ConvTransposeNdFunction(Function):
 
 
 def _conv_t(nd, name, input, weight, bias, stride, padding, output_padding, groups, dilation) -> Tensor:
-    x, sq = batched(input, nd, name)
-    y = ConvTransposeNdFunction.apply(
-        x,
-        as_tensor(weight, "weight"),
-        None if bias is None else as_tensor(bias, "bias"),
-        stride=stride,
-        padding=padding,
-        output_padding=output_padding,
-        groups=groups,
-        dilation=dilation,
-        nd=nd,
-        name=name,
-    )
-    return unbatch(y, sq)
+    geometry = {"stride": stride, "padding": padding, "output_padding": output_padding}
+    return _apply(ConvTransposeNdFunction, nd, name, input, weight, bias, **geometry, groups=groups, dilation=dilation)
 
 
 def _conv_transpose_fn(nd: int, doc: str) -> Callable[..., Tensor]:
