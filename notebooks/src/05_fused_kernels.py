@@ -867,9 +867,13 @@ if by[("numpy naive", ns_sw[0])]["peak_mb"] is not None:  # None: the RSS worker
         assert by[("numpy naive", n)]["peak_mb"] >= score_mb
         for v in cpu_k.ATTENTION_VERSIONS:  # output (H N 64 floats) + lse + tiles: far below one score matrix
             assert by[(f"tinylearn {v}", n)]["peak_mb"] < min(score_mb / 2, H_SW * n * 64 * 4 / 2**20 + 2)
-    grow = ns_sw[-1] / ns_sw[0]
-    for v in cpu_k.ATTENTION_VERSIONS:  # linear in N (x grow), not quadratic (x grow^2)
-        assert by[(f"tinylearn {v}", ns_sw[-1])]["peak_mb"] < 2 * grow * by[(f"tinylearn {v}", ns_sw[0])]["peak_mb"]
+    # from the smallest to the largest N the peak grows like the output (linear: 0.75 MB here), far less than one
+    # score matrix grows (quadratic: 15 MB); a difference, because the small-N peak can read low on a busy box
+    out_grow = H_SW * (ns_sw[-1] - ns_sw[0]) * 64 * 4 / 2**20
+    score_grow = H_SW * (ns_sw[-1] ** 2 - ns_sw[0] ** 2) * 4 / 2**20
+    for v in cpu_k.ATTENTION_VERSIONS:
+        rise = by[(f"tinylearn {v}", ns_sw[-1])]["peak_mb"] - by[(f"tinylearn {v}", ns_sw[0])]["peak_mb"]
+        assert rise < 2 * out_grow + 1 < score_grow / 4, (v, rise, out_grow, score_grow)
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
 for impl in impls_sw:
