@@ -52,7 +52,11 @@ struct Register {
 [[noreturn]] inline void value_error(const std::string& msg) { throw std::invalid_argument(msg); }
 }  // namespace tl
 
-#define TL_REGISTER(NAME)                                              \
-  static void tl_register_##NAME(pybind11::module_& m);                \
-  static tl::Register tl_registrar_##NAME(#NAME, &tl_register_##NAME); \
-  static void tl_register_##NAME(pybind11::module_& m)
+// The function and registrar names carry __COUNTER__ so that several files registering the same submodule can share
+// one translation unit (the unity build, CMakeLists.txt: TINYLEARN_UNITY).
+#define TL_REGISTER(NAME) TL_REGISTER_IMPL(NAME, __COUNTER__)
+#define TL_REGISTER_IMPL(NAME, N) TL_REGISTER_IMPL2(NAME, N)
+#define TL_REGISTER_IMPL2(NAME, N)                                                   \
+  static void tl_register_##NAME##_##N(pybind11::module_& m);                        \
+  static tl::Register tl_registrar_##NAME##_##N(#NAME, &tl_register_##NAME##_##N); \
+  static void tl_register_##NAME##_##N(pybind11::module_& m)
