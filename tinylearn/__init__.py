@@ -7,12 +7,14 @@ On a machine with no NVIDIA device node, importing tinylearn sets ``TRITON_INTER
 Triton kernels can only run in its interpreter there, and triton reads the knob when it is first imported — which
 torch may do lazily (optimizer steps, torch.compile) before ``tl.kernels`` is used.
 
-Importing tinylearn before numpy also sets ``OPENBLAS_THREAD_TIMEOUT=16`` (unless already set). OpenBLAS reads it
-when numpy loads; by default its worker threads busy-wait 2^28 cycles (~0.1 s) after every BLAS call, and on a
-small machine that spinning thread takes a core from the next OpenMP region — tinylearn's own kernels and torch's
-alike (measured on 2 cores: torch conv2d 7 ms alone, 13.9 ms right after a numpy matmul; 7.2 ms with the timeout at
-2^16 cycles). 2^16 cycles (~25 us) keeps back-to-back BLAS calls as fast as before. ``tinylearn.cpu.numeric_paths()``
-reports the value in effect. Import numpy first, or set the variable yourself, to keep OpenBLAS's default.
+Importing tinylearn also sets ``OPENBLAS_THREAD_TIMEOUT=16`` (unless already set), in either import order. By
+default OpenBLAS's worker threads busy-wait 2^28 cycles (~0.1 s) after every BLAS call, and on a small machine that
+spinning thread takes a core from the next OpenMP region — tinylearn's own kernels and torch's alike (measured on 2
+cores: torch conv2d 7 ms alone, 13.9 ms right after a numpy matmul; 7.2 ms with the timeout at 2^16 cycles). 2^16
+cycles (~25 us) keeps back-to-back BLAS calls as fast as before. When numpy was imported first, the OpenBLAS it
+loaded is asked to re-read the variable and restart its idle workers (``tinylearn._blas_timeout``).
+``tinylearn.cpu.numeric_paths()`` and ``python -m tinylearn info`` report the value in effect. Set the variable
+yourself (e.g. ``OPENBLAS_THREAD_TIMEOUT=28``) to keep OpenBLAS's default.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import Any
 if "TRITON_INTERPRET" not in os.environ and not any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/dxg")):
     os.environ["TRITON_INTERPRET"] = "1"
 
+from . import _blas_timeout  # noqa: E402  (standard library only)
+
 _NUMPY_LOADED_FIRST = "numpy" in sys.modules  # then OpenBLAS already read its environment
-if not _NUMPY_LOADED_FIRST:
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
+_blas_timeout.shorten(_NUMPY_LOADED_FIRST)
 
 __version__ = "0.1.0"
 

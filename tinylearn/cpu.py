@@ -105,10 +105,12 @@ def blas_thread_timeout() -> str:
     """How long numpy's OpenBLAS workers busy-wait after a call, as OpenBLAS read it (see ``tinylearn.__init__``).
 
     ``"2^16 cycles (OPENBLAS_THREAD_TIMEOUT=16)"``, or the OpenBLAS default ``"2^28 cycles (default)"`` when the
-    variable is unset. When numpy was imported before tinylearn the value shown is today's environment, which is what
+    variable is unset. When numpy was imported before tinylearn, tinylearn applied its value to that OpenBLAS
+    (``tinylearn._blas_timeout``: the tail says so), or, when the user had set the variable, the value shown is what
     OpenBLAS read unless it was changed after numpy loaded.
     """
     import tinylearn
+    from tinylearn import _blas_timeout
 
     v = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "").strip()
     if not v:
@@ -118,7 +120,46 @@ def blas_thread_timeout() -> str:
     except ValueError:
         return f"2^28 cycles (default; OPENBLAS_THREAD_TIMEOUT={v!r} is not an integer)"
     tail = ", numpy was imported before tinylearn" if tinylearn._NUMPY_LOADED_FIRST else ""
+    done = _blas_timeout.applied()
+    if done:
+        tail += "; applied at import to the OpenBLAS numpy loaded: " + "; ".join(sorted(set(done.values())))
     return f"2^{n} cycles (OPENBLAS_THREAD_TIMEOUT={v}{tail})"
+
+
+_SPIN_PROBE = """
+import sys, time
+import numpy as np
+if sys.argv[1] == "1":
+    import tinylearn
+a = np.random.default_rng(0).random((256, 256), dtype=np.float32)
+fractions = []
+for _ in range(int(sys.argv[2])):
+    a @ a  # wakes OpenBLAS's workers
+    c0, w0 = time.process_time(), time.perf_counter()
+    time.sleep(0.05)  # the only Python thread sleeps: CPU time now is a BLAS worker spinning
+    fractions.append((time.process_time() - c0) / (time.perf_counter() - w0))
+print(sorted(fractions)[len(fractions) // 2])
+"""
+
+
+def openblas_spin(import_tinylearn: bool, threads: int = 2, repeats: int = 5) -> float:
+    """Measured: the share of a core a fresh process burns while its only Python thread sleeps 50 ms right after a
+    numpy matmul (median of ``repeats``). The process imports numpy, then tinylearn if ``import_tinylearn``; the
+    environment is this one without ``OPENBLAS_THREAD_TIMEOUT`` and with ``OPENBLAS_NUM_THREADS=threads``.
+    OpenBLAS's default spin (2^28 cycles) shows as most of a core; after tinylearn's fix (``_blas_timeout``), ~0."""
+    import subprocess
+    import sys
+
+    for name, v in (("threads", threads), ("repeats", repeats)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}: must be a positive int, got {v!r}")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["OPENBLAS_NUM_THREADS"] = str(threads)
+    args = [sys.executable, "-c", _SPIN_PROBE, "1" if import_tinylearn else "0", str(repeats)]
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode:
+        raise RuntimeError(f"openblas_spin: the probe process failed:\n{p.stderr[-2000:]}")
+    return float(p.stdout.strip())
 
 
 def numeric_paths() -> dict[str, Any]:

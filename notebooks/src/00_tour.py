@@ -39,6 +39,27 @@ print(info)
 assert "tinylearn" in info and "numpy" in info
 
 # %% [markdown]
+# ### Import order and OpenBLAS's spinning workers
+# `import numpy` before `import tinylearn` is the usual order in a script (and in this notebook). numpy's OpenBLAS
+# then starts its worker threads with its default spin-wait: after every BLAS call they busy-wait 2^28 cycles
+# (~0.1 s) for the next one, and on a 2-core machine that spinning worker takes a core from the next OpenMP kernel,
+# tinylearn's or torch's. `import tinylearn` sets `OPENBLAS_THREAD_TIMEOUT=16` (~25 µs) and, when numpy came first,
+# asks that OpenBLAS to re-read it and restart its idle workers (`tinylearn/_blas_timeout.py`); a value you set
+# yourself is kept, and `tinylearn info` above prints the one in effect. Measured below in two fresh processes that
+# both import numpy first: the share of a core the process burns while its only Python thread sleeps 50 ms right
+# after a matmul.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings)
+from tinylearn import cpu  # noqa: E402
+
+print("this kernel:", cpu.blas_thread_timeout())
+spin_numpy, spin_tl = cpu.openblas_spin(import_tinylearn=False), cpu.openblas_spin(import_tinylearn=True)
+print(f"numpy only: {spin_numpy:.2f} of a core spinning while idle | numpy, then tinylearn: {spin_tl:.2f}")
+assert spin_numpy > 0.08 and spin_tl < 0.05  # the default spins; after import tinylearn nothing does
+
+# %% [markdown]
 # ## The roofline: two numbers that bound every kernel
 #
 # A kernel doing $F$ FLOPs while moving $B$ bytes has arithmetic intensity $I = F/B$. It cannot run faster than

@@ -5,6 +5,10 @@ cpp_src/cpu_features.h reads the variable on every dispatch, so setting it in os
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -125,10 +129,6 @@ def test_gemm_micro_kernel_follows_the_level(monkeypatch: pytest.MonkeyPatch):
 
 
 def _env_after_imports(code: str, timeout_env: str | None) -> str:
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     if timeout_env is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = timeout_env
@@ -144,11 +144,26 @@ def _env_after_imports(code: str, timeout_env: str | None) -> str:
     [
         ("import tinylearn, numpy", None, "16", "2^16 cycles (OPENBLAS_THREAD_TIMEOUT=16)"),
         ("import tinylearn, numpy", "20", "20", "2^20 cycles (OPENBLAS_THREAD_TIMEOUT=20)"),  # a user's value wins
-        ("import numpy, tinylearn", None, "None", "2^28 cycles (default)"),  # too late: OpenBLAS read it already
+        # numpy first: its OpenBLAS re-reads the variable and restarts its workers (tinylearn._blas_timeout)
+        ("import numpy, tinylearn", None, "16", "2^16 cycles (OPENBLAS_THREAD_TIMEOUT=16, numpy was imported before"),
         ("import numpy, tinylearn", "40", "40", "2^30 cycles (OPENBLAS_THREAD_TIMEOUT=40, numpy was imported"),
     ],
 )
-def test_openblas_spin_timeout_is_set_only_before_numpy_loads(code, preset, want_env, want_text):
+def test_openblas_spin_timeout_is_set_in_either_import_order(code, preset, want_env, want_text):
     env_line, text = _env_after_imports(code, preset).splitlines()
     assert env_line == want_env
     assert text.startswith(want_text)
+    applied = "applied at import to the OpenBLAS numpy loaded: workers restarted with 2^16 cycles" in text
+    assert applied == (code.startswith("import numpy") and preset is None), text
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for a second OpenBLAS worker")
+def test_numpy_imported_first_no_longer_leaves_openblas_workers_spinning():
+    # the CPU a process burns while its only Python thread sleeps right after a numpy matmul: OpenBLAS's default
+    # timeout (2^28 cycles, ~0.1 s) spins a worker through the 50 ms sleep; after `import tinylearn` (numpy imported
+    # first) the workers were restarted with 2^16 cycles (~25 us) and sleep
+    before, after = cpu.openblas_spin(import_tinylearn=False), cpu.openblas_spin(import_tinylearn=True)
+    assert before > 0.08, before  # the default: a worker spins through the sleep (quiet: ~1 core; loaded: ~0.3)
+    assert after < 0.05, after  # tinylearn's fix: nothing spins
+    with pytest.raises(ValueError, match="threads: must be a positive int, got 0"):
+        cpu.openblas_spin(True, threads=0)
