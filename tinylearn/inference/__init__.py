@@ -22,6 +22,7 @@ from .paged import (
     kv_bytes_per_token,
     locate,
     paged_attention,
+    paged_attention_batch,
     priority_keep,
     quantize_int8,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "sample_from",
     "PagedKVCache",
     "paged_attention",
+    "paged_attention_batch",
     "priority_keep",
     "attention_received",
     "blocks_needed",

@@ -103,8 +103,11 @@ def _decode_table(cfg: GPTConfig, full: bool, progress: Callable[[str], None] | 
 
 
 def attention_table(full: bool = False, progress: Callable[[str], None] | None = None) -> Table:
+    """Decode attention of one query over S cached tokens: the paged ladder (numpy block loop -> C++ scalar -> C++
+    SIMD, all reading the block table) beside torch SDPA and tinygrad (TinyJit) on a contiguous [Hq, S, D] cache."""
     import torch
 
+    from ..bench.comparators import tinygrad_jit
     from .paged import PagedKVCache, dense_attention, paged_attention
 
     h, hq, d = 2, 8, 64
@@ -119,14 +122,29 @@ def attention_table(full: bool = False, progress: Callable[[str], None] | None =
         )
         q = rng.standard_normal((hq, d), dtype=np.float32)
         k, v = cache.gather(sid, 0)
-        tq = torch.from_numpy(q)[:, None]
-        tk = torch.from_numpy(k).transpose(0, 1).repeat_interleave(hq // h, 0).contiguous()
-        tv = torch.from_numpy(v).transpose(0, 1).repeat_interleave(hq // h, 0).contiguous()
+        kc = np.ascontiguousarray(k.transpose(1, 0, 2).repeat(hq // h, 0))  # [Hq, S, D]: the contiguous cache
+        vc = np.ascontiguousarray(v.transpose(1, 0, 2).repeat(hq // h, 0))
+        tq, tk, tv = torch.from_numpy(q)[:, None], torch.from_numpy(kc), torch.from_numpy(vc)
+
+        def tg_build(tg: Any, q: np.ndarray = q, kc: np.ndarray = kc, vc: np.ndarray = vc) -> Callable[[], Any]:
+            xs = (tg.Tensor(q[:, None]), tg.Tensor(kc), tg.Tensor(vc))
+            run = tinygrad_jit(lambda a, b, c: a.scaled_dot_product_attention(b, c))
+            return lambda: run(*xs)
+
+        def paged(backend: str, version: str | None = None, q: np.ndarray = q, cache: Any = cache, sid: int = sid):
+            return lambda: paged_attention(q, cache, sid, 0, backend=backend, version=version)
+
         with cmp.case(f"S={s}", nbytes=2 * s * h * d * 4) as c:
             c.add("torch", lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv))
+            c.add_tinygrad("tinygrad", tg_build, note="TinyJit, contiguous K/V")
             c.add("numpy dense (gathered)", lambda q=q, k=k, v=v: dense_attention(q, k, v))
-            c.add("tinylearn paged", lambda q=q, cache=cache, sid=sid: paged_attention(q, cache, sid, 0))
-    cmp.note("paged: one numpy pass per 16-token block (Python loop); torch SDPA reads a contiguous [Hq, S, D]")
+            c.add("tinylearn paged numpy loop", paged("numpy"), note="one numpy pass per 16-token block")
+            c.add("tinylearn paged C++ scalar", paged("cpp", "scalar"))
+            c.add("tinylearn paged C++ SIMD", paged("cpp", "simd"), note="the default")
+    cmp.note(
+        "paged: block-table gather fused with the online softmax, each K/V row read once for its Hq/Hkv query "
+        "heads; torch SDPA and tinygrad read a contiguous [Hq, S, D] cache (no block table)"
+    )
     cmp.note(f"torch threads: {torch.get_num_threads()}")
     return cmp.table
 
