@@ -112,6 +112,9 @@ DIFF = [
     ("sdpa_mask", lambda m, q, k, v, b: _f(m).scaled_dot_product_attention(q, k, v, attn_mask=b), [(4, 3)] * 3 + [(4, 4)], (-1, 1)),
     ("sdpa_boolmask", lambda m, q, k, v: _f(m).scaled_dot_product_attention(q, k, v, attn_mask=m.tensor([[True, False, True]] * 2)), [(2, 3), (3, 3), (3, 2)], (-1, 1)),
     ("group_norm", lambda m, x, w, b: _f(m).group_norm(x, 2, w, b), [(2, 4, 3), V4, V4], (-1, 1)),
+    ("group_norm_4d", lambda m, x, w, b: _f(m).group_norm(x, 3, w, b), [(2, 6, 3, 2), (6,), (6,)], (-1, 1)),
+    ("group_norm_no_affine_5d", lambda m, x: _f(m).group_norm(x, 1), [(2, 4, 2, 2, 2)], (-1, 1)),
+    ("group_norm_per_channel_w", lambda m, x, w: _f(m).group_norm(x, 4, w), [(2, 4, 5), V4], (-1, 1)),
     ("cross_entropy_ls", lambda m, x: _f(m).cross_entropy(x, m.tensor([1, 3, -100]), label_smoothing=0.1), [A34], (-2, 2)),
     ("cross_entropy_none", lambda m, x: _f(m).cross_entropy(x, m.tensor([1, 3, 0]), reduction="none"), [A34], (-2, 2)),
     ("einsum_mm", lambda m, a, b: m.einsum("ij,jk->ik", a, b), [A34, (4, 2)], (-1, 1)),
@@ -334,6 +337,9 @@ def test_shape_error_is_runtime_and_value_error():
         (lambda x: x.bitwise_and(1), TypeError),
         (lambda x: tl.einsum("ij,jk->ik", x, x), ValueError),
         (lambda x: tl.nn.functional.group_norm(x.reshape(1, 12), 5), ValueError),
+        (lambda x: tl.nn.functional.group_norm(x.reshape(1, 12), 0), ValueError),
+        (lambda x: tl.nn.functional.group_norm(x.reshape(12), 1), ValueError),
+        (lambda x: tl.nn.functional.group_norm(x.reshape(1, 12), 3, tl.ones(4)), ValueError),
     ],
 )
 def test_bad_input(call, exc):

@@ -158,19 +158,20 @@ def group_norm(
     bias: Tensor | None = None,
     eps: float = 1e-5,  # noqa: A002
 ) -> Tensor:
-    n, c = input.shape[:2]
+    """torch.nn.functional.group_norm: one fused graph node (``functional_norm.GroupNormFn``: forward and VJP)."""
+    from .functional_norm import GroupNormFn
+
+    if input.ndim < 2:
+        raise ValueError(f"group_norm: input must have >= 2 dims [N, C, ...], got shape {input.shape}")
+    if not isinstance(num_groups, int | np.integer) or isinstance(num_groups, bool) or num_groups < 1:
+        raise ValueError(f"num_groups: must be a positive int, got {num_groups!r}")
+    c = input.shape[1]
     if c % num_groups:
         raise ValueError(f"group_norm: {c} channels (input shape {input.shape}) not divisible by {num_groups} groups")
-    xg = input.reshape(n, num_groups, -1)
-    m = xg.mean(-1, keepdim=True)
-    v = xg.var(-1, keepdim=True, correction=0)
-    y = ((xg - m) / (v + eps).sqrt()).reshape(input.shape)
-    shp = (1, c) + (1,) * (input.ndim - 2)
-    if weight is not None:
-        y = y * weight.reshape(shp)
-    if bias is not None:
-        y = y + bias.reshape(shp)
-    return y
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is not None and tuple(a.shape) != (c,):
+            raise ValueError(f"{name}: expected shape ({c},) for {c} channels, got {tuple(a.shape)}")
+    return GroupNormFn.apply(input, weight, bias, num_groups=int(num_groups), eps=eps)
 
 
 def instance_norm(input: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:  # noqa: A002

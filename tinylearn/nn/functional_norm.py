@@ -1,11 +1,12 @@
 """Fused normalisation ops (one graph node each, forward and VJP side by side).
 
-Both normalise x_hat = (x - mu) / sqrt(var + eps) with the *biased* variance, then y = gamma * x_hat + beta.
+All three normalise x_hat = (x - mu) / sqrt(var + eps) with the *biased* variance, then y = gamma * x_hat + beta.
 With m values per statistic and dxh = g * gamma, the VJP through the statistics is
 
     dx = (1 / sqrt(var + eps)) * (dxh - mean(dxh) - x_hat * mean(dxh * x_hat))
     dgamma = sum(g * x_hat),  dbeta = sum(g)        (sums over everything but the feature dims)
 
+group_norm: statistics over each group of channels of one sample (and its spatial positions).
 batch_norm: statistics over all dims except 1 (channels). Training uses the batch statistics and updates the
 running buffers in place: running = (1 - momentum) * running + momentum * batch, with the *unbiased* variance
 (m / (m - 1)) for running_var — exactly torch's rule. Eval uses the running statistics (a per-channel affine
@@ -92,6 +93,53 @@ class BatchNormFn(Function):
                 gx = dxh * invstd.reshape(bshape)
         gw = (g * xhat).sum(axis=axes) if nw else None
         gb = g.sum(axis=axes) if nb else None
+        return gx, gw, gb
+
+
+class GroupNormFn(Function):
+    """group_norm: statistics over each group of C/G channels and all spatial positions of one sample (m = C/G * HW
+    values); gamma/beta per channel. Same VJP as above with the group as the statistic's set. Reductions run over
+    contiguous [N, G, m] / [N, C, HW] views and the element-wise steps write in place (a few passes over x). (The
+    C++ layer_norm kernel over [N * G, m] rows was slower here: its backward also reduces dgamma over the rows.)"""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, num_groups=1, eps=1e-5):
+        n, c = x.shape[:2]
+        xg = x.reshape(n, num_groups, -1)
+        m = xg.shape[-1]
+        mean = xg.sum(axis=-1, keepdims=True) / m
+        xhat = np.subtract(xg, mean)  # centred, then scaled in place below
+        var = np.einsum("ngk,ngk->ng", xhat, xhat)[..., None] / m
+        rstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+        xhat *= rstd
+        xh3 = xhat.reshape(n, c, -1)
+        out3 = xh3 * weight[:, None] if weight is not None else xh3.copy()
+        if bias is not None:
+            out3 += bias[:, None]
+        ctx.save_for_backward(xh3, rstd, weight)
+        ctx.meta = (num_groups, x.shape)
+        return out3.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        xh3, rstd, weight = ctx.saved_tensors
+        groups, shape = ctx.meta
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        g3 = np.ascontiguousarray(g).reshape(xh3.shape)
+        gw = np.einsum("nck,nck->c", g3, xh3) if nw else None
+        gb = g3.sum(axis=-1).sum(axis=0) if nb else None
+        gx = None
+        if nx:
+            n = shape[0]
+            dxh = (g3 * weight[:, None] if weight is not None else g3.copy()).reshape(n, groups, -1)
+            xh = xh3.reshape(n, groups, -1)
+            m = xh.shape[-1]
+            mean_d = dxh.sum(axis=-1, keepdims=True) / m
+            mean_dx = np.einsum("ngk,ngk->ng", dxh, xh)[..., None] / m
+            dxh -= mean_d
+            dxh -= xh * mean_dx
+            dxh *= rstd
+            gx = dxh.reshape(shape)
         return gx, gw, gb
 
 
