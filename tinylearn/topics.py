@@ -106,6 +106,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_ops_modules",
             "test_relu_kernel",
             "test_autograd_hardening",
+            "test_pad_fast",
         ),
         "tinylearn.autograd.bench",
         ("optim*.cpp",),
@@ -401,7 +402,8 @@ INDIRECTLY_TESTED: dict[str, str] = {
     "tinylearn.autograd.methods_movement": "Tensor movement/indexing methods: tests/autograd/test_ops_breadth.py, "
     "test_autograd_hardening.py",
     "tinylearn.autograd.ops_math": "Tensor.round/atan2/copysign...: tests/autograd/test_ops_breadth.py (gradcheck)",
-    "tinylearn.autograd.ops_movement": "Tensor.roll/tril/pad/diagonal: tests/autograd/test_ops_breadth.py",
+    "tinylearn.autograd.ops_movement": "Tensor.roll/tril/pad/diagonal: tests/autograd/test_ops_breadth.py, "
+    "test_pad_fast.py",
     "tinylearn.autograd.ops_scan": "Tensor.prod/logsumexp/cumsum: tests/autograd/test_ops_breadth.py",
     "tinylearn.autograd.ops_shape": "reshape/permute/expand/getitem: tests/autograd/test_autograd.py",
     "tinylearn.dist._forkserver_guard": "imported by tl.dist.launch: tests/dist/test_dist.py",
