@@ -162,6 +162,48 @@ def openblas_spin(import_tinylearn: bool, threads: int = 2, repeats: int = 5) ->
     return float(p.stdout.strip())
 
 
+_FAULT_PROBE = """
+import resource, sys
+import numpy as np
+if sys.argv[1] == "1":
+    import tinylearn
+n, steps = int(sys.argv[2]), 40
+def step():  # a step's temporaries: four n-byte arrays written, then all freed together
+    arrays = [np.ones(n // 4, np.float32) for _ in range(4)]
+    del arrays
+step()  # warm the allocator once
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(steps):
+    step()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / steps)
+"""
+
+
+def alloc_page_faults(import_tinylearn: bool, nbytes: int = 1 << 20) -> float:
+    """Measured: minor page faults per "step" (four ``nbytes`` numpy arrays written, then freed together; mean of 40
+    steps) in a fresh process that imports tinylearn (its malloc settings, ``tinylearn._malloc_tuning``) or not.
+    glibc's defaults trim the freed top of the heap (more than twice its threshold is free), so each step faults
+    its pages in again: one fault per 4 KiB page, 1024 for 4 MiB; with the memory kept in the heap, ~0."""
+    import subprocess
+    import sys
+
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 4096:
+        raise ValueError(f"nbytes: must be an int >= 4096, got {nbytes!r}")
+    env = {k: v for k, v in os.environ.items() if k != "TINYLEARN_MALLOC"}
+    args = [sys.executable, "-c", _FAULT_PROBE, "1" if import_tinylearn else "0", str(nbytes)]
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode:
+        raise RuntimeError(f"alloc_page_faults: the probe process failed:\n{p.stderr[-2000:]}")
+    return float(p.stdout.strip())
+
+
+def malloc_settings() -> str:
+    """What tinylearn did to glibc's malloc at import (``tinylearn._malloc_tuning``)."""
+    from tinylearn import _malloc_tuning
+
+    return _malloc_tuning.applied()
+
+
 def numeric_paths() -> dict[str, Any]:
     """One dict describing every numeric path the process uses (printed by tools/portable.py)."""
     return {
@@ -171,5 +213,6 @@ def numeric_paths() -> dict[str, Any]:
         "torch_capability": torch_capability(),
         "blas": blas_info(),
         "blas_thread_timeout": blas_thread_timeout(),
+        "malloc": malloc_settings(),
         "numpy_simd": numpy_simd(),
     }

@@ -60,6 +60,26 @@ print(f"numpy only: {spin_numpy:.2f} of a core spinning while idle | numpy, then
 assert spin_numpy > 0.08 and spin_tl < 0.05  # the default spins; after import tinylearn nothing does
 
 # %% [markdown]
+# ### A step's temporaries and page faults
+# A training step allocates and frees the same arrays every time. glibc serves requests of 128 KiB and more with a
+# fresh `mmap` until its adaptive threshold has risen past them, and returns the freed top of the heap to the OS
+# once more than twice that threshold is free — so a step whose temporaries add up to more than that gets new memory
+# every time and pays one page fault per 4 KiB page when it writes it. `import tinylearn` raises the mmap
+# threshold to 32 MiB and the trim threshold to 64 MiB (`mallopt`, `tinylearn/_malloc_tuning.py`; up to 64 MiB of
+# freed memory stays resident; `TINYLEARN_MALLOC=default` opts out). Measured in two fresh processes: page faults
+# per step of four 1 MiB arrays written and freed.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured counts)
+faults_glibc, faults_tl = cpu.alloc_page_faults(import_tinylearn=False), cpu.alloc_page_faults(import_tinylearn=True)
+print("malloc here:", cpu.malloc_settings())
+print(
+    f"page faults per step: glibc defaults {faults_glibc:.0f} (of 1024 pages), after import tinylearn {faults_tl:.0f}"
+)
+assert faults_glibc > 500 and faults_tl < 20  # the defaults fault the step's pages in again; tinylearn's reuse them
+
+# %% [markdown]
 # ## The roofline: two numbers that bound every kernel
 #
 # A kernel doing $F$ FLOPs while moving $B$ bytes has arithmetic intensity $I = F/B$. It cannot run faster than

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import load_C
-from ..cpu import blas_thread_timeout
+from ..cpu import blas_thread_timeout, malloc_settings
 from .table import Row, Table
 
 SCHEMA = 1
@@ -108,6 +108,7 @@ def machine_info() -> dict[str, Any]:
             if k in os.environ
         },
         "blas_thread_timeout": blas_thread_timeout(),
+        "malloc": malloc_settings(),
         "build_isa": _build_isa(),
     }
     for pkg in ("tinylearn", "numpy", "torch", "tinygrad"):
