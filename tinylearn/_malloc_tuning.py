@@ -18,7 +18,6 @@ It changes nothing when the C library is not glibc, when the user tuned malloc a
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
@@ -45,7 +44,7 @@ def tune() -> str:
 
 def _mallopt() -> str:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols, the C library's among them (no ldconfig lookup)
         mallopt = libc.mallopt
         libc.gnu_get_libc_version  # noqa: B018  (only glibc has it: another C library's mallopt differs)
     except (OSError, AttributeError):

@@ -147,18 +147,23 @@ def openblas_spin(import_tinylearn: bool, threads: int = 2, repeats: int = 5) ->
     numpy matmul (median of ``repeats``). The process imports numpy, then tinylearn if ``import_tinylearn``; the
     environment is this one without ``OPENBLAS_THREAD_TIMEOUT`` and with ``OPENBLAS_NUM_THREADS=threads``.
     OpenBLAS's default spin (2^28 cycles) shows as most of a core; after tinylearn's fix (``_blas_timeout``), ~0."""
-    import subprocess
-    import sys
-
     for name, v in (("threads", threads), ("repeats", repeats)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}: must be a positive int, got {v!r}")
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     env["OPENBLAS_NUM_THREADS"] = str(threads)
-    args = [sys.executable, "-c", _SPIN_PROBE, "1" if import_tinylearn else "0", str(repeats)]
+    return _probe("openblas_spin", _SPIN_PROBE, import_tinylearn, repeats, env)
+
+
+def _probe(name: str, code: str, import_tinylearn: bool, arg: int, env: dict[str, str]) -> float:
+    """Run a measuring ``code`` in a fresh process (argv: import tinylearn?, one int) and return the float it prints."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", code, "1" if import_tinylearn else "0", str(arg)]
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     if p.returncode:
-        raise RuntimeError(f"openblas_spin: the probe process failed:\n{p.stderr[-2000:]}")
+        raise RuntimeError(f"{name}: the probe process failed:\n{p.stderr[-2000:]}")
     return float(p.stdout.strip())
 
 
@@ -184,17 +189,10 @@ def alloc_page_faults(import_tinylearn: bool, nbytes: int = 1 << 20) -> float:
     steps) in a fresh process that imports tinylearn (its malloc settings, ``tinylearn._malloc_tuning``) or not.
     glibc's defaults trim the freed top of the heap (more than twice its threshold is free), so each step faults
     its pages in again: one fault per 4 KiB page, 1024 for 4 MiB; with the memory kept in the heap, ~0."""
-    import subprocess
-    import sys
-
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 4096:
         raise ValueError(f"nbytes: must be an int >= 4096, got {nbytes!r}")
     env = {k: v for k, v in os.environ.items() if k != "TINYLEARN_MALLOC"}
-    args = [sys.executable, "-c", _FAULT_PROBE, "1" if import_tinylearn else "0", str(nbytes)]
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
-    if p.returncode:
-        raise RuntimeError(f"alloc_page_faults: the probe process failed:\n{p.stderr[-2000:]}")
-    return float(p.stdout.strip())
+    return _probe("alloc_page_faults", _FAULT_PROBE, import_tinylearn, nbytes, env)
 
 
 def malloc_settings() -> str:
