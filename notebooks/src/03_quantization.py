@@ -646,7 +646,8 @@ plt.show()
 # cache size $Z$ some depth's blocks fit in $Z$ while using at least half of it: each level of the hierarchy
 # gets blocks of its own size, which is why the algorithm is asymptotically optimal in cache misses on every
 # level at once. A fixed tile is right for one level and one machine; the recursion pays call overhead per leaf
-# instead (hence a leaf of 32, not 1). `Q.cache_oblivious_matmul` implements it (exact in int64):
+# instead (hence a leaf of 16 below, not 1; the library's default is 32). `Q.cache_oblivious_matmul` implements it
+# (exact in int64):
 
 # %%
 a_co = rng_w.integers(-128, 128, (96, 200))

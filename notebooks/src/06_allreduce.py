@@ -216,6 +216,8 @@ assert worst < 1e-12
 # `dist.all_reduce`. The rounds visit the (size, algorithm) pairs in random order and alternate between p = 2 and
 # p = 4 launches, so a burst of load from elsewhere on the box does not land on one point. **Calibration** sizes
 # (64 KB, 1 MB, 16 MB) are fitted; **validation** sizes (256 KB, 4 MB) are never fitted — they test the model.
+# There is no tinygrad column: tinygrad has no process groups and no multi-process collectives (its `Tensor.shard`
+# all-reduces only between devices inside one process), so there is no tinygrad all-reduce across ranks to time.
 #
 # **How many samples.** A point's mean is only known to its *relative standard error* CV/√n (coefficient of
 # variation over √samples), and no model can predict a point more closely than that: with a dozen samples of a

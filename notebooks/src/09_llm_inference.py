@@ -617,6 +617,31 @@ assert cached == [0] + [32] * 7 and s["prefix_hit_rate"] == 7 * 32 / (8 * 50)
 assert s["blocks_used"] == 4 + 7 * 2 and s["shared_blocks"] == 2
 
 # %% [markdown]
+# **Why not approximate matching?** With chained hashes one changed token in block $i$ changes $h_i$ and with it
+# every later hash, so no block after it can match, even blocks whose own tokens are identical. That is the right
+# answer, not a weakness: a block's K/V are computed by attention over *every* earlier token, so the KV of a prompt
+# that differs in one earlier token is not this prompt's KV, and reusing it would change the logits. Approximate
+# deduplication (a SimHash or MinHash over token-id n-grams) could at most *nominate* candidate prompts cheaply; each
+# candidate must then match exactly, block by block from position 0, which is what `match_prefix` does. Below,
+# request 0's 50 tokens (3 full blocks indexed) are looked up again with one token changed in block 0, 1 or 2: 49 of
+# the 50 tokens still agree, yet an edit in block 0 gets 0 cached tokens, and an edit in the last full block keeps
+# every block before it.
+
+# %%
+p0 = np.concatenate([system, suffixes[0]])
+sid, n_exact = pc.match_prefix(p0)
+pc.free(sid)
+edit_hits = {}
+for blk in (0, 1, 2):
+    ids = p0.copy()
+    ids[blk * 16 + 5] = (ids[blk * 16 + 5] + 1) % 64  # one token changed inside block blk
+    assert (ids == p0).sum() == 49
+    sid, edit_hits[blk] = pc.match_prefix(ids)
+    pc.free(sid)
+print(f"unchanged prompt: {n_exact} tokens cached; one token changed in block b -> cached tokens: {edit_hits}")
+assert n_exact == 48 and edit_hits == {0: 0, 1: 16, 2: 32}
+
+# %% [markdown]
 # The partly filled block is not lost for good: **fork** shares *every* block of a running sequence, the partial
 # one included (parallel sampling, beam search). Here the 40-token prompt is prefilled once and forked 8 times;
 # the first write of each child into the shared, partially filled block 3 copies it (**copy-on-write**), and the

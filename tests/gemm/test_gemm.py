@@ -178,7 +178,14 @@ def test_kernel_shape() -> None:
 def test_roofline_values() -> None:
     r = tl.gemm.roofline(flops=1e9, nbytes=1e9, peak_gflops=100.0, bandwidth_gbs=10.0)
     assert r == pytest.approx(
-        {"intensity": 1.0, "attainable_gflops": 10.0, "bound": "memory", "ridge": 10.0, "time_s": 0.1}
+        {
+            "intensity": 1.0,
+            "attainable_gflops": 10.0,
+            "bound": "memory",
+            "ridge": 10.0,
+            "time_s": 0.1,
+            "advice": "raise arithmetic intensity (cache blocking / fusion)",
+        }
     )
     r = tl.gemm.roofline(2 * 1024**3, 3 * 4 * 1024**2, peak_gflops=100.0, bandwidth_gbs=10.0)
     assert r["intensity"] == pytest.approx(2 * 1024 / 12) and r["bound"] == "compute"
@@ -189,6 +196,28 @@ def test_roofline_values() -> None:
     assert flops == 2 * 1024**3 and nbytes == 4 * 4 * 1024**2  # A, B read; C read (write-allocate) and written
     assert tl.gemm.matmul_traffic(1024, 1024, 1024, write_allocate=False)[1] == 4 * 3 * 1024**2
     assert tl.gemm.matmul_traffic(2, 3, 5, itemsize=8) == (60.0, 8.0 * (10 + 15 + 12))
+
+
+def test_roofline_advice_each_branch() -> None:
+    """memory-bound -> raise intensity; compute-bound below NEAR_PEAK of the roof -> vectorise / ILP; else roof."""
+    from tinylearn.bench.roofline import roofline as base_roofline
+    from tinylearn.gemm.roofline import ADVICE, NEAR_PEAK, roofline_advice
+
+    mem = tl.gemm.roofline(1e9, 1e9, 100.0, 10.0, achieved_gflops=9.0)  # intensity 1 < ridge 10
+    assert mem["bound"] == "memory" and mem["advice"] == ADVICE["memory"] == (
+        "raise arithmetic intensity (cache blocking / fusion)"
+    )
+    low = tl.gemm.roofline(1e9, 1e6, 100.0, 10.0, achieved_gflops=NEAR_PEAK * 100.0 - 1.0)  # 49 of 100 GFLOP/s
+    assert low["bound"] == "compute" and low["advice"] == ADVICE["compute"] == "vectorise / add ILP (register blocking)"
+    at = tl.gemm.roofline(1e9, 1e6, 100.0, 10.0, achieved_gflops=NEAR_PEAK * 100.0)  # the threshold counts as near
+    assert at["advice"] == ADVICE["roof"] == "at the roof"
+    assert tl.gemm.roofline(1e9, 1e6, 100.0, 10.0)["advice"] == "at the roof"  # no measurement: runs at its roof
+    keys = {"intensity", "attainable_gflops", "bound", "ridge", "time_s"}
+    assert set(low) == keys | {"advice"} and {k: low[k] for k in keys} == base_roofline(1e9, 1e6, 100.0, 10.0)
+    with pytest.raises(ValueError, match="achieved_gflops"):
+        tl.gemm.roofline(1e9, 1e6, 100.0, 10.0, achieved_gflops=-1.0)
+    with pytest.raises(ValueError, match="bound"):
+        roofline_advice("latency", 1.0, 1.0)
 
 
 def test_tile_intensity() -> None:
@@ -294,7 +323,13 @@ def test_public_api_signatures() -> None:
     assert params(tl.gemm.matmul) == {"a": e, "b": e, "backend": None, "version": None}
     assert params(tl.gemm.versions) == {"backend": "cpp"}
     assert params(tl.gemm.machine_peak) == {}
-    assert params(tl.gemm.roofline) == {"flops": e, "nbytes": e, "peak_gflops": None, "bandwidth_gbs": None}
+    assert params(tl.gemm.roofline) == {
+        "flops": e,
+        "nbytes": e,
+        "peak_gflops": None,
+        "bandwidth_gbs": None,
+        "achieved_gflops": None,
+    }
     assert params(tl.gemm.occupancy) == {
         "threads_per_block": e,
         "registers_per_thread": e,

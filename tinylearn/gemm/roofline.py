@@ -3,17 +3,57 @@
 ``machine_peak()`` (measured once per process: the register FMA loop on every core and on one, STREAM triad) and
 ``roofline(flops, nbytes)`` (intensity = flops / nbytes; attainable = min(peak, intensity * bandwidth); memory-bound
 left of the ridge point peak / bandwidth, compute-bound right of it) live in ``tinylearn.bench.roofline``, the one
-roofline module; they are re-exported here as ``tl.gemm.machine_peak`` / ``tl.gemm.roofline``. This module adds what
-is GEMM's own: the compulsory traffic of C = A @ B (``matmul_traffic``) and the register-to-L1 intensity of a
-micro-kernel's blocking (``tile_intensity``).
+roofline module; ``tl.gemm.machine_peak`` is re-exported and ``tl.gemm.roofline`` wraps the shared one, adding an
+``advice`` field: what to optimise next for the kernel the numbers describe (``roofline_advice``). This module also
+adds what is GEMM's own: the compulsory traffic of C = A @ B (``matmul_traffic``) and the register-to-L1 intensity of
+a micro-kernel's blocking (``tile_intensity``).
 """
 
 from __future__ import annotations
 
 from .._inputs import is_int
-from ..bench.roofline import machine_peak, roofline
+from ..bench.roofline import _positive, machine_peak
+from ..bench.roofline import roofline as _roofline
 
-__all__ = ["machine_peak", "matmul_traffic", "roofline", "tile_intensity"]
+__all__ = ["ADVICE", "NEAR_PEAK", "machine_peak", "matmul_traffic", "roofline", "roofline_advice", "tile_intensity"]
+
+NEAR_PEAK = 0.5  # a compute-bound kernel at >= this fraction of the compute roof is "at the roof"
+ADVICE = {
+    "memory": "raise arithmetic intensity (cache blocking / fusion)",
+    "compute": "vectorise / add ILP (register blocking)",
+    "roof": "at the roof",
+}
+
+
+def roofline_advice(bound: str, achieved_gflops: float, peak_gflops: float) -> str:
+    """What to optimise next: ``ADVICE["memory"]`` for a memory-bound kernel (more FLOPs per byte moved: cache
+    blocking, fusion); for a compute-bound one ``ADVICE["compute"]`` below ``NEAR_PEAK`` of the compute roof (the FMA
+    units idle: SIMD, independent accumulators, register blocking), else ``ADVICE["roof"]``."""
+    if bound not in ("memory", "compute"):
+        raise ValueError(f"bound: expected 'memory' or 'compute', got {bound!r}")
+    achieved = _positive("achieved_gflops", achieved_gflops, allow_zero=True)
+    peak = _positive("peak_gflops", peak_gflops)
+    if bound == "memory":
+        return ADVICE["memory"]
+    return ADVICE["roof"] if achieved >= NEAR_PEAK * peak else ADVICE["compute"]
+
+
+def roofline(
+    flops: float,
+    nbytes: float,
+    peak_gflops: float | None = None,
+    bandwidth_gbs: float | None = None,
+    achieved_gflops: float | None = None,
+) -> dict:
+    """``tinylearn.bench.roofline.roofline`` (intensity, attainable_gflops, bound, ridge, time_s; roofs default to
+    ``machine_peak()``) plus ``advice``: ``roofline_advice(bound, achieved, peak)``. ``achieved_gflops`` is the
+    kernel's measured rate; without it the kernel is assumed to run at its attainable rate (a compute-bound one is
+    then "at the roof")."""
+    r = _roofline(flops, nbytes, peak_gflops, bandwidth_gbs)
+    peak = machine_peak()["gflops_fp32"] if peak_gflops is None else peak_gflops  # cached: measured once
+    achieved = r["attainable_gflops"] if achieved_gflops is None else achieved_gflops
+    r["advice"] = roofline_advice(r["bound"], achieved, peak)
+    return r
 
 
 def _int(name: str, v: int, low: int) -> int:
