@@ -13,6 +13,7 @@
 // ISA dispatch: the best of avx512 > avx2 > scalar this CPU has; TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 (or the
 // isa= argument) forces one (ValueError when the CPU lacks it). The SIMD kernels are compiled with
 // __attribute__((target(...))) so a portable build still contains them.
+//   bf16_matmul  simd/parallel with bfloat16 operands widened to fp32 in the packing (autocast's GEMM, tl.amp)
 // Also here: fma_peak (the compute roof: machine.cpp's register-only FMA loop on every thread), pack_a / pack_b
 // (exposed for the tests).
 // Checked against numpy in tests/gemm/test_gemm.py.
@@ -26,9 +27,11 @@
 #include <cstdio>
 #include <chrono>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -90,6 +93,27 @@ struct View {
 struct Dims {
   ssize_t M, N, K;
 };
+
+// bfloat16 as a source type of the packed GEMM (bf16_matmul): the upper 16 bits of a float32. The packing widens
+// it (bits << 16, exact), so the micro-kernels are the fp32 ones: products of bf16-rounded values accumulated in fp32.
+struct Bf16 {
+  uint16_t bits;
+};
+inline float widen(float x) { return x; }
+inline double widen(double x) { return x; }
+inline float widen(Bf16 x) {
+  const uint32_t u = uint32_t(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// float32 -> bfloat16 bits, round to nearest even (c10::round_to_nearest_even; NaN -> the quiet NaN 0x7FC0).
+inline uint16_t bf16_round(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 // ------------------------------------------------------------------------------------------- 1-3: plain loops
 // naive: C[i,j] = sum_k A[i,k] B[k,j], inner loop over k (B column walk: a new cache line every iteration).
@@ -155,12 +179,13 @@ std::unique_ptr<T[], AlignedFree> aligned_buffer(size_t n) {
 // pack_a: rows [i0, i0+mc) x cols [p0, p0+kc) of A into ceil(mc/MR) micro-panels; panel r holds, for each k,
 // the MR values A[i0+r*MR : i0+r*MR+MR, p0+k] next to each other (rows past mc are zero). The micro-kernel then
 // reads A with unit stride: MR scalars per k.
-template <class T>
-void pack_a(View<T> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, T* dst) {
+// S is the stored element type (T itself, or Bf16 widened to T = float on the way in).
+template <class T, class S>
+void pack_a(View<S> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, T* dst) {
   for (ssize_t r = 0; r < mc; r += MR) {
     const ssize_t rows = std::min(MR, mc - r);
     for (ssize_t k = 0; k < kc; ++k) {
-      for (ssize_t ii = 0; ii < rows; ++ii) dst[ii] = A(i0 + r + ii, p0 + k);
+      for (ssize_t ii = 0; ii < rows; ++ii) dst[ii] = widen(A(i0 + r + ii, p0 + k));
       for (ssize_t ii = rows; ii < MR; ++ii) dst[ii] = T(0);
       dst += MR;
     }
@@ -169,16 +194,16 @@ void pack_a(View<T> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t M
 
 // pack_b: rows [p0, p0+kc) x cols [j0, j0+nc) of B into ceil(nc/NR) micro-panels; panel c holds, for each k,
 // B[p0+k, j0+c*NR : j0+c*NR+NR] contiguous (columns past nc are zero): NR/lanes aligned vector loads per k.
-template <class T>
-void pack_b(View<T> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, T* dst) {
+template <class T, class S>
+void pack_b(View<S> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, T* dst) {
   for (ssize_t c = 0; c < nc; c += NR) {
     const ssize_t cols = std::min(NR, nc - c);
     for (ssize_t k = 0; k < kc; ++k) {
-      const T* src = B.p + (p0 + k) * B.rs + (j0 + c) * B.cs;
+      const S* src = B.p + (p0 + k) * B.rs + (j0 + c) * B.cs;
       if (B.cs == 1) {
-        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = src[jj];
+        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = widen(src[jj]);
       } else {
-        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = src[jj * B.cs];
+        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = widen(src[jj * B.cs]);
       }
       for (ssize_t jj = cols; jj < NR; ++jj) dst[jj] = T(0);
       dst += NR;
@@ -280,8 +305,8 @@ void macro_kernel(const Kernel<T>& kn, ssize_t mc, ssize_t nc, ssize_t kc, const
 }
 
 // BLIS loop nest (jc, pc, ic) with packing; `threads` > 1 shares each packed B panel and splits the ic loop.
-template <class T>
-void gemm_packed(View<T> A, View<T> B, T* C, Dims d, const Kernel<T>& kn, int threads) {
+template <class T, class S>
+void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T>& kn, int threads) {
   std::fill(C, C + d.M * d.N, T(0));
   if (d.M == 0 || d.N == 0 || d.K == 0) return;
   const ssize_t nc_max = std::min(kn.NC, ((d.N + kn.NR - 1) / kn.NR) * kn.NR);
@@ -406,6 +431,69 @@ py::array matmul(const py::array& a_in, const py::array& b_in, const std::string
   return c;
 }
 
+// bf16_matmul: C = A @ B for bfloat16 A [M, K] and B [K, N] given as their uint16 bit patterns (any strides), the
+// "simd"/"parallel" rungs with the packing widening bf16 to fp32: every product of two bf16 values is exact in fp32,
+// the sums are fp32 (the numerics of torch's CPU bf16 GEMM without AVX512_BF16: fp32 accumulation of bf16-rounded
+// inputs). out="float32" returns the fp32 accumulator, out="bfloat16" its round-to-nearest-even bf16 bits (uint16).
+// The packed panels are fp32, so B panel and A block hold the same bytes as an fp32 GEMM's (KC/MC/NC unchanged);
+// what bf16 halves is the traffic of reading A and B from memory, once per panel.
+py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::string& out, const std::string& isa_req,
+                      const py::object& threads_obj, const py::object& bias_obj) {
+  for (auto [name, x] : {std::pair<const char*, const py::array*>{"a", &a_in}, {"b", &b_in}}) {
+    if (!x->dtype().is(py::dtype::of<uint16_t>()))
+      throw py::type_error(std::string("gemm.bf16_matmul: ") + name +
+                           " must be the uint16 bit patterns of a bfloat16 array (x.view(numpy.uint16)), got dtype " +
+                           std::string(py::str(x->dtype())));
+    if (x->ndim() != 2)
+      tl::value_error(std::string("gemm.bf16_matmul: ") + name + " must be 2-D, got shape " + shape_str(*x));
+  }
+  if (a_in.shape(1) != b_in.shape(0))
+    tl::value_error("gemm.bf16_matmul: inner dimensions differ: a is " + shape_str(a_in) + ", b is " +
+                    shape_str(b_in));
+  if (out != "float32" && out != "bfloat16")
+    tl::value_error("gemm.bf16_matmul: out must be 'float32' or 'bfloat16', got '" + out + "'");
+  py::array bias;  // optional bf16 [N] added to the fp32 accumulator before the one rounding (addmm's epilogue)
+  if (!bias_obj.is_none()) {
+    bias = py::array::ensure(bias_obj, py::array::c_style);
+    if (!bias || !bias.dtype().is(py::dtype::of<uint16_t>()))
+      throw py::type_error("gemm.bf16_matmul: bias must be the uint16 bit patterns of a bfloat16 vector or None");
+    if (bias.ndim() != 1 || bias.shape(0) != b_in.shape(1))
+      tl::value_error("gemm.bf16_matmul: bias must have shape (" + std::to_string(b_in.shape(1)) + ",), got " +
+                      shape_str(bias));
+  }
+  const Bf16* bp = bias_obj.is_none() ? nullptr : static_cast<const Bf16*>(bias.data());
+  const std::string isa = pick_isa(isa_req);
+  const int threads = threads_arg(threads_obj, "gemm.bf16_matmul");
+  py::array a = as_view_array(a_in), b = as_view_array(b_in);
+  const Dims d{a.shape(0), b.shape(1), a.shape(1)};
+  const View<Bf16> A{static_cast<const Bf16*>(a.data()), ssize_t(a.strides(0) / 2), ssize_t(a.strides(1) / 2)};
+  const View<Bf16> B{static_cast<const Bf16*>(b.data()), ssize_t(b.strides(0) / 2), ssize_t(b.strides(1) / 2)};
+  const Kernel<float> kn = kernel_for<float>("simd", isa);
+  py::array_t<float> c({d.M, d.N});
+  auto add_bias = [&](float* cp) {
+    if (!bp) return;
+    for (ssize_t i = 0; i < d.M; ++i)
+      for (ssize_t j = 0; j < d.N; ++j) cp[i * d.N + j] += widen(bp[j]);
+  };
+  if (out == "float32") {
+    py::gil_scoped_release release;
+    gemm_packed(A, B, c.mutable_data(), d, kn, threads);
+    add_bias(c.mutable_data());
+    return c;
+  }
+  py::array_t<uint16_t> r({d.M, d.N});
+  {
+    py::gil_scoped_release release;
+    float* cp = c.mutable_data();
+    uint16_t* rp = r.mutable_data();
+    gemm_packed(A, B, cp, d, kn, threads);
+    add_bias(cp);
+    const ssize_t n = d.M * d.N;
+    for (ssize_t i = 0; i < n; ++i) rp[i] = bf16_round(cp[i]);
+  }
+  return r;
+}
+
 // pack_a / pack_b of a whole matrix (kc = K, one block), for tests and the notebook: shape (panels, K, MR|NR).
 py::array_t<float> pack_a_py(py::array_t<float> a_in, ssize_t mr) {
   if (a_in.ndim() != 2) tl::value_error("gemm.pack_a: a must be 2-D, got shape " + shape_str(a_in));
@@ -508,6 +596,12 @@ TL_REGISTER(gemm) {
     return shape(kernel_for<float>(version, pick_isa(isa)));
   }, py::arg("version") = "simd", py::arg("isa") = "auto", py::arg("dtype") = "float32",
      "micro-kernel tile MR x NR and cache blocks KC, MC, NC of a packed version");
+  m.def("bf16_matmul", &bf16_matmul, py::arg("a"), py::arg("b"), py::arg("out") = "float32", py::arg("isa") = "auto",
+        py::arg("threads") = 0, py::arg("bias") = py::none(),
+        "C = a @ b for bfloat16 a, b given as uint16 bit patterns (any strides): the packed SIMD GEMM with bf16 "
+        "widened to fp32 in the packing (fp32 accumulation of the bf16 values); out='float32' (the accumulator) or "
+        "'bfloat16' (uint16 bits, round to nearest even); isa: auto|scalar|avx2|avx512; threads: 0 = OpenMP default; "
+        "bias: bf16 bits [N] added in fp32 before the rounding, or None");
   m.def("pack_a", &pack_a_py, py::arg("a"), py::arg("mr"),
         "pack a (M, K) float32 matrix into (ceil(M/mr), K, mr) micro-panels, zero-padded");
   m.def("pack_b", &pack_b_py, py::arg("b"), py::arg("nr"),

@@ -355,15 +355,19 @@ TOPICS: tuple[Topic, ...] = (
             "test_amp_more",
             "test_amp_saved_precision",
             "test_amp_hardening",
+            "test_amp_bf16",
         ),
         "tinylearn.amp.bench",
+        cpp=("amp_*.cpp",),
         aliases=("mixed_precision", "autocast"),
         questions="64, 74, 81, 102b, 105, 119, 148, 169, 219, 239, 250, 253",
         sanitize=(
             "test_amp",
             "test_amp_formats",
             "test_checkpoint",
+            "test_amp_bf16",
         ),
+        registers=("amp.bf16_ops",),
     ),
 )
 

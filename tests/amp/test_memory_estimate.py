@@ -62,10 +62,11 @@ def test_estimate_within_10_percent_of_measured(name, optimizer, amp):
 
 @pytest.mark.parametrize("name", ["mlp_wide", "mlp_deep"])
 def test_estimate_within_10_percent_bf16_sgd_wide_and_deep(name):
-    # bf16 + SGD: the backward peak holds a weight's fp32 GEMM gradient and the fp32 copy its cast makes
+    # bf16 + SGD: the backward peak holds a weight's bf16 GEMM gradient next to the fp32 copy its cast makes
     est, meas = _check(name, "sgd", "bfloat16")
-    # workspace (beyond activations + all grads) is about one more fp32 copy of the largest weight
-    assert est["workspace"] >= 0.9 * max(p.data.nbytes for p in CASES[name][0]().parameters())
+    # workspace (beyond activations + all grads) is about one bf16 copy of the largest weight: half its fp32 bytes
+    largest = max(p.data.nbytes for p in CASES[name][0]().parameters())
+    assert est["workspace"] >= 0.45 * largest
 
 
 def test_estimate_fp32_wide_and_deep():

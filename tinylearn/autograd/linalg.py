@@ -15,9 +15,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backends
 from .blas_pair import matmul_rows_split, parallel_ok, run_pair
 from .errors import ShapeError
 from .function import Function, unbroadcast
+
+BF16_MATMUL = "amp.bf16_matmul"  # registered by tinylearn.amp.bf16_ops (found through the topic table)
+
+
+def _bf16_2d(*arrays: np.ndarray) -> bool:
+    return all(a.ndim == 2 and a.dtype.name == "bfloat16" for a in arrays)
+
+
+def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b; two 2-D bfloat16 operands (autocast) go to the registered bf16 GEMM: products accumulated in fp32 by the
+    C++ packed kernel, one rounding (numpy's bfloat16 matmul is slower, e.g. on transposed views and at M = 1)."""
+    if _bf16_2d(a, b):
+        return backends.dispatch(BF16_MATMUL, a, b)
+    return a @ b
 
 
 class MatMul(Function):
@@ -30,7 +45,7 @@ class MatMul(Function):
         if ka != kb:
             raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} are not aligned (inner dims {ka} != {kb})")
         try:
-            out = a @ b
+            out = _mm(a, b)
         except ValueError:
             raise ShapeError(f"matmul: batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
         ctx.save_for_backward(a, b)
@@ -41,7 +56,7 @@ class MatMul(Function):
         a, b = ctx.saved_tensors
         na, nb = ctx.needs_input_grad
         if a.ndim == 2 and b.ndim == 2:
-            return (g @ b.T if na else None, a.T @ g if nb else None)
+            return (_mm(g, b.T) if na else None, _mm(a.T, g) if nb else None)
         if a.ndim == 1 and b.ndim == 1:  # dot product: g is a scalar
             return (g * b if na else None, g * a if nb else None)
         a2 = a[None, :] if a.ndim == 1 else a
@@ -74,6 +89,14 @@ class Linear(Function):
             raise ShapeError(f"linear: bias shape {b.shape} does not match weight shape {w.shape}")
         ctx.save_for_backward(x, w)
         ctx.has_b = b is not None
+        if _bf16_2d(w) and x.dtype == w.dtype:  # autocast bf16: the C++ GEMM reads the transposed view as is and
+            # adds the bias to its fp32 sums before the one rounding (torch's addmm)
+            bias = b if b is not None and b.dtype == w.dtype else None
+            out = backends.dispatch(BF16_MATMUL, x.reshape(-1, x.shape[-1]), w.T, bias)
+            out = out.reshape(x.shape[:-1] + (w.shape[0],))
+            if b is not None and bias is None:
+                out += b
+            return out
         if x.ndim == 2 and x.shape[0] <= w.shape[0]:
             out = (w @ x.T).T  # [N, out] view of a C-contiguous [out, N] result; see the module docstring
         else:
@@ -94,6 +117,13 @@ class Linear(Function):
         # x column-major (the output of a transposed-orientation forward): dX takes the same layout, so the
         # elementwise backward that consumes it (ReLU's g * (out > 0)) does not mix layouts (2.5x slower)
         colmajor = x.ndim == 2 and x.flags.f_contiguous and not x.flags.c_contiguous
+        if _bf16_2d(g2, x2, w):  # autocast bf16: the C++ GEMM on every core for each product (run side by side on
+            # one thread each, as the fp32 path does, it measured slower: OpenMP's idle workers spin beside them)
+            gx = _mm(g2, w).reshape(x.shape) if nx else None
+            gw = _mm(g2.T, x2) if nw else None
+            # bias gradient: fp32 sums of the bf16 rows, rounded once (ml_dtypes' own bf16 sum is ~30x slower)
+            gb = np.add.reduce(g2, axis=0, dtype=np.float32).astype(g2.dtype) if nb else None
+            return gx, gw, gb
         if nx and nw and parallel_ok(2.0 * n * o * i):  # dX and dW side by side, one thread each
             # dX's array is allocated here, on the calling thread (allocation tracking such as
             # tinylearn.memory.measure_peak follows this thread); the helper thread only fills it

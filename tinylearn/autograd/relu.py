@@ -1,6 +1,7 @@
 """ReLU on arrays, two registered ops (``tinylearn.backends``) with a numpy and a C++ implementation each.
 
     autograd.relu            numpy: np.where select       cpp: cpp_src/kernels_relu.cpp, one pass, keeps the layout
+                                                          (C-contiguous bfloat16: cpp_src/amp_bf16.cpp on the bits)
     autograd.relu_backward   numpy "select" (default): torch's exact threshold_backward (np.where)
                              numpy "mul": g * (y > 0), the A/B baseline (torch's values wherever g and y are finite;
                              NaN/inf g where y <= 0 gives NaN, and -0.0 for negative g)
@@ -36,6 +37,25 @@ def _fits_backward(g: Any, y: Any) -> bool:
     return _fits(g) and _fits(y) and g.dtype == y.dtype and g.shape == y.shape
 
 
+def _bf16(a: Any) -> bool:
+    """A C-contiguous bfloat16 array (autocast's activations): _C.amp's kernels work on its uint16 bit patterns."""
+    return type(a) is np.ndarray and a.dtype.name == "bfloat16" and a.flags.c_contiguous
+
+
+def _has_bf16_kernels() -> bool:
+    return backends.C_available("amp") and hasattr(backends.load_C("amp"), "relu_backward")
+
+
+def _fits_any(a: Any) -> bool:
+    return _fits(a) or (_bf16(a) and _has_bf16_kernels())
+
+
+def _fits_backward_any(g: Any, y: Any) -> bool:
+    if _bf16(g) and _bf16(y):
+        return g.shape == y.shape and _has_bf16_kernels()
+    return _fits_backward(g, y)
+
+
 def _relu_numpy(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind == "f":
         return np.where(a < 0, np.zeros((), a.dtype), a)
@@ -43,6 +63,10 @@ def _relu_numpy(a: np.ndarray) -> np.ndarray:
 
 
 def _relu_cpp(a: np.ndarray) -> np.ndarray:
+    if _bf16(a) and _has_bf16_kernels():
+        out = np.empty(a.shape, np.uint16)
+        backends.load_C("amp").relu(a.view(np.uint16), out)
+        return out.view(a.dtype)
     if not _fits(a):
         return _relu_numpy(a)
     k = backends.load_C("kernels")
@@ -66,6 +90,10 @@ def _mul_numpy(g: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _select_cpp(g: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if _bf16(g) and _bf16(y) and g.shape == y.shape and _has_bf16_kernels():
+        out = np.empty(y.shape, np.uint16)
+        backends.load_C("amp").relu_backward(g.view(np.uint16), y.view(np.uint16), out)
+        return out.view(y.dtype)
     if not _fits_backward(g, y):
         return _select_numpy(g, y)
     k = backends.load_C("kernels")
@@ -87,10 +115,10 @@ def _example_backward(rng: Any) -> tuple[tuple, dict]:
 
 
 backends.register(RELU, "numpy", _relu_numpy, example=_example_forward)
-backends.register(RELU, "cpp", _relu_cpp, when=_fits, available=_has_kernels)
+backends.register(RELU, "cpp", _relu_cpp, when=_fits_any, available=_has_kernels)
 backends.register(RELU_BACKWARD, "numpy", _select_numpy, version="select", example=_example_backward)
 backends.register(RELU_BACKWARD, "numpy", _mul_numpy, version="mul")
-backends.register(RELU_BACKWARD, "cpp", _select_cpp, version="select", when=_fits_backward, available=_has_kernels)
+backends.register(RELU_BACKWARD, "cpp", _select_cpp, version="select", when=_fits_backward_any, available=_has_kernels)
 
 
 def relu_array(a: np.ndarray) -> np.ndarray:

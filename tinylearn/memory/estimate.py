@@ -12,7 +12,7 @@ One training step holds, at its peak:
                       scaled+masked scores, softmax output), plus the LayerNorm/GELU inputs and the embeddings
     workspace         what the backward holds beyond activations + grads, found by walking the graph in the
                       engine's order (``_backward_peak``): output gradients waiting for their node, the input
-                      gradients a node is producing (fp32 even for bf16 tensors: numpy returns bf16 GEMMs in fp32),
+                      gradients a node is producing (in the input's dtype: bf16 GEMMs return bf16),
                       the fp32 copy a cast's backward makes of a weight gradient, a dcol-sized temporary next to
                       an im2col buffer, both addends of a gradient sum. The optimizer updates in place (fused
                       step), so the step adds none
@@ -21,9 +21,9 @@ One training step holds, at its peak:
                optimizer step: params + grads + optimizer_state + activations still held by the live loss)
 
 Why bf16 + SGD was underestimated (by 8-17% on the digits MLPs) by a "largest activation" workspace: with SGD
-the peak is in the backward, at the cast node of the largest weight, where the weight's fp32 gradient from
-the GEMM (the cast's incoming gradient) and the fp32 copy ``astype`` makes of it are alive together -- two
-parameter-sized fp32 arrays, not one activation. Adam hides it: its step (2 x params of state) is the larger peak.
+the peak is in the backward, at the cast node of the largest weight, where the weight's bf16 gradient from the GEMM
+(the cast's incoming gradient) and the fp32 copy the cast makes of it are alive together -- a parameter-sized
+array and a half, not one activation. Adam hides it: its step (2 x params of state) is the larger peak.
 
 With ``checkpoint_segments=k`` (Sequential models) the k segment inputs and the last (un-checkpointed) segment's
 graph are kept -- the engine frees node inputs only when the backward returns, so the last segment is still alive
@@ -96,12 +96,12 @@ def _graph_bytes(root: Any, exclude: set[int]) -> tuple[int, int, int]:
 
 
 def _grad_bytes(node: Any, t: Any) -> int:
-    """Bytes of the gradient ``node`` hands to its input ``t``: fp32 for a bf16/fp16 tensor (numpy computes the
-    low-precision GEMMs of the backward in fp32 and fp32 gradients promote elementwise ops), except through an
-    autocast cast, whose backward casts the gradient to the source dtype (the input's own dtype)."""
-    if type(node).__name__ == "AutocastCast" or t.data.dtype.name not in ("float16", "bfloat16"):
-        return int(t.data.nbytes)
-    return int(t.data.size) * 4
+    """Bytes of the gradient ``node`` hands to its input ``t``: the input's own dtype. Under autocast bf16 the GEMMs'
+    backward products are bf16 (the C++ bf16 GEMM rounds its fp32 sums once, ``amp.bf16_matmul``), ReLU's backward
+    selects on bf16 bits, an fp32 op's cast hands back bf16; fp16 ops run in fp32 between cast nodes, whose backward
+    casts to the source dtype."""
+    del node
+    return int(t.data.nbytes)
 
 
 def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:

@@ -1,0 +1,142 @@
+"""bfloat16 kernels behind ``tl.autocast(dtype="bfloat16")``: the GEMM and the casts, registered ops (``backends``).
+
+    amp.bf16_matmul   C = a @ b for 2-D bfloat16 a, b -> bfloat16 (one rounding of the fp32 result)
+                      numpy  reference: widen both to float32 (exact), sgemm, round to nearest even
+                      cpp    simd / parallel* (cpp_src/gemm.cpp ``bf16_matmul``): the packed SIMD GEMM whose packing
+                             widens bf16 to fp32, so the fp32 micro-kernel accumulates products of the bf16 values
+                             (AVX-512 / AVX2 FMA, scalar; TINYLEARN_CPU_FEATURES forces a path). (* default)
+    amp.to_bf16       float32 -> bfloat16, round to nearest even (torch's rule; NaN -> quiet NaN)
+                      numpy  ml_dtypes' astype        cpp  cpp_src/amp_bf16.cpp (AVX2, scalar), C-contiguous input
+
+Numerics: every implementation computes the same thing, fp32 accumulation of the products of bf16-rounded inputs
+followed by one rounding to bf16 (exact products: 8-bit x 8-bit significands fit in fp32's 24); they differ only in
+the order of the fp32 sums. No AVX512_BF16 (``vdpbf16ps``) kernel: it could not be run or tested on the machines
+this was built on (AVX2 Zen 2), and vdpbf16ps flushes denormal inputs to zero, which changes the numerics above.
+Autocast routes ``Linear`` / ``MatMul`` with two 2-D bf16 operands here (``autograd/linalg.py``), and ReLU on bf16
+arrays to ``_C.amp.relu`` (``autograd/relu.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import backends
+from .dtypes import bfloat16
+
+BF16_MATMUL = "amp.bf16_matmul"
+TO_BF16 = "amp.to_bf16"
+
+
+def _is_bf16_2d(a: Any) -> bool:
+    return isinstance(a, np.ndarray) and a.dtype == bfloat16 and a.ndim == 2
+
+
+def _check_matmul(a: Any, b: Any) -> None:
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}: must be a numpy.ndarray, got {type(x).__name__}")
+        if x.dtype != bfloat16:
+            raise TypeError(f"{name}: dtype must be bfloat16, got {x.dtype}")
+        if x.ndim != 2:
+            raise ValueError(f"{name}: must be 2-D, got shape {x.shape}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"b: inner dimensions differ: a is {a.shape}, b is {b.shape} (need a.shape[1] == b.shape[0])")
+
+
+def bf16_matmul(
+    a: np.ndarray,
+    b: np.ndarray,
+    bias: np.ndarray | None = None,
+    *,
+    backend: str | None = None,
+    version: str | None = None,
+) -> np.ndarray:
+    """a @ b (+ bias) for 2-D bfloat16 arrays (any strides): products accumulated in fp32, the bias [N] added to the
+    fp32 sums, the result rounded once to bf16 (torch's addmm epilogue).
+
+    backend: None (cpp when built, else numpy) | "numpy" | "cpp"; version: cpp "simd" (one thread) | "parallel"."""
+    _check_matmul(a, b)
+    if bias is not None:
+        if not isinstance(bias, np.ndarray) or bias.dtype != bfloat16:
+            got = bias.dtype if isinstance(bias, np.ndarray) else type(bias).__name__
+            raise TypeError(f"bias: expected a bfloat16 numpy.ndarray or None, got {got}")
+        if bias.shape != (b.shape[1],):
+            raise ValueError(f"bias: expected shape ({b.shape[1]},) for b of shape {b.shape}, got {bias.shape}")
+    return backends.dispatch(BF16_MATMUL, a, b, bias, backend=backend, version=version)
+
+
+def to_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
+    """float32 array -> bfloat16 array, round to nearest even (``x.astype(bfloat16)``'s values, faster)."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
+        raise TypeError(f"x: expected a float32 numpy.ndarray, got {got}")
+    return backends.dispatch(TO_BF16, x, backend=backend)
+
+
+# ------------------------------------------------------------------------------------------------ implementations
+def _matmul_numpy(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    c = a.astype(np.float32) @ b.astype(np.float32)
+    if bias is not None:
+        c += bias.astype(np.float32)
+    return c.astype(bfloat16)
+
+
+def _matmul_cpp(threads: int) -> Any:
+    def fn(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        g = backends.load_C("gemm")
+        bits = None if bias is None else bias.view(np.uint16)
+        c = g.bf16_matmul(a.view(np.uint16), b.view(np.uint16), out="bfloat16", threads=threads, bias=bits)
+        return c.view(bfloat16)
+
+    fn.__name__ = f"bf16_matmul_cpp_{'parallel' if threads == 0 else 'simd'}"
+    return fn
+
+
+def _to_bf16_numpy(x: np.ndarray) -> np.ndarray:
+    return x.astype(bfloat16)
+
+
+def _to_bf16_cpp(x: np.ndarray) -> np.ndarray:
+    out = np.empty(x.shape, np.uint16)
+    backends.load_C("amp").to_bf16(x, out)
+    return out.view(bfloat16)
+
+
+def _contiguous_f32(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
+
+
+def _example_matmul(rng: Any) -> tuple[tuple, dict]:
+    """Conformance input: edges no tile size divides, B a transposed view; small integers, so every fp32 sum is exact
+    whatever its order and all implementations must agree bit for bit."""
+    a = rng.integers(-4, 5, (17, 33)).astype(bfloat16)
+    b = rng.integers(-4, 5, (9, 33)).astype(bfloat16).T
+    return (a, b, rng.integers(-8, 9, 9).astype(bfloat16)), {}
+
+
+def _example_cast(rng: Any) -> tuple[tuple, dict]:
+    return (rng.standard_normal((7, 45)).astype(np.float32) * np.float32(100),), {}
+
+
+def _compared(out: np.ndarray) -> np.ndarray:
+    return out.astype(np.float32)
+
+
+def _has(sub: str, name: str) -> Any:
+    return lambda: backends.C_available(sub) and hasattr(backends.load_C(sub), name)
+
+
+backends.register(BF16_MATMUL, "numpy", _matmul_numpy, example=_example_matmul, compared=_compared)
+backends.register(BF16_MATMUL, "cpp", _matmul_cpp(1), version="simd", available=_has("gemm", "bf16_matmul"))
+backends.register(
+    BF16_MATMUL, "cpp", _matmul_cpp(0), version="parallel", default=True, available=_has("gemm", "bf16_matmul")
+)
+backends.register(TO_BF16, "numpy", _to_bf16_numpy, example=_example_cast, compared=_compared)
+backends.register(TO_BF16, "cpp", _to_bf16_cpp, when=_contiguous_f32, available=_has("amp", "to_bf16"))
+
+
+def is_bf16_pair(a: Any, b: Any) -> bool:
+    """Both are 2-D bfloat16 numpy arrays (what ``amp.bf16_matmul`` takes)."""
+    return _is_bf16_2d(a) and _is_bf16_2d(b)
