@@ -121,11 +121,16 @@ def test_bf16_matmul_bad_input_names_the_argument():
         bf16_matmul(b, b.T, np.zeros(3, np.float32))
 
 
-def test_registry_picks_the_cpp_bf16_gemm():
+def test_registry_picks_the_cpp_bf16_gemm_on_every_path(monkeypatch):
     rng = np.random.default_rng(3)
     a, b = _bf(rng, (5, 6)), _bf(rng, (6, 7))
     assert backends.resolve(BF16_MATMUL, args=(a, b))[:2] == ("cpp", "parallel")
     assert backends.versions(BF16_MATMUL, "cpp") == ["simd", "parallel"]
+    # the scalar level runs the portable packed kernel (the same numbers up to summation order)
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "scalar")
+    a, b = _bf(rng, (40, 300)), _bf(rng, (300, 50))
+    got = backends.load_C("gemm").bf16_matmul(a.view(np.uint16), b.view(np.uint16))
+    assert (np.abs(got - a.astype(np.float64) @ b.astype(np.float64)) <= _exact_bound(a, b)).all()
 
 
 # ---------------------------------------------------------------------------------------------------- casts

@@ -111,6 +111,37 @@ class AutocastCast(Function):
         return g.astype(ctx.src), None
 
 
+class AutocastRound(Function):
+    """x rounded to the autocast dtype but kept in float32: one node for an emulated op's input (instead of a cast
+    to bf16 and a cast back, two nodes and two arrays); the backward rounds the gradient the same way (the two
+    casts' backward)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = dtype
+        return _round_fp32(x, dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _round_fp32(g, ctx.dtype), None
+
+
+def _round_fp32(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == bfloat16 and x.dtype == float32:
+        return backends.dispatch(TO_BF16, x).astype(float32)
+    return x.astype(dtype).astype(x.dtype)
+
+
+def _emulated_input(a: Any, dtype: np.dtype) -> Any:
+    """An fp32 input of an emulated op: its values rounded to ``dtype``, in float32 (a low-precision one: cast up)."""
+    if not isinstance(a, Tensor) or not is_floating(a.dtype):
+        return a
+    _State.n_cast += 1
+    if a.dtype == float32:
+        return AutocastRound.apply(a, dtype)
+    return AutocastCast.apply(_cast(a, dtype), float32)
+
+
 def _cast(a: Any, dtype: np.dtype) -> Any:
     if isinstance(a, Tensor) and a.dtype != dtype and is_floating(a.dtype):
         _State.n_cast += 1
@@ -125,12 +156,13 @@ def autocast_hook(cls: type, args: tuple, kwargs: dict) -> Any:
     if dt is None or cat is None or _State.inside:
         return NotImplemented
     target = dt if cat == "lower" else float32
-    new_args = tuple(_cast(a, target) for a in args)
     emulated = cat == "lower" and (cls.__name__ in EMULATED_OPS or dt == float16)
     if emulated:
         # no low-precision kernel here (conv backends take fp32; numpy's fp16 matmul has no BLAS): compute in fp32
         # on the rounded inputs -- exact products, fp32 accumulation, like torch's CPU kernels -- then round once
-        new_args = tuple(_cast(a, float32) for a in new_args)
+        new_args = tuple(_emulated_input(a, dt) for a in args)
+    else:
+        new_args = tuple(_cast(a, target) for a in args)
     _State.inside = True
     try:
         out = cls.apply(*new_args, **kwargs)

@@ -11,9 +11,10 @@ Rows per model (digits-shaped input [B, 1, 8, 8]; SGD step included for tinylear
                                                has no autocast), DEV=CPU, TinyJit; n/a rows name the error where
                                                a dtype does not run on its CPU backend
 
-``saved MB`` (tinylearn) is tl.memory.estimate's activation count for the same step. bf16 on this CPU is slower
-than fp32 for tinylearn (ml_dtypes has no BLAS kernel: products are accumulated in fp32 loops) and usually for
-torch too unless the CPU has AVX512-BF16/AMX: the win of bf16 on CPUs without those is memory, not time.
+``saved MB`` (tinylearn) is tl.memory.estimate's activation count for the same step. tinylearn's bf16 GEMM is the
+C++ packed kernel widening bf16 to fp32 in its packing (``amp.bf16_matmul``; ``gemm_table`` climbs its ladder), so a
+bf16 step costs about what an fp32 one does on a CPU without AVX512-BF16/AMX (torch's bf16 is much slower there):
+the win of bf16 on such CPUs is memory, not time.
 """
 
 from __future__ import annotations
@@ -281,11 +282,73 @@ def checkpoint_table(
     return cmp.table
 
 
+def gemm_table(
+    shapes: tuple[tuple[int, int, int], ...] = ((256, 512, 512),), progress: Callable[[str], None] | None = None
+) -> Table:
+    """The bf16 GEMM ladder (``amp.bf16_matmul``) at [M, K] @ [K, N]: numpy's ml_dtypes matmul, the registered numpy
+    reference (widen to fp32, sgemm, round), C++ scalar (one thread, auto-vectorisation off), C++ SIMD (one thread)
+    and C++ parallel (every core), beside numpy fp32 sgemm, torch bf16 / fp32 mm and tinygrad bf16 (TinyJit). Each
+    shape twice: B contiguous, and B the transposed view of a [N, K] weight (what ``Linear`` multiplies by).
+    GFLOP/s = 2MNK / time; GB/s counts the bf16 operands read once and the bf16 result written once."""
+    import torch
+
+    from .. import backends
+    from .bf16_ops import bf16_matmul
+    from .dtypes import bfloat16
+
+    title = "bf16 GEMM: C = A @ B, bf16 in and out, fp32 accumulation"
+    cmp = Comparison(title, baseline="torch fp32", repeat=9, progress=progress)
+    rng = np.random.default_rng(0)
+    g = backends.load_C("gemm") if backends.C_available("gemm") else None
+    for (m, k, n), transposed in ((sh, t) for sh in shapes for t in (False, True)):
+        a = rng.standard_normal((m, k)).astype(bfloat16)
+        b = rng.standard_normal((n, k) if transposed else (k, n)).astype(bfloat16)
+        b = b.T if transposed else b
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        ta, tb = torch.from_numpy(a32).to(torch.bfloat16), torch.from_numpy(b32).to(torch.bfloat16)
+        ta32, tb32 = torch.from_numpy(a32), torch.from_numpy(b32)
+
+        def tg_build(tg: Any, a32: np.ndarray = a32, b32: np.ndarray = b32) -> Callable[[], Any]:
+            try:
+                with _quiet_stderr():  # clang prints every rejected line of a kernel it cannot compile
+                    xa = tg.Tensor(a32).cast(tg.dtypes.bfloat16).realize()
+                    xb = tg.Tensor(b32).cast(tg.dtypes.bfloat16).realize()
+                    (xa @ xb).realize()  # compile once here: a dtype the CPU backend cannot compile fails now
+            except Exception as e:
+                bad = "bf16" in str(e).lower() or "clang" in str(e)
+                why = "clang rejects __bf16 for this CPU target" if bad else type(e).__name__
+                raise RuntimeError(f"tinygrad bfloat16 on CPU: {why}") from None
+            run = tinygrad_jit(lambda x, y: x @ y)
+            return lambda: run(xa, xb)
+
+        case = f"{m}x{k}x{n}" + (", B = W.T (Linear)" if transposed else "")
+        with cmp.case(case, flops=2.0 * m * n * k, nbytes=2.0 * (m * k + k * n + m * n)) as c:
+            c.add("torch fp32", lambda ta32=ta32, tb32=tb32: ta32 @ tb32)
+            c.add("torch bf16", lambda ta=ta, tb=tb: ta @ tb)
+            c.add_tinygrad("tinygrad bf16", tg_build)
+            c.add("numpy fp32 sgemm", lambda a32=a32, b32=b32: a32 @ b32, note="OpenBLAS")
+            c.add("numpy ml_dtypes bf16", lambda a=a, b=b: a @ b, note="what autocast ran before the C++ GEMM")
+            c.add("tinylearn numpy reference", lambda a=a, b=b: bf16_matmul(a, b, backend="numpy"),
+                  note="widen, sgemm, round")  # fmt: skip
+            if g is None:
+                c.unavailable("tinylearn C++", "n/a: tinylearn._C is not built")
+                continue
+            ua, ub = a.view(np.uint16), b.view(np.uint16)
+            c.add("tinylearn C++ scalar", lambda ua=ua, ub=ub: g.bf16_matmul(ua, ub, "bfloat16", "scalar", 1),
+                  note="1 thread, no SIMD")  # fmt: skip
+            c.add("tinylearn C++ SIMD", lambda a=a, b=b: bf16_matmul(a, b, backend="cpp", version="simd"),
+                  note=f"1 thread, {g.isa()}")  # fmt: skip
+            c.add("tinylearn C++ parallel", lambda a=a, b=b: bf16_matmul(a, b, backend="cpp", version="parallel"),
+                  note="the default: every core")  # fmt: skip
+    cmp.note(f"torch threads: {torch.get_num_threads()}; torch's CPU bf16 GEMM is fast only with AVX512_BF16 / AMX")
+    return cmp.table
+
+
 def run(full: bool = False, progress: Callable[[str], None] | None = None) -> list[Table]:
     cases = [("mlp", 512, 256), ("cnn", 256, 128)]
     if full:
         cases += [("mlp", 2048, 1024), ("cnn", 512, 512)]
-    return [step_table(k, w, b, progress) for k, w, b in cases]
+    return [gemm_table(progress=progress)] + [step_table(k, w, b, progress) for k, w, b in cases]
 
 
 if __name__ == "__main__":  # pragma: no cover

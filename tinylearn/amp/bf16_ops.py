@@ -4,7 +4,9 @@
                       numpy  reference: widen both to float32 (exact), sgemm, round to nearest even
                       cpp    simd / parallel* (cpp_src/gemm.cpp ``bf16_matmul``): the packed SIMD GEMM whose packing
                              widens bf16 to fp32, so the fp32 micro-kernel accumulates products of the bf16 values
-                             (AVX-512 / AVX2 FMA, scalar; TINYLEARN_CPU_FEATURES forces a path). (* default)
+                             (AVX-512 / AVX2 FMA, scalar; TINYLEARN_CPU_FEATURES forces a path). (* default). On the
+                             scalar level (no AVX2) the portable packed kernel runs (baseline SSE2 vectorisation by
+                             the compiler): the same memory as the SIMD path, unlike numpy's fp32 copies
     amp.to_bf16       float32 -> bfloat16, round to nearest even (torch's rule; NaN -> quiet NaN)
                       numpy  ml_dtypes' astype        cpp  cpp_src/amp_bf16.cpp (AVX2, scalar), C-contiguous input
 
@@ -129,10 +131,11 @@ def _has(sub: str, name: str) -> Any:
 
 
 backends.register(BF16_MATMUL, "numpy", _matmul_numpy, example=_example_matmul, compared=_compared)
-backends.register(BF16_MATMUL, "cpp", _matmul_cpp(1), version="simd", available=_has("gemm", "bf16_matmul"))
-backends.register(
-    BF16_MATMUL, "cpp", _matmul_cpp(0), version="parallel", default=True, available=_has("gemm", "bf16_matmul")
-)
+
+
+_cpp_ok = _has("gemm", "bf16_matmul")
+backends.register(BF16_MATMUL, "cpp", _matmul_cpp(1), version="simd", available=_cpp_ok)
+backends.register(BF16_MATMUL, "cpp", _matmul_cpp(0), version="parallel", default=True, available=_cpp_ok)
 backends.register(TO_BF16, "numpy", _to_bf16_numpy, example=_example_cast, compared=_compared)
 backends.register(TO_BF16, "cpp", _to_bf16_cpp, when=_contiguous_f32, available=_has("amp", "to_bf16"))
 
