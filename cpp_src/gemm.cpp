@@ -479,16 +479,19 @@ py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::s
       for (ssize_t j = 0; j < d.N; ++j) cp[i * d.N + j] += widen(bp[j]);
   };
   if (out == "float32") {
-    py::gil_scoped_release release;
-    gemm_packed(A, B, c.mutable_data(), d, kn, threads);
-    add_bias(c.mutable_data());
+    float* cp = c.mutable_data();
+    {
+      py::gil_scoped_release release;  // no Python object is touched (copied, returned) without the GIL
+      gemm_packed(A, B, cp, d, kn, threads);
+      add_bias(cp);
+    }
     return c;
   }
   py::array_t<uint16_t> r({d.M, d.N});
+  float* cp = c.mutable_data();
+  uint16_t* rp = r.mutable_data();
   {
     py::gil_scoped_release release;
-    float* cp = c.mutable_data();
-    uint16_t* rp = r.mutable_data();
     gemm_packed(A, B, cp, d, kn, threads);
     add_bias(cp);
     const ssize_t n = d.M * d.N;

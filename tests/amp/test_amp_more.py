@@ -52,6 +52,43 @@ def test_per_group_scaler_keeps_small_group():
     assert np.mean(outs[1][0] == 0) > 0.9 and np.mean(outs_p[1] == 0) == 0.0
 
 
+def _steps_to_clear(scaler, mags, steps=200, group=-1, rng_seed=1):
+    """Steps until ``group``'s fp16 underflow fraction first drops to 0 (None if never)."""
+    rng = np.random.default_rng(rng_seed)
+    for t in range(steps):
+        outs, infs = scaler.roundtrip([(m * rng.standard_normal(256)).astype(np.float32) for m in mags])
+        if scaler.last_underflow[group] == 0.0:
+            return t
+        scaler.update(infs)
+    return None
+
+
+def test_per_group_scaler_grows_early_on_underflow_weighted_by_sensitivity():
+    mags = [1e-2, 1e-10, 1e-10]
+    plain = amp.PerGroupScaler(3, init_scale=1.0, growth_interval=10)
+    adaptive = amp.PerGroupScaler(3, init_scale=1.0, growth_interval=10, sensitivity=[1, 1, 4], underflow_tol=0.05)
+    t_plain, t_adapt = _steps_to_clear(plain, mags), _steps_to_clear(adaptive, mags)
+    assert t_plain is not None and t_adapt is not None and t_adapt * 4 < t_plain
+    assert adaptive.n_early_growth[2] > 0 and plain.n_early_growth == [0, 0, 0]
+    # equal gradients, different sensitivity (relative to the mean: 0.5 and 1.5, tolerances 0.1 and 0.033): at 4%
+    # underflow the sensitive group grows early, the insensitive one keeps its scale
+    s = amp.PerGroupScaler(2, init_scale=2.0**14, growth_interval=1000, sensitivity=[1, 3], underflow_tol=0.05)
+    g = np.full(1000, 1e-12, np.float32)
+    g[:40] = 1.0  # 96% of the entries underflow at any scale below ~2^15: both groups above tolerance
+    s.roundtrip([g, g])
+    assert s.last_underflow[0] == s.last_underflow[1] > 0.9
+    g2 = np.concatenate([np.full(960, 1.0, np.float32), np.full(40, 1e-12, np.float32)])  # 4% underflow
+    s.roundtrip([g2, g2])
+    s.update([False, False])
+    assert s.get_scales() == [2.0**14, 2.0**15] and s.n_early_growth == [0, 1]
+    with pytest.raises(ValueError, match="sensitivity: expected 2 finite values > 0"):
+        amp.PerGroupScaler(2, sensitivity=[1.0, 0.0])
+    with pytest.raises(ValueError, match="sensitivity: expected 2"):
+        amp.PerGroupScaler(2, sensitivity=[1.0])
+    with pytest.raises(ValueError, match="underflow_tol: must be a number > 0"):
+        amp.PerGroupScaler(2, underflow_tol=0)
+
+
 def test_per_group_scaler_bad_input():
     with pytest.raises(ValueError, match="n_groups"):
         amp.PerGroupScaler(0)

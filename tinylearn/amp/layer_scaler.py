@@ -11,6 +11,18 @@ unscaled in fp32 before the step). Each group runs the GradScaler state machine 
 
 ``fp16_grad_roundtrip`` models the fp16 path of one gradient: fp32 g -> fp16(g * S) -> fp32 / S, and reports
 whether it overflowed. ``PerGroupScaler.roundtrip`` applies it to every group with that group's scale.
+
+Adaptive growth from the gradient distribution and the layer's sensitivity (``sensitivity=``, e.g. each group's
+Hutchinson Hessian trace per parameter from ``tl.amp.hutchinson_trace``): ``roundtrip`` also measures, per group,
+the fraction of nonzero gradient entries that fp16 flushed to zero (``last_underflow``). A group whose underflow is
+above its tolerance grows at once instead of waiting for ``growth_interval`` clean steps, and the tolerance is
+``underflow_tol`` divided by the group's sensitivity relative to the mean (a layer twice as sensitive tolerates half
+the underflow): the sensitive layers climb out of underflow first, the insensitive ones keep their scale (and their
+overflow margin) longer.
+
+    group l overflowed:                       S_l *= backoff_factor; tracker_l = 0
+    underflow_l > underflow_tol / rel_sens_l: S_l *= growth_factor;  tracker_l = 0
+    else:                                     the interval rule above
 """
 
 from __future__ import annotations
@@ -47,7 +59,12 @@ class PerGroupScaler:
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
         growth_interval: int = 100,
+        sensitivity: Sequence[float] | None = None,
+        underflow_tol: float = float("inf"),
     ) -> None:
+        """``sensitivity`` (one value > 0 per group) and ``underflow_tol`` (the fraction of a group's nonzero gradient
+        entries fp16 may flush to zero before it grows early) switch on the adaptive rule; the default tolerance
+        (infinite) keeps the plain GradScaler rule per group."""
         if not is_int(n_groups) or n_groups < 1:
             raise ValueError(f"n_groups: must be a positive int, got {n_groups!r}")
         if not init_scale > 0:
@@ -59,6 +76,18 @@ class PerGroupScaler:
         if not is_int(growth_interval) or growth_interval < 1:
             raise ValueError(f"growth_interval: must be a positive int, got {growth_interval!r}")
         n_groups, growth_interval = int(n_groups), int(growth_interval)
+        if not (isinstance(underflow_tol, (int, float)) and not isinstance(underflow_tol, bool) and underflow_tol > 0):
+            raise ValueError(f"underflow_tol: must be a number > 0, got {underflow_tol!r}")
+        if sensitivity is None:
+            rel = np.ones(n_groups)
+        else:
+            sens = np.asarray(sensitivity, dtype=np.float64)
+            if sens.shape != (n_groups,) or not np.isfinite(sens).all() or (sens <= 0).any():
+                raise ValueError(f"sensitivity: expected {n_groups} finite values > 0, got {sensitivity!r}")
+            rel = sens / sens.mean()
+        self.underflow_tol = [float(underflow_tol) / float(r) for r in rel]
+        self.last_underflow = [0.0] * n_groups
+        self.n_early_growth = [0] * n_groups
         self.scales = [np.float32(init_scale)] * n_groups
         self.trackers = [0] * n_groups
         self.growth_factor = np.float32(growth_factor)
@@ -78,14 +107,22 @@ class PerGroupScaler:
         if len(grads) != self.n_groups:
             raise ValueError(f"grads: expected {self.n_groups} group gradients, got {len(grads)}")
         out = [fp16_grad_roundtrip(g, float(s)) for g, s in zip(grads, self.scales)]
+        for i, (g, (h, _)) in enumerate(zip(grads, out)):  # the gradient distribution: what fp16 flushed to zero
+            nz = np.count_nonzero(g)
+            self.last_underflow[i] = float(np.count_nonzero((h == 0) & (g != 0)) / nz) if nz else 0.0
         return [o[0] for o in out], [o[1] for o in out]
 
     def update(self, found_inf: Sequence[bool]) -> None:
-        """Per group: back off on its overflow, grow after ``growth_interval`` clean steps of that group."""
+        """Per group: back off on its overflow; grow at once when the last ``roundtrip`` flushed more than the group's
+        tolerance of its gradient to zero; else grow after ``growth_interval`` clean steps of that group."""
         if len(found_inf) != self.n_groups:
             raise ValueError(f"found_inf: expected {self.n_groups} flags, got {len(found_inf)}")
         for i, bad in enumerate(found_inf):
             self.n_skipped[i] += bool(bad)
+            if not bad and self.last_underflow[i] > self.underflow_tol[i]:  # underflowing: grow now
+                self.scales[i], self.trackers[i] = np.float32(self.scales[i] * self.growth_factor), 0
+                self.n_early_growth[i] += 1
+                continue
             self.scales[i], self.trackers[i] = update_scale(
                 self.scales[i], self.trackers[i], bool(bad), self.growth_factor, self.backoff_factor,
                 self.growth_interval,
