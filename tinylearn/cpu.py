@@ -6,7 +6,6 @@
 
     tinylearn.cpu.cpu_features()      # effective features, e.g. ['sse4.2', 'avx', 'avx2', 'fma', 'f16c']
     tinylearn.cpu.forced()            # 'scalar' | 'avx2' | 'avx512' | None
-    tinylearn.cpu.hardware_flags()    # every /proc/cpuinfo flag, e.g. 'avx512_bf16' (ignores the switch)
     tinylearn.cpu.kernel_paths()      # {'quant.int8_gemm': 'avx2'}: the path each dispatching kernel takes
     tinylearn.cpu.numeric_paths()     # the above plus torch's capability, OpenBLAS core type, numpy's SIMD
 
@@ -32,20 +31,6 @@ def forced() -> str | None:
     if v not in LEVELS:
         raise ValueError(f"{ENV}: unknown value {os.environ[ENV]!r} (choose {', '.join(LEVELS)}, or leave it unset)")
     return v
-
-
-def hardware_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """Every flag the kernel reports for the first CPU (``/proc/cpuinfo``: e.g. 'avx512_bf16', 'amx_bf16'), whatever
-    TINYLEARN_CPU_FEATURES says; empty where the file does not exist (not Linux). For facts about other libraries'
-    fast paths (torch's bf16 GEMM needs AVX512_BF16 or AMX), not for tinylearn's own dispatch."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def detected_features() -> list[str]:

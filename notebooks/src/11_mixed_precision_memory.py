@@ -1084,6 +1084,7 @@ assert bytes219["bf16", True] == bytes_fp32 and bytes219["bf16", False] == bytes
 from tinylearn import backends, cpu  # noqa: E402
 from tinylearn.amp.bench import gemm_table, step_table  # noqa: E402
 from tinylearn.bench import plot_table  # noqa: E402
+from tinylearn.bench.roofline import cpu_flags  # noqa: E402
 
 gt = gemm_table()
 print(gt.to_text())
@@ -1101,7 +1102,7 @@ for case9 in gt.cases():
     if "avx2" in cpu.cpu_features():  # TINYLEARN_CPU_FEATURES=scalar makes "SIMD" run the scalar code
         assert best["tinylearn C++ SIMD"] > 4 * best["tinylearn C++ scalar"]
         assert 0.15 * peak1 < best["tinylearn C++ SIMD"] < 1.05 * peak1
-    if not {"avx512_bf16", "amx_bf16"} & cpu.hardware_flags():  # torch's bf16 GEMM has no fast path here
+    if not {"avx512_bf16", "amx_bf16"} & cpu_flags():  # torch's bf16 GEMM has no fast path here
         assert gm[case9, "torch bf16"].min_ms > 2 * gm[case9, "torch fp32"].min_ms
 assert all((r.median_ms is not None) != r.note.startswith("n/a") for r in gt.rows)
 

@@ -191,14 +191,3 @@ def test_malloc_settings_are_opt_out():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "glibc defaults (TINYLEARN_MALLOC=default)"
-
-
-def test_hardware_flags_reads_cpuinfo(tmp_path):
-    from tinylearn import cpu
-
-    f = tmp_path / "cpuinfo"
-    f.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: other\n")
-    assert cpu.hardware_flags(str(f)) == {"fpu", "sse2", "avx2", "avx512_bf16"}
-    assert cpu.hardware_flags(str(tmp_path / "missing")) == frozenset()
-    if os.path.exists("/proc/cpuinfo"):
-        assert "sse2" in cpu.hardware_flags()  # every x86-64 CPU has it

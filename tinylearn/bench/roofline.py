@@ -81,6 +81,8 @@ def peak_gflops(n: int = 2048, repeat: int = 5) -> Peak:
 
 
 def cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo reports for the first CPU (e.g. 'avx512_bf16', 'amx_bf16'), whatever
+    TINYLEARN_CPU_FEATURES says; empty where the file does not exist (not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
