@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 
+#include "bf16.h"
 #include "common.h"
 #include "cpu_features.h"
 #include "registry.h"
@@ -34,11 +35,7 @@ constexpr int64_t kAmpGrain = int64_t(1) << 18;
 
 bool amp_avx2() { return tl::cpu_has("avx2"); }
 
-// ---- the bit rules, one place ---------------------------------------------------------------------------------
-inline uint16_t amp_round(uint32_t u) {
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN: adding the bias could carry a payload into Inf
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+// ---- the select rules (the rounding rule is bf16.h's) ----------------------------------------------------------
 // x < 0 as a float: the sign bit set, not -0.0 (0x8000), not NaN (above 0xFF80 = -Inf)
 inline bool amp_neg(uint16_t x) { return x > 0x8000u && x <= 0xFF80u; }
 // y <= 0: +0.0, -0.0 or a negative non-NaN
@@ -49,14 +46,11 @@ __attribute__((optimize("no-tree-vectorize"))) void bf16k_to_bf16_scalar(const f
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, x + i, 4);
-    o[i] = amp_round(u);
+    o[i] = tl::bf16_round_bits(u);
   }
 }
 __attribute__((optimize("no-tree-vectorize"))) void bf16k_from_bf16_scalar(const uint16_t* x, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(x[i]) << 16;
-    std::memcpy(o + i, &u, 4);
-  }
+  for (int64_t i = 0; i < n; ++i) o[i] = tl::bf16_to_float(x[i]);
 }
 __attribute__((optimize("no-tree-vectorize"))) void bf16k_relu_scalar(const uint16_t* x, uint16_t* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = amp_neg(x[i]) ? uint16_t(0) : x[i];
@@ -67,7 +61,7 @@ __attribute__((optimize("no-tree-vectorize"))) void bf16k_relu_bwd_scalar(const 
 }
 
 // ---- AVX2 ------------------------------------------------------------------------------------------------------
-// 8 lanes of the rounding: bias = 0x7FFF + lsb, NaN lanes replaced by 0x7FC0 after the shift.
+// 8 lanes of bf16.h's rounding: bias = 0x7FFF + lsb, NaN lanes replaced by 0x7FC0 after the shift.
 __attribute__((target("avx2"))) inline __m256i bf16k_round8(__m256i u) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
 #include "common.h"
 #include "cpu_features.h"
 #include "gemm_ukr.h"
@@ -101,19 +102,7 @@ struct Bf16 {
 };
 inline float widen(float x) { return x; }
 inline double widen(double x) { return x; }
-inline float widen(Bf16 x) {
-  const uint32_t u = uint32_t(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-// float32 -> bfloat16 bits, round to nearest even (c10::round_to_nearest_even; NaN -> the quiet NaN 0x7FC0).
-inline uint16_t bf16_round(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+inline float widen(Bf16 x) { return tl::bf16_to_float(x.bits); }
 
 // ------------------------------------------------------------------------------------------- 1-3: plain loops
 // naive: C[i,j] = sum_k A[i,k] B[k,j], inner loop over k (B column walk: a new cache line every iteration).
@@ -495,7 +484,7 @@ py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::s
     gemm_packed(A, B, cp, d, kn, threads);
     add_bias(cp);
     const ssize_t n = d.M * d.N;
-    for (ssize_t i = 0; i < n; ++i) rp[i] = bf16_round(cp[i]);
+    for (ssize_t i = 0; i < n; ++i) rp[i] = tl::bf16_round(cp[i]);
   }
   return r;
 }

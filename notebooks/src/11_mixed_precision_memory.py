@@ -1116,9 +1116,9 @@ assert all((r.median_ms is not None) != r.note.startswith("n/a") for r in gt.row
 # **The training step** (`tinylearn bench amp`, timings from a shared 2-core machine): the same MLP step in fp32 and
 # under bf16 autocast. With the GEMMs, casts and ReLU as kernels, tinylearn's bf16 step stays within 1.5x of its fp32
 # step (asserted where the SIMD GEMM runs; the ratio is printed). It is not faster on this CPU: the FLOPs are fp32
-# FLOPs, the GEMMs of this small model (at most 17 MFLOP each) are where the C++ kernel trails OpenBLAS most, and
-# every cast is one more graph node. torch's bf16 step is slower than its fp32 one here, as the GEMM table predicts. This is the "performance
-# gain" input of the per-layer precision planner below: measure it on the target, do not assume it.
+# FLOPs, the GEMMs of this small model (at most 17 MFLOP each) are where the C++ kernel trails OpenBLAS most, and every
+# cast is one more graph node. torch's bf16 step is slower than its fp32 one here, as the GEMM table predicts. This is
+# the "performance gain" input of the per-layer precision planner below: measure it on the target, do not assume it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
