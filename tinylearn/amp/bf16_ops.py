@@ -31,10 +31,6 @@ BF16_MATMUL = "amp.bf16_matmul"
 TO_BF16 = "amp.to_bf16"
 
 
-def _is_bf16_2d(a: Any) -> bool:
-    return isinstance(a, np.ndarray) and a.dtype == bfloat16 and a.ndim == 2
-
-
 def _check_matmul(a: Any, b: Any) -> None:
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, np.ndarray):
@@ -138,8 +134,3 @@ backends.register(BF16_MATMUL, "cpp", _matmul_cpp(1), version="simd", available=
 backends.register(BF16_MATMUL, "cpp", _matmul_cpp(0), version="parallel", default=True, available=_cpp_ok)
 backends.register(TO_BF16, "numpy", _to_bf16_numpy, example=_example_cast, compared=_compared)
 backends.register(TO_BF16, "cpp", _to_bf16_cpp, when=_contiguous_f32, available=_has("amp", "to_bf16"))
-
-
-def is_bf16_pair(a: Any, b: Any) -> bool:
-    """Both are 2-D bfloat16 numpy arrays (what ``amp.bf16_matmul`` takes)."""
-    return _is_bf16_2d(a) and _is_bf16_2d(b)
