@@ -211,7 +211,7 @@ def _rows(x: np.ndarray, ct: type) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------ softmax
 def softmax(
-    x: np.ndarray, dim: int = -1, backend: str | None = None, version: str | None = None, **kw: Any
+    x: np.ndarray, dim: int = -1, *, backend: str | None = None, version: str | None = None, **kw: Any
 ) -> np.ndarray:
     """Numerically stable softmax along ``dim``. ``version``: 'three_pass'|'online' (numpy, cpu), 'simd_omp' (cpu
     default)|'simd'|'online_simd' (cpu), 'one_block'|'online' (triton);
@@ -229,7 +229,7 @@ def softmax(
     return np.moveaxis(y, -1, d).astype(x.dtype, copy=False)
 
 
-def softmax_backward(y: np.ndarray, dy: np.ndarray, dim: int = -1, backend: str | None = None) -> np.ndarray:
+def softmax_backward(y: np.ndarray, dy: np.ndarray, dim: int = -1, *, backend: str | None = None) -> np.ndarray:
     """dx = y * (dy - sum(dy * y, dim)) from the forward output ``y``."""
     y, dy = _as_float(y, "y"), _as_float(dy, "dy")
     if y.shape != dy.shape:
@@ -265,6 +265,7 @@ def layer_norm(
     weight: np.ndarray | None,
     bias: np.ndarray | None,
     eps: float = 1e-5,
+    *,
     backend: str | None = None,
     return_stats: bool = False,
     version: str | None = None,
@@ -299,6 +300,7 @@ def layer_norm_backward(
     weight: np.ndarray | None,
     mean: np.ndarray,
     rstd: np.ndarray,
+    *,
     backend: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dx, dweight, dbias) from the saved (mean, rstd); weight None means ones. dweight/dbias have weight's shape."""
@@ -336,7 +338,7 @@ def _gelu_prep(x: Any, bias: Any, mod: Kernel) -> tuple[np.ndarray, np.ndarray, 
     return x, _prep(bias, ct), ct
 
 
-def bias_gelu(x: np.ndarray, bias: np.ndarray, backend: str | None = None, approximate: str = "none") -> np.ndarray:
+def bias_gelu(x: np.ndarray, bias: np.ndarray, *, backend: str | None = None, approximate: str = "none") -> np.ndarray:
     """gelu(x + bias): erf form (``approximate='none'``, torch's default) or tanh form."""
     _check_approx(approximate)
     mod = _kernel("bias_gelu", backend)
@@ -347,7 +349,7 @@ def bias_gelu(x: np.ndarray, bias: np.ndarray, backend: str | None = None, appro
 
 
 def bias_gelu_backward(
-    dy: np.ndarray, x: np.ndarray, bias: np.ndarray, backend: str | None = None, approximate: str = "none"
+    dy: np.ndarray, x: np.ndarray, bias: np.ndarray, *, backend: str | None = None, approximate: str = "none"
 ) -> tuple[np.ndarray, np.ndarray]:
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over all leading dims."""
     _check_approx(approximate)
@@ -408,6 +410,7 @@ def flash_attention(
     v: np.ndarray,
     causal: bool = False,
     block_size: int = 64,
+    *,
     backend: str | None = None,
     return_lse: bool = False,
     version: str | None = None,
@@ -441,6 +444,7 @@ def flash_attention_backward(
     dout: np.ndarray,
     causal: bool = False,
     block_size: int = 64,
+    *,
     backend: str | None = None,
     version: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
