@@ -28,6 +28,21 @@ from ..kernels import reference
 from . import functional_fused as _fused
 
 
+def _stats_vjp(dxh: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """dx = rstd * (dxh - mean(dxh) - xhat * mean(dxh * xhat)), the means over ``axes`` (the statistic's set); the
+    VJP that batch_norm (training) and group_norm share. Overwrites and returns ``dxh``."""
+    m = int(np.prod([dxh.shape[a] for a in axes]))
+    mean_d = dxh.sum(axis=axes, keepdims=True) / m
+    if axes == (-1,):  # one contiguous row per statistic: einsum avoids the dxh * xhat temporary
+        mean_dx = np.einsum("...k,...k->...", dxh, xhat)[..., None] / m
+    else:
+        mean_dx = (dxh * xhat).sum(axis=axes, keepdims=True) / m
+    dxh -= mean_d
+    dxh -= xhat * mean_dx
+    dxh *= rstd
+    return dxh
+
+
 class BatchNormFn(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean=None, running_var=None, training=False, momentum=0.1, eps=1e-5):
@@ -86,9 +101,7 @@ class BatchNormFn(Function):
         gx = None
         if nx:
             if training:
-                mean_d = dxh.mean(axis=axes, keepdims=True)
-                mean_dx = (dxh * xhat).mean(axis=axes, keepdims=True)
-                gx = invstd.reshape(bshape) * (dxh - mean_d - xhat * mean_dx)
+                gx = _stats_vjp(dxh if weight is not None else dxh.copy(), xhat, invstd.reshape(bshape), axes)
             else:
                 gx = dxh * invstd.reshape(bshape)
         gw = (g * xhat).sum(axis=axes) if nw else None
@@ -132,14 +145,7 @@ class GroupNormFn(Function):
         if nx:
             n = shape[0]
             dxh = (g3 * weight[:, None] if weight is not None else g3.copy()).reshape(n, groups, -1)
-            xh = xh3.reshape(n, groups, -1)
-            m = xh.shape[-1]
-            mean_d = dxh.sum(axis=-1, keepdims=True) / m
-            mean_dx = np.einsum("ngk,ngk->ng", dxh, xh)[..., None] / m
-            dxh -= mean_d
-            dxh -= xh * mean_dx
-            dxh *= rstd
-            gx = dxh.reshape(shape)
+            gx = _stats_vjp(dxh, xh3.reshape(n, groups, -1), rstd, (-1,)).reshape(shape)
         return gx, gw, gb
 
 
