@@ -78,6 +78,15 @@ def as_float_array(x: Any, name: str) -> np.ndarray:
     return a
 
 
+def as_vector(x: Any, name: str, n: int, what: str) -> np.ndarray:
+    """``x`` as a float array of shape ``(n,)`` (``as_float_array``); ValueError naming ``name`` and the ``what`` it
+    must match otherwise (a per-channel vector of a weight: bias, BatchNorm statistics, scale / shift)."""
+    a = as_float_array(x, name)
+    if a.shape != (n,):
+        raise ValueError(f"{name}: expected shape ({n},) to match {what}, got {a.shape}")
+    return a
+
+
 def ntuple(value: Any, n: int, name: str) -> tuple[int, ...]:
     """``int`` or length-``n`` sequence of ints -> n-tuple; TypeError naming ``name`` otherwise (the one normaliser
     of kernel_size / stride / padding / dilation for every conv and pool, 1-d to 3-d)."""

@@ -8,7 +8,8 @@ sent to numpy explicitly.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from ._params import as_float_array
 
 _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 _NATIVE = (np.float32, np.float64)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def as_tensor(x: Any, name: str) -> Tensor:
@@ -63,3 +65,23 @@ def common_dtype(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> tuple:
     b = None if b is None else as_float_array(b, "bias")
     dt = np.result_type(x.dtype, w.dtype) if b is None else np.result_type(x.dtype, w.dtype, b.dtype)
     return x.astype(dt, copy=False), w.astype(dt, copy=False), None if b is None else b.astype(dt, copy=False)
+
+
+def per_ndim(pattern: str) -> Callable[[Callable[[int, str], _F]], Callable[[int, str], _F]]:
+    """Decorator for the factory of one of torch's 1-d/2-d/3-d functional families (one definition with torch's
+    signature for every ndim): the decorated ``maker(nd, name)`` returns the function over ``nd`` spatial dims
+    (``name`` is ``pattern`` with ``{nd}`` filled in, for its messages); ``factory(nd, doc)`` returns it named
+    ``name`` (``__name__`` / ``__qualname__``) with the docstring ``doc``."""
+
+    def decorate(maker: Callable[[int, str], _F]) -> Callable[[int, str], _F]:
+        def factory(nd: int, doc: str) -> _F:
+            name = pattern.format(nd=nd)
+            fn = maker(nd, name)
+            fn.__name__ = fn.__qualname__ = name
+            fn.__doc__ = doc
+            return fn
+
+        factory.__doc__ = maker.__doc__
+        return factory
+
+    return decorate

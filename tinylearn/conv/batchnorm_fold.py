@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._params import as_float_array
+from ._params import as_float_array, as_vector
 
 
 def fold_batchnorm(
@@ -25,18 +25,10 @@ def fold_batchnorm(
     if w.ndim < 2:
         raise ValueError(f"conv_w: expected a [OC, C/groups, kh, kw] (or [OC, ...]) array, got shape {w.shape}")
     oc = w.shape[0]
-    vecs = {}
-    for name, v in (("bn_mean", bn_mean), ("bn_var", bn_var), ("bn_gamma", bn_gamma), ("bn_beta", bn_beta)):
-        a = as_float_array(v, name)
-        if a.shape != (oc,):
-            raise ValueError(f"{name}: expected shape ({oc},) to match conv_w shape {w.shape}, got {a.shape}")
-        vecs[name] = a
-    if conv_b is None:
-        b = np.zeros(oc, dtype=w.dtype)
-    else:
-        b = as_float_array(conv_b, "conv_b")
-        if b.shape != (oc,):
-            raise ValueError(f"conv_b: expected shape ({oc},) to match conv_w shape {w.shape}, got {b.shape}")
+    what = f"conv_w shape {w.shape}"
+    stats = (("bn_mean", bn_mean), ("bn_var", bn_var), ("bn_gamma", bn_gamma), ("bn_beta", bn_beta))
+    vecs = {name: as_vector(v, name, oc, what) for name, v in stats}
+    b = np.zeros(oc, dtype=w.dtype) if conv_b is None else as_vector(conv_b, "conv_b", oc, what)
     if not eps >= 0:
         raise ValueError(f"eps: must be non-negative, got {eps}")
     if np.any(vecs["bn_var"] + eps <= 0):

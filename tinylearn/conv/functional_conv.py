@@ -27,7 +27,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from . import convnd as K
 from ._params import ntuple
-from ._tensor_args import as_tensor, backend_for, batched, common_dtype, unbatch
+from ._tensor_args import as_tensor, backend_for, batched, common_dtype, per_ndim, unbatch
 from .conv2d import conv2d_backward, conv2d_forward
 
 
@@ -102,9 +102,9 @@ def _conv(nd: int, name: str, input, weight, bias, stride, padding, dilation, gr
     return _apply(ConvNdFunction, nd, name, input, weight, bias, **geometry)
 
 
-def _conv_fn(nd: int, doc: str) -> Callable[..., Tensor]:
+@per_ndim("conv{nd}d")
+def _conv_fn(nd: int, name: str) -> Callable[..., Tensor]:
     """torch.nn.functional.conv{nd}d with torch's signature (one definition for every ndim)."""
-    name = f"conv{nd}d"
 
     def fn(
         input: Tensor,
@@ -117,8 +117,6 @@ def _conv_fn(nd: int, doc: str) -> Callable[..., Tensor]:
     ) -> Tensor:
         return _conv(nd, name, input, weight, bias, stride, padding, dilation, groups)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
     return fn
 
 
@@ -183,9 +181,9 @@ def _conv_t(nd, name, input, weight, bias, stride, padding, output_padding, grou
     return _apply(ConvTransposeNdFunction, nd, name, input, weight, bias, **geometry, groups=groups, dilation=dilation)
 
 
-def _conv_transpose_fn(nd: int, doc: str) -> Callable[..., Tensor]:
+@per_ndim("conv_transpose{nd}d")
+def _conv_transpose_fn(nd: int, name: str) -> Callable[..., Tensor]:
     """torch.nn.functional.conv_transpose{nd}d with torch's signature (one definition for every ndim)."""
-    name = f"conv_transpose{nd}d"
 
     def fn(
         input: Tensor,
@@ -199,8 +197,6 @@ def _conv_transpose_fn(nd: int, doc: str) -> Callable[..., Tensor]:
     ) -> Tensor:
         return _conv_t(nd, name, input, weight, bias, stride, padding, output_padding, groups, dilation)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
     return fn
 
 

@@ -25,7 +25,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from . import poolnd as P
 from ._params import as_float_array, as_pool_array, ntuple
-from ._tensor_args import as_tensor, backend_for, batched, unbatch
+from ._tensor_args import as_tensor, backend_for, batched, per_ndim, unbatch
 from .im2col import _native_dtype
 from .pooling import _pool_params, avg_pool2d_backward, max_pool2d_backward
 from .pooling import avg_pool2d as _avg_pool2d
@@ -176,9 +176,9 @@ def _max_pool(nd, name, input, kernel_size, stride, padding, dilation, ceil_mode
     return unbatch((y, idx), sq) if return_indices else unbatch(y, sq)
 
 
-def _max_pool_fn(nd: int, doc: str) -> Callable[..., Any]:
+@per_ndim("max_pool{nd}d")
+def _max_pool_fn(nd: int, name: str) -> Callable[..., Any]:
     """torch.nn.functional.max_pool{nd}d with torch's signature (one definition for every ndim)."""
-    name = f"max_pool{nd}d"
 
     def fn(
         input: Tensor,
@@ -191,8 +191,6 @@ def _max_pool_fn(nd: int, doc: str) -> Callable[..., Any]:
     ) -> Any:
         return _max_pool(nd, name, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
     return fn
 
 
@@ -302,19 +300,19 @@ def _lp_pool(nd: int, input, norm_type, kernel_size, stride, ceil_mode) -> Tenso
     return (out.sign() * out.abs().relu() * float(np.prod(k))) ** (1.0 / float(norm_type))
 
 
-def lp_pool1d(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
-    """torch.nn.functional.lp_pool1d: (sum over the window of x**p) ** (1/p)."""
-    return _lp_pool(1, input, norm_type, kernel_size, stride, ceil_mode)
+@per_ndim("lp_pool{nd}d")
+def _lp_pool_fn(nd: int, name: str) -> Callable[..., Tensor]:
+    """torch.nn.functional.lp_pool{nd}d with torch's signature (one definition for every ndim)."""
+
+    def fn(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
+        return _lp_pool(nd, input, norm_type, kernel_size, stride, ceil_mode)
+
+    return fn
 
 
-def lp_pool2d(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
-    """torch.nn.functional.lp_pool2d."""
-    return _lp_pool(2, input, norm_type, kernel_size, stride, ceil_mode)
-
-
-def lp_pool3d(input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
-    """torch.nn.functional.lp_pool3d."""
-    return _lp_pool(3, input, norm_type, kernel_size, stride, ceil_mode)
+lp_pool1d = _lp_pool_fn(1, "torch.nn.functional.lp_pool1d: (sum over the window of x**p) ** (1/p).")
+lp_pool2d = _lp_pool_fn(2, "torch.nn.functional.lp_pool2d.")
+lp_pool3d = _lp_pool_fn(3, "torch.nn.functional.lp_pool3d.")
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from . import poolnd as P
 from ._params import as_float_array, ntuple
-from ._tensor_args import batched, unbatch
+from ._tensor_args import batched, per_ndim, unbatch
 from .functional_pool import ArgmaxPoolFunction
 
 
@@ -75,17 +75,15 @@ def _max_unpool(nd, name, input, indices, kernel_size, stride, padding, output_s
     return unbatch(MaxUnpoolFunction.apply(x, idx, tuple(out)), sq)
 
 
-def _max_unpool_fn(nd: int, doc: str) -> Callable[..., Tensor]:
+@per_ndim("max_unpool{nd}d")
+def _max_unpool_fn(nd: int, name: str) -> Callable[..., Tensor]:
     """torch.nn.functional.max_unpool{nd}d with torch's signature (one definition for every ndim)."""
-    name = f"max_unpool{nd}d"
 
     def fn(
         input: Tensor, indices: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, output_size: Any = None
     ) -> Tensor:
         return _max_unpool(nd, name, input, indices, kernel_size, stride, padding, output_size)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
     return fn
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._params import as_float_array
+from ._params import as_float_array, as_vector
 from .batchnorm_fold import fold_batchnorm
 
 
@@ -109,17 +109,10 @@ def fold_channel_scale(w: Any, b: Any, scale: Any, shift: Any = None) -> tuple[n
     w_ = as_float_array(w, "w")
     if w_.ndim < 2:
         raise ValueError(f"w: expected an [OC, ...] weight with at least 2 dims, got shape {w_.shape}")
-    oc = w_.shape[0]
-    s = as_float_array(scale, "scale")
-    if s.shape != (oc,):
-        raise ValueError(f"scale: expected shape ({oc},) to match w shape {w_.shape}, got {s.shape}")
-    t = np.zeros(oc, dtype=s.dtype) if shift is None else as_float_array(shift, "shift")
-    if t.shape != (oc,):
-        raise ValueError(f"shift: expected shape ({oc},) to match w shape {w_.shape}, got {t.shape}")
-    if b is not None:
-        b = as_float_array(b, "b")
-        if b.shape != (oc,):
-            raise ValueError(f"b: expected shape ({oc},) to match w shape {w_.shape}, got {b.shape}")
+    oc, what = w_.shape[0], f"w shape {w_.shape}"
+    s = as_vector(scale, "scale", oc, what)
+    t = np.zeros(oc, dtype=s.dtype) if shift is None else as_vector(shift, "shift", oc, what)
+    b = None if b is None else as_vector(b, "b", oc, what)
     zeros, ones = np.zeros(oc, dtype=s.dtype), np.ones(oc, dtype=s.dtype)
     return fold_batchnorm(w_, b, zeros, ones, s, t, 0.0)
 
@@ -132,19 +125,10 @@ def fold_input_affine(w: Any, b: Any, scale: Any, shift: Any = None) -> tuple[np
     w_ = as_float_array(w, "w")
     if w_.ndim != 2:
         raise ValueError(f"w: expected a 2-D [out, in] matrix, got shape {w_.shape}")
-    out, d_in = w_.shape
-    s = as_float_array(scale, "scale")
-    if s.shape != (d_in,):
-        raise ValueError(f"scale: expected shape ({d_in},) to match w shape {w_.shape}, got {s.shape}")
-    t = np.zeros(d_in) if shift is None else as_float_array(shift, "shift")
-    if t.shape != (d_in,):
-        raise ValueError(f"shift: expected shape ({d_in},) to match w shape {w_.shape}, got {t.shape}")
-    if b is None:
-        b_ = np.zeros(out, dtype=w_.dtype)
-    else:
-        b_ = as_float_array(b, "b")
-        if b_.shape != (out,):
-            raise ValueError(f"b: expected shape ({out},) to match w shape {w_.shape}, got {b_.shape}")
+    (out, d_in), what = w_.shape, f"w shape {w_.shape}"
+    s = as_vector(scale, "scale", d_in, what)
+    t = np.zeros(d_in) if shift is None else as_vector(shift, "shift", d_in, what)
+    b_ = np.zeros(out, dtype=w_.dtype) if b is None else as_vector(b, "b", out, what)
     dt = np.result_type(w_, b_, s, t) if shift is not None else np.result_type(w_, b_, s)
     w64 = w_.astype(np.float64)
     return (w64 * s.astype(np.float64)[None, :]).astype(dt), (w64 @ t.astype(np.float64) + b_).astype(dt)

@@ -1,9 +1,12 @@
 """Pooling modules, torch.nn names, one family per kind (``_MaxPoolNd`` / ``_AvgPoolNd`` / adaptive / unpool /
-LP: the 1-d/2-d/3-d classes only set their number of spatial dims). Re-exported by ``tinylearn.nn`` and
-``tinylearn.nn.layers_spatial``; the functionals are ``tinylearn.conv.functional_pool*``."""
+LP), all on one base, ``_FunctionalModule``: a family names its functional and the attributes it passes, and its
+1-d/2-d/3-d classes only set their number of spatial dims (torch's ``_MaxPoolNd`` pattern). Re-exported by
+``tinylearn.nn`` and ``tinylearn.nn.layers_spatial``; the functionals are ``tinylearn.conv.functional_pool*``."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from ..autograd.tensor import Tensor
@@ -12,11 +15,43 @@ from ..conv.functional_pool import _avg_pool
 from .module import Module
 
 
-class _MaxPoolNd(Module):
-    """torch's ``_MaxPoolNd``: MaxPool1d/2d/3d differ only in their functional (``_fn``). Arguments are stored as
-    given (torch does the same)."""
+class _FunctionalModule(Module):
+    """A module that calls one functional of ``tinylearn.conv.functional_nd``: ``_functional`` names it (``{nd}``
+    stands for the number of spatial dims, set per class with ``class X(Base, nd=3)``), ``__init__`` stores its
+    arguments under the names in ``_args`` (arguments are stored as given, as torch does), ``forward`` passes the
+    input then those attributes, and ``extra_repr`` shows the ones named in ``_shown``."""
 
-    _fn: Any = None
+    _nd = 2
+    _functional = ""
+    _args: tuple[str, ...] = ()
+    _shown: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, nd: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if nd is not None:
+            cls._nd = nd
+
+    def __init__(self, *values: Any) -> None:
+        super().__init__()
+        for name, value in zip(self._args, values, strict=True):
+            setattr(self, name, value)
+
+    def _fn(self) -> Callable[..., Any]:
+        return getattr(S, self._functional.format(nd=self._nd))
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002
+        return self._fn()(input, *(getattr(self, name) for name in self._args))
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)}" for name in self._shown)
+
+
+class _MaxPoolNd(_FunctionalModule):
+    """torch's ``_MaxPoolNd``: MaxPool1d/2d/3d differ only in their number of spatial dims."""
+
+    _functional = "max_pool{nd}d"
+    _args = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+    _shown = _args[:5]
 
     def __init__(
         self,
@@ -27,42 +62,26 @@ class _MaxPoolNd(Module):
         return_indices: bool = False,
         ceil_mode: bool = False,
     ) -> None:
-        super().__init__()
-        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
-        self.return_indices, self.ceil_mode = return_indices, ceil_mode
-
-    def forward(self, input: Tensor) -> Any:  # noqa: A002
-        return type(self)._fn(
-            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, self.return_indices
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
-        )
+        super().__init__(kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
-class MaxPool1d(_MaxPoolNd):
-    _fn = staticmethod(S.max_pool1d)
+class MaxPool1d(_MaxPoolNd, nd=1): ...
 
 
-class MaxPool2d(_MaxPoolNd):
+class MaxPool2d(_MaxPoolNd, nd=2):
     """torch.nn.MaxPool2d: kernel_size, stride (default kernel_size), padding, dilation, return_indices, ceil_mode;
     floor mode runs op ``conv.max_pool2d`` (the direct C++ kernel where it applies)."""
 
-    _fn = staticmethod(S.max_pool2d)
+
+class MaxPool3d(_MaxPoolNd, nd=3): ...
 
 
-class MaxPool3d(_MaxPoolNd):
-    _fn = staticmethod(S.max_pool3d)
-
-
-class _AvgPoolNd(Module):
+class _AvgPoolNd(_FunctionalModule):
     """torch's ``_AvgPoolNd``: AvgPool1d/2d/3d differ only in ``_nd`` (AvgPool1d also takes divisor_override,
-    which torch's lacks)."""
+    which torch's lacks, so the modules call ``_avg_pool`` rather than ``avg_pool1d``)."""
 
-    _nd = 2
+    _args = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+    _shown = _args[:3]
 
     def __init__(
         self,
@@ -73,145 +92,96 @@ class _AvgPoolNd(Module):
         count_include_pad: bool = True,
         divisor_override: int | None = None,
     ) -> None:
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        nd = self._nd
-        return _avg_pool(
-            nd,
-            f"avg_pool{nd}d",
-            input,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.ceil_mode,
-            self.count_include_pad,
-            self.divisor_override,
-        )
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+    def _fn(self) -> Callable[..., Any]:
+        return functools.partial(_avg_pool, self._nd, f"avg_pool{self._nd}d")
 
 
-class AvgPool1d(_AvgPoolNd):
-    _nd = 1
+class AvgPool1d(_AvgPoolNd, nd=1): ...
 
 
-class AvgPool2d(_AvgPoolNd):
+class AvgPool2d(_AvgPoolNd, nd=2):
     """torch.nn.AvgPool2d, same argument order: kernel_size, stride, padding, ceil_mode, count_include_pad,
     divisor_override."""
 
-    _nd = 2
+
+class AvgPool3d(_AvgPoolNd, nd=3): ...
 
 
-class AvgPool3d(_AvgPoolNd):
-    _nd = 3
-
-
-class _AdaptiveAvgPoolNd(Module):
-    _fn: Any = None
+class _AdaptiveAvgPoolNd(_FunctionalModule):
+    _functional = "adaptive_avg_pool{nd}d"
+    _args = _shown = ("output_size",)
 
     def __init__(self, output_size: Any) -> None:
-        super().__init__()
-        self.output_size = output_size
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return type(self)._fn(input, self.output_size)
-
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
+        super().__init__(output_size)
 
 
-class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
-    _fn = staticmethod(S.adaptive_avg_pool1d)
+class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd, nd=1): ...
 
 
-class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
-    _fn = staticmethod(S.adaptive_avg_pool2d)
+class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd, nd=2): ...
 
 
-class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
-    _fn = staticmethod(S.adaptive_avg_pool3d)
+class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd, nd=3): ...
 
 
-class _AdaptiveMaxPoolNd(Module):
-    _fn: Any = None
+class _AdaptiveMaxPoolNd(_FunctionalModule):
+    _functional = "adaptive_max_pool{nd}d"
+    _args = ("output_size", "return_indices")
+    _shown = _args[:1]
 
     def __init__(self, output_size: Any, return_indices: bool = False) -> None:
-        super().__init__()
-        self.output_size, self.return_indices = output_size, return_indices
-
-    def forward(self, input: Tensor) -> Any:  # noqa: A002
-        return type(self)._fn(input, self.output_size, self.return_indices)
-
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
+        super().__init__(output_size, return_indices)
 
 
-class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
-    _fn = staticmethod(S.adaptive_max_pool1d)
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd, nd=1): ...
 
 
-class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
-    _fn = staticmethod(S.adaptive_max_pool2d)
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd, nd=2): ...
 
 
-class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
-    _fn = staticmethod(S.adaptive_max_pool3d)
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd, nd=3): ...
 
 
-class _MaxUnpoolNd(Module):
-    _fn: Any = None
+class _MaxUnpoolNd(_FunctionalModule):
+    """The functional takes ``indices`` after the input and ``output_size`` last: ``forward`` passes both."""
+
+    _functional = "max_unpool{nd}d"
+    _args = _shown = ("kernel_size", "stride", "padding")
 
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0) -> None:
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        super().__init__(kernel_size, stride, padding)
 
     def forward(self, input: Tensor, indices: Any, output_size: Any = None) -> Tensor:  # noqa: A002
-        return type(self)._fn(input, indices, self.kernel_size, self.stride, self.padding, output_size)
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+        return self._fn()(input, indices, self.kernel_size, self.stride, self.padding, output_size)
 
 
-class MaxUnpool1d(_MaxUnpoolNd):
-    _fn = staticmethod(S.max_unpool1d)
+class MaxUnpool1d(_MaxUnpoolNd, nd=1): ...
 
 
-class MaxUnpool2d(_MaxUnpoolNd):
-    _fn = staticmethod(S.max_unpool2d)
+class MaxUnpool2d(_MaxUnpoolNd, nd=2): ...
 
 
-class MaxUnpool3d(_MaxUnpoolNd):
-    _fn = staticmethod(S.max_unpool3d)
+class MaxUnpool3d(_MaxUnpoolNd, nd=3): ...
 
 
-class _LPPoolNd(Module):
-    _fn: Any = None
+class _LPPoolNd(_FunctionalModule):
+    _functional = "lp_pool{nd}d"
+    _args = ("norm_type", "kernel_size", "stride", "ceil_mode")
+    _shown = _args[:3]
 
     def __init__(self, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> None:
-        super().__init__()
-        self.norm_type, self.kernel_size, self.stride, self.ceil_mode = norm_type, kernel_size, stride, ceil_mode
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return type(self)._fn(input, self.norm_type, self.kernel_size, self.stride, self.ceil_mode)
-
-    def extra_repr(self) -> str:
-        return f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}"
+        super().__init__(norm_type, kernel_size, stride, ceil_mode)
 
 
-class LPPool1d(_LPPoolNd):
-    _fn = staticmethod(S.lp_pool1d)
+class LPPool1d(_LPPoolNd, nd=1): ...
 
 
-class LPPool2d(_LPPoolNd):
-    _fn = staticmethod(S.lp_pool2d)
+class LPPool2d(_LPPoolNd, nd=2): ...
 
 
-class LPPool3d(_LPPoolNd):
-    _fn = staticmethod(S.lp_pool3d)
+class LPPool3d(_LPPoolNd, nd=3): ...
 
 
 __all__: list[str] = [

@@ -25,7 +25,7 @@ from ..autograd.tensor import Tensor
 from ..conv import functional_nd as S
 from ..conv._params import ntuple
 from . import functional_extra as E
-from . import init
+from . import init, layers_pool
 from .layers_pool import (  # noqa: F401  (re-exported: the pooling families live in layers_pool)
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -46,6 +46,7 @@ from .layers_pool import (  # noqa: F401  (re-exported: the pooling families liv
     MaxUnpool2d,
     MaxUnpool3d,
     _AvgPoolNd,
+    _FunctionalModule,
     _MaxPoolNd,
 )
 from .module import Module
@@ -266,7 +267,7 @@ class ConvTranspose3d(_ConvTranspose):
     _nd = 3
 
 
-# ------------------------------------------------------------------------------------------- pooling
+# ------------------------------------------------------------------------ resampling, unfold / fold, pixel shuffle
 class Upsample(Module):
     """torch.nn.Upsample: F.interpolate with fixed size / scale_factor / mode / align_corners."""
 
@@ -302,91 +303,59 @@ class UpsamplingBilinear2d(Upsample):
         super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
 
 
-class Unfold(Module):
+class Unfold(_FunctionalModule):
     """torch.nn.Unfold (im2col): [N, C, H, W] -> [N, C*kh*kw, L]."""
 
+    _functional = "unfold"
+    _args = _shown = ("kernel_size", "dilation", "padding", "stride")
+
     def __init__(self, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> None:
-        super().__init__()
-        self.kernel_size, self.dilation, self.padding, self.stride = kernel_size, dilation, padding, stride
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return S.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, stride={self.stride}"
+        super().__init__(kernel_size, dilation, padding, stride)
 
 
-class Fold(Module):
+class Fold(_FunctionalModule):
     """torch.nn.Fold (col2im, overlaps summed): [N, C*kh*kw, L] -> [N, C, *output_size]."""
+
+    _functional = "fold"
+    _args = ("output_size", "kernel_size", "dilation", "padding", "stride")
+    _shown = _args[:2]
 
     def __init__(
         self, output_size: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1
     ) -> None:
-        super().__init__()
-        self.output_size, self.kernel_size = output_size, kernel_size
-        self.dilation, self.padding, self.stride = dilation, padding, stride
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return S.fold(input, self.output_size, self.kernel_size, self.dilation, self.padding, self.stride)
-
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}, kernel_size={self.kernel_size}"
+        super().__init__(output_size, kernel_size, dilation, padding, stride)
 
 
-class PixelShuffle(Module):
+class PixelShuffle(_FunctionalModule):
+    """torch.nn.PixelShuffle: [N, C*r*r, H, W] -> [N, C, H*r, W*r] (r = upscale_factor)."""
+
+    _functional, _args, _shown = "pixel_shuffle", ("upscale_factor",), ("upscale_factor",)
+
     def __init__(self, upscale_factor: int) -> None:
-        super().__init__()
-        self.upscale_factor = upscale_factor
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return S.pixel_shuffle(input, self.upscale_factor)
-
-    def extra_repr(self) -> str:
-        return f"upscale_factor={self.upscale_factor}"
+        super().__init__(upscale_factor)
 
 
-class PixelUnshuffle(Module):
+class PixelUnshuffle(_FunctionalModule):
+    """torch.nn.PixelUnshuffle, the inverse of PixelShuffle: [N, C, H*r, W*r] -> [N, C*r*r, H, W]."""
+
+    _functional, _args, _shown = "pixel_unshuffle", ("downscale_factor",), ("downscale_factor",)
+
     def __init__(self, downscale_factor: int) -> None:
-        super().__init__()
-        self.downscale_factor = downscale_factor
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return S.pixel_unshuffle(input, self.downscale_factor)
-
-    def extra_repr(self) -> str:
-        return f"downscale_factor={self.downscale_factor}"
+        super().__init__(downscale_factor)
 
 
 __all__: list[str] = [
-    "AvgPool2d",
     "Conv2d",
-    "MaxPool2d",
     "Unfold",
     "PixelUnshuffle",
     "PixelShuffle",
-    "LPPool3d",
-    "LPPool2d",
-    "LPPool1d",
     "Fold",
-    "AdaptiveAvgPool1d",
-    "AdaptiveAvgPool2d",
-    "AdaptiveAvgPool3d",
-    "AdaptiveMaxPool1d",
-    "AdaptiveMaxPool2d",
-    "AdaptiveMaxPool3d",
-    "AvgPool1d",
-    "AvgPool3d",
     "Conv1d",
     "Conv3d",
     "ConvTranspose1d",
     "ConvTranspose2d",
     "ConvTranspose3d",
-    "MaxPool1d",
-    "MaxPool3d",
-    "MaxUnpool1d",
-    "MaxUnpool2d",
-    "MaxUnpool3d",
     "Upsample",
     "UpsamplingBilinear2d",
     "UpsamplingNearest2d",
-]
+] + layers_pool.__all__  # the pooling families are re-exported
