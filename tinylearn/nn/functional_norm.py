@@ -28,15 +28,20 @@ from ..kernels import reference
 from . import functional_fused as _fused
 
 
-def _stats_vjp(dxh: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+def _stats_vjp(
+    dxh: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, axes: tuple[int, ...], inplace: bool = False
+) -> np.ndarray:
     """dx = rstd * (dxh - mean(dxh) - xhat * mean(dxh * xhat)), the means over ``axes`` (the statistic's set); the
-    VJP that batch_norm (training) and group_norm share. Overwrites and returns ``dxh``."""
+    VJP that batch_norm (training) and group_norm share. ``inplace`` overwrites and returns ``dxh`` (group_norm's,
+    a fresh array); batch_norm builds a new array, the step whose temporaries ``tl.memory.estimate`` models."""
     m = int(np.prod([dxh.shape[a] for a in axes]))
     mean_d = dxh.sum(axis=axes, keepdims=True) / m
     if axes == (-1,):  # one contiguous row per statistic: einsum avoids the dxh * xhat temporary
         mean_dx = np.einsum("...k,...k->...", dxh, xhat)[..., None] / m
     else:
         mean_dx = (dxh * xhat).sum(axis=axes, keepdims=True) / m
+    if not inplace:
+        return rstd * (dxh - mean_d - xhat * mean_dx)
     dxh -= mean_d
     dxh -= xhat * mean_dx
     dxh *= rstd
@@ -101,7 +106,7 @@ class BatchNormFn(Function):
         gx = None
         if nx:
             if training:
-                gx = _stats_vjp(dxh if weight is not None else dxh.copy(), xhat, invstd.reshape(bshape), axes)
+                gx = _stats_vjp(dxh, xhat, invstd.reshape(bshape), axes)
             else:
                 gx = dxh * invstd.reshape(bshape)
         gw = (g * xhat).sum(axis=axes) if nw else None
@@ -145,7 +150,7 @@ class GroupNormFn(Function):
         if nx:
             n = shape[0]
             dxh = (g3 * weight[:, None] if weight is not None else g3.copy()).reshape(n, groups, -1)
-            gx = _stats_vjp(dxh, xh3.reshape(n, groups, -1), rstd, (-1,)).reshape(shape)
+            gx = _stats_vjp(dxh, xh3.reshape(n, groups, -1), rstd, (-1,), inplace=True).reshape(shape)
         return gx, gw, gb
 
 
