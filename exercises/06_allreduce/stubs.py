@@ -21,7 +21,7 @@ def ring_schedule(rank: int, step: int, world_size: int) -> tuple[int, int]:
     rank r starts by sending the chunk it finished reducing, and forwards what it receives.
     Raise ValueError for a step outside the range.
     """
-    raise NotImplementedError("reference solution: tinylearn/dist/collectives.py:ring_schedule")
+    raise NotImplementedError("reference solution: tinylearn/dist/allreduce_algorithms.py:ring_schedule")
 
 
 def ring_cost(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
@@ -38,7 +38,7 @@ def tree_cost(nbytes: float, world_size: int, alpha: float, beta: float) -> floa
 def recursive_doubling_partner(rank: int, round_: int, world_size: int) -> int | None:
     """Partner of ``rank`` in core round ``round_`` of recursive doubling. For p not a power of two the ranks
     >= 2^floor(log2 p) are folded into the first ones beforehand and have no partner (None) in the core rounds."""
-    raise NotImplementedError("reference solution: tinylearn/dist/collectives.py:recursive_doubling_partner")
+    raise NotImplementedError("reference solution: tinylearn/dist/allreduce_algorithms.py:recursive_doubling_partner")
 
 
 def assign_buckets(param_nbytes: Sequence[int], cap_bytes: int) -> list[list[int]]:

@@ -3,7 +3,7 @@
 Run ``pytest exercises/09_llm_inference`` (your code) or ``pytest exercises/09_llm_inference --impl=reference``.
 Reference solutions: tinylearn/inference/model.py (kv_append, kv_gather), tinylearn/inference/sampling.py
 (top_p_filter), tinylearn/inference/speculative.py (accept_draft, residual_distribution),
-tinylearn/inference/paged.py (blocks_needed, locate, kv_bytes_per_token).
+tinylearn/inference/paged_math.py (blocks_needed, locate, kv_bytes_per_token).
 """
 
 from __future__ import annotations
@@ -48,17 +48,17 @@ def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 # -- 4. paged KV cache block table ---------------------------------------------------------------------------------
 def blocks_needed(n_tokens: int, block_size: int) -> int:
-    """Physical blocks a sequence of n_tokens occupies. Reference: tinylearn/inference/paged.py:blocks_needed."""
+    """Physical blocks a sequence of n_tokens occupies. Reference: tinylearn/inference/paged_math.py:blocks_needed."""
     raise NotImplementedError
 
 
 def locate(block_table: list[int], block_size: int, pos: int) -> tuple[int, int]:
     """(physical block id, slot inside the block) of logical token position ``pos``; ValueError if pos is not
-    covered by the table. Reference: tinylearn/inference/paged.py:locate."""
+    covered by the table. Reference: tinylearn/inference/paged_math.py:locate."""
     raise NotImplementedError
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float32") -> int:
     """KV-cache bytes per token: K and V for every layer and KV head. "int8" stores 1-byte codes plus one float32
-    scale per (token, head) for K and for V. Reference: tinylearn/inference/paged.py:kv_bytes_per_token."""
+    scale per (token, head) for K and for V. Reference: tinylearn/inference/paged_math.py:kv_bytes_per_token."""
     raise NotImplementedError

@@ -13,7 +13,7 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     """ZeRO's partition of a flat tensor: rank r owns [r*s, (r+1)*s) clipped to numel, with s = ceil(numel/N)
     (the tensor is padded to N*s; the last ranks may own fewer elements or none). ValueError for a bad rank.
 
-    Reference: tinylearn/parallel/zero.py:shard_bounds"""
+    Reference: tinylearn/parallel/zero_sharding.py:shard_bounds"""
     raise NotImplementedError
 
 
@@ -21,14 +21,14 @@ def shard_state(state: dict, world_size: int, rank: int) -> dict:
     """This rank's flat slice (shard_bounds) of every tensor with dim > 0 in a per-parameter optimizer state
     (e.g. Adam's {"step": tensor(3.), "exp_avg": ..., "exp_avg_sq": ...}); 0-dim tensors are copied whole.
 
-    Reference: tinylearn/parallel/zero.py:shard_state"""
+    Reference: tinylearn/parallel/zero_sharding.py:shard_state"""
     raise NotImplementedError
 
 
 def consolidate(shards: list[dict], shape: tuple[int, ...]) -> dict:
     """Inverse of shard_state: given the shards of ranks 0..N-1, rebuild the full state (tensors of ``shape``).
 
-    Reference: tinylearn/parallel/zero.py:consolidate_state"""
+    Reference: tinylearn/parallel/zero_sharding.py:consolidate_state"""
     raise NotImplementedError
 
 
@@ -36,7 +36,7 @@ def zero_bytes_per_rank(n_params: int, stage: int, world_size: int) -> float:
     """Total bytes per rank for mixed-precision Adam (2-byte params, 2-byte grads, K = 12 bytes of optimizer
     state per parameter) under ZeRO ``stage`` 0 (plain DDP), 1, 2 or 3.
 
-    Reference: tinylearn/parallel/zero.py:zero_memory_per_rank(...)["total"]"""
+    Reference: tinylearn/parallel/zero_sharding.py:zero_memory_per_rank(...)["total"]"""
     raise NotImplementedError
 
 
