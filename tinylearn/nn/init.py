@@ -66,3 +66,13 @@ def xavier_uniform_(t: Tensor, gain: float = 1.0) -> Tensor:
     fi, fo = fan_in_out(t)
     bound = gain * math.sqrt(6.0 / (fi + fo))
     return uniform_(t, -bound, bound)
+
+
+def reset_weight_and_bias_(weight: Tensor, bias: Tensor | None) -> None:
+    """torch's default init of Linear and the conv layers: kaiming_uniform_(weight, a=sqrt(5)), then the bias
+    uniform in +-1/sqrt(fan_in), fan_in = the product of the weight's dims after the first (0 bound when empty)."""
+    kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in = int(np.prod(weight.shape[1:]))
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        uniform_(bias, -bound, bound)

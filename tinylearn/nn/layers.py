@@ -7,7 +7,6 @@ BatchNorm2d: normalise per channel with batch stats (training) or running stats 
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from . import functional as F
 from . import init
 from .layers_spatial import AvgPool2d, Conv2d, MaxPool2d  # noqa: F401  (re-exported: the N-d families)
 from .module import Module
-from .parameter import Parameter, empty_parameter
+from .parameter import Parameter, empty_parameter, weight_and_bias
 
 
 def _size(name: str, v: Any, minimum: int) -> int:
@@ -42,18 +41,11 @@ class Linear(Module):
         in_features, out_features = _size("in_features", in_features, 1), _size("out_features", out_features, 1)
         self.in_features, self.out_features = in_features, out_features
         sizes = f"in_features={in_features}, out_features={out_features}"
-        self.weight = empty_parameter((out_features, in_features), dtype, sizes)
-        if bias:
-            self.bias = Parameter(np.empty(out_features, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
+        weight_and_bias(self, (out_features, in_features), out_features, bias, dtype, sizes)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            b = 1 / math.sqrt(self.in_features)
-            init.uniform_(self.bias, -b, b)
+        init.reset_weight_and_bias_(self.weight, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)

@@ -16,7 +16,6 @@ padding_mode 'reflect' / 'replicate' / 'circular' pads with F.pad first (then th
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,7 @@ from .layers_pool import (  # noqa: F401  (re-exported: the pooling families liv
     _MaxPoolNd,
 )
 from .module import Module
-from .parameter import Parameter, empty_parameter
+from .parameter import weight_and_bias
 
 _PAD_MODES = ("zeros", "reflect", "replicate", "circular")
 
@@ -115,19 +114,11 @@ class _ConvNd(Module):
         self.groups, self.padding_mode = int(groups), padding_mode
         shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         sizes = f"in_channels={in_channels}, out_channels={out_channels}, kernel_size={k}"
-        self.weight = empty_parameter(shape + k, dtype, sizes)
-        if bias:
-            self.bias = Parameter(np.empty(out_channels, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
+        weight_and_bias(self, shape + k, out_channels, bias, dtype, sizes)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = int(np.prod(self.weight.shape[1:]))
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-            init.uniform_(self.bias, -bound, bound)
+        init.reset_weight_and_bias_(self.weight, self.bias)
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={_short(self.stride)}"

@@ -47,3 +47,13 @@ def empty_parameter(shape: tuple[int, ...], dtype: Any, args: str) -> Parameter:
     except (MemoryError, ValueError) as e:
         raise OutOfMemoryError(f"{args}: cannot allocate the weight of shape {shape} ({nbytes} bytes): {e}") from e
     return Parameter(arr)
+
+
+def weight_and_bias(module: Any, shape: tuple[int, ...], bias_size: int, bias: bool, dtype: Any, args: str) -> None:
+    """Linear's and the conv layers' parameters: ``module.weight`` (uninitialised, checked by ``empty_parameter``)
+    and ``module.bias`` of ``bias_size`` (or a registered None when ``bias`` is False)."""
+    module.weight = empty_parameter(shape, dtype, args)
+    if bias:
+        module.bias = Parameter(np.empty(bias_size, dtype=dtype))
+    else:
+        module.register_parameter("bias", None)
