@@ -17,6 +17,7 @@ dL/dz * df/da over the axes broadcasting created or stretched (``unbroadcast(gra
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -28,6 +29,14 @@ from .relu import relu_array, relu_backward_array  # registered ops autograd.rel
 
 def _bshape(op: str, a, b) -> None:
     raise ShapeError(f"{op}: shapes {np.shape(a)} and {np.shape(b)} cannot be broadcast together")
+
+
+def _broadcast(op: str, fn, a, b):
+    """``fn(a, b)``; a numpy broadcast failure becomes the ShapeError naming ``op`` and both shapes."""
+    try:
+        return fn(a, b)
+    except ValueError:
+        _bshape(op, a, b)
 
 
 _promote = promote_pair  # torch's type promotion (dtypes.py)
@@ -46,52 +55,54 @@ def _int_pow(a, b):
     return np.where(neg, small, pos).astype(pos.dtype)
 
 
+def _saving_out(ctx, out):
+    """Save the forward output for backward (ops whose VJP is written in z) and return it."""
+    ctx.save_for_backward(out)
+    return out
+
+
 def _float_in(a):
     """Float-producing unary ops promote integer/bool inputs to float32, like torch."""
     return a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype.kind in "biu" else a
 
 
-class Add(Function):
+class _Additive(Function):
+    """a + b and a - b: only the shapes are saved; the gradient passes through (negated into b for a - b)."""
+
     @staticmethod
     def forward(ctx, a, b):
         a, b = _promote(a, b)
         ctx.sa, ctx.sb = np.shape(a), np.shape(b)
-        try:
-            return a + b
-        except ValueError:
-            _bshape("add", a, b)
+        return _broadcast(ctx._op, ctx._fn, a, b)
 
     @staticmethod
     def backward(ctx, g):
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(g, ctx.sa) if na else None, unbroadcast(g, ctx.sb) if nb else None)
+        return (unbroadcast(g, ctx.sa) if na else None, unbroadcast(-g if ctx._negate_b else g, ctx.sb) if nb else None)
 
 
-class Sub(Function):
+class Add(_Additive):
+    _op, _fn, _negate_b = "add", operator.add, False
+
+
+class Sub(_Additive):
+    _op, _fn, _negate_b = "sub", operator.sub, True
+
+
+class _SavesInputs(Function):
+    """Binary ops whose VJP needs both inputs: promote, save a and b, apply ``_fn`` (``_op`` names it in errors)."""
+
+    _true_div = False
+
     @staticmethod
     def forward(ctx, a, b):
-        a, b = _promote(a, b)
-        ctx.sa, ctx.sb = np.shape(a), np.shape(b)
-        try:
-            return a - b
-        except ValueError:
-            _bshape("sub", a, b)
-
-    @staticmethod
-    def backward(ctx, g):
-        na, nb = ctx.needs_input_grad
-        return (unbroadcast(g, ctx.sa) if na else None, unbroadcast(-g, ctx.sb) if nb else None)
-
-
-class Mul(Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        a, b = _promote(a, b)
+        a, b = _promote(a, b, true_div=ctx._true_div)
         ctx.save_for_backward(a, b)
-        try:
-            return a * b
-        except ValueError:
-            _bshape("mul", a, b)
+        return _broadcast(ctx._op, ctx._fn, a, b)
+
+
+class Mul(_SavesInputs):
+    _op, _fn = "mul", operator.mul
 
     @staticmethod
     def backward(ctx, g):
@@ -100,15 +111,8 @@ class Mul(Function):
         return (unbroadcast(g * b, np.shape(a)) if na else None, unbroadcast(g * a, np.shape(b)) if nb else None)
 
 
-class Div(Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        a, b = _promote(a, b, true_div=True)
-        ctx.save_for_backward(a, b)
-        try:
-            return a / b
-        except ValueError:
-            _bshape("div", a, b)
+class Div(_SavesInputs):
+    _op, _fn, _true_div = "div", operator.truediv, True
 
     @staticmethod
     def backward(ctx, g):
@@ -171,10 +175,7 @@ class Neg(Function):
 class Exp(Function):
     @staticmethod
     def forward(ctx, a):
-        a = _float_in(a)
-        out = np.exp(a)
-        ctx.save_for_backward(out)
-        return out
+        return _saving_out(ctx, np.exp(_float_in(a)))
 
     @staticmethod
     def backward(ctx, g):
@@ -198,11 +199,8 @@ class Log(Function):
 class Sqrt(Function):
     @staticmethod
     def forward(ctx, a):
-        a = _float_in(a)
         with np.errstate(invalid="ignore"):
-            out = np.sqrt(a)
-        ctx.save_for_backward(out)
-        return out
+            return _saving_out(ctx, np.sqrt(_float_in(a)))
 
     @staticmethod
     def backward(ctx, g):
@@ -213,10 +211,7 @@ class Sqrt(Function):
 class Tanh(Function):
     @staticmethod
     def forward(ctx, a):
-        a = _float_in(a)
-        out = np.tanh(a)
-        ctx.save_for_backward(out)
-        return out
+        return _saving_out(ctx, np.tanh(_float_in(a)))
 
     @staticmethod
     def backward(ctx, g):
@@ -230,9 +225,7 @@ class Sigmoid(Function):
         a = _float_in(a)
         # stable: exp of a non-positive number only
         e = np.exp(-np.abs(a))
-        out = np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
-        ctx.save_for_backward(out)
-        return out
+        return _saving_out(ctx, np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False))
 
     @staticmethod
     def backward(ctx, g):
@@ -243,9 +236,7 @@ class Sigmoid(Function):
 class ReLU(Function):
     @staticmethod
     def forward(ctx, a):
-        out = relu_array(np.asarray(a))
-        ctx.save_for_backward(out)
-        return out
+        return _saving_out(ctx, relu_array(np.asarray(a)))
 
     @staticmethod
     def backward(ctx, g):
@@ -317,41 +308,23 @@ class Clip(Function):
         return g * mask
 
 
-class Maximum(Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        a, b = _promote(a, b)
-        ctx.save_for_backward(a, b)
-        try:
-            return np.maximum(a, b)
-        except ValueError:
-            _bshape("maximum", a, b)
+class _Extremum(_SavesInputs):
+    """Elementwise maximum/minimum (``_fn``): the winner of each pair (``_wins``) takes the gradient, ties split it
+    evenly (torch)."""
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         na, nb = ctx.needs_input_grad
-        wa = ((a > b) + 0.5 * (a == b)).astype(g.dtype)
+        wa = (ctx._wins(a, b) + 0.5 * (a == b)).astype(g.dtype)
         ga = unbroadcast(g * wa, np.shape(a)) if na else None
         gb = unbroadcast(g * (1 - wa), np.shape(b)) if nb else None
         return ga, gb
 
 
-class Minimum(Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        a, b = _promote(a, b)
-        ctx.save_for_backward(a, b)
-        try:
-            return np.minimum(a, b)
-        except ValueError:
-            _bshape("minimum", a, b)
+class Maximum(_Extremum):
+    _op, _fn, _wins = "maximum", np.maximum, np.greater
 
-    @staticmethod
-    def backward(ctx, g):
-        a, b = ctx.saved_tensors
-        na, nb = ctx.needs_input_grad
-        wa = ((a < b) + 0.5 * (a == b)).astype(g.dtype)
-        ga = unbroadcast(g * wa, np.shape(a)) if na else None
-        gb = unbroadcast(g * (1 - wa), np.shape(b)) if nb else None
-        return ga, gb
+
+class Minimum(_Extremum):
+    _op, _fn, _wins = "minimum", np.minimum, np.less

@@ -105,24 +105,14 @@ def measure_job(
     import torch
     import torch.distributed as dist
 
-    from .collectives import all_reduce
-    from .workers import p2p_ring_floor
+    from .workers import all_reduce_by
 
     gamma = contended_gamma()
     xs = {nb: torch.ones(max(1, nb // 4), dtype=torch.float32) for nb in sizes}
 
-    def call(nb: int, impl: str) -> None:
-        x = xs[nb]
-        if impl == "gloo":
-            dist.all_reduce(x)
-        elif impl == "p2p ring floor":
-            p2p_ring_floor(x)
-        else:
-            all_reduce(x, algorithm=impl, check=False)
-
     pairs = [(nb, impl) for nb in sizes for impl in impls]
     for nb, impl in pairs:
-        call(nb, impl)  # warm-up: connections, allocator, workspaces
+        all_reduce_by(xs[nb], impl)  # warm-up: connections, allocator, workspaces
     out: dict[tuple[int, str], list[float]] = {k: [] for k in pairs}
     visits = [k for k in pairs for _ in range((weights or {}).get(k[0], 1))]
     rng = np.random.default_rng(seed)
@@ -131,7 +121,7 @@ def measure_job(
     for j, (nb, impl) in enumerate(order):
         dist.barrier()
         t0 = time.perf_counter()
-        call(nb, impl)
+        all_reduce_by(xs[nb], impl)
         local[j] = time.perf_counter() - t0
     # the slowest rank's time per sample, combined once at the end (an all-reduce per sample would add a
     # collective, and its scheduler waits, between every two samples)

@@ -264,6 +264,17 @@ def p2p_ring_floor(x: torch.Tensor) -> None:
         ws.wait()
 
 
+def all_reduce_by(x: torch.Tensor, impl: str) -> None:
+    """All-reduce ``x`` in place with the implementation the timing loops name ``impl``: "gloo" (``dist.all_reduce``),
+    "p2p ring floor" (``p2p_ring_floor``, no arithmetic) or an algorithm of ``tinylearn.dist.all_reduce``."""
+    if impl == "gloo":
+        dist.all_reduce(x)
+    elif impl == "p2p ring floor":
+        p2p_ring_floor(x)
+    else:
+        all_reduce(x, algorithm=impl, check=False)
+
+
 def time_allreduce(sizes: list[int], impls: list[str], repeats: int = 5, budget_s: float = 6.0) -> dict:
     """Median seconds per all-reduce for each (size in bytes, impl); impl "gloo" = ``dist.all_reduce``.
 
@@ -274,24 +285,15 @@ def time_allreduce(sizes: list[int], impls: list[str], repeats: int = 5, budget_
     out: dict[tuple[int, str], float] = {}
     for nb in sizes:
         x = torch.ones(max(1, nb // 4), dtype=torch.float32)
-
-        def call(impl: str, x: torch.Tensor = x) -> None:
-            if impl == "gloo":
-                dist.all_reduce(x)
-            elif impl == "p2p ring floor":
-                p2p_ring_floor(x)
-            else:
-                all_reduce(x, algorithm=impl, check=False)
-
         for impl in impls:
-            call(impl)  # warm-up (connections, allocator)
+            all_reduce_by(x, impl)  # warm-up (connections, allocator)
         samples: dict[str, list[float]] = {impl: [] for impl in impls}
         spent = 0.0
         for i in range(repeats):
             for impl in impls:
                 dist.barrier()
                 t0 = time.perf_counter()
-                call(impl)
+                all_reduce_by(x, impl)
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 samples[impl].append(float(dt))

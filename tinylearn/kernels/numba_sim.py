@@ -33,6 +33,21 @@ def _usable() -> None:
     _cudasim.check_usable(__name__, SIMULATED)
 
 
+@cuda.jit(device=True)
+def _block_reduce(buf, tid, v, take_max):
+    """Every thread of the block passes its value ``v`` and gets back the block's max (``take_max``) or sum, by the
+    shared-memory tree over ``buf`` (log2(THREADS) steps, a barrier after each)."""
+    buf[tid] = v
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] = max(buf[tid], buf[tid + s]) if take_max else buf[tid] + buf[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    return buf[0]
+
+
 @cuda.jit
 def block_reduce_sum_kernel(x, out):
     buf = cuda.shared.array(THREADS, dtype=np.float32)
@@ -43,16 +58,9 @@ def block_reduce_sum_kernel(x, out):
         v += x[i]
     if i + THREADS < x.shape[0]:
         v += x[i + THREADS]
-    buf[tid] = v
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if tid < s:
-            buf[tid] += buf[tid + s]
-        cuda.syncthreads()
-        s //= 2
+    total = _block_reduce(buf, tid, v, False)
     if tid == 0:
-        out[cuda.blockIdx.x] = buf[0]
+        out[cuda.blockIdx.x] = total
 
 
 @cuda.jit
@@ -64,28 +72,12 @@ def softmax_rows_kernel(x, y):
     m = -np.inf
     for c in range(tid, cols, THREADS):
         m = max(m, x[row, c])
-    buf[tid] = m
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if tid < s:
-            buf[tid] = max(buf[tid], buf[tid + s])
-        cuda.syncthreads()
-        s //= 2
-    m = buf[0]
+    m = _block_reduce(buf, tid, m, True)
     cuda.syncthreads()  # everyone has read the max before buf is reused
     acc = np.float32(0.0)
     for c in range(tid, cols, THREADS):
         acc += np.exp(x[row, c] - m)
-    buf[tid] = acc
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if tid < s:
-            buf[tid] += buf[tid + s]
-        cuda.syncthreads()
-        s //= 2
-    total = buf[0]
+    total = _block_reduce(buf, tid, acc, False)
     for c in range(tid, cols, THREADS):
         y[row, c] = np.exp(x[row, c] - m) / total
 

@@ -99,35 +99,48 @@ def fuse_modules(model: Module) -> Module:
 
 
 # ------------------------------------------------------------------------------------------ observed / QAT wrappers
-class ObservedModule(Module):
-    """A float Linear/Conv2d with observers on its input, output and weight (PTQ calibration)."""
+class _WrappedLayer(Module):
+    """What the PTQ and QAT wrappers of a float Linear/Conv2d share: the layer, its qconfig and fused ReLU, the
+    running input |max| (``amax_in``) and the output observer ``out_obs`` that ``convert`` reads."""
+
+    out_obs: Any
 
     def __init__(self, mod: Module, qconfig: QConfig) -> None:
         super().__init__()
         self.mod = mod
         self.qconfig = qconfig
         self.relu = bool(getattr(mod, "_fused_relu", False))
-        self.in_obs, self.out_obs, self.w_obs = qconfig.activation(), qconfig.activation(), qconfig.weight()
         self.amax_in = 0.0
 
-    def forward(self, x: Tensor) -> Tensor:
-        self.in_obs(x.data)
+    def _track_input(self, x: Tensor) -> None:
         self.amax_in = max(self.amax_in, float(np.abs(x.data).max()) if x.data.size else 0.0)
-        y = self.mod(x)
+
+    def _output(self, y: Tensor) -> Tensor:
+        """The layer's output ``y`` through the fused ReLU, seen by the output observer."""
         if self.relu:
             y = y.relu()
         self.out_obs(y.data)
         return y
 
 
-class QATModule(Module):
+class ObservedModule(_WrappedLayer):
+    """A float Linear/Conv2d with observers on its input, output and weight (PTQ calibration)."""
+
+    def __init__(self, mod: Module, qconfig: QConfig) -> None:
+        super().__init__(mod, qconfig)
+        self.in_obs, self.out_obs, self.w_obs = qconfig.activation(), qconfig.activation(), qconfig.weight()
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.in_obs(x.data)
+        self._track_input(x)
+        return self._output(self.mod(x))
+
+
+class QATModule(_WrappedLayer):
     """A float Linear/Conv2d trained through fake quantization of its weight (per channel) and input."""
 
     def __init__(self, mod: Module, qconfig: QConfig) -> None:
-        super().__init__()
-        self.mod = mod
-        self.qconfig = qconfig
-        self.relu = bool(getattr(mod, "_fused_relu", False))
+        super().__init__(mod, qconfig)
         w_obs = qconfig.weight()
         ch = 0 if isinstance(w_obs, PerChannelMinMaxObserver) else None
         if qconfig.learnable:
@@ -137,12 +150,11 @@ class QATModule(Module):
             self.w_fq = FakeQuantize(w_obs, ch_axis=ch)
             self.in_fq = FakeQuantize(qconfig.activation()) if qconfig.mode != "int4_weight" else None
         self.out_obs = qconfig.activation()  # output range for the int8 layer after convert
-        self.amax_in = 0.0
 
     def forward(self, x: Tensor) -> Tensor:
         from ..nn import functional as F
 
-        self.amax_in = max(self.amax_in, float(np.abs(x.data).max()) if x.data.size else 0.0)
+        self._track_input(x)
         if self.in_fq is not None:
             x = self.in_fq(x)
         w = self.w_fq(self.mod.weight)
@@ -151,10 +163,7 @@ class QATModule(Module):
             y = F.linear(x, w, m.bias)
         else:
             y = F.conv2d(x, w, m.bias, m.stride, m.padding, m.dilation, m.groups)
-        if self.relu:
-            y = y.relu()
-        self.out_obs(y.data)
-        return y
+        return self._output(y)
 
 
 def _swap(model: Module, fn: Callable[[Module], Module | None]) -> Module:
@@ -182,26 +191,25 @@ def _resolve(qconfig: QConfig | str | None) -> QConfig:
     return qconfig
 
 
-def prepare(model: Module, qconfig: QConfig | str | None = None, inplace: bool = False) -> Module:
-    """Copy (unless inplace), fuse Conv+BN(+ReLU) / Linear+ReLU, wrap every Linear/Conv2d with observers."""
+def _wrap_layers(model: Module, qconfig: QConfig | str | None, inplace: bool, wrapper: type[_WrappedLayer]) -> Module:
+    """``model`` (copied unless inplace) in eval mode, fused, with every Linear/Conv2d wrapped in ``wrapper``."""
     qconfig = _resolve(qconfig)
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a tinylearn.nn.Module, got {type(model).__name__}")
     m = model if inplace else copy.deepcopy(model)
     m.eval()
     fuse_modules(m)
-    return _swap(m, lambda c: ObservedModule(c, qconfig) if isinstance(c, Linear | Conv2d) else None)
+    return _swap(m, lambda c: wrapper(c, qconfig) if isinstance(c, Linear | Conv2d) else None)
+
+
+def prepare(model: Module, qconfig: QConfig | str | None = None, inplace: bool = False) -> Module:
+    """Copy (unless inplace), fuse Conv+BN(+ReLU) / Linear+ReLU, wrap every Linear/Conv2d with observers."""
+    return _wrap_layers(model, qconfig, inplace, ObservedModule)
 
 
 def prepare_qat(model: Module, qconfig: QConfig | str | None = None, inplace: bool = False) -> Module:
     """Copy, fold BN (running stats) and fuse ReLU, then wrap Linear/Conv2d for quantization-aware training."""
-    qconfig = _resolve(qconfig)
-    if not isinstance(model, Module):
-        raise TypeError(f"model: expected a tinylearn.nn.Module, got {type(model).__name__}")
-    m = model if inplace else copy.deepcopy(model)
-    m.eval()
-    fuse_modules(m)
-    _swap(m, lambda c: QATModule(c, qconfig) if isinstance(c, Linear | Conv2d) else None)
+    m = _wrap_layers(model, qconfig, inplace, QATModule)
     m.train()
     return m
 
