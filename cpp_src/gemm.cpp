@@ -490,24 +490,25 @@ py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::s
 }
 
 // pack_a / pack_b of a whole matrix (kc = K, one block), for tests and the notebook: shape (panels, K, MR|NR).
-py::array_t<float> pack_a_py(py::array_t<float> a_in, ssize_t mr) {
-  if (a_in.ndim() != 2) tl::value_error("gemm.pack_a: a must be 2-D, got shape " + shape_str(a_in));
-  if (mr < 1) tl::value_error("gemm.pack_a: mr must be >= 1, got " + std::to_string(mr));
-  py::array a = as_view_array(a_in);
-  const ssize_t M = a.shape(0), K = a.shape(1), P = (M + mr - 1) / mr;
-  py::array_t<float> out({P, K, mr});
-  pack_a(view_of<float>(a), 0, M, 0, K, mr, out.mutable_data());
+// panel_axis: the axis cut into panels of w (0: A's rows, pack_a; 1: B's columns, pack_b); K is the other one.
+template <class Pack>
+py::array_t<float> pack_whole(py::array_t<float> in, ssize_t w, int panel_axis, const std::string& fn,
+                              const char* mat, const char* warg, Pack pack) {
+  if (in.ndim() != 2) tl::value_error(fn + ": " + mat + " must be 2-D, got shape " + shape_str(in));
+  if (w < 1) tl::value_error(fn + ": " + warg + " must be >= 1, got " + std::to_string(w));
+  py::array v = as_view_array(in);
+  const ssize_t R = v.shape(0), C = v.shape(1), L = v.shape(panel_axis), K = v.shape(1 - panel_axis);
+  py::array_t<float> out({(L + w - 1) / w, K, w});
+  pack(view_of<float>(v), 0, R, 0, C, w, out.mutable_data());
   return out;
 }
 
+py::array_t<float> pack_a_py(py::array_t<float> a_in, ssize_t mr) {
+  return pack_whole(a_in, mr, 0, "gemm.pack_a", "a", "mr", pack_a<float, float>);
+}
+
 py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr) {
-  if (b_in.ndim() != 2) tl::value_error("gemm.pack_b: b must be 2-D, got shape " + shape_str(b_in));
-  if (nr < 1) tl::value_error("gemm.pack_b: nr must be >= 1, got " + std::to_string(nr));
-  py::array b = as_view_array(b_in);
-  const ssize_t K = b.shape(0), N = b.shape(1), P = (N + nr - 1) / nr;
-  py::array_t<float> out({P, K, nr});
-  pack_b(view_of<float>(b), 0, K, 0, N, nr, out.mutable_data());
-  return out;
+  return pack_whole(b_in, nr, 1, "gemm.pack_b", "b", "nr", pack_b<float, float>);
 }
 
 // ------------------------------------------------------------------------------------------------ FMA peak

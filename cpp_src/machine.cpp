@@ -50,42 +50,46 @@ static void check_mm(const py::array_t<float, py::array::c_style>& A, const py::
                     std::to_string(B.shape(1)) + ")");
 }
 
-static py::array_t<float> matmul_naive(py::array_t<float, py::array::c_style | py::array::forcecast> A,
-                                       py::array_t<float, py::array::c_style | py::array::forcecast> B) {
-  check_mm(A, B, "matmul_naive");
+using MmArg = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// The frame both matmul probes share: check shapes, allocate C (M, N), run loops(a, b, c, M, K, N) without the GIL.
+template <class Loops>
+static py::array_t<float> mm_probe_frame(const MmArg& A, const MmArg& B, const char* name, Loops loops) {
+  check_mm(A, B, name);
   const ssize_t M = A.shape(0), K = A.shape(1), N = B.shape(1);
   py::array_t<float> C({M, N});
   const float* a = A.data();
   const float* b = B.data();
   float* c = C.mutable_data();
   py::gil_scoped_release release;
-  for (ssize_t i = 0; i < M; ++i)
-    for (ssize_t j = 0; j < N; ++j) {
-      float acc = 0.f;
-      for (ssize_t k = 0; k < K; ++k) acc += a[i * K + k] * b[k * N + j];
-      c[i * N + j] = acc;
-    }
+  loops(a, b, c, M, K, N);
   return C;
 }
 
-static py::array_t<float> matmul_ikj(py::array_t<float, py::array::c_style | py::array::forcecast> A,
-                                     py::array_t<float, py::array::c_style | py::array::forcecast> B) {
-  check_mm(A, B, "matmul_ikj");
-  const ssize_t M = A.shape(0), K = A.shape(1), N = B.shape(1);
-  py::array_t<float> C({M, N});
-  const float* a = A.data();
-  const float* b = B.data();
-  float* c = C.mutable_data();
-  py::gil_scoped_release release;
-  for (ssize_t i = 0; i < M * N; ++i) c[i] = 0.f;
-  for (ssize_t i = 0; i < M; ++i)
-    for (ssize_t k = 0; k < K; ++k) {
-      const float aik = a[i * K + k];
-      const float* brow = b + k * N;
-      float* crow = c + i * N;
-      for (ssize_t j = 0; j < N; ++j) crow[j] += aik * brow[j];
-    }
-  return C;
+static py::array_t<float> matmul_naive(MmArg A, MmArg B) {
+  return mm_probe_frame(A, B, "matmul_naive", [](const float* a, const float* b, float* c, ssize_t M, ssize_t K,
+                                                 ssize_t N) {
+    for (ssize_t i = 0; i < M; ++i)
+      for (ssize_t j = 0; j < N; ++j) {
+        float acc = 0.f;
+        for (ssize_t k = 0; k < K; ++k) acc += a[i * K + k] * b[k * N + j];
+        c[i * N + j] = acc;
+      }
+  });
+}
+
+static py::array_t<float> matmul_ikj(MmArg A, MmArg B) {
+  return mm_probe_frame(A, B, "matmul_ikj", [](const float* a, const float* b, float* c, ssize_t M, ssize_t K,
+                                               ssize_t N) {
+    for (ssize_t i = 0; i < M * N; ++i) c[i] = 0.f;
+    for (ssize_t i = 0; i < M; ++i)
+      for (ssize_t k = 0; k < K; ++k) {
+        const float aik = a[i * K + k];
+        const float* brow = b + k * N;
+        float* crow = c + i * N;
+        for (ssize_t j = 0; j < N; ++j) crow[j] += aik * brow[j];
+      }
+  });
 }
 
 // A chain of n dependent adds x += one: each add needs the previous result, so the chain takes n cycles whatever

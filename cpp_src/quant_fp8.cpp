@@ -265,6 +265,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void decode_avx512(const ui
 }
 
 // ------------------------------------------------------------------------------------------------- drivers
+// One pass of an encode or decode row function over n elements: chunks of kFp8Grain on threads for v2, the
+// function of the chosen ISA on each chunk.
+template <class In, class Out, class Arg, class Fn>
+void fp8_run_paths(const In* in, Out* out, int64_t n, tl::Rung ver, F8Isa isa, const Arg& arg, Fn scalar_fn,
+                   Fn avx2_fn, Fn avx512_fn) {
+  tl::run_chunks(n, kFp8Grain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
+    if (isa == F8Isa::avx512)
+      avx512_fn(in + b, out + b, e - b, arg);
+    else if (isa == F8Isa::avx2)
+      avx2_fn(in + b, out + b, e - b, arg);
+    else
+      scalar_fn(in + b, out + b, e - b, arg);
+  });
+}
+
 py::array_t<uint8_t> fp8_encode(py::array_t<float, py::array::c_style> x, const std::string& fmt, bool saturate,
                                 const std::string& version) {
   const tl::Rung ver = tl::parse_rung(version, "fp8_encode");
@@ -275,14 +290,7 @@ py::array_t<uint8_t> fp8_encode(py::array_t<float, py::array::c_style> x, const 
   const int64_t n = x.size();
   const F8Isa isa = ver == tl::Rung::scalar ? F8Isa::scalar : fp8_isa();
   py::gil_scoped_release release;
-  tl::run_chunks(n, kFp8Grain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
-    if (isa == F8Isa::avx512)
-      encode_avx512(px + b, po + b, e - b, f);
-    else if (isa == F8Isa::avx2)
-      encode_avx2(px + b, po + b, e - b, f);
-    else
-      encode_scalar(px + b, po + b, e - b, f);
-  });
+  fp8_run_paths(px, po, n, ver, isa, f, encode_scalar, encode_avx2, encode_avx512);
   return out;
 }
 
@@ -297,14 +305,7 @@ py::array_t<float> fp8_decode(py::array_t<uint8_t, py::array::c_style> c, const 
   const F8Isa isa = ver == tl::Rung::scalar ? F8Isa::scalar : fp8_isa();
   fp8_lut();  // build the table before threads start
   py::gil_scoped_release release;
-  tl::run_chunks(n, kFp8Grain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
-    if (isa == F8Isa::avx512)
-      decode_avx512(pc + b, po + b, e - b, e4m3);
-    else if (isa == F8Isa::avx2)
-      decode_avx2(pc + b, po + b, e - b, e4m3);
-    else
-      decode_scalar(pc + b, po + b, e - b, e4m3);
-  });
+  fp8_run_paths(pc, po, n, ver, isa, e4m3, decode_scalar, decode_avx2, decode_avx512);
   return out;
 }
 
