@@ -805,7 +805,8 @@ deadline = time.monotonic() + 30  # join() returns a moment before the OS thread
 while shared.thread_cache_stats()["threads"] and time.monotonic() < deadline:
     time.sleep(0.01)
 s, t = shared.stats(), shared.thread_cache_stats()
-print("after both threads exited:", {k: s[k] for k in ("n_alloc", "n_free", "allocated", "reserved", "thread_cached")})
+# (reserved is not printed: how many segments the pool grew depends on how the two threads interleaved)
+print("after both threads exited:", {k: s[k] for k in ("n_alloc", "n_free", "allocated", "thread_cached")})
 assert s["n_alloc"] == s["n_free"] == 2000 and s["allocated"] == 0 and t["threads"] == t["thread_cached"] == 0
 shared.empty_cache()
 assert shared.stats()["reserved"] == 0  # every byte back
