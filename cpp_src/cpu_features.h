@@ -45,12 +45,15 @@ inline bool cpu_detected(const std::string& f) {
   if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
   if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
   if (f == "avxvnni") return __builtin_cpu_supports("avxvnni");
-  throw std::invalid_argument("cpu_supports: unknown feature '" + f +
-                              "' (sse4.2, avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avxvnni)");
+  if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
+  throw std::invalid_argument(
+      "cpu_supports: unknown feature '" + f +
+      "' (sse4.2, avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avxvnni, avx512bf16)");
 }
 
 inline const char* const kCpuFeatureNames[] = {"sse4.2",  "avx",      "avx2",     "fma",        "f16c",
-                                               "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni"};
+                                               "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni",
+                                               "avx512bf16"};
 
 // The effective answer: what a kernel may use after TINYLEARN_CPU_FEATURES.
 inline bool cpu_has(const char* feature) {

@@ -67,9 +67,25 @@
 #define TL_UKR_ROWS6(X, O) X(0, O) X(1, O) X(2, O) X(3, O) X(4, O) X(5, O)
 #define TL_UKR_ROWS8(X, O) TL_UKR_ROWS6(X, O) X(6, O) X(7, O)
 
-// void NAME(ssize_t kc, const T* a, const T* b, T* c, ssize_t ldc): an MR x (2 vectors) kernel, MR = 6 or 8
-#define TL_UKR_DEFINE(NAME, TARGET, T, O, MR)                                                        \
-  __attribute__((target(TARGET))) void NAME(ssize_t kc, const T* a, const T* b, T* c, ssize_t ldc) { \
+// AVX512_BF16 (gemm.cpp's bf16_matmul): a and b hold bf16 pairs (two consecutive k in one 32-bit lane); vdpbf16ps
+// adds both products of each lane pair to the fp32 accumulator, so one "k" of the loop is two k of the GEMM. The
+// pairs travel in __m512 registers (loads and the 32-bit broadcast move bits, no arithmetic) and are reinterpreted
+// as __m512bh for the dot product.
+#define TL_AVX512_BF16_VEC __m512
+#define TL_AVX512_BF16_LANES 16
+#define TL_AVX512_BF16_ZERO _mm512_setzero_ps
+#define TL_AVX512_BF16_LOAD(p) _mm512_load_ps(reinterpret_cast<const float*>(p))
+#define TL_AVX512_BF16_LOADU _mm512_loadu_ps
+#define TL_AVX512_BF16_STOREU _mm512_storeu_ps
+#define TL_AVX512_BF16_BCAST(p) _mm512_set1_ps(*reinterpret_cast<const float*>(p))
+#define TL_AVX512_BF16_FMA(a, b, c) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))
+#define TL_AVX512_BF16_ADD _mm512_add_ps
+
+// void NAME(ssize_t kc, const P* a, const P* b, T* c, ssize_t ldc): an MR x (2 vectors) kernel, MR = 6 or 8, over
+// packed elements P (T itself, or gemm.cpp's Bf16Pair) accumulating into T
+#define TL_UKR_DEFINE(NAME, TARGET, T, O, MR) TL_UKR_DEFINE_PACKED(NAME, TARGET, T, T, O, MR)
+#define TL_UKR_DEFINE_PACKED(NAME, TARGET, P, T, O, MR)                                              \
+  __attribute__((target(TARGET))) void NAME(ssize_t kc, const P* a, const P* b, T* c, ssize_t ldc) { \
     TL_UKR_ROWS##MR(TL_UKR_DECL, O) for (ssize_t k = 0; k < kc; ++k, a += MR, b += 2 * O##_LANES) {  \
       const O##_VEC b0 = O##_LOAD(b), b1 = O##_LOAD(b + O##_LANES);                                  \
       O##_VEC ai;                                                                                    \

@@ -87,6 +87,67 @@ def test_bf16_matmul_bias_is_added_before_the_one_rounding():
     assert float(twice[0, 0]) == 1.0
 
 
+DPBF16 = backends.load_C("gemm").bf16_dot_path() == "dpbf16"
+needs_dpbf16 = pytest.mark.skipif(not DPBF16, reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
+
+
+@needs_dpbf16
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 1, 1), (6, 2, 32), (17, 33, 9), (70, 261, 40), (130, 1030, 70)])
+@pytest.mark.parametrize("threads", [1, 0])
+def test_dpbf16_kernel_is_fp32_accumulation_of_exact_products(m, k, n, threads):
+    """The AVX512_BF16 kernel (odd K: the last pair's high half is zero; edges no 6x32 tile divides) stays within the
+    fp32 accumulation bound of the exact sum, and on integer inputs equals the widening kernel bit for bit."""
+    g = backends.load_C("gemm")
+    rng = np.random.default_rng(m + k + n)
+    a, b = _bf(rng, (m, k)), _bf(rng, (k, n))
+    got = g.bf16_matmul(a.view(np.uint16), b.view(np.uint16), out="float32", threads=threads, dot="dpbf16")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert (np.abs(got - ref) <= _exact_bound(a, b)).all()
+    ai = rng.integers(-8, 9, (m, k)).astype(bfloat16)
+    bi = rng.integers(-8, 9, (k, n)).astype(bfloat16)
+    dp = g.bf16_matmul(ai.view(np.uint16), bi.view(np.uint16), out="bfloat16", threads=threads, dot="dpbf16")
+    wd = g.bf16_matmul(ai.view(np.uint16), bi.view(np.uint16), out="bfloat16", threads=threads, dot="widen")
+    assert np.array_equal(dp, wd)
+
+
+@needs_dpbf16
+def test_dpbf16_strided_views_and_auto_choice(monkeypatch):
+    g = backends.load_C("gemm")
+    rng = np.random.default_rng(4)
+    base_a, base_b = _bf(rng, (40, 91)), _bf(rng, (71, 60))
+    for a, b in [(base_a[::2, ::-1][:, :71], base_b[::-1]), (base_b[:, :40].T, base_a[:, :71].T)]:
+        got = g.bf16_matmul(a.view(np.uint16), b.view(np.uint16), out="float32", dot="dpbf16")
+        assert (np.abs(got - a.astype(np.float64) @ b.astype(np.float64)) <= _exact_bound(a, b)).all()
+    assert g.bf16_dot_path() == "dpbf16" and g.bf16_dot_path("avx2") == "widen"
+    monkeypatch.setenv("TINYLEARN_CPU_FEATURES", "avx2")  # the x86-64-v3 level has no AVX512_BF16
+    assert g.bf16_dot_path() == "widen"
+    with pytest.raises(ValueError, match="dot='dpbf16' needs AVX512_BF16 on the avx512 path"):
+        g.bf16_matmul(base_a.view(np.uint16), base_a.T.view(np.uint16), dot="dpbf16")
+
+
+@needs_dpbf16
+def test_dpbf16_treats_subnormal_inputs_as_zero_the_widening_kernel_does_not():
+    """The one numeric difference (Intel SDM, VDPBF16PS: DAZ): a bf16 subnormal (2^-130 here) times 2^100."""
+    g = backends.load_C("gemm")
+    a = np.array([[2.0**-130, 1.0]], np.float32).astype(bfloat16)
+    b = np.array([[2.0**100], [0.0]], np.float32).astype(bfloat16)
+    assert float(a[0, 0]) == 2.0**-130  # representable: a bf16 subnormal
+    wd = g.bf16_matmul(a.view(np.uint16), b.view(np.uint16), out="float32", dot="widen")
+    dp = g.bf16_matmul(a.view(np.uint16), b.view(np.uint16), out="float32", dot="dpbf16")
+    assert wd[0, 0] == 2.0**-30 and dp[0, 0] == 0.0
+
+
+def test_bf16_matmul_dot_argument_is_checked():
+    g = backends.load_C("gemm")
+    a16 = np.zeros((3, 4), np.uint16)
+    with pytest.raises(ValueError, match="dot must be 'auto', 'widen' or 'dpbf16', got 'fast'"):
+        g.bf16_matmul(a16, a16.T, dot="fast")
+    assert g.bf16_dot_path("scalar") == "widen"
+    if not DPBF16:
+        with pytest.raises(ValueError, match="dot='dpbf16' needs AVX512_BF16"):
+            g.bf16_matmul(a16, a16.T, dot="dpbf16")
+
+
 def test_bf16_matmul_empty_and_zero_k():
     g = backends.load_C("gemm")
     z = np.zeros((0, 5), np.uint16)

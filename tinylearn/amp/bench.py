@@ -286,8 +286,10 @@ def gemm_table(
     shapes: tuple[tuple[int, int, int], ...] = ((256, 512, 512),), progress: Callable[[str], None] | None = None
 ) -> Table:
     """The bf16 GEMM ladder (``amp.bf16_matmul``) at [M, K] @ [K, N]: numpy's ml_dtypes matmul, the registered numpy
-    reference (widen to fp32, sgemm, round), C++ scalar (one thread, auto-vectorisation off), C++ SIMD (one thread)
-    and C++ parallel (every core), beside numpy fp32 sgemm, torch bf16 / fp32 mm and tinygrad bf16 (TinyJit). Each
+    reference (widen to fp32, sgemm, round), C++ scalar (one thread, auto-vectorisation off), C++ SIMD (one thread,
+    fp32 FMA on bf16 widened in the packing), C++ dpbf16 (one thread, AVX512_BF16 ``vdpbf16ps`` on bf16 pairs, where
+    the CPU has it) and C++ parallel (every core, the registered default: dpbf16 where it runs, else widening),
+    beside numpy fp32 sgemm, torch bf16 / fp32 mm and tinygrad bf16 (TinyJit). Each
     shape twice: B contiguous, and B the transposed view of a [N, K] weight (what ``Linear`` multiplies by).
     GFLOP/s = 2MNK / time; GB/s counts the bf16 operands read once and the bf16 result written once."""
     import torch
@@ -336,10 +338,15 @@ def gemm_table(
             ua, ub = a.view(np.uint16), b.view(np.uint16)
             c.add("tinylearn C++ scalar", lambda ua=ua, ub=ub: g.bf16_matmul(ua, ub, "bfloat16", "scalar", 1),
                   note="1 thread, no SIMD")  # fmt: skip
-            c.add("tinylearn C++ SIMD", lambda a=a, b=b: bf16_matmul(a, b, backend="cpp", version="simd"),
-                  note=f"1 thread, {g.isa()}")  # fmt: skip
+            c.add("tinylearn C++ SIMD", lambda ua=ua, ub=ub: g.bf16_matmul(ua, ub, "bfloat16", "auto", 1,
+                  dot="widen"), note=f"1 thread, {g.isa()} fp32 FMA on widened bf16")  # fmt: skip
+            if g.bf16_dot_path() == "dpbf16":
+                c.add("tinylearn C++ dpbf16", lambda ua=ua, ub=ub: g.bf16_matmul(ua, ub, "bfloat16", "auto", 1,
+                      dot="dpbf16"), note="1 thread, AVX512_BF16 vdpbf16ps")  # fmt: skip
+            else:
+                c.unavailable("tinylearn C++ dpbf16", "n/a: this CPU has no AVX512_BF16 (or it is masked)")
             c.add("tinylearn C++ parallel", lambda a=a, b=b: bf16_matmul(a, b, backend="cpp", version="parallel"),
-                  note="the default: every core")  # fmt: skip
+                  note=f"the default: every core, {g.bf16_dot_path()}")  # fmt: skip
     cmp.note(f"torch threads: {torch.get_num_threads()}; torch's CPU bf16 GEMM is fast only with AVX512_BF16 / AMX")
     return cmp.table
 

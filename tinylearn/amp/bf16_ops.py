@@ -2,18 +2,21 @@
 
     amp.bf16_matmul   C = a @ b for 2-D bfloat16 a, b -> bfloat16 (one rounding of the fp32 result)
                       numpy  reference: widen both to float32 (exact), sgemm, round to nearest even
-                      cpp    simd / parallel* (cpp_src/gemm.cpp ``bf16_matmul``): the packed SIMD GEMM whose packing
-                             widens bf16 to fp32, so the fp32 micro-kernel accumulates products of the bf16 values
-                             (AVX-512 / AVX2 FMA, scalar; TINYLEARN_CPU_FEATURES forces a path). (* default). On the
-                             scalar level (no AVX2) the portable packed kernel runs (baseline SSE2 vectorisation by
-                             the compiler): the same memory as the SIMD path, unlike numpy's fp32 copies
+                      cpp    simd / parallel* (cpp_src/gemm.cpp ``bf16_matmul``): the packed SIMD GEMM. On a CPU
+                             with AVX512_BF16 (Zen 4, Sapphire Rapids) it packs bf16 pairs and runs ``vdpbf16ps``
+                             (two k per instruction, half the packed bytes); otherwise the packing widens bf16 to
+                             fp32 and the fp32 micro-kernel accumulates products of the bf16 values (AVX-512 / AVX2
+                             FMA, scalar; TINYLEARN_CPU_FEATURES forces a path, ``_C.gemm.bf16_dot_path()`` says
+                             which runs). (* default). On the scalar level (no AVX2) the portable packed kernel runs
+                             (baseline SSE2 vectorisation by the compiler): the same memory as the SIMD path, unlike
+                             numpy's fp32 copies
     amp.to_bf16       float32 -> bfloat16, round to nearest even (torch's rule; NaN -> quiet NaN)
                       numpy  ml_dtypes' astype        cpp  cpp_src/amp_bf16.cpp (AVX2, scalar), C-contiguous input
 
 Numerics: every implementation computes the same thing, fp32 accumulation of the products of bf16-rounded inputs
 followed by one rounding to bf16 (exact products: 8-bit x 8-bit significands fit in fp32's 24); they differ only in
-the order of the fp32 sums. No AVX512_BF16 (``vdpbf16ps``) kernel: it could not be run or tested on the machines
-this was built on (AVX2 Zen 2), and vdpbf16ps flushes denormal inputs to zero, which changes the numerics above.
+the order of the fp32 sums, except that ``vdpbf16ps`` treats subnormal bf16 inputs (|x| < 2^-126) as zero and
+flushes subnormal fp32 results, as torch's oneDNN bf16 GEMM on the same CPUs does.
 Autocast routes ``Linear`` / ``MatMul`` with two 2-D bf16 operands here (``autograd/linalg.py``), and ReLU on bf16
 arrays to ``_C.amp.relu`` (``autograd/relu.py``).
 """
