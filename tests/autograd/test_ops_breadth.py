@@ -365,6 +365,13 @@ CE_ROWS = [
     ("einsum_trace", lambda m, x: m.einsum("ii->", x), [(3, 3)]),
     ("einsum_diag", lambda m, x, v: m.einsum("iij,j->ji", x, v), [(3, 3, 2), (2,)]),
     ("einsum_dot", lambda m, a, b: m.einsum("ij,ij->", a, b), [A34, A34]),
+    # two-operand contractions run as one batched matmul (linalg_breadth._contract2): batch, M, N, K letters in
+    # any order, letters only one operand has (summed first), outer products, a size-1 letter (numpy's fallback)
+    ("einsum_bmm_out_order", lambda m, a, b: m.einsum("bhqd,bhkd->hkbq", a, b), [(2, 3, 4, 5), (2, 3, 6, 5)]),
+    ("einsum_own_letters", lambda m, a, b: m.einsum("aib,cjb->ji", a, b), [(2, 3, 4), (5, 2, 4)]),
+    ("einsum_outer", lambda m, a, b: m.einsum("i,jk->kij", a, b), [(3,), (2, 4)]),
+    ("einsum_size1_letter", lambda m, a, b: m.einsum("bij,bjk->bik", a, b), [(1, 2, 3), (4, 3, 2)]),
+    ("einsum_ellipsis_bcast", lambda m, a, b: m.einsum("...ij,...jk->...ik", a, b), [(2, 1, 3, 4), (5, 4, 2)]),
     *[(f"scatter_reduce_{r}_{inc}", (lambda r, inc: lambda m, x, s: x.scatter_reduce(0, m.tensor([[0, 1, 0, 0], [0, 2, 0, 1]]), s, r, include_self=inc))(r, inc), [A34, (2, 4)]) for r in ("sum", "mean", "amax", "amin", "prod") for inc in (True, False)],
     ("pow_zero_zero", lambda m, x: (x * 0) ** (x * 0), [A34]),
 ]  # fmt: skip
