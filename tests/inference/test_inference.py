@@ -103,6 +103,44 @@ def test_rope_relative_position() -> None:
     assert abs(dot(10, 3) - dot(10, 4)) > 1e-3
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (5, 8), (8,)])
+def test_rope_op_matches_the_composite_and_torch(shape: tuple[int, ...]) -> None:
+    """apply_rope is one op (inference.model.Rope): forward and gradient equal torch's rotate-half formula on a
+    non-contiguous input, and fp64 gradcheck passes."""
+    from tinylearn.autograd import gradcheck
+    from tinylearn.inference import apply_rope
+
+    rng = np.random.default_rng(2)
+    cos, sin = rope_tables(16, 8)
+    t = shape[-2] if len(shape) > 1 else 1
+    c, s = (cos[3 : 3 + t], sin[3 : 3 + t]) if len(shape) > 1 else (cos[3], sin[3])
+    base = rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(np.float32)
+    xa = base[..., ::2]  # non-contiguous
+    g = rng.standard_normal(shape).astype(np.float32)
+    x = tl.Tensor(xa, requires_grad=True)
+    (apply_rope(x, c, s) * tl.Tensor(g)).sum().backward()
+    xt = torch.tensor(xa, requires_grad=True)
+    rot = torch.cat([-xt[..., 4:], xt[..., :4]], dim=-1)
+    yt = xt * torch.from_numpy(c) + rot * torch.from_numpy(s)
+    (yt * torch.from_numpy(g)).sum().backward()
+    assert_close(apply_rope(tl.Tensor(xa), c, s).numpy(), yt.detach().numpy(), np.float32)
+    assert_close(x.grad.numpy(), xt.grad.numpy(), np.float32)
+    x64 = tl.Tensor(xa.astype(np.float64), requires_grad=True)
+    assert gradcheck(lambda v: apply_rope(v, c.astype(np.float64), s.astype(np.float64)), (x64,))
+
+
+def test_rope_bad_tables_name_the_argument() -> None:
+    from tinylearn.inference import apply_rope
+
+    cos, sin = rope_tables(8, 8)
+    with pytest.raises(ValueError, match="cos, sin"):
+        apply_rope(tl.ones(2, 3, 8), cos[:2], sin[:2])  # 2 positions for 3 tokens
+    with pytest.raises(ValueError, match="cos, sin"):
+        apply_rope(tl.ones(3, 8), cos[:3], sin[:2])
+    with pytest.raises(ValueError, match="even"):
+        apply_rope(tl.ones(3, 7), np.ones((3, 7), np.float32), np.ones((3, 7), np.float32))
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["mha", "gqa", "mqa", "abs_pos"])
 def test_greedy_cache_equals_no_cache_and_torch(cfg: dict) -> None:
     model, ref = pair(cfg)

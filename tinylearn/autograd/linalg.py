@@ -24,7 +24,7 @@ BF16_MATMUL = "amp.bf16_matmul"  # registered by tinylearn.amp.bf16_ops (found t
 
 
 def _bf16_2d(*arrays: np.ndarray) -> bool:
-    return all(a.ndim == 2 and a.dtype.name == "bfloat16" for a in arrays)
+    return all(a.ndim == 2 and a.dtype.kind == "V" and a.dtype.name == "bfloat16" for a in arrays)  # .name: ~2 µs
 
 
 def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -27,6 +27,8 @@ from .function import Function
 def norm_axes(dim: int | Sequence[int] | None, nd: int, name: str = "dim") -> tuple[int, ...] | None:
     if dim is None:
         return None
+    if type(dim) is int and -nd <= dim < nd:  # the common case, without the general checks below
+        return (dim % nd,)
     if isinstance(dim, int | np.integer) and not isinstance(dim, bool | np.bool_):
         dims: tuple = (dim,)
     elif isinstance(dim, tuple | list):

@@ -35,12 +35,15 @@ class Reshape(Function):
 class Permute(Function):
     @staticmethod
     def forward(ctx, x, perm):
-        ctx.inv = tuple(np.argsort(perm))
+        ctx.perm = perm
         return x.transpose(perm)
 
     @staticmethod
     def backward(ctx, g):
-        return g.transpose(ctx.inv)
+        inv = [0] * len(ctx.perm)  # the inverse permutation (np.argsort costs more than the op at decode sizes)
+        for i, p in enumerate(ctx.perm):
+            inv[p] = i
+        return g.transpose(inv)
 
 
 class Expand(Function):

@@ -39,7 +39,7 @@ def _fits_backward(g: Any, y: Any) -> bool:
 
 def _bf16(a: Any) -> bool:
     """A C-contiguous bfloat16 array (autocast's activations): _C.amp's kernels work on its uint16 bit patterns."""
-    return type(a) is np.ndarray and a.dtype.name == "bfloat16" and a.flags.c_contiguous
+    return type(a) is np.ndarray and a.dtype.kind == "V" and a.dtype.name == "bfloat16" and a.flags.c_contiguous
 
 
 def _has_bf16_kernels() -> bool:

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd import Tensor, cat, no_grad
+from ..autograd import Function, Tensor, cat, no_grad
 from ..nn import GELU, Embedding, LayerNorm, Linear, Module, ModuleList
+from ..nn import functional as F
 from .checks import int_arg
 from .config import GPTConfig
 
@@ -53,9 +54,44 @@ def rotate_half(x: Tensor) -> Tensor:
     return cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
+class Rope(Function):
+    """y = x * cos + rotate_half(x) * sin as one op (the composite is 7 ops: two muls, a neg, two slices, a cat
+    and an add, each a graph node; a decode step rotates q and k in every layer).
+
+    rotate_half is the linear map R([x1, x2]) = [-x2, x1]; its transpose is R^T([u1, u2]) = [u2, -u1], so
+    dx = g * cos + R^T(g * sin). cos/sin are constants (no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        h = x.shape[-1] // 2
+        out = x * cos
+        out[..., :h] -= x[..., h:] * sin[..., :h]
+        out[..., h:] += x[..., :h] * sin[..., h:]
+        ctx.save_for_backward(cos, sin)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        h = g.shape[-1] // 2
+        u = g * sin
+        gx = g * cos
+        gx[..., :h] += u[..., h:]
+        gx[..., h:] -= u[..., :h]
+        return gx, None, None
+
+
 def apply_rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
-    """x [..., T, hd] rotated by cos/sin [T, hd] (positions already sliced)."""
-    return x * Tensor(cos) + rotate_half(x) * Tensor(sin)
+    """x [..., T, hd] rotated by cos/sin [T, hd] (positions already sliced): x * cos + rotate_half(x) * sin.
+    cos/sin may be any shape that broadcasts to x's with the same last dim (e.g. [hd] for one position)."""
+    cs, ss, xs = np.shape(cos), np.shape(sin), tuple(x.shape)
+    try:
+        fits = cs == ss and cs[-1:] == xs[-1:] and np.broadcast_shapes(xs, cs) == xs
+    except ValueError:
+        fits = False
+    if not fits or xs[-1] % 2:
+        raise ValueError(f"cos, sin: expected one shape broadcasting to x {xs} (even last dim), got {cs}, {ss}")
+    return Rope.apply(x, np.asarray(cos, x.dtype), np.asarray(sin, x.dtype))
 
 
 def causal_mask(t: int, start: int) -> np.ndarray:
@@ -146,6 +182,9 @@ class Attention(Module):
             ka, va = cache.write(layer, k.data, v.data)
             k, v = Tensor(ka), Tensor(va)
         s = start + t
+        if t == 1:  # decode: no mask; the fused attention op (the C++ flash kernel where built), GQA as g query rows
+            out = F.scaled_dot_product_attention(q.reshape(b, hkv, g, hd), k, v)
+            return self.o_proj(out.reshape(b, 1, h * hd))
         scores = (q.reshape(b, hkv, g * t, hd) @ k.transpose(-1, -2)) * (1.0 / np.sqrt(hd))
         if t > 1:
             scores = (scores.reshape(b, hkv, g, t, s) + Tensor(causal_mask(t, start))).reshape(b, hkv, g * t, s)
