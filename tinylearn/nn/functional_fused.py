@@ -79,7 +79,13 @@ def layer_norm_path(x: np.ndarray, weight: Any, bias: Any) -> tuple[str, str | N
 def layer_norm_forward(
     x2: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, path: tuple[str, str | None]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(y, mean, rstd) of rows ``x2`` [R, C] on the kernel ``path``."""
+    """(y, mean, rstd) of rows ``x2`` [R, C] on the kernel ``path``. LayerNormFn has checked the shapes and made w, b
+    [C] arrays of x's dtype, so a native dtype goes straight to the registered kernel (kernels.layer_norm's argument
+    checks cost more than the kernel at decode sizes); anything else takes the checked entry point."""
+    kern = _k._kernel("layer_norm", path[0], path[1])
+    if x2.shape[0] and type(eps) is float and eps >= 0 and x2.dtype.type in kern.module.NATIVE_DTYPES:
+        y, mean, rstd = kern(np.ascontiguousarray(x2), np.ascontiguousarray(w), np.ascontiguousarray(b), eps)
+        return y, mean, rstd
     return _k.layer_norm(x2, w, b, eps, backend=path[0], version=path[1], return_stats=True)
 
 
