@@ -258,12 +258,22 @@ struct Bf16Pair {
   uint16_t lo, hi;
 };
 
+// A pair whose two k are adjacent in memory (unit stride along k: row-major A, or B = W.T) is one 32-bit load.
+inline Bf16Pair load_pair(const Bf16* p) {
+  Bf16Pair v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
 void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, Bf16Pair* dst) {
   for (ssize_t r = 0; r < mc; r += MR) {
     const ssize_t rows = std::min(MR, mc - r);
     for (ssize_t k = 0; k < kc; k += 2) {
-      for (ssize_t ii = 0; ii < rows; ++ii)
-        dst[ii] = {A(i0 + r + ii, p0 + k).bits, k + 1 < kc ? A(i0 + r + ii, p0 + k + 1).bits : uint16_t(0)};
+      if (A.cs == 1 && k + 1 < kc)
+        for (ssize_t ii = 0; ii < rows; ++ii) dst[ii] = load_pair(&A.p[(i0 + r + ii) * A.rs + p0 + k]);
+      else
+        for (ssize_t ii = 0; ii < rows; ++ii)
+          dst[ii] = {A(i0 + r + ii, p0 + k).bits, k + 1 < kc ? A(i0 + r + ii, p0 + k + 1).bits : uint16_t(0)};
       for (ssize_t ii = rows; ii < MR; ++ii) dst[ii] = {0, 0};
       dst += MR;
     }
@@ -276,8 +286,11 @@ void pack_b(View<Bf16> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_
     for (ssize_t k = 0; k < kc; k += 2) {
       const Bf16* lo = B.p + (p0 + k) * B.rs + (j0 + c) * B.cs;
       const bool has_hi = k + 1 < kc;
-      for (ssize_t jj = 0; jj < cols; ++jj)
-        dst[jj] = {lo[jj * B.cs].bits, has_hi ? lo[B.rs + jj * B.cs].bits : uint16_t(0)};
+      if (B.rs == 1 && has_hi)
+        for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = load_pair(lo + jj * B.cs);
+      else
+        for (ssize_t jj = 0; jj < cols; ++jj)
+          dst[jj] = {lo[jj * B.cs].bits, has_hi ? lo[B.rs + jj * B.cs].bits : uint16_t(0)};
       for (ssize_t jj = cols; jj < NR; ++jj) dst[jj] = {0, 0};
       dst += NR;
     }
