@@ -26,7 +26,7 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr ssize_t kParallelMin = ssize_t(1) << 22;
+constexpr ssize_t kOptimParallelMin = ssize_t(1) << 22;
 
 template <typename T>
 using Arr = py::array_t<T, py::array::c_style>;
@@ -162,16 +162,16 @@ TL_REGISTER(optim) {
   m.doc() = "Fused optimizer updates for tinylearn.optim (in place on C-contiguous float32/float64 arrays)";
   m.def("sgd_step", &sgd_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
         py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
-        py::arg("maximize"), py::arg("first"), py::arg("parallel_min") = kParallelMin);
+        py::arg("maximize"), py::arg("first"), py::arg("parallel_min") = kOptimParallelMin);
   m.def("sgd_step", &sgd_step<double>, py::arg("w").noconvert(), py::arg("g").noconvert(), py::arg("buf").noconvert(),
         py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"),
-        py::arg("maximize"), py::arg("first"), py::arg("parallel_min") = kParallelMin);
+        py::arg("maximize"), py::arg("first"), py::arg("parallel_min") = kOptimParallelMin);
   m.def("adam_step", &adam_step<float>, py::arg("w").noconvert(), py::arg("g").noconvert(),
         py::arg("exp_avg").noconvert(), py::arg("exp_avg_sq").noconvert(), py::arg("max_exp_avg_sq").noconvert(),
         py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"), py::arg("parallel_min") = kParallelMin);
+        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"), py::arg("parallel_min") = kOptimParallelMin);
   m.def("adam_step", &adam_step<double>, py::arg("w").noconvert(), py::arg("g").noconvert(),
         py::arg("exp_avg").noconvert(), py::arg("exp_avg_sq").noconvert(), py::arg("max_exp_avg_sq").noconvert(),
         py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"), py::arg("parallel_min") = kParallelMin);
+        py::arg("decoupled"), py::arg("amsgrad"), py::arg("maximize"), py::arg("parallel_min") = kOptimParallelMin);
 }

@@ -8,6 +8,9 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
   statistics, blocked online rescale, then the write pass).
 - layer_norm: ``two_pass``, ``welford``, ``simd`` (one pass of shifted sums in float64 lanes + the write pass),
   ``simd_omp``.
+- group_norm (forward and backward, one version each): [N, C, HW] with weight/bias [C] or None, OpenMP over the N*G
+  groups, double accumulators, one write pass (cpp_src/kernels_groupnorm.cpp; ``group_norm_path()`` reports the
+  compiled copy the call takes: avx512 / avx2 / scalar after ``TINYLEARN_CPU_FEATURES``).
 - bias_gelu (forward): ``autovec`` (Abramowitz-Stegun erf, compiler-vectorised), ``simd`` (vec_math.h's
   ``gelu_erf``: max(u, 0) - v Phi(-v) with v = |u|, Phi(-v) = e^{-v^2/2} S(v / (v + 4)), one polynomial and no
   cancellation in the negative tail; the tanh form uses the vector tanh), ``simd_omp``.
@@ -97,6 +100,23 @@ def layer_norm_backward(
     dy: np.ndarray, x: np.ndarray, w: np.ndarray, mean: np.ndarray, rstd: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(_k().layer_norm_backward(dy, x, w, mean, rstd))
+
+
+def group_norm(
+    x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, num_groups: int, eps: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(_k().group_norm_forward(x, w, b, int(num_groups), float(eps)))
+
+
+def group_norm_backward(
+    dy: np.ndarray, x: np.ndarray, w: np.ndarray | None, mean: np.ndarray, rstd: np.ndarray, num_groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(_k().group_norm_backward(dy, x, w, mean, rstd, int(num_groups)))
+
+
+def group_norm_path() -> str:
+    """The compiled copy of the GroupNorm kernels a call takes now: 'avx512' | 'avx2' | 'scalar'."""
+    return str(_k().group_norm_path())
 
 
 def bias_gelu(x: np.ndarray, b: np.ndarray, approximate: str = "none", version: str | None = None) -> np.ndarray:

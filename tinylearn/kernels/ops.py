@@ -2,6 +2,7 @@
 
     softmax(x, dim=-1)                     y = exp(x - max) / sum exp(x - max) along ``dim``
     layer_norm(x, weight, bias, eps)       over the trailing ``weight.ndim`` dims; biased variance (like torch)
+    group_norm(x, num_groups, weight, bias, eps)  x [N, C, *], per group of C/G channels (in ops_group_norm.py)
     bias_gelu(x, bias, approximate)        gelu(x + bias), bias broadcast along the last dim
     flash_attention(q, k, v, causal)       softmax(q k^T / sqrt(D)) v on [..., N, D], tiled with online softmax
 
@@ -42,6 +43,7 @@ _MODULES = {
 _PRIORITY = {"numpy": 10, "cpp": 20, "triton": 5, "cuda": 1}
 _ALL = ("softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "bias_gelu", "bias_gelu_backward")
 _ATTN = ("attention", "attention_backward")
+_GN = ("group_norm", "group_norm_backward")  # numpy and cpp only
 
 
 class Kernel:
@@ -50,13 +52,17 @@ class Kernel:
 
     def __init__(self, backend: str, module: str, attr: str, fixed: dict[str, Any]) -> None:
         self.backend, self.module_name, self.attr, self.fixed = backend, module, attr, fixed
+        self._ready: Any = None  # the module once available() said yes (a backend that runs stays runnable)
 
     @property
     def module(self) -> Any:
+        if self._ready is not None:  # every Tensor-level call asks several times: keep the hit path one attribute
+            return self._ready
         mod = importlib.import_module(self.module_name)
         ok, why = mod.available()
         if not ok:
             raise RuntimeError(f"backend: {public_name(self.backend)!r} cannot run {self.attr} in this process: {why}")
+        self._ready = mod
         return mod
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -96,6 +102,16 @@ def _examples() -> dict[str, Any]:
         _, mean, rstd = reference.layer_norm(x, w, b, 1e-5)
         return (rows(rng), x, w, mean, rstd), {}
 
+    def gn(rng: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return rng.standard_normal((3, 6, 35)).astype(np.float32), rows(rng, 1, 6)[0], rows(rng, 1, 6)[0]
+
+    def gn_bwd(rng: Any) -> tuple[tuple, dict]:
+        from . import reference
+
+        x, w, b = gn(rng)
+        _, mean, rstd = reference.group_norm(x, w, b, 3, 1e-5)
+        return (rng.standard_normal(x.shape).astype(np.float32), x, w, mean, rstd, 3), {}
+
     def attn(rng: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return tuple(rng.standard_normal((2, n, 16)).astype(np.float32) for n in (9, 11, 11))
 
@@ -111,6 +127,8 @@ def _examples() -> dict[str, Any]:
         "softmax_backward": lambda rng: ((np.abs(rows(rng)) / 37, rows(rng)), {}),
         "layer_norm": lambda rng: ((rows(rng), rows(rng, 1)[0], rows(rng, 1)[0], 1e-5), {}),
         "layer_norm_backward": ln_bwd,
+        "group_norm": lambda rng: ((*gn(rng), 3, 1e-5), {}),
+        "group_norm_backward": gn_bwd,
         "bias_gelu": lambda rng: ((rows(rng), rows(rng, 1)[0], "none"), {}),
         "bias_gelu_backward": lambda rng: ((rows(rng), rows(rng), rows(rng, 1)[0], "tanh"), {}),
         "attention": lambda rng: ((*attn(rng), True, 64), {}),
@@ -121,14 +139,14 @@ def _examples() -> dict[str, Any]:
 _EXAMPLES = _examples()
 _register("softmax", "numpy", ("three_pass",))
 _register("softmax", "numpy", ("online",), attr="softmax_online")
-for _op in _ALL[1:] + _ATTN:
+for _op in _ALL[1:] + _ATTN + _GN:
     _register(_op, "numpy")
 # cpp: the first version of each ladder is the default (vec_math SIMD, OpenMP over rows above a grain size)
 _register("softmax", "cpp", ("simd_omp", "three_pass", "online", "simd", "online_simd"))
 _register("layer_norm", "cpp", ("simd_omp", "two_pass", "welford", "simd"))
 for _op in _ATTN:
     _register(_op, "cpp", ("blocked_simd_omp", "tiled", "blocked_simd"))
-for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward"):
+for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward") + _GN:
     _register(_op, "cpp")
 _register("softmax", "triton", ("one_block", "online"))
 for _op in ("layer_norm", "bias_gelu", "attention"):

@@ -9,6 +9,8 @@ Formulas (forward and backward side by side):
 - softmax: y = exp(x - max x) / sum exp(x - max x);             dx = y * (dy - sum(dy * y))
 - LayerNorm: xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps) (biased var); y = xhat * w + b;
   with g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
+- GroupNorm on [N, C, HW], G groups: LayerNorm's statistics over each group's C/G * HW values, w/b per channel:
+  the same dx with the means over the group; dw = sum_{n, hw} dy * xhat, db = sum_{n, hw} dy
 - GELU (erf):  gelu(u) = u Phi(u) = u/2 (1 + erf(u/sqrt 2));
                gelu'(u) = Phi(u) + u phi(u),  phi(u) = e^(-u^2/2)/sqrt(2 pi)
 - GELU (tanh): gelu(u) = u/2 (1 + t), t = tanh(k (u + c u^3)), k = sqrt(2/pi), c = 0.044715;
@@ -127,6 +129,40 @@ def layer_norm_backward(
     bb = (g * xhat).mean(axis=-1, keepdims=True)
     dx = rstd[:, None] * (g - a - xhat * bb)
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+# ---------------------------------------------------------------------------------------------------- GroupNorm
+def group_norm(
+    x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, num_groups: int, eps: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unfused GroupNorm of x [N, C, HW] (w/b [C] or None): the group's mean, centred variance (biased), rsqrt,
+    normalise, scale, shift. Returns (y, mean [N, G], rstd [N, G])."""
+    n, c, hw = x.shape
+    xg = x.reshape(n, num_groups, -1)
+    mean = xg.mean(axis=-1)
+    xc = xg - mean[..., None]
+    var = (xc * xc).mean(axis=-1)
+    rstd = (1.0 / np.sqrt(var + x.dtype.type(eps))).astype(x.dtype, copy=False)
+    y = (xc * rstd[..., None]).reshape(n, c, hw)
+    if w is not None:
+        y = y * w[:, None]
+    if b is not None:
+        y = y + b[:, None]
+    return y.astype(x.dtype, copy=False), mean.astype(x.dtype, copy=False), rstd
+
+
+def group_norm_backward(
+    dy: np.ndarray, x: np.ndarray, w: np.ndarray | None, mean: np.ndarray, rstd: np.ndarray, num_groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx [N, C, HW], dw [C], db [C]) from the forward's (mean, rstd) [N, G]; w None means ones."""
+    n, c, hw = x.shape
+    xhat = ((x.reshape(n, num_groups, -1) - mean[..., None]) * rstd[..., None]).reshape(n, c, hw)
+    g = dy * w[:, None] if w is not None else dy
+    gg, xg = g.reshape(n, num_groups, -1), xhat.reshape(n, num_groups, -1)
+    a = gg.mean(axis=-1, keepdims=True)
+    bb = (gg * xg).mean(axis=-1, keepdims=True)
+    dx = (rstd[..., None] * (gg - a - xg * bb)).reshape(x.shape)
+    return dx.astype(x.dtype, copy=False), (dy * xhat).sum(axis=(0, 2)), dy.sum(axis=(0, 2))
 
 
 # ---------------------------------------------------------------------------------------------------- GELU

@@ -6,7 +6,9 @@ With m values per statistic and dxh = g * gamma, the VJP through the statistics 
     dx = (1 / sqrt(var + eps)) * (dxh - mean(dxh) - x_hat * mean(dxh * x_hat))
     dgamma = sum(g * x_hat),  dbeta = sum(g)        (sums over everything but the feature dims)
 
-group_norm: statistics over each group of channels of one sample (and its spatial positions).
+group_norm: statistics over each group of channels of one sample (and its spatial positions); float32/float64 run
+the registered ``kernels.group_norm`` / ``group_norm_backward`` kernel (the C++ one when built), other dtypes the
+numpy code of GroupNormFn.
 batch_norm: statistics over all dims except 1 (channels). Training uses the batch statistics and updates the
 running buffers in place: running = (1 - momentum) * running + momentum * batch, with the *unbiased* variance
 (m / (m - 1)) for running_var — exactly torch's rule. Eval uses the running statistics (a per-channel affine
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
+from ..kernels import ops as _k
 from ..kernels import reference
 from . import functional_fused as _fused
 
@@ -114,14 +117,32 @@ class BatchNormFn(Function):
         return gx, gw, gb
 
 
+def group_norm_path(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None) -> tuple[str, str | None] | None:
+    """The registered ``kernels.group_norm`` path (backend, version) for these arrays (float32/float64: the C++
+    kernel when built, else the numpy reference; a ``backends.use`` pin wins), or None for GroupNormFn's own numpy
+    code (other dtypes, mixed dtypes, empty input)."""
+    if x.size == 0 or any(p is not None and p.dtype != x.dtype for p in (weight, bias)):
+        return None
+    return _k.tensor_path("group_norm", x.dtype)
+
+
 class GroupNormFn(Function):
     """group_norm: statistics over each group of C/G channels and all spatial positions of one sample (m = C/G * HW
-    values); gamma/beta per channel. Same VJP as above with the group as the statistic's set. Reductions run over
-    contiguous [N, G, m] / [N, C, HW] views and the element-wise steps write in place (a few passes over x). (The
-    C++ layer_norm kernel over [N * G, m] rows was slower here: its backward also reduces dgamma over the rows.)"""
+    values); gamma/beta per channel. On ``group_norm_path``'s kernel (cpp_src/kernels_groupnorm.cpp: one fused pass
+    for the statistics and one for y; the backward from per-channel sums, then one pass for dx) when it picks one;
+    else the numpy code below, the same VJP as above with the group as the statistic's set: reductions over
+    contiguous [N, G, m] / [N, C, HW] views and element-wise steps in place. The kernel saves x and (mean, rstd),
+    the numpy code xhat and rstd."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, num_groups=1, eps=1e-5):
+        ctx.kernel = group_norm_path(x, weight, bias)
+        ctx.meta = (num_groups, x.shape)
+        if ctx.kernel is not None:  # functional_extra.group_norm checked the arguments: the registry's kernel itself
+            x3 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], -1)
+            y, mean, rstd = _k._kernel("group_norm", *ctx.kernel)(x3, weight, bias, num_groups, eps)
+            ctx.save_for_backward(x3, weight, mean, rstd)
+            return y.reshape(x.shape)
         n, c = x.shape[:2]
         xg = x.reshape(n, num_groups, -1)
         m = xg.shape[-1]
@@ -135,14 +156,18 @@ class GroupNormFn(Function):
         if bias is not None:
             out3 += bias[:, None]
         ctx.save_for_backward(xh3, rstd, weight)
-        ctx.meta = (num_groups, x.shape)
         return out3.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, g):
-        xh3, rstd, weight = ctx.saved_tensors
         groups, shape = ctx.meta
         nx, nw, nb = ctx.needs_input_grad[:3]
+        if ctx.kernel is not None:
+            x3, weight, mean, rstd = ctx.saved_tensors
+            kernel = _k._kernel("group_norm_backward", _k.backward_backend("group_norm", ctx.kernel[0]))
+            dx, dw, db = kernel(np.ascontiguousarray(g, x3.dtype).reshape(x3.shape), x3, weight, mean, rstd, groups)
+            return dx.reshape(shape) if nx else None, dw if nw else None, db if nb else None
+        xh3, rstd, weight = ctx.saved_tensors
         g3 = np.ascontiguousarray(g).reshape(xh3.shape)
         gw = np.einsum("nck,nck->c", g3, xh3) if nw else None
         gb = g3.sum(axis=-1).sum(axis=0) if nb else None
