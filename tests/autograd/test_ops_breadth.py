@@ -476,3 +476,22 @@ def test_view_dtype_reinterprets_bits_like_torch():
     out, ref = tl.Tensor(a).view(tl.int32), torch.tensor(a).view(torch.int32)
     assert out.dtype == np.int32
     np.testing.assert_array_equal(out.data, ref.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_index_add_rows_equals_np_add_at(dtype):
+    """The embedding / integer-indexing VJP's scatter-add (a CSR product; np.add.at for float16) equals np.add.at,
+    repeats and untouched rows included."""
+    from tinylearn.autograd.ops_index import index_add_rows
+
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 7, 40)
+    rows = rng.standard_normal((40, 5)).astype(dtype)
+    base = rng.standard_normal((9, 5)).astype(dtype)
+    got, want = base.copy(), base.copy()
+    index_add_rows(got, idx, rows)
+    np.add.at(want, idx, rows)
+    np.testing.assert_allclose(got, want, rtol=1e-3 if dtype == "float16" else 1e-6, atol=1e-3)
+    assert np.array_equal(got[7:], base[7:])  # rows no index names stay as they were
+    index_add_rows(got, idx[:0], rows[:0])  # nothing to add
+    np.testing.assert_allclose(got, want, rtol=1e-3 if dtype == "float16" else 1e-6, atol=1e-3)

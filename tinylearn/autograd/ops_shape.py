@@ -15,6 +15,7 @@ import numpy as np
 from .dtypes import is_floating
 from .errors import DimError, ShapeError
 from .function import Function, unbroadcast
+from .ops_index import index_add_rows
 from .ops_reduce import norm_dim
 
 
@@ -99,7 +100,9 @@ class GetItem(Function):
     def backward(ctx, g):
         gx = np.zeros(ctx.shape, dtype=g.dtype)
         idx = ctx.idx
-        if ctx.adv and not (isinstance(idx, np.ndarray) and idx.dtype == np.bool_):
+        if isinstance(idx, np.ndarray) and idx.dtype.kind in "iu" and idx.size and g.ndim:  # rows of dim 0
+            index_add_rows(gx.reshape(ctx.shape[0], -1), idx.reshape(-1) % ctx.shape[0], g.reshape(idx.size, -1))
+        elif ctx.adv and not (isinstance(idx, np.ndarray) and idx.dtype == np.bool_):
             np.add.at(gx, idx, g)  # unbuffered: duplicate indices each add their contribution
         else:
             gx[idx] = g

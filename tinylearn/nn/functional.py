@@ -19,6 +19,7 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..autograd.linalg import Linear as _LinearFn
+from ..autograd.ops_index import index_add_rows
 from ..autograd.tensor import Tensor
 from ..conv.functional import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (im2col implementation)
 from . import functional_fused as _fused
@@ -95,7 +96,7 @@ class EmbeddingFn(Function):
     def backward(ctx, g):
         (idx,) = ctx.saved_tensors
         gw = np.zeros(ctx.wshape, dtype=g.dtype)
-        np.add.at(gw, idx.reshape(-1), g.reshape(-1, ctx.wshape[1]))
+        index_add_rows(gw, idx.reshape(-1), g.reshape(-1, ctx.wshape[1]))
         return gw, None
 
 
