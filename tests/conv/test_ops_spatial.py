@@ -384,6 +384,26 @@ def test_interpolate_vs_torch(case, dtype, strided):
     _compare(lambda x: F.interpolate(x, **kw), lambda x: TF.interpolate(x, **kw), [x], dtype, strided)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_interpolate_taps_path_long_axes_and_non_finite_inputs(mode):
+    """Axes up to poolnd.DENSE_INTERP_MAX resample as dense matrix products; a longer axis, or a non-finite value
+    (0 * inf would spread NaN along the row), takes the per-tap path: forward and backward still equal torch's."""
+    from tinylearn.conv import poolnd
+
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((1, 2, 3, poolnd.DENSE_INTERP_MAX + 44))
+    _compare(lambda x: F.interpolate(x, size=(5, 333), mode=mode), lambda x: TF.interpolate(x, size=(5, 333),
+             mode=mode), [x], "float32", False)  # fmt: skip
+    x = rng.standard_normal((1, 2, 5, 6))
+    x[0, 1, 2, 3] = np.inf
+    y = F.interpolate(tl.Tensor(x), size=(9, 11), mode=mode).numpy()
+    yt = TF.interpolate(torch.from_numpy(x), size=(9, 11), mode=mode).numpy()
+    assert np.array_equal(np.isnan(y), np.isnan(yt)) and np.array_equal(np.isinf(y), np.isinf(yt))
+    assert np.isfinite(y[0, 0]).all()  # the other channel is untouched by the inf
+    ok = np.isfinite(yt)
+    np.testing.assert_allclose(y[ok], yt[ok], rtol=1e-6, atol=1e-9)
+
+
 def test_interpolate_gradcheck_fp64():
     rng = np.random.default_rng(13)
     x = rng.standard_normal((1, 2, 3, 4))

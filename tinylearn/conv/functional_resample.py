@@ -29,12 +29,17 @@ class InterpolateFunction(Function):
             P.interp_axis(L, O, mode, align_corners, sc, x.dtype)
             for L, O, sc in zip(x.shape[2:], out, scales, strict=True)
         ]
-        ctx.args = (taps, x.shape[2:])
-        return P.interp_forward(x, taps)
+        # small axes: one dense [O, L] matrix per axis and BLAS products (a non-finite input keeps the taps: 0 * inf
+        # in the dense product would spread NaN over the whole row)
+        mats = P.interp_matrices(taps, x.shape[2:], x.dtype) if np.isfinite(x).all() else None
+        ctx.args = (taps, x.shape[2:], mats)
+        return P.interp_forward(x, taps) if mats is None else P.interp_forward_dense(x, mats)
 
     @staticmethod
     def backward(ctx, gy):
-        taps, spatial = ctx.args
+        taps, spatial, mats = ctx.args
+        if mats is not None and gy.dtype == mats[0].dtype and np.isfinite(gy).all():
+            return P.interp_backward_dense(gy, mats)
         return P.interp_backward(gy, spatial, taps)
 
 

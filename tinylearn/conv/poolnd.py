@@ -235,6 +235,53 @@ def _bshape(ndim: int, ax: int) -> tuple[int, ...]:
     return (-1,) + (1,) * (ndim - 1 - ax)
 
 
+DENSE_INTERP_MAX = 256  # axes up to this size (in and out) resample as one small dense matrix product
+
+
+def interp_matrices(taps: list[list[tuple]], in_spatial: tuple[int, ...], dtype: np.dtype) -> list[np.ndarray] | None:
+    """Each axis's taps as a dense [O, L] matrix (M[o, idx[o]] += w[o]; nearest: weight 1), or None where the dense
+    form does not pay (an axis longer than DENSE_INTERP_MAX) or numpy has no BLAS for the dtype. Applying the
+    matrices is a BLAS product per axis: the same sums as the taps plus exact zeros, and the backward is the product
+    with M^T instead of a segmented scatter-add (np.add.reduceat along an axis is ~20x slower)."""
+    if np.dtype(dtype).type not in (np.float32, np.float64):
+        return None
+    mats = []
+    for ax_taps, L in zip(taps, in_spatial, strict=True):
+        O = len(ax_taps[0][0])
+        if max(L, O) > DENSE_INTERP_MAX:
+            return None
+        m = np.zeros((O, L), dtype)
+        for idx, w in ax_taps:
+            np.add.at(m, (np.arange(O), idx), 1 if w is None else w)  # clipped cubic taps may repeat an index
+        mats.append(m)
+    return mats
+
+
+def _along(x: np.ndarray, m: np.ndarray, ax: int) -> np.ndarray:
+    """Contract axis ``ax`` of x with the columns of m ([O, L]): that axis becomes length O."""
+    if ax == x.ndim - 1:
+        return x @ m.T
+    if ax == x.ndim - 2:
+        return np.matmul(m, x)
+    return np.moveaxis(np.tensordot(m, x, axes=([1], [ax])), 0, ax)
+
+
+def interp_forward_dense(x: np.ndarray, mats: list[np.ndarray]) -> np.ndarray:
+    """interp_forward with the per-axis matrices of interp_matrices (last axis first, as the taps)."""
+    n = len(mats)
+    for i in reversed(range(n)):
+        x = _along(x, mats[i], x.ndim - n + i)
+    return np.ascontiguousarray(x)
+
+
+def interp_backward_dense(g: np.ndarray, mats: list[np.ndarray]) -> np.ndarray:
+    """The adjoint: contract each axis with M^T."""
+    n = len(mats)
+    for i in range(n):
+        g = _along(g, mats[i].T, g.ndim - n + i)
+    return np.ascontiguousarray(g)
+
+
 def interp_forward(x: np.ndarray, taps: list[list[tuple]]) -> np.ndarray:
     """Apply the per-axis taps, last axis first (torch's order of the bilinear / bicubic products); np.take along
     each axis copies whole rows, so no axis is gathered through a transposed view."""
