@@ -455,8 +455,9 @@ assert gemms == {"forward x@W.T": 3, "backward dW": 3, "backward dX": 2}
 # Now the clock, side by side in this process (median of 10 after warm-up, one thread for torch and numpy's BLAS;
 # tinygrad runs its CPU backend under `TinyJit`, so after capture a step is a replay of compiled kernels). With
 # `TINYLEARN_FULL=1` a second table times the torch-breadth ops on the notebooks' hot path (pad, scaled-dot-product
-# attention, einsum, group_norm, forward + backward) — also `tinylearn bench autodiff` on the command line; it is
-# left out of the default run to keep this notebook short (tinygrad compiles a set of kernels per op on first use).
+# attention, einsum, group_norm, interpolate, max_pool2d, embedding, cross_entropy, forward + backward) — also
+# `tinylearn bench autodiff` on the command line; it is left out of the default run to keep this notebook short
+# (tinygrad compiles a set of kernels per op on first use).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -338,7 +338,9 @@ def test_encoder_bad_input():
 
 
 # -- the benchmark rows compute the same thing in every framework -----------------------------------------------------
-@pytest.mark.parametrize("name", ["pad", "sdpa", "einsum", "group_norm"])
+@pytest.mark.parametrize(
+    "name", ["pad", "sdpa", "einsum", "group_norm", "interpolate", "max_pool2d", "embedding", "cross_entropy"]
+)
 def test_bench_ops_cases_agree_with_torch(name):
     """``tinylearn bench autodiff`` ops rows: the tinylearn callable's input gradient equals torch's."""
     from tinylearn.autograd.bench import ops_case_fns
@@ -347,7 +349,7 @@ def test_bench_ops_cases_agree_with_torch(name):
     assert_close(fns["tinylearn"]().data, fns["torch"](), msg=name)
 
 
-@pytest.mark.parametrize("name", ["pad", "group_norm"])
+@pytest.mark.parametrize("name", ["pad", "group_norm", "interpolate", "max_pool2d", "embedding", "cross_entropy"])
 def test_bench_ops_tinygrad_formulas_match_torch(name):
     """The hand-written tinygrad side of the ops rows (reflect pad, group_norm via layernorm) matches torch."""
     from tinylearn.bench.comparators import tinygrad_status

@@ -289,13 +289,24 @@ _OPS_SHAPES = {
     "sdpa": [(4, 4, 64, 32)] * 3,
     "einsum": [(4, 4, 64, 32), (4, 4, 64, 32)],
     "group_norm": [(8, 32, 16, 16), (32,), (32,)],
+    "interpolate": [(8, 16, 32, 32)],
+    "max_pool2d": [(8, 32, 32, 32)],
+    "embedding": [(1000, 64)],
+    "cross_entropy": [(256, 100)],
 }
 OPS_CASE_NAMES = {
     "pad": "pad reflect (1,1,1,1) [8,16,32,32]",
     "sdpa": "sdpa causal [4,4,64,32]",
     "einsum": "einsum bhqd,bhkd->bhqk [4,4,64,32]",
     "group_norm": "group_norm 8 groups [8,32,16,16]",
+    "interpolate": "interpolate bilinear x2 [8,16,32,32]",
+    "max_pool2d": "max_pool2d 2x2 [8,32,32,32]",
+    "embedding": "embedding [1000,64] x idx [32,64]",
+    "cross_entropy": "cross_entropy [256,100]",
 }
+# the integer inputs of the embedding / cross_entropy rows (fixed, the same in every framework)
+_EMB_IDX = np.random.default_rng(2).integers(0, 1000, (32, 64))
+_CE_LABELS = np.random.default_rng(1).integers(0, 100, 256)
 
 
 def _ops_tl_torch(name: str, m: Any, xs: list[Any]) -> Any:
@@ -306,6 +317,14 @@ def _ops_tl_torch(name: str, m: Any, xs: list[Any]) -> Any:
         return F.scaled_dot_product_attention(xs[0], xs[1], xs[2], is_causal=True)
     if name == "einsum":
         return m.einsum("bhqd,bhkd->bhqk", xs[0], xs[1])
+    if name == "interpolate":
+        return F.interpolate(xs[0], scale_factor=2, mode="bilinear", align_corners=False)
+    if name == "max_pool2d":
+        return F.max_pool2d(xs[0], 2)
+    if name == "embedding":
+        return F.embedding(m.tensor(_EMB_IDX), xs[0])
+    if name == "cross_entropy":
+        return F.cross_entropy(xs[0], m.tensor(_CE_LABELS)).reshape(1)
     return F.group_norm(xs[0], 8, xs[1], xs[2], eps=1e-5)
 
 
@@ -314,10 +333,18 @@ def _ops_tinygrad(name: str, xs: list[Any]) -> Any:
         return xs[0].pad(((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect")
     if name == "sdpa":
         return xs[0].scaled_dot_product_attention(xs[1], xs[2], is_causal=True)
-    if name == "einsum":
+    if name in ("einsum", "embedding", "cross_entropy"):
         from tinygrad import Tensor
 
+        if name == "embedding":
+            return xs[0][Tensor(_EMB_IDX.astype(np.int32))]
+        if name == "cross_entropy":
+            return xs[0].sparse_categorical_crossentropy(Tensor(_CE_LABELS.astype(np.int32))).reshape(1)
         return Tensor.einsum("bhqd,bhkd->bhqk", xs[0], xs[1])
+    if name == "interpolate":
+        return xs[0].interpolate((64, 64), mode="linear", align_corners=False)
+    if name == "max_pool2d":
+        return xs[0].max_pool2d(2)
     x, w, b = xs
     n, c = x.shape[:2]
     y = x.reshape(n, 8, -1).layernorm(axis=-1, eps=1e-5).reshape(x.shape)
