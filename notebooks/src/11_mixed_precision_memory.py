@@ -1072,11 +1072,14 @@ assert bytes219["bf16", True] == bytes_fp32 and bytes219["bf16", False] == bytes
 # registered op `amp.bf16_matmul` (`tinylearn/amp/bf16_ops.py`): by default the C++ packed GEMM of notebook 08 whose
 # packing widens bf16 to fp32 (`bits << 16`, exact), so its fp32 FMA micro-kernel accumulates exact products of the
 # bf16 values, adds the bias to the fp32 sums and rounds once to bf16 (torch's addmm numerics on a CPU without
-# AVX512_BF16). The casts (`amp.to_bf16`) and ReLU on bf16 bits are C++ too (`cpp_src/amp_bf16.cpp`); convolutions
-# are still emulated (fp32 kernels on bf16-rounded inputs). No `vdpbf16ps` kernel: this was built on an AVX2 Zen 2
-# that cannot run or test it. The ladder below, at the MLP's hidden layer (256 x 512 x 512), twice: B contiguous, and
-# B the transposed view of a weight as `Linear` multiplies it. GFLOP/s against the one-core FMA peak places each
-# rung on the compute roof (the operands, 1.3 MB in bf16, sit in L2/L3: the kernel is compute-bound).
+# AVX512_BF16). On a CPU with AVX512_BF16 (AMD Zen 4, Intel Sapphire Rapids) the same loops pack *pairs* of bf16
+# values along k into 32-bit lanes and run `vdpbf16ps`, which multiplies both halves of each lane and adds the two
+# products to an fp32 lane: two k per instruction and half the packed bytes (row "C++ dpbf16"; the only numeric
+# difference is that the instruction treats subnormal bf16 inputs as zero, tested in `tests/amp/test_amp_bf16.py`).
+# The casts (`amp.to_bf16`) and ReLU on bf16 bits are C++ too (`cpp_src/amp_bf16.cpp`); convolutions are still
+# emulated (fp32 kernels on bf16-rounded inputs). The ladder below, at the MLP's hidden layer (256 x 512 x 512),
+# twice: B contiguous, and B the transposed view of a weight as `Linear` multiplies it. GFLOP/s against the one-core
+# FMA peak places each rung on the compute roof (the operands, 1.3 MB in bf16, sit in L2/L3: compute-bound).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1105,21 +1108,30 @@ for case9 in gt.cases():
         assert gm[case9, "tinylearn C++ parallel"].min_ms < 3 * gm[case9, "numpy fp32 sgemm"].min_ms
     if not {"avx512_bf16", "amx_bf16"} & cpu_flags():  # torch's bf16 GEMM has no fast path here
         assert gm[case9, "torch bf16"].min_ms > 2 * gm[case9, "torch fp32"].min_ms
+    if gm[case9, "tinylearn C++ dpbf16"].median_ms is not None:  # AVX512_BF16: two k per instruction
+        dp9 = fl / gm[case9, "tinylearn C++ dpbf16"].min_ms
+        print(f"  dpbf16 {dp9:.1f} GFLOP/s = {dp9 / best['tinylearn C++ SIMD']:.2f}x the widening SIMD kernel")
+        assert dp9 > 1.3 * best["tinylearn C++ SIMD"]
+has_dpbf16 = backends.load_C("gemm").bf16_dot_path() == "dpbf16"
+assert (gm[gt.cases()[0], "tinylearn C++ dpbf16"].median_ms is not None) == has_dpbf16
 assert all((r.median_ms is not None) != r.note.startswith("n/a") for r in gt.rows)
 
 # %% [markdown]
-# Reading it: on this CPU a bf16 GEMM is an fp32 GEMM with half the bytes to read — the C++ SIMD rung runs well above
-# the scalar one (asserted: more than 4x; the printed share of the FMA peak is its roofline position), and the parallel
-# default stays within 3x of numpy's fp32 sgemm (OpenBLAS) on the fastest runs (asserted; the printed medians move a lot
-# between runs on a shared 2-core box). torch's bf16 GEMM without AVX512_BF16/AMX is many times slower than its fp32 one
-# (asserted: more than 2x), and tinygrad's CPU backend cannot compile bf16 with this clang (the row says so).
+# Reading it: the widening kernel is an fp32 GEMM with half the bytes to read — the C++ SIMD rung runs well above the
+# scalar one (asserted: more than 4x; the printed share of the FMA peak is its roofline position), and the parallel
+# default stays within 3x of numpy's fp32 sgemm (OpenBLAS) on the fastest runs (asserted; the printed medians move a
+# lot between runs on a shared 2-core box). Where the CPU has AVX512_BF16 the dpbf16 row runs and is asserted faster
+# than the widening rung by more than 1.3x (two k per `vdpbf16ps`; measured ~2.2x on a Zen 4, where it matches torch's
+# oneDNN bf16 GEMM), and the parallel default uses it; elsewhere the row says n/a. torch's bf16 GEMM without
+# AVX512_BF16/AMX is many times slower than its fp32 one (asserted there: more than 2x), and tinygrad's CPU backend
+# cannot compile bf16 with this clang (the row says so).
 #
 # **The training step** (`tinylearn bench amp`, timings from a shared 2-core machine): the same MLP step in fp32 and
 # under bf16 autocast. With the GEMMs, casts and ReLU as kernels, tinylearn's bf16 step stays within 1.5x of its fp32
-# step (asserted where the SIMD GEMM runs; the ratio is printed). On this CPU it gains little either way: the FLOPs are
-# fp32 FLOPs, bf16 only halves the bytes, and every cast is one more graph node. torch's bf16 step is slower than its
-# fp32 one here, as the GEMM table predicts. This is the "performance gain" input of the per-layer precision planner
-# below: measure it on the target, do not assume it.
+# step (asserted where the SIMD GEMM runs; the ratio is printed). Without AVX512_BF16 it gains little either way: the
+# FLOPs are fp32 FLOPs, bf16 only halves the bytes, and every cast is one more graph node; torch's bf16 step is slower
+# than its fp32 one there, as the GEMM table predicts. This is the "performance gain" input of the per-layer
+# precision planner below: measure it on the target, do not assume it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
