@@ -253,8 +253,9 @@ class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, dim=-1):
         d = norm_dim(dim, x.ndim)
-        z = x - x.max(axis=d, keepdims=True)
-        out = z - np.log(np.exp(z).sum(axis=d, keepdims=True))
+        out = x - x.max(axis=d, keepdims=True)  # then shifted in place: two full-size arrays, not four
+        lse = np.exp(out).sum(axis=d, keepdims=True)
+        out -= np.log(lse, out=lse)
         ctx.d = d
         ctx.save_for_backward(out)
         return out
@@ -262,4 +263,6 @@ class LogSoftmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_tensors
-        return g - np.exp(out) * g.sum(axis=ctx.d, keepdims=True)
+        gx = np.exp(out)  # softmax, scaled and subtracted in place
+        gx *= g.sum(axis=ctx.d, keepdims=True)
+        return np.subtract(g, gx, out=gx)

@@ -116,12 +116,20 @@ class AdaptiveAvgPoolFunction(Function):
     def forward(ctx, x, output_size=1):
         x = as_float_array(x, "input")
         out = _adaptive_size(output_size, x.shape[2:])
+        ctx.spatial = x.shape[2:]
+        if all(o == 1 for o in out) and x.size:  # global average pooling: one mean over the spatial axes
+            ctx.mats = None
+            axes = tuple(range(2, x.ndim))
+            return x.mean(axis=axes, keepdims=True, dtype=x.dtype)
         mats = [P.adaptive_avg_matrix(L, O, x.dtype) for L, O in zip(x.shape[2:], out, strict=True)]
         ctx.mats = mats
         return P.apply_along(x, mats)
 
     @staticmethod
     def backward(ctx, gy):
+        if ctx.mats is None:  # every input position gets g / (number of positions)
+            n = int(np.prod(ctx.spatial))
+            return np.broadcast_to(gy / gy.dtype.type(n), gy.shape[:2] + tuple(ctx.spatial)).copy()
         return P.apply_along(gy, ctx.mats, transpose=True)
 
 

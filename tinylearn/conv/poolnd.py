@@ -154,9 +154,7 @@ def apply_along(x: np.ndarray, mats: list[np.ndarray], transpose: bool = False) 
     """Contract the last len(mats) axes of x with mats ([O, L] each; transposed: [L, O] direction)."""
     n = len(mats)
     for i, m in enumerate(mats):
-        ax = x.ndim - n + i
-        xm = np.moveaxis(x, ax, -1)
-        x = np.moveaxis(xm @ (m if transpose else m.T), -1, ax)
+        x = _along(x, m.T if transpose else m, x.ndim - n + i)
     return np.ascontiguousarray(x)
 
 
