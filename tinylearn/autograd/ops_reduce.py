@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
 from .errors import ShapeError, dim_error
 from .function import Function
 
@@ -250,18 +251,42 @@ class Softmax(Function):
 
 
 class LogSoftmax(Function):
+    """y = (x - max) - log sum e^(x - max) along dim;  dx = g - e^y sum(g). float32/float64 arrays run the registered
+    C++ kernel ``kernels.log_softmax`` / ``log_softmax_backward`` (cpp_src/kernels_softmax.cpp: three passes per row
+    forward, two backward, one exp per element) on the rows view (dim moved last), reached through tinylearn.backends
+    (the registry imports tinylearn.kernels on first use: no import edge from autograd). The numpy code below runs for
+    other dtypes, empty or 0-d input, a ``backends.use(..., backend="numpy")`` pin or no _C build: the same math as
+    tinylearn.kernels.reference.log_softmax, with two full-size arrays."""
+
+    KERNEL_DTYPES = (np.float32, np.float64)
+
     @staticmethod
     def forward(ctx, x, dim=-1):
         d = norm_dim(dim, x.ndim)
+        ctx.d = d
+        ctx.rows = None
+        if x.size and x.dtype.type in LogSoftmax.KERNEL_DTYPES:
+            b, _, kernel = backends.resolve("kernels.log_softmax")
+            if b == "cpp":  # the rows view: dim last, C-contiguous (a copy only if it is not already)
+                xm = np.moveaxis(x, d, -1)
+                y = kernel(np.ascontiguousarray(xm).reshape(-1, xm.shape[-1]))
+                ctx.rows = xm.shape
+                ctx.save_for_backward(y)
+                return np.moveaxis(y.reshape(xm.shape), -1, d)
         out = x - x.max(axis=d, keepdims=True)  # then shifted in place: two full-size arrays, not four
         lse = np.exp(out).sum(axis=d, keepdims=True)
         out -= np.log(lse, out=lse)
-        ctx.d = d
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.rows is not None:
+            (y,) = ctx.saved_tensors
+            kernel = backends.resolve("kernels.log_softmax_backward", "cpp")[2]
+            gm = np.ascontiguousarray(np.moveaxis(g, ctx.d, -1), dtype=y.dtype)
+            dx = kernel(y, gm.reshape(y.shape))
+            return np.moveaxis(dx.reshape(ctx.rows), -1, ctx.d)
         (out,) = ctx.saved_tensors
         gx = np.exp(out)  # softmax, scaled and subtracted in place
         gx *= g.sum(axis=ctx.d, keepdims=True)

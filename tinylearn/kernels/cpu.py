@@ -6,6 +6,9 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
   element), ``simd`` (three passes on the explicit vector exp of ``cpp_src/vec_math.h``, one thread), ``simd_omp``
   (``simd`` + OpenMP over rows with a grain of 32 Ki elements per thread), ``online_simd`` (one read for the
   statistics, blocked online rescale, then the write pass).
+- log_softmax (forward and backward, one version each): three passes per row (max, sum of exp, write), one exp
+  per element; the backward one pass for sum(dy) and one for dx = dy - e^y sum(dy) (cpp_src/kernels_softmax.cpp;
+  ``log_softmax_path()`` reports the float32 copy: avx512 / avx2 / scalar after ``TINYLEARN_CPU_FEATURES``).
 - layer_norm: ``two_pass``, ``welford``, ``simd`` (one pass of shifted sums in float64 lanes + the write pass),
   ``simd_omp``.
 - group_norm (forward and backward, one version each): [N, C, HW] with weight/bias [C] or None, OpenMP over the N*G
@@ -88,6 +91,19 @@ def softmax(x: np.ndarray, version: str | None = None) -> np.ndarray:
 
 def softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return _k().softmax_backward(y, dy)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    return _k().log_softmax_forward(x)
+
+
+def log_softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    return _k().log_softmax_backward(y, dy)
+
+
+def log_softmax_path() -> str:
+    """The float32 row copy log_softmax_forward/backward take now: 'avx512' | 'avx2' | 'scalar'."""
+    return str(_k().log_softmax_path())
 
 
 def layer_norm(

@@ -1,6 +1,7 @@
 """Public fused ops and the backend dispatcher: validate, reshape to canonical 2-D/3-D, call one backend.
 
     softmax(x, dim=-1)                     y = exp(x - max) / sum exp(x - max) along ``dim``
+    log_softmax(x, dim=-1)                 y = (x - max) - log sum exp(x - max) along ``dim`` (in ops_log_softmax.py)
     layer_norm(x, weight, bias, eps)       over the trailing ``weight.ndim`` dims; biased variance (like torch)
     group_norm(x, num_groups, weight, bias, eps)  x [N, C, *], per group of C/G channels (in ops_group_norm.py)
     bias_gelu(x, bias, approximate)        gelu(x + bias), bias broadcast along the last dim
@@ -44,6 +45,7 @@ _PRIORITY = {"numpy": 10, "cpp": 20, "triton": 5, "cuda": 1}
 _ALL = ("softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "bias_gelu", "bias_gelu_backward")
 _ATTN = ("attention", "attention_backward")
 _GN = ("group_norm", "group_norm_backward")  # numpy and cpp only
+_LSM = ("log_softmax", "log_softmax_backward")  # numpy and cpp only
 
 
 class Kernel:
@@ -125,6 +127,8 @@ def _examples() -> dict[str, Any]:
     return {
         "softmax": lambda rng: ((rows(rng),), {}),
         "softmax_backward": lambda rng: ((np.abs(rows(rng)) / 37, rows(rng)), {}),
+        "log_softmax": lambda rng: ((rows(rng) * 4,), {}),
+        "log_softmax_backward": lambda rng: ((np.log(np.abs(rows(rng)) / 37), rows(rng)), {}),
         "layer_norm": lambda rng: ((rows(rng), rows(rng, 1)[0], rows(rng, 1)[0], 1e-5), {}),
         "layer_norm_backward": ln_bwd,
         "group_norm": lambda rng: ((*gn(rng), 3, 1e-5), {}),
@@ -139,14 +143,14 @@ def _examples() -> dict[str, Any]:
 _EXAMPLES = _examples()
 _register("softmax", "numpy", ("three_pass",))
 _register("softmax", "numpy", ("online",), attr="softmax_online")
-for _op in _ALL[1:] + _ATTN + _GN:
+for _op in _ALL[1:] + _ATTN + _GN + _LSM:
     _register(_op, "numpy")
 # cpp: the first version of each ladder is the default (vec_math SIMD, OpenMP over rows above a grain size)
 _register("softmax", "cpp", ("simd_omp", "three_pass", "online", "simd", "online_simd"))
 _register("layer_norm", "cpp", ("simd_omp", "two_pass", "welford", "simd"))
 for _op in _ATTN:
     _register(_op, "cpp", ("blocked_simd_omp", "tiled", "blocked_simd"))
-for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward") + _GN:
+for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward") + _GN + _LSM:
     _register(_op, "cpp")
 _register("softmax", "triton", ("one_block", "online"))
 for _op in ("layer_norm", "bias_gelu", "attention"):

@@ -7,6 +7,7 @@ axis) and 3-D ``[batch*heads, seq, dim]`` for attention. ``tinylearn.kernels.ops
 Formulas (forward and backward side by side):
 
 - softmax: y = exp(x - max x) / sum exp(x - max x);             dx = y * (dy - sum(dy * y))
+- log_softmax: y = (x - max x) - log sum exp(x - max x);        dx = dy - exp(y) * sum(dy)
 - LayerNorm: xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps) (biased var); y = xhat * w + b;
   with g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
 - GroupNorm on [N, C, HW], G groups: LayerNorm's statistics over each group's C/G * HW values, w/b per channel:
@@ -81,6 +82,18 @@ def online_softmax_update(m: np.ndarray, d: np.ndarray, x: np.ndarray) -> tuple[
 
 def softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax on [R, C]: (x - max) - log sum exp(x - max); a fully -inf row gives NaN (as torch)."""
+    with np.errstate(invalid="ignore"):  # -inf - -inf: the NaN row torch gives
+        xm = x - np.max(x, axis=-1, keepdims=True)
+        return xm - np.log(np.sum(np.exp(xm), axis=-1, keepdims=True))
+
+
+def log_softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dx = dy - exp(y) * sum(dy) from the forward output y [R, C]."""
+    return dy - np.exp(y) * np.sum(dy, axis=-1, keepdims=True)
 
 
 # ---------------------------------------------------------------------------------------------------- LayerNorm
