@@ -87,6 +87,10 @@ class Function:
         "__dict__",
     )
 
+    # tl.memory.estimate's model of the backward: True when it allocates a temporary the size of a buffer the op
+    # saved for itself (im2col's dcol); an op whose backward makes only its input gradients sets False
+    backward_temporary: bool = True
+
     def __init__(self) -> None:
         self.saved_tensors: tuple[Any, ...] = ()
         self.non_diff: tuple[int, ...] = ()

@@ -349,7 +349,7 @@ def replay_table(full: bool = False, progress: Any = None, recorded: dict[str, n
                         },
                     )
                 )
-        for strategy in ("size", "interval", "best"):
+        for strategy in ("size", "interval", "breadth", "best"):
             t0 = time.perf_counter()
             _, peak = planner.plan(lts, strategy=strategy)
             ms = (time.perf_counter() - t0) * 1e3

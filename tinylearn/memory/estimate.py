@@ -108,9 +108,9 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
     """Walk the graph in the engine's order and track what is alive during ``root.backward()``.
 
     Returns (peak bytes above the parameters, parameter-gradient bytes at the end). Alive at each node:
-    every array the graph holds (the engine's node list keeps every input tensor until the backward returns; the
-    arrays saved only for backward are counted as alive throughout -- measure_peak of the optimizer step, after
-    the backward, still sees about all of the graph's bytes while the loss is referenced), the output gradients
+    every array the graph holds (the engine's node list keeps every input tensor until the backward returns; an
+    array saved only for backward is dropped once the last node holding it has run, as the engine frees a node's
+    saved values after its backward), the output gradients
     waiting for their node, the leaf gradients summed so far, the input gradients the node is producing
     (``_grad_bytes``; a cast's backward casts back to the source dtype, so fp32 master weights get an fp32 copy
     next to the fp32 GEMM gradient being cast), a temporary the size of each buffer the node saved for itself
@@ -132,6 +132,7 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
     rb = _base(root.data)
     tensor_bases.add(id(rb))
     act_bytes[id(rb)] = int(rb.nbytes)
+    users: dict[int, int] = {}  # saved-only buffer -> number of nodes holding it
     for node in order:
         ids = []
         for a in node.saved_tensors or ():
@@ -141,6 +142,7 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
                     continue
                 act_bytes[id(b)] = int(b.nbytes)
                 ids.append(id(b))
+                users[id(b)] = users.get(id(b), 0) + 1
         node_saved[id(node)] = ids
     live = sum(act_bytes.values())
     pending: dict[tuple[int, int], int] = {(id(root._ctx), root._idx): int(root.data.nbytes)}
@@ -152,8 +154,9 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
             continue
         now = live + n_pending + n_leaves
         made = sum(_grad_bytes(node, t) for t in node.inputs if isinstance(t, Tensor) and t._rg)
-        # a buffer saved only for backward (im2col columns, masks) gets a same-sized gradient temporary (dcol)
-        temp = max((act_bytes[b] for b in node_saved[id(node)]), default=0)
+        # a buffer saved only for backward (im2col columns, masks) gets a same-sized gradient temporary (dcol),
+        # unless the op says its backward makes nothing beyond the input gradients (batch_norm's)
+        temp = max((act_bytes[b] for b in node_saved[id(node)]), default=0) if node.backward_temporary else 0
         peak = max(peak, now + made + temp)
         g_out = 0
         for k in mine:
@@ -177,6 +180,10 @@ def _backward_peak(root: Any, exclude: set[int]) -> tuple[int, int]:
                     n_pending += n
         # the node's output gradients are released only when the engine moves on
         peak = max(peak, live + n_pending + n_leaves + g_out + summed + biggest)
+        for b in node_saved[id(node)]:  # the engine drops a node's saved values after its backward
+            users[b] -= 1
+            if users[b] == 0:
+                live -= act_bytes[b]
     return peak, n_leaves
 
 

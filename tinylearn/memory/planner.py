@@ -10,7 +10,11 @@ Strategies (both O(n^2) in the worst case, n = number of tensors):
                 that conflict with it, put it in the smallest gap that fits (best fit), else above them all
     "interval"  interval colouring / offline first fit: tensors in order of first_use; each at the lowest
                 offset not overlapping a conflicting placed tensor
-    "best"      run both, keep the plan with the lower peak (ties -> "size")
+    "breadth"   greedy by breadth (TFLite's GreedyByBreadth, Pisarchyk & Lee 2020): time steps in order of the
+                bytes live at them, widest first; at each, its not yet placed tensors largest first, best fit. A
+                tensor is therefore placed at the widest step of its lifetime: the order is (-breadth of that
+                step, step, -size)
+    "best"      run all three, keep the plan with the lowest peak (ties -> the first of size, interval, breadth)
 """
 
 from __future__ import annotations
@@ -70,16 +74,36 @@ def _place(size: int, busy: list[tuple[int, int]], best_fit: bool) -> int:
     return cursor if best_off is None else best_off
 
 
+def _breadth_order(lts: list[Lifetime]) -> list[int]:
+    """Tensors in greedy-by-breadth order: by the widest step of their lifetime (bytes live there, descending),
+    then that step, then size descending."""
+    if not lts:
+        return []
+    import numpy as np
+
+    size, first, last = (np.array(c, dtype=np.int64) for c in zip(*lts, strict=True))
+    times = np.unique(np.concatenate([first, last]))
+    f, la = np.searchsorted(times, first), np.searchsorted(times, last)
+    delta = np.zeros(len(times) + 1, np.int64)
+    np.add.at(delta, f, size)
+    np.add.at(delta, la + 1, -size)
+    breadth = np.cumsum(delta)[:-1]  # bytes live at each distinct time
+    top = [int(f[i] + np.argmax(breadth[f[i] : la[i] + 1])) for i in range(len(lts))]
+    return sorted(range(len(lts)), key=lambda i: (-int(breadth[top[i]]), top[i], -lts[i][0], i))
+
+
 def plan_greedy(lifetimes: Sequence[Sequence[int]], strategy: str = "size", alignment: int = 1) -> list[int]:
-    """Offsets for one strategy ("size" or "interval"); see the module docstring."""
+    """Offsets for one strategy ("size", "interval" or "breadth"); see the module docstring."""
     lts = _check(lifetimes)
     alignment = check_power_of_two("alignment", alignment)
     if strategy == "size":
         order = sorted(range(len(lts)), key=lambda i: (-lts[i][0], lts[i][1], i))
     elif strategy == "interval":
         order = sorted(range(len(lts)), key=lambda i: (lts[i][1], -lts[i][0], i))
+    elif strategy == "breadth":
+        order = _breadth_order(lts)
     else:
-        raise ValueError(f"strategy: expected 'size', 'interval' or 'best', got {strategy!r}")
+        raise ValueError(f"strategy: expected 'size', 'interval', 'breadth' or 'best', got {strategy!r}")
     offsets: list[int | None] = [None] * len(lts)
     placed: list[int] = []
     for i in order:
@@ -88,7 +112,7 @@ def plan_greedy(lifetimes: Sequence[Sequence[int]], strategy: str = "size", alig
         for j in placed:
             if _conflicts(lts[i], lts[j]):
                 busy.append((offsets[j], offsets[j] + align_up(lts[j][0], alignment)))
-        offsets[i] = _place(size, busy, best_fit=strategy == "size")
+        offsets[i] = _place(size, busy, best_fit=strategy != "interval")
         placed.append(i)
     return [int(o) for o in offsets]
 
@@ -101,7 +125,7 @@ def plan(lifetimes: Sequence[Sequence[int]], strategy: str = "best", alignment: 
     lts = _check(lifetimes)
     if not lts:
         return [], 0
-    strategies = ("size", "interval") if strategy == "best" else (strategy,)
+    strategies = ("size", "interval", "breadth") if strategy == "best" else (strategy,)
     best: tuple[list[int], int] | None = None
     for s in strategies:
         offs = plan_greedy(lts, s, alignment)

@@ -52,6 +52,8 @@ def _stats_vjp(
 
 
 class BatchNormFn(Function):
+    backward_temporary = False  # the backward's one full-size array is dx itself (tl.memory.estimate)
+
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean=None, running_var=None, training=False, momentum=0.1, eps=1e-5):
         if x.ndim < 2:
@@ -102,19 +104,28 @@ class BatchNormFn(Function):
 
     @staticmethod
     def backward(ctx, g):
+        """With dxh = g * w the statistics' VJP needs sum(dxh) = w * sum(g) and sum(dxh * xhat) = w * sum(g * xhat),
+        the two sums dbias and dweight are anyway: so dx = (g - xhat * sum(g*xhat)/m - sum(g)/m) * rstd * w, built
+        in one full-size array after two reductions (einsum over an [N, C, L] view, no product temporary)."""
         xhat, invstd, weight = ctx.saved_tensors
         axes, bshape, training = ctx.meta
         nx, nw, nb = ctx.needs_input_grad[:3]
-        dxh = g * weight.reshape(bshape) if weight is not None else g
+        n, c = g.shape[:2]
+        g3, xh3 = g.reshape(n, c, -1), xhat.reshape(n, c, -1)
+        sum_gx = np.einsum("ncl,ncl->c", g3, xh3) if nw or (nx and training) else None
+        sum_g = np.einsum("ncl->c", g3) if nb or (nx and training) else None
         gx = None
         if nx:
+            scale = invstd if weight is None else invstd * weight
             if training:
-                gx = _stats_vjp(dxh, xhat, invstd.reshape(bshape), axes)
+                m = xhat.size // c
+                gx = xhat * (sum_gx / m).astype(g.dtype, copy=False).reshape(bshape)
+                np.subtract(g, gx, out=gx)
+                gx -= (sum_g / m).astype(g.dtype, copy=False).reshape(bshape)
+                gx *= scale.reshape(bshape)
             else:
-                gx = dxh * invstd.reshape(bshape)
-        gw = (g * xhat).sum(axis=axes) if nw else None
-        gb = g.sum(axis=axes) if nb else None
-        return gx, gw, gb
+                gx = g * scale.reshape(bshape)
+        return gx, sum_gx if nw else None, sum_g if nb else None
 
 
 def group_norm_path(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None) -> tuple[str, str | None] | None:
