@@ -232,36 +232,44 @@ def _rows(x: np.ndarray, ct: type) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ softmax
+def along_rows(
+    op: str, arrays: tuple[tuple[str, Any], ...], dim: int, backend: str | None, version: str | None = None, **kw: Any
+) -> np.ndarray:
+    """The row-wise kernels' entry point (softmax, log_softmax and their backwards): check the named arrays (float,
+    one shape), move ``dim`` last, call ``kernels.<op>`` on the canonical rows [R, C] and move the result back, in
+    the first array's dtype. Extra keywords go to the kernel."""
+    (name, first), *rest = arrays
+    first = _as_float(first, name)
+    others = []
+    for nm, a in rest:
+        a = _as_float(a, nm)
+        if a.shape != first.shape:
+            raise ValueError(f"{nm}: shape {a.shape} does not match {name} shape {first.shape}")
+        others.append(a)
+    mod = _kernel(op, backend, version)
+    ct = _compute_dtype(mod, first.dtype, name)
+    if first.ndim == 0:
+        raise ValueError(f"{name}: {op} needs at least one dimension, got a 0-d array")
+    d = _check_dim(dim, first.ndim)
+    moved = [np.moveaxis(a, d, -1) for a in (first, *others)]
+    if moved[0].size == 0:
+        return np.empty(first.shape, dtype=first.dtype)
+    out = mod(*(_rows(m, ct) for m in moved), **kw).reshape(moved[0].shape)
+    return np.moveaxis(out, -1, d).astype(first.dtype, copy=False)
+
+
 def softmax(
     x: np.ndarray, dim: int = -1, *, backend: str | None = None, version: str | None = None, **kw: Any
 ) -> np.ndarray:
     """Numerically stable softmax along ``dim``. ``version``: 'three_pass'|'online' (numpy, cpu), 'simd_omp' (cpu
     default)|'simd'|'online_simd' (cpu), 'one_block'|'online' (triton);
     extra keywords go to the kernel (e.g. triton's ``block=``)."""
-    x = _as_float(x, "x")
-    mod = _kernel("softmax", backend, version)
-    ct = _compute_dtype(mod, x.dtype, "x")
-    if x.ndim == 0:
-        raise ValueError("x: softmax needs at least one dimension, got a 0-d array")
-    d = _check_dim(dim, x.ndim)
-    xm = np.moveaxis(x, d, -1)
-    if xm.size == 0:
-        return np.empty(x.shape, dtype=x.dtype)
-    y = mod(_rows(xm, ct), **kw).reshape(xm.shape)
-    return np.moveaxis(y, -1, d).astype(x.dtype, copy=False)
+    return along_rows("softmax", (("x", x),), dim, backend, version, **kw)
 
 
 def softmax_backward(y: np.ndarray, dy: np.ndarray, dim: int = -1, *, backend: str | None = None) -> np.ndarray:
     """dx = y * (dy - sum(dy * y, dim)) from the forward output ``y``."""
-    y, dy = _as_float(y, "y"), _as_float(dy, "dy")
-    if y.shape != dy.shape:
-        raise ValueError(f"dy: shape {dy.shape} does not match y shape {y.shape}")
-    mod = _kernel("softmax_backward", backend)
-    ct = _compute_dtype(mod, y.dtype, "y")
-    d = _check_dim(dim, y.ndim)
-    ym, gm = np.moveaxis(y, d, -1), np.moveaxis(dy, d, -1)
-    dx = mod(_rows(ym, ct), _rows(gm, ct)).reshape(ym.shape)
-    return np.moveaxis(dx, -1, d).astype(y.dtype, copy=False)
+    return along_rows("softmax_backward", (("y", y), ("dy", dy)), dim, backend)
 
 
 # ------------------------------------------------------------------------------------------------ LayerNorm
