@@ -324,3 +324,19 @@ def test_bad_shapes_and_dtypes() -> None:
         K.flash_attention(q, q, q, block_size=24, backend="triton")
     # one input policy: a torch CPU tensor is accepted like a numpy array (gradients: tinylearn.kernels.torch_ops)
     assert_close(K.softmax(torch.zeros(2, 3)), np.full((2, 3), 1 / 3, np.float32), "float32")
+
+
+def test_every_registered_kernels_op_has_a_conformance_example():
+    """tinylearn/kernels/conformance_examples.py feeds the conformance test: every ``kernels.*`` op the registry
+    holds has an input there (an op without one would be compared on nothing), and each example runs on numpy."""
+    import tinylearn.kernels  # noqa: F401  (registers the kernels ops)
+    from tinylearn import backends
+    from tinylearn.kernels.conformance_examples import conformance_examples
+
+    ex = conformance_examples()
+    ops = {op.split(".", 1)[1] for op in backends.ops() if op.startswith("kernels.")}
+    missing = {op for op in ops if op not in ex and backends.example(f"kernels.{op}", np.random.default_rng(0)) is None}
+    assert not missing, missing
+    for op, make in ex.items():
+        args, kw = make(np.random.default_rng(1))
+        assert backends.dispatch(f"kernels.{op}", *args, backend="numpy", **kw) is not None
