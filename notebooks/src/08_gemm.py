@@ -245,7 +245,10 @@ assert ladder["ikj"] > dram_roof_ikj and ladder["blocked"] > dram_roof_ikj
 # the compute roof leaves the FMA units idle and should *vectorise / add ILP* (register blocking, independent
 # accumulators); at or above half it is *at the roof*. Each single-thread rung is judged at its register↔L1 intensity
 # against the one-core FMA roof and an L1 roof that is a **model** (2 loads × 32 B per cycle: the ridge of 0.5
-# FLOP/B asserted above), with its §1 rate as the achieved one.
+# FLOP/B asserted above), with its §1 rate as the achieved one. The `packed` rung's verdict depends on the compiler:
+# its micro-kernel is plain C++ loops, which gcc vectorises only in part for AVX2 (advice: vectorise — and the
+# hand-written `simd` kernel then runs over 1.5x faster, asserted), but with `-march=native` on an AVX-512 CPU turns
+# into zmm FMAs that already reach the roof (then both rungs are asserted *at the roof*).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -261,8 +264,10 @@ for v in ("naive", "ikj", "blocked", "packed", "simd"):
     print(f"{v:8s} {rv['bound'] + '-bound':14s} {ladder[v] / peak_1t:4.0%} of the 1-core FMA roof -> {rv['advice']}")
 assert all(advice[v] == ADVICE["memory"] for v in ("naive", "ikj", "blocked"))  # below the L1 ridge: intensity
 if G.isa() != "scalar":  # (forced scalar: the roof is the scalar FMA loop's, which the vectorised packed rung reaches)
-    assert advice["packed"] == ADVICE["compute"]  # 6x16 tile, plain C++ loops the compiler vectorises in part
-    assert ladder["simd"] > 1.5 * ladder["packed"]  # the advice, followed: packed + a hand-vectorised micro-kernel
+    if advice["packed"] == ADVICE["compute"]:  # the compiler vectorised packed's plain 6x16 loops only in part
+        assert ladder["simd"] > 1.5 * ladder["packed"]  # the advice, followed: a hand-vectorised micro-kernel
+    else:  # a -march=native build on an AVX-512 CPU: gcc turns those loops into zmm FMAs, packed is at the roof
+        assert advice["packed"] == ADVICE["roof"] and advice["simd"] == ADVICE["roof"]
 
 # %% [markdown]
 # Read the plot as a *hierarchical* roofline. The memory roof drawn is DRAM (STREAM); a rung whose operands come
