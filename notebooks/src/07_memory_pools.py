@@ -416,11 +416,11 @@ assert tab.rows and all(r.median_ms is None or r.median_ms > 0 for r in tab.rows
 # start/end events). **Greedy by size** (largest tensor first, into the tightest gap among tensors it overlaps in time)
 # uses the future and lands within 5% of that bound here (`plan` keeps the best of the strategies; asserted). **Greedy
 # by breadth** (TFLite's other planner: visit time steps widest first, place the tensors live there largest first) is
-# the third strategy; on the recorded CNN trace of §6 it meets the bound where greedy by size does not
-# (`tests/memory/test_memory_planner.py` asserts it). **Interval colouring** (by start time, lowest offset that fits)
-# does *not* get close: visiting tensors in start order and taking the lowest fitting offset is exactly what an online
-# first-fit allocator does, so it gets first fit's peak — the same number, asserted. Knowing lifetimes only pays off if
-# the plan uses them to place large, long-lived tensors first.
+# the third strategy; on the recorded CNN trace of §6 it meets the bound, where greedy by size need not (the replay
+# table prints both; `tests/memory/test_memory_planner.py` asserts breadth's). **Interval colouring** (by start time,
+# lowest offset that fits) does *not* get close: visiting tensors in start order and taking the lowest fitting offset is
+# exactly what an online first-fit allocator does, so it gets first fit's peak — the same number, asserted. Knowing
+# lifetimes only pays off if the plan uses them to place large, long-lived tensors first.
 
 # %%
 ops = M.random_ops(1500 if not FULL else 6000, (64, MiB), max_live=30, seed=4)

@@ -67,15 +67,16 @@ def test_greedy_by_breadth_places_the_widest_step_first() -> None:
 
 
 def test_plan_best_reaches_the_lower_bound_on_a_recorded_training_trace() -> None:
-    """Two SGD steps of the digits CNN, every numpy allocation recorded (notebook 07 §6): greedy by size and
-    interval colouring stay above the liveness bound here, greedy by breadth meets it."""
+    """Two SGD steps of the digits CNN, every numpy allocation recorded (notebook 07 §6): greedy by breadth meets the
+    liveness bound (within 5%) on every numeric path; greedy by size need not (1.12x on the AVX-512 path of a Zen 4,
+    equal to breadth on the forced-scalar one: the trace's allocation order differs)."""
     from tinylearn.memory.workload import training_trace
 
     lts = M.lifetimes_from_ops(training_trace(2, model="cnn", level="numpy"))
     lb = M.lower_bound(lts)
     peaks = {s: M.plan(lts, strategy=s)[1] for s in ("size", "interval", "breadth", "best")}
     assert peaks["best"] == min(peaks["size"], peaks["interval"], peaks["breadth"]) <= 1.05 * lb
-    assert peaks["breadth"] < peaks["size"]  # notebook 07 §7: "it meets the bound where greedy by size does not"
+    assert peaks["breadth"] <= 1.05 * lb  # notebook 07 §7: "it meets the bound"
 
 
 def test_plan_bad_input() -> None:
