@@ -92,10 +92,19 @@ class _Group:
                 raise ValueError(f"group: this process (global rank {dist.get_rank()}) is not a member of {self.ranks}")
 
     def isend(self, t: torch.Tensor, peer: int, tag: int) -> _Work:
-        return _Work(dist.isend(t, dst=self.ranks[peer], group=self.group, tag=tag), self, "send to", peer)
+        return self._post(dist.isend, t, peer, tag, "send to")
 
     def irecv(self, t: torch.Tensor, peer: int, tag: int) -> _Work:
-        return _Work(dist.irecv(t, src=self.ranks[peer], group=self.group, tag=tag), self, "receive from", peer)
+        return self._post(dist.irecv, t, peer, tag, "receive from")
+
+    def _post(self, op: Callable[..., Any], t: torch.Tensor, peer: int, tag: int, verb: str) -> _Work:
+        """Post a point-to-point request; posting raises too when the peer is already gone (gloo: 'Connection closed
+        by peer'), and gets the same named error as a failed wait."""
+        try:
+            work = op(t, self.ranks[peer], group=self.group, tag=tag)
+        except RuntimeError as e:
+            raise peer_failure(f"{verb} {self.name(peer)}", self.name(self.me), e) from e
+        return _Work(work, self, verb, peer)
 
     def name(self, member: int) -> str:
         """'rank 3' (world group) or 'rank 3 (group rank 1)' for a subgroup member."""
