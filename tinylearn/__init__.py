@@ -57,6 +57,7 @@ _SUBPACKAGES = (
     "testing",
     "inference",
     "parallel",
+    "compiler",
 )
 
 try:
@@ -84,6 +85,10 @@ def __getattr__(name: str) -> Any:
         from .exercise_check import check
 
         return check
+    if name == "compile":  # tl.compile (torch.compile's name) lives in tinylearn.compiler
+        from .compiler import compile
+
+        return compile
     if name == "autocast":  # tl.autocast lives in tinylearn.amp (imports ml_dtypes on first use)
         from .amp import autocast
 

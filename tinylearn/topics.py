@@ -373,6 +373,38 @@ TOPICS: tuple[Topic, ...] = (
         ),
         registers=("amp.bf16_ops",),
     ),
+    Topic(
+        "compiler",
+        "12_compiler",
+        "A small deep-learning compiler: capture, passes, fusion, loops, C++/Triton/CUDA codegen, vs torch.compile",
+        ("compiler",),
+        "12_compiler",
+        (
+            "test_graph",
+            "test_trace",
+            "test_passes",
+            "test_fusion",
+            "test_compile",
+            "test_autograd_compile",
+            "test_shapes",
+            "test_memory_plan",
+            "test_layout",
+            "test_loops",
+            "test_codegen_cpp",
+            "test_cc",
+            "test_codegen_triton",
+            "test_codegen_cuda",
+            "test_regalloc",
+            "test_listsched",
+            "test_polyhedral",
+        ),
+        "tinylearn.compiler.bench",
+        aliases=("compile", "jit"),
+        questions="19, 29, 36, 47, 54, 68, 72, 82, 83, 93, 108, 206, 215, 237, 275, 281",
+        # the generated C++ is compiled by the system compiler into its own .so, not into _C: no sanitizer run
+        sanitize=(),
+        path_independent=("test_regalloc", "test_listsched", "test_polyhedral", "test_codegen_cuda"),
+    ),
 )
 
 

@@ -113,6 +113,13 @@ assert abs(tl.dist.simulate("ring", 4, 1 << 20, alpha_s=1e-5, beta_s_per_byte=1e
 alloc = tl.memory.BumpAllocator(4096, backend="cpp")  # memory: C++ allocator
 o1, o2 = alloc.malloc(100), alloc.malloc(100)
 assert o2 > o1 and alloc.stats()["allocated"] >= 200
+ca = rng.standard_normal((64, 33)).astype(np.float32)  # compiler: generated C++, built by g++ at first call
+cb = rng.standard_normal((64, 33)).astype(np.float32)
+fc = tl.compile(lambda u, v: tl.nn.functional.gelu(u) * 1.5 + v)
+ref = (torch.nn.functional.gelu(torch.from_numpy(ca)) * 1.5 + torch.from_numpy(cb)).numpy()
+np.testing.assert_allclose(fc(tl.Tensor(ca), tl.Tensor(cb)).numpy(), ref, rtol=1e-5, atol=1e-5)
+assert len(fc.graphs()[-1].kernels()) == 1, fc.explain()
+
 print("wheel-smoke: import, one op per topic, cuda source lookup: ok")
 EOF
 say "python smoke ok"

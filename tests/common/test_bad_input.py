@@ -194,6 +194,13 @@ def _policy_rows(pkg: str) -> list[tuple]:
 # One list of rows per topic package: (id, statement, accepted exception names or OK, message fragment[, setup]).
 # Rows that need files, permissions or process groups build them in their setup snippet (the bench CLI rows, the
 # dist.launch rows), so every case of the suite is a row: no explicit test beside the two below.
+# the compiler's submodules (regalloc, listsched, ...) load on import, as a learner's script imports them
+_CSETUP = (
+    "import tinylearn.compiler as C\n"
+    "from tinylearn.compiler import cc, codegen_cpp, kernel_ir, listsched, loops, polyhedral, regalloc\n"
+    "B, I = kernel_ir.Buffer, kernel_ir.Instr"
+)
+
 CASES: dict[str, list[tuple]] = {
     "bench": [
         ("measure-not-callable", "tl.bench.measure(3)", TV, "fn"),
@@ -833,6 +840,40 @@ CASES: dict[str, list[tuple]] = {
         ("GPTConfig-np-int-ok", "assert tl.inference.GPTConfig(np.int64(16), 16, 2, 1, 32).vocab_size == 16", OK, ""),
         ("delta_compress-nan", "tl.inference.delta_compress(np.array([[np.nan, 1.0]]), 0.1)", TV, "x"),
         ("weighted_tail-nan", "tl.inference.weighted_tail_latency([float('nan')], [1.0])", TV, "latencies"),
+    ],
+    "compiler": [
+        ("compile-bad-backend", "tl.compile(lambda x: x, backend='tpu')", TV, "backend", _CSETUP),
+        ("compile-bad-mode", "tl.compile(lambda x: x, mode='fast')", TV, "mode", _CSETUP),
+        ("compile-not-callable", "tl.compile(3)", TV, "fn", _CSETUP),
+        ("mark_dynamic-bad-dim", "tl.compiler.mark_dynamic(tl.ones(2, 3), 5)", TV, "dim", _CSETUP),
+        ("regalloc-zero-registers", "C.regalloc.chaitin_briggs(C.regalloc.sum_of_squares_loop(), 0)", TV, "k", _CSETUP),
+        ("linear_scan-negative", "C.regalloc.linear_scan(C.regalloc.sum_of_squares_loop(), -1)", TV, "k", _CSETUP),
+        ("list_schedule-str-machine", "C.listsched.list_schedule([], 'zen4')", TV, "machine", _CSETUP),
+        ("polyhedral-not-unimodular", "C.polyhedral.check_unimodular([[2, 0], [0, 1]], 2)", TV, "transform", _CSETUP),
+        ("polyhedral-unknown-loop", "C.polyhedral.loop_nest([('i', 0, 3)], 'A[i] = A[j]')", TV, "'j'", _CSETUP),
+        ("cc-not-cpp", "C.cc.load('this is not C++')", ("RuntimeError",), "compiler", _CSETUP),
+        (
+            "codegen-int8-kernel",
+            "C.codegen_cpp.build(C.kernel_ir.FusedKernel('k', (2,), 0, [], [], [], dtype='int8'))",
+            TV,
+            "dtype",
+            _CSETUP,
+        ),
+        (
+            "kernel-unknown-op",
+            "C.loops.lower(C.kernel_ir.FusedKernel('k', (2,), 0, [], [], [C.kernel_ir.Instr(0, 'frobnicate', ())]))",
+            TV,
+            "frobnicate",
+            _CSETUP,
+        ),
+        (
+            "evaluate-wrong-shape",
+            "C.kernel_ir.evaluate(C.kernel_ir.FusedKernel('k', (2,), 0, [B('a', (2,), 'float32', (1,))], "
+            "[B('o', (2,), 'float32', (1,))], [I(0, 'load', (), 0), I(-1, 'store', (0,), 0)]), [np.ones(3)])",
+            TV,
+            "arrays[0]",
+            _CSETUP,
+        ),
     ],
     "amp": [
         ("GradScaler-negative", "tl.amp.GradScaler(init_scale=-1.0)", TV, "init_scale"),

@@ -554,6 +554,24 @@ CALLS: dict[str, list[Call]] = {
         Call("amp.int2_quantize/scale", "tl.amp.int2_quantize(np.ones(4), g)", "scale", reals(0.0)),
         Call("amp.fp4_encode/x", "tl.amp.fp4_encode(g)", "x", arrays((4, 5))),
     ],
+    "compiler": [
+        Call(
+            "compiler.mark_dynamic/dim",
+            "tl.compiler.mark_dynamic(tl.ones(2, 3), g)",
+            "dim",
+            ints(-2, 1, valid=(-1, 0, 1)),
+            view="tuple(r.shape)",
+        ),
+        Call(
+            "compiler.chaitin_briggs/k",
+            "ra.chaitin_briggs(ra.sum_of_squares_loop(), g)",
+            "k",
+            ints(1, huge=False, valid=(3, 5)),
+            setup="from tinylearn.compiler import regalloc as ra",
+            view="r.summary()",
+        ),
+        Call("compiler.compile/backend", "tl.compile(lambda x: x, backend=g)", "backend", names(("cpp", "numpy"))),
+    ],
 }
 
 

@@ -47,6 +47,10 @@ from typing import Any
 import numpy as np
 
 _autocast_hook: Any = None  # tinylearn.amp.autocast installs (cls, args, kwargs) -> outputs | NotImplemented
+# tinylearn.compiler.trace installs a recorder while it traces: (cls, args, kwargs) -> outputs (it runs the op itself
+# and records it as a graph node); the recorder also has ``escape(tensor, what)``, which Tensor's conversions to
+# Python values (bool, item, numpy, ...) call so data-dependent control flow becomes a graph break
+_trace_hook: Any = None
 
 
 class _GradMode:
@@ -122,6 +126,8 @@ class Function:
     # -- graph construction ---------------------------------------------------------------------------------
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        if _trace_hook is not None:  # tracing (tinylearn.compiler): the recorder runs the op and records it
+            return _trace_hook(cls, args, kwargs)
         if _autocast_hook is not None:  # the one autocast entry point: casts inputs/outputs of listed ops
             out = _autocast_hook(cls, args, kwargs)
             if out is not NotImplemented:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import function as _function
 from . import storage as _storage
 from .dtypes import as_array, as_dtype, is_floating
 from .errors import ShapeError
@@ -37,6 +38,8 @@ class Tensor(TensorMethods):
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """np.asarray(t) gives the data (no graph: use the Tensor methods for differentiable math)."""
+        if _function._trace_hook is not None:
+            _function._trace_hook.escape(self, "__array__")
         if dtype is not None and np.dtype(dtype) != self.data.dtype:
             return self.data.astype(dtype)
         return self.data.copy() if copy else self.data
@@ -146,14 +149,20 @@ class Tensor(TensorMethods):
             yield self[i]
 
     def numpy(self) -> np.ndarray:
+        if _function._trace_hook is not None:  # tracing: a value leaves the graph (tinylearn.compiler)
+            _function._trace_hook.escape(self, "numpy")
         return self.data
 
     def item(self) -> Any:
+        if _function._trace_hook is not None:
+            _function._trace_hook.escape(self, "item")
         if self.data.size != 1:
             raise ValueError(f"item: only one-element tensors can be converted to a scalar, got shape {self.shape}")
         return self.data.item()
 
     def tolist(self) -> Any:
+        if _function._trace_hook is not None:
+            _function._trace_hook.escape(self, "tolist")
         return self.data.tolist()
 
     def detach(self) -> Tensor:
@@ -202,6 +211,8 @@ class Tensor(TensorMethods):
         return f"Tensor({body}, dtype={self.data.dtype}{extra})"
 
     def __bool__(self) -> bool:
+        if _function._trace_hook is not None:  # tracing: data-dependent control flow is a graph break
+            _function._trace_hook.escape(self, "__bool__")
         if self.data.size != 1:
             raise RuntimeError(f"Boolean value of Tensor with more than one value is ambiguous (shape {self.shape})")
         return bool(self.data)
@@ -213,6 +224,8 @@ class Tensor(TensorMethods):
         return int(self.item())
 
     def __index__(self) -> int:
+        if _function._trace_hook is not None:
+            _function._trace_hook.escape(self, "__index__")
         if self.data.dtype.kind not in "iu" or self.data.size != 1:
             raise TypeError(f"only integer tensors of a single element can be converted to an index, got {self}")
         return int(self.data)

@@ -1,0 +1,163 @@
+"""``tinylearn bench compiler``: eager tinylearn, ``tl.compile``, torch eager, ``torch.compile`` and tinygrad TinyJit.
+
+One process, the same inputs for everyone (fp32). Two tables:
+
+    run time        median per call after warm-up (compilation happens in warm-up for every compiler)
+    compile time    the first call of a freshly compiled function, once: tl.compile cold (no kernel in memory, an
+                    empty TINYLEARN_CACHE_DIR), tl.compile again (trace + passes + kernel cache hit: what a new
+                    process with a warm disk cache pays too), torch.compile after ``torch._dynamo.reset()`` with
+                    Inductor's FX-graph cache off (cold as well), and tinygrad's first three calls (TinyJit captures
+                    on the second and replays from the third)
+
+Rows (``full=True`` doubles the sizes): a GELU + scale + residual chain, SiLU + residual, LayerNorm + GELU +
+residual, softmax over the last dim, and an MLP block (Linear-GELU-Linear + residual) forward.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..bench import Comparison, Table, tinygrad_jit
+from ..bench.table import Row
+
+
+def _cases(full: bool) -> list[tuple[str, tuple[tuple[int, ...], ...], str]]:
+    s = 2 if full else 1
+    n, rows, d = (1 << 22) * s, 2048 * s, 256  # 16 MiB per chain array: past the L2/L3, where fusion's bytes count
+    return [
+        ("gelu*1.5+res", ((n,), (n,)), "chain"),
+        ("silu+res", ((n,), (n,)), "silu"),
+        ("layernorm+gelu+res", ((rows, d), (rows, d), (d,), (d,)), "ln_gelu"),
+        ("softmax", ((rows, d),), "softmax"),
+        ("mlp block fwd", ((512 * s, d), (4 * d, d), (4 * d,), (d, 4 * d), (d,)), "mlp"),
+    ]
+
+
+def _fn(kind: str, lib: Any, F: Any) -> Callable[..., Any]:
+    """The same program written once for a torch-like namespace (tinylearn, torch) or tinygrad."""
+    if kind == "chain":
+        return lambda x, r: F.gelu(x) * 1.5 + r
+    if kind == "silu":
+        return lambda x, r: x * F.sigmoid(x) + r
+    if kind == "ln_gelu":
+        return lambda x, r, w, b: F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + r
+    if kind == "softmax":
+        return lambda x: F.softmax(x, -1)
+    return lambda x, w1, b1, w2, b2: x + F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def _tinygrad_fn(kind: str) -> Callable[..., Any]:
+    if kind == "chain":
+        return lambda x, r: x.gelu() * 1.5 + r  # tinygrad's gelu is the tanh form
+    if kind == "silu":
+        return lambda x, r: x.silu() + r
+    if kind == "ln_gelu":
+        return lambda x, r, w, b: (x.layernorm() * w + b).gelu() + r
+    if kind == "softmax":
+        return lambda x: x.softmax(-1)
+    return lambda x, w1, b1, w2, b2: x + (x.linear(w1.T, b1).gelu()).linear(w2.T, b2)
+
+
+def _arrays(shapes: tuple[tuple[int, ...], ...], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s, dtype=np.float32) * (0.05 if len(s) == 2 and s[0] != s[1] and i else 1.0)
+            for i, s in enumerate(shapes)]  # fmt: skip
+
+
+def _torch_compile_row(c: Any, fn: Callable[..., Any], args: list[Any]) -> float | None:
+    """Compile ``fn`` with torch.compile (Inductor, CPU) from a reset dynamo; time the first call; add the row."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1  # as Comparison.add_torch_compile: no background compile-worker pool
+    torch._dynamo.reset()
+    try:
+        # a cold compile, as tl.compile's: Inductor's on-disk FX-graph cache would make a rerun of this bench skip
+        # its codegen and C++ compile
+        with inductor_config.patch(fx_graph_cache=False):
+            t0 = time.perf_counter()
+            compiled = torch.compile(fn)
+            compiled(*args)
+            first = time.perf_counter() - t0
+    except Exception as e:  # no C++ compiler, an Inductor limitation: an n/a row naming it
+        c.unavailable("torch.compile", f"n/a: torch.compile failed ({type(e).__name__})")
+        return None
+    c.add("torch.compile", lambda: compiled(*args), note="Inductor CPU")
+    return first
+
+
+def run(
+    full: bool = False, progress: Callable[[str], None] | None = None, cases: tuple[str, ...] | None = None
+) -> list[Table]:
+    """The two tables (run time, compile time); ``cases`` picks rows by name (default: all)."""
+    import torch
+
+    from .. import autograd, nn
+    from . import api, cc, kernel_cache
+
+    F = nn.functional
+    cmp = Comparison("compiler: run time per call (fp32, 1 process)", baseline="torch", progress=progress)
+    compile_t = Table("compiler: first-call (compile) time", baseline="torch.compile")
+    cache_dir = tempfile.mkdtemp(prefix="tl-compiler-bench-")
+    old = os.environ.get("TINYLEARN_CACHE_DIR")
+    os.environ["TINYLEARN_CACHE_DIR"] = cache_dir
+    try:
+        chosen = _cases(full)
+        if cases is not None:
+            unknown = set(cases) - {c[0] for c in chosen}
+            if unknown:
+                raise ValueError(f"cases: unknown {sorted(unknown)}; choose from {[c[0] for c in chosen]}")
+            chosen = [c for c in chosen if c[0] in cases]
+        for name, shapes, kind in chosen:
+            arrs = _arrays(shapes)
+            tl_in = [autograd.Tensor(a) for a in arrs]
+            th_in = [torch.from_numpy(a) for a in arrs]
+            eager = _fn(kind, autograd, F)
+            with cmp.case(name, nbytes=sum(a.nbytes for a in arrs) + arrs[0].nbytes) as c:
+                c.add("tinylearn eager", lambda e=eager, t=tl_in: e(*t))
+                cc.clear_memory_cache()  # a cold compile: no kernel in memory, an empty on-disk cache dir
+                kernel_cache.CACHE.clear()
+                t0 = time.perf_counter()
+                compiled = api.compile(eager, backend="cpp")
+                compiled(*tl_in)
+                cold = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                again = api.compile(eager, backend="cpp")
+                again(*tl_in)
+                warm = time.perf_counter() - t0
+                c.add("tl.compile", lambda f=compiled, t=tl_in: f(*t))
+                torch_fn = _fn(kind, torch, torch.nn.functional)
+                c.add("torch", lambda f=torch_fn, t=th_in: f(*t))
+                tc = _torch_compile_row(c, torch_fn, th_in)
+                tg_fn = _tinygrad_fn(kind)
+
+                def build(
+                    tg: Any, f: Callable[..., Any] = tg_fn, a: list[np.ndarray] = arrs, case: str = name
+                ) -> Callable[[], Any]:
+                    xs = [tg.Tensor(x) for x in a]
+                    j = tinygrad_jit(f)
+                    t0 = time.perf_counter()
+                    for _ in range(3):
+                        j(*xs)
+                    compile_t.add(Row(case, "tinygrad TinyJit", (time.perf_counter() - t0) * 1e3, note="3 calls"))
+                    return lambda: j(*xs)
+
+                c.add_tinygrad("tinygrad", build)
+            compile_t.add(Row(name, "tl.compile (cold cache)", cold * 1e3))
+            compile_t.add(Row(name, "tl.compile again (kernel cache hit)", warm * 1e3))
+            compile_t.add(Row(name, "torch.compile", tc * 1e3 if tc is not None else None))
+    finally:
+        if old is None:
+            os.environ.pop("TINYLEARN_CACHE_DIR", None)
+        else:
+            os.environ["TINYLEARN_CACHE_DIR"] = old
+    cmp.note("tl.compile: backend='cpp' (generated C++ with OpenMP, compiled by the system compiler at first call)")
+    cmp.note("tinygrad: its gelu is the tanh approximation; the others compute the exact erf form")
+    compile_t.compute_ratios()
+    return [cmp.table, compile_t]

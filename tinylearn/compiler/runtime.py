@@ -1,0 +1,145 @@
+"""Execution of a compiled program: extern calls and fused kernels, in the graph's order.
+
+A ``Program`` is a list of steps over an environment ``env`` (node -> numpy array):
+
+    ExternStep(node)    ``node.target.forward(ctx, *arrays, **kwargs)`` with a fresh ``ctx`` -- the op's own numpy /
+                        C++ code, exactly what eager runs (Inductor calls these fallbacks "extern kernels")
+    KernelStep(...)     one ``FusedKernel``: its inputs read from env, its outputs written to env (reshaped to the
+                        nodes' shapes, e.g. a Sum without keepdim), run by the backend's callable
+
+Placeholders come from the call's arguments, params from ``param.data`` at call time, constants from the graph.
+``run_graph_with_ctx`` runs the unfused graph and keeps every node's ctx: the compiled autograd Function replays
+the recorded ops' own ``backward`` from them (autograd.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .graph import Graph, Node
+from .kernel_ir import FusedKernel
+
+
+def node_arrays(node: Node, env: dict[Node, Any]) -> tuple[tuple, dict]:
+    args = tuple(env[a] if isinstance(a, Node) else a for a in node.args)
+    kwargs = {k: env[v] if isinstance(v, Node) else v for k, v in node.kwargs.items()}
+    return args, kwargs
+
+
+def call_node(node: Node, env: dict[Node, Any], needs: tuple[bool, ...] | None = None) -> tuple[Any, Any]:
+    """Run one call node's Function forward on arrays; returns (output, ctx)."""
+    args, kwargs = node_arrays(node, env)
+    ctx = node.target()
+    ctx.needs_input_grad = needs if needs is not None else (False,) * len(args)
+    out = node.target.forward(ctx, *args, **kwargs)
+    if isinstance(out, tuple):
+        ctx.n_out = len(out)
+        out = tuple(np.asarray(o) for o in out)
+    else:
+        ctx.n_out = 1
+        out = np.asarray(out)
+    return out, ctx
+
+
+def leaf_value(node: Node, inputs: list[Any]) -> Any:
+    if node.kind == "placeholder":
+        return inputs[node.target]
+    if node.kind == "param":
+        return node.value.data
+    return node.value
+
+
+@dataclass
+class ExternStep:
+    node: Node
+
+    def run(self, env: dict[Node, Any]) -> None:
+        env[self.node] = call_node(self.node, env)[0]
+
+
+@dataclass
+class KernelStep:
+    kernel: FusedKernel
+    inputs: list[Node]
+    outputs: list[Node]
+    fn: Any  # callable(*arrays) -> list of arrays (kernel_ir.evaluate or a compiled backend)
+    backend: str = "numpy"
+
+    def run(self, env: dict[Node, Any], out: list[np.ndarray | None] | None = None) -> None:
+        """``out``: per output, an arena slot (shaped like the kernel's output) to write into, or None (allocate)."""
+        dt = np.dtype(self.kernel.dtype)
+        arrays = [np.ascontiguousarray(env[n], dtype=dt) for n in self.inputs]
+        if out is not None and any(o is not None for o in out):
+            if hasattr(self.fn, "kernel"):  # a CompiledKernel: writes into the slots (fresh arrays for the rest)
+                full = [np.empty(b.shape, dt) if o is None else o for o, b in zip(out, self.kernel.outputs)]
+                outs = self.fn(*arrays, out=full)
+            else:  # another backend: compute, then copy into the planned slots
+                outs = [o if slot is None else _copy_into(slot, o) for o, slot in zip(self.fn(*arrays), out)]
+        else:
+            outs = self.fn(*arrays)
+        for node, o in zip(self.outputs, outs):
+            env[node] = np.asarray(o).reshape(node.shape)
+
+
+def _copy_into(slot: np.ndarray, value: np.ndarray) -> np.ndarray:
+    np.copyto(slot, np.asarray(value).reshape(slot.shape))
+    return slot
+
+
+@dataclass
+class Program:
+    """The steps in order; ``memory`` (``passes.memory_plan.MemoryPlan``, optional): kernel outputs written into one
+    arena per program, reused across calls (a call that finds it in use by another thread gets a fresh one);
+    ``layout``: the layout pass's report."""
+
+    graph: Graph
+    steps: list[Any] = field(default_factory=list)
+    memory: Any = None
+    layout: Any = None  # passes.layout.LayoutReport: what the layout pass decided (None: not run)
+
+    def run(self, inputs: list[Any]) -> list[np.ndarray]:
+        env: dict[Node, Any] = {}
+        for n in self.graph.nodes:
+            if n.kind in ("placeholder", "param", "constant"):
+                env[n] = leaf_value(n, inputs)
+        if self.memory is None:
+            for s in self.steps:
+                s.run(env)
+            return [env[o] for o in self.graph.outputs]
+        handle = self.memory.acquire()
+        slots = handle[1]
+        try:
+            for i, s in enumerate(self.steps):
+                if isinstance(s, KernelStep) and i in slots:
+                    s.run(env, slots[i])
+                else:
+                    s.run(env)
+            return [env[o] for o in self.graph.outputs]  # never in the arena (the planner leaves them out)
+        finally:
+            self.memory.release(handle)
+
+
+def extern_program(graph: Graph) -> Program:
+    """Every call node as an extern step (the numpy reference of a graph)."""
+    steps: list[Any] = []
+    for n in graph.nodes:
+        if n.kind == "call":
+            steps.append(ExternStep(n))
+        elif n.kind == "getitem":
+            steps.append(GetItemStep(n))
+    return Program(graph, steps)
+
+
+@dataclass
+class GetItemStep:
+    node: Node
+
+    def run(self, env: dict[Node, Any]) -> None:
+        env[self.node] = env[self.node.args[0]][self.node.target]
+
+
+def run_graph(graph: Graph, inputs: list[Any]) -> list[np.ndarray]:
+    return extern_program(graph).run(inputs)
