@@ -10,7 +10,8 @@ One process, the same inputs for everyone (fp32). Two tables:
                     on the second and replays from the third)
 
 Rows (``full=True`` doubles the sizes): a GELU + scale + residual chain, SiLU + residual, LayerNorm + GELU +
-residual, softmax over the last dim, and an MLP block (Linear-GELU-Linear + residual) forward.
+residual, softmax over the last dim, GroupNorm (8 groups) + SiLU, and an MLP block (Linear-GELU-Linear + residual)
+forward, and forward + backward w.r.t. its weights (a training step without the optimizer).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def _cases(full: bool) -> list[tuple[str, tuple[tuple[int, ...], ...], str]]:
         ("silu+res", ((n,), (n,)), "silu"),
         ("layernorm+gelu+res", ((rows, d), (rows, d), (d,), (d,)), "ln_gelu"),
         ("softmax", ((rows, d),), "softmax"),
+        ("groupnorm+silu", ((8 * s, 64, 32, 32), (64,), (64,)), "groupnorm"),
         ("mlp block fwd", ((512 * s, d), (4 * d, d), (4 * d,), (d, 4 * d), (d,)), "mlp"),
+        ("mlp block fwd+bwd", ((512 * s, d), (4 * d, d), (4 * d,), (d, 4 * d), (d,)), "mlp_train"),
     ]
 
 
@@ -49,7 +52,23 @@ def _fn(kind: str, lib: Any, F: Any) -> Callable[..., Any]:
         return lambda x, r, w, b: F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + r
     if kind == "softmax":
         return lambda x: F.softmax(x, -1)
+    if kind == "groupnorm":
+        return lambda x, w, b: F.silu(F.group_norm(x, 8, w, b))
     return lambda x, w1, b1, w2, b2: x + F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def _train(fwd: Callable[..., Any], args: list[Any]) -> Callable[[], Any]:
+    """One forward + backward of sum(fwd(*args)) w.r.t. the weights (args[1:]), the gradients reset first: what a
+    training step costs without the optimizer (the same for tinylearn and torch)."""
+
+    def step() -> Any:
+        for a in args[1:]:
+            a.grad = None
+        out = fwd(*args).sum()
+        out.backward()
+        return out
+
+    return step
 
 
 def _tinygrad_fn(kind: str) -> Callable[..., Any]:
@@ -61,7 +80,25 @@ def _tinygrad_fn(kind: str) -> Callable[..., Any]:
         return lambda x, r, w, b: (x.layernorm() * w + b).gelu() + r
     if kind == "softmax":
         return lambda x: x.softmax(-1)
-    return lambda x, w1, b1, w2, b2: x + (x.linear(w1.T, b1).gelu()).linear(w2.T, b2)
+    if kind == "groupnorm":
+
+        def gn(x: Any, w: Any, b: Any) -> Any:
+            n, c = x.shape[0], x.shape[1]
+            y = x.reshape(n, 8, -1).layernorm(axis=-1).reshape(x.shape)
+            return (y * w.reshape(1, c, 1, 1) + b.reshape(1, c, 1, 1)).silu()
+
+        return gn
+    mlp = lambda x, w1, b1, w2, b2: x + (x.linear(w1.T, b1).gelu()).linear(w2.T, b2)  # noqa: E731
+    if kind == "mlp":
+        return mlp
+
+    def train(x: Any, *ws: Any) -> Any:
+        for w in ws:
+            w.grad = None
+        mlp(x, *ws).sum().backward()
+        return tuple(w.grad for w in ws)
+
+    return train
 
 
 def _arrays(shapes: tuple[tuple[int, ...], ...], seed: int = 0) -> list[np.ndarray]:
@@ -70,8 +107,9 @@ def _arrays(shapes: tuple[tuple[int, ...], ...], seed: int = 0) -> list[np.ndarr
             for i, s in enumerate(shapes)]  # fmt: skip
 
 
-def _torch_compile_row(c: Any, fn: Callable[..., Any], args: list[Any]) -> float | None:
-    """Compile ``fn`` with torch.compile (Inductor, CPU) from a reset dynamo; time the first call; add the row."""
+def _torch_compile_row(c: Any, fn: Callable[..., Any], call: Callable[..., Callable[[], Any]]) -> float | None:
+    """Compile ``fn`` with torch.compile (Inductor, CPU) from a reset dynamo; time the first ``call(compiled)()``
+    (a forward, or a forward + backward); add the row."""
     import torch
     import torch._inductor.config as inductor_config
 
@@ -82,13 +120,13 @@ def _torch_compile_row(c: Any, fn: Callable[..., Any], args: list[Any]) -> float
         # its codegen and C++ compile
         with inductor_config.patch(fx_graph_cache=False):
             t0 = time.perf_counter()
-            compiled = torch.compile(fn)
-            compiled(*args)
+            run = call(torch.compile(fn))
+            run()
             first = time.perf_counter() - t0
     except Exception as e:  # no C++ compiler, an Inductor limitation: an n/a row naming it
         c.unavailable("torch.compile", f"n/a: torch.compile failed ({type(e).__name__})")
         return None
-    c.add("torch.compile", lambda: compiled(*args), note="Inductor CPU")
+    c.add("torch.compile", run, note="Inductor CPU")
     return first
 
 
@@ -115,32 +153,49 @@ def run(
                 raise ValueError(f"cases: unknown {sorted(unknown)}; choose from {[c[0] for c in chosen]}")
             chosen = [c for c in chosen if c[0] in cases]
         for name, shapes, kind in chosen:
+            train = kind == "mlp_train"  # forward + backward of the MLP block w.r.t. its weights
+            fwd_kind = "mlp" if train else kind
             arrs = _arrays(shapes)
-            tl_in = [autograd.Tensor(a) for a in arrs]
-            th_in = [torch.from_numpy(a) for a in arrs]
-            eager = _fn(kind, autograd, F)
+            tl_in = [autograd.Tensor(a, requires_grad=train and i > 0) for i, a in enumerate(arrs)]
+            th_in = [torch.from_numpy(a).requires_grad_(train and i > 0) for i, a in enumerate(arrs)]
+
+            def tl_call(f: Callable[..., Any], t: list[Any] = tl_in, tr: bool = train) -> Callable[[], Any]:
+                return _train(f, t) if tr else lambda: f(*t)
+
+            def th_call(f: Callable[..., Any], t: list[Any] = th_in, tr: bool = train) -> Callable[[], Any]:
+                return _train(f, t) if tr else lambda: f(*t)
+
+            eager = _fn(fwd_kind, autograd, F)
             with cmp.case(name, nbytes=sum(a.nbytes for a in arrs) + arrs[0].nbytes) as c:
-                c.add("tinylearn eager", lambda e=eager, t=tl_in: e(*t))
+                c.add("tinylearn eager", tl_call(eager))
                 cc.clear_memory_cache()  # a cold compile: no kernel in memory, an empty on-disk cache dir
                 kernel_cache.CACHE.clear()
                 t0 = time.perf_counter()
                 compiled = api.compile(eager, backend="cpp")
-                compiled(*tl_in)
+                tl_call(compiled)()  # traces (runs eagerly once)
+                tl_call(compiled)()  # the first compiled call (builds the joint forward/backward when training)
                 cold = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 again = api.compile(eager, backend="cpp")
-                again(*tl_in)
+                tl_call(again)()
+                tl_call(again)()
                 warm = time.perf_counter() - t0
-                c.add("tl.compile", lambda f=compiled, t=tl_in: f(*t))
-                torch_fn = _fn(kind, torch, torch.nn.functional)
-                c.add("torch", lambda f=torch_fn, t=th_in: f(*t))
-                tc = _torch_compile_row(c, torch_fn, th_in)
+                c.add("tl.compile", tl_call(compiled))
+                torch_fn = _fn(fwd_kind, torch, torch.nn.functional)
+                c.add("torch", th_call(torch_fn))
+                tc = _torch_compile_row(c, torch_fn, th_call)
                 tg_fn = _tinygrad_fn(kind)
 
                 def build(
-                    tg: Any, f: Callable[..., Any] = tg_fn, a: list[np.ndarray] = arrs, case: str = name
+                    tg: Any,
+                    f: Callable[..., Any] = tg_fn,
+                    a: list[np.ndarray] = arrs,
+                    case: str = name,
+                    tr: bool = train,
                 ) -> Callable[[], Any]:
                     xs = [tg.Tensor(x) for x in a]
+                    for w in xs[1:] if tr else ():
+                        w.requires_grad = True
                     j = tinygrad_jit(f)
                     t0 = time.perf_counter()
                     for _ in range(3):
