@@ -411,3 +411,22 @@ def test_incremental_revision_rebuilds_only_the_layer_whose_shape_changed():
     assert c.stats["recompiles"] == 1 and CACHE.stats["builds"] == first + 1  # only B's kernel is new
     np.testing.assert_allclose(b.data, TF.layer_norm(torch.from_numpy(_a(4, 24)), (24,)).relu().numpy(), **F32)
     np.testing.assert_allclose(a.data, TF.softmax(torch.from_numpy(_a(4, 8)) * 2.0, -1).numpy(), **F32)
+
+
+def test_missing_cxx_falls_back_to_numpy_with_a_warning(monkeypatch, tmp_path):
+    """No C++ compiler (``$CXX`` names a program that does not exist, as on a box without a toolchain): the fused
+    kernels run on the numpy reference, the warning names the backend and the reason, and results stay right."""
+    from tinylearn.compiler import cc
+    from tinylearn.compiler.kernel_cache import CACHE
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("TINYLEARN_CACHE_DIR", str(tmp_path / "cache"))
+    cc.clear_memory_cache()
+    CACHE.clear()
+    f = tc.compile(lambda x: (x * 3.0).tanh() + 1.0, backend="cpp")
+    x = tl.Tensor(np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32))
+    with pytest.warns(UserWarning, match=r"backend 'cpp' unavailable \(RuntimeError: C\+\+ compiler .* cannot run"):
+        f(x)  # traces, then builds the kernels: the compiler is missing
+    got = f(x)
+    np.testing.assert_allclose(got.numpy(), np.tanh(x.numpy() * 3.0) + 1.0, rtol=1e-5, atol=1e-6)
+    assert f.graphs()[0].backends == ["numpy"] and CACHE.stats["fallbacks"] == 1
