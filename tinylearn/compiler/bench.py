@@ -130,6 +130,59 @@ def _torch_compile_row(c: Any, fn: Callable[..., Any], call: Callable[..., Calla
     return first
 
 
+CNN_CASE = "digits-CNN train step (b32, 28x28)"
+
+
+def _cnn_train_case(cmp: Comparison, compile_t: Table) -> None:
+    """A whole training step (forward, cross-entropy, backward, SGD with momentum) of notebook 01's CNN: the
+    tl.compile row compiles the model's forward and backward (convs and pools stay extern calls, their ReLUs and the
+    loss's point-wise work fused); the other rows reuse ``tinylearn bench autograd``'s builders (same weights)."""
+    import torch
+
+    from .. import autograd, nn, optim
+    from ..autograd import bench as ab
+    from . import api
+
+    step_eager, model_eager = ab.tinylearn_cnn_step()
+    autograd.manual_seed(0)
+    model = ab._cnn_tl()
+    X, y = ab._batch((32, 1, 28, 28))
+    xt = autograd.Tensor(X)
+    compiled = api.compile(model, backend="cpp")
+    opt = optim.SGD(list(model.parameters()), lr=0.01, momentum=0.9)
+
+    def step() -> Any:
+        loss = nn.functional.cross_entropy(compiled(xt), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with cmp.case(CNN_CASE) as c:
+        c.add("tinylearn eager", step_eager)
+        t0 = time.perf_counter()
+        step()
+        step()  # the first call traces; the second builds the joint forward/backward program
+        compile_t.add(Row(CNN_CASE, "tl.compile (2 first steps)", (time.perf_counter() - t0) * 1e3))
+        c.add("tl.compile", step)
+        c.add("torch", ab.torch_step(ab.torch_cnn_model(model_eager), X, y))
+        th = ab.torch_cnn_model(model_eager)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
+        torch._dynamo.reset()
+        tstep = ab.torch_step(th, X, y, compile=True)
+        t0 = time.perf_counter()
+        try:
+            tstep()
+            compile_t.add(Row(CNN_CASE, "torch.compile", (time.perf_counter() - t0) * 1e3))
+            c.add("torch.compile", tstep, note="Inductor CPU")
+        except Exception as e:
+            c.unavailable("torch.compile", f"n/a: torch.compile failed ({type(e).__name__})")
+        state = {k: v.detach().numpy().copy() for k, v in th.state_dict().items()}
+        c.add_tinygrad("tinygrad", ab.tinygrad_step_builder("cnn", X, y, state))
+
+
 def run(
     full: bool = False, progress: Callable[[str], None] | None = None, cases: tuple[str, ...] | None = None
 ) -> list[Table]:
@@ -148,9 +201,9 @@ def run(
     try:
         chosen = _cases(full)
         if cases is not None:
-            unknown = set(cases) - {c[0] for c in chosen}
+            unknown = set(cases) - {c[0] for c in chosen} - {CNN_CASE}
             if unknown:
-                raise ValueError(f"cases: unknown {sorted(unknown)}; choose from {[c[0] for c in chosen]}")
+                raise ValueError(f"cases: unknown {sorted(unknown)}; choose from {[c[0] for c in chosen] + [CNN_CASE]}")
             chosen = [c for c in chosen if c[0] in cases]
         for name, shapes, kind in chosen:
             train = kind == "mlp_train"  # forward + backward of the MLP block w.r.t. its weights
@@ -207,6 +260,8 @@ def run(
             compile_t.add(Row(name, "tl.compile (cold cache)", cold * 1e3))
             compile_t.add(Row(name, "tl.compile again (kernel cache hit)", warm * 1e3))
             compile_t.add(Row(name, "torch.compile", tc * 1e3 if tc is not None else None))
+        if cases is None or CNN_CASE in cases:
+            _cnn_train_case(cmp, compile_t)
     finally:
         if old is None:
             os.environ.pop("TINYLEARN_CACHE_DIR", None)
