@@ -10,8 +10,9 @@ One process, the same inputs for everyone (fp32). Two tables:
                     on the second and replays from the third)
 
 Rows (``full=True`` doubles the sizes): a GELU + scale + residual chain, SiLU + residual, LayerNorm + GELU +
-residual, softmax over the last dim, GroupNorm (8 groups) + SiLU, and an MLP block (Linear-GELU-Linear + residual)
-forward, and forward + backward w.r.t. its weights (a training step without the optimizer).
+residual, softmax over the last dim, GroupNorm (8 groups) + SiLU, an MLP block (Linear-GELU-Linear + residual)
+forward, and forward + backward w.r.t. its weights (a training step without the optimizer); then a transformer
+forward (TinyGPT's blocks and head) and a whole training step of the digits CNN.
 """
 
 from __future__ import annotations
@@ -183,6 +184,67 @@ def _cnn_train_case(cmp: Comparison, compile_t: Table) -> None:
         c.add_tinygrad("tinygrad", ab.tinygrad_step_builder("cnn", X, y, state))
 
 
+GPT_CASE = "TinyGPT blocks+head fwd (S=128)"
+
+
+def _gpt_case(cmp: Comparison, compile_t: Table, seq: int = 128) -> None:
+    """A transformer forward: TinyGPT's 4 blocks (LayerNorm, GQA attention with RoPE, GELU MLP, residuals) and the
+    head, on the embedded prompt [1, S, d] (``tinylearn bench inference``'s config and weights from its torch
+    reference). tl.compile fuses the LayerNorms, GELUs, residual adds and the attention's softmax/scale; matmuls
+    stay extern. tinygrad runs its TinyGPT prefill graph (tinylearn.inference.tinygrad_ref: the same blocks and head,
+    with the embedding as a one-hot matmul in front) under TinyJit."""
+    import torch
+
+    from .. import autograd
+    from ..autograd import no_grad
+    from ..inference.bench import BENCH_CONFIG as cfg
+    from ..inference.model import TinyGPT
+    from ..inference.tinygrad_ref import build_prefill, jit_compiled
+    from ..inference.torch_ref import torch_reference
+    from . import api
+
+    torch.manual_seed(0)
+    ref = torch_reference(cfg).eval()
+    model = TinyGPT.from_config(cfg).load_torch_state_dict(ref.state_dict())
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, seq))
+    with torch.no_grad():
+        emb = ref.tok_emb(torch.from_numpy(ids))
+    h = autograd.Tensor(emb.numpy())
+
+    def tl_fwd(x: Any) -> Any:
+        for i, blk in enumerate(model.blocks):
+            x = blk(x, model._rope, 0, None, i)
+        return model.lm_head(model.ln_f(x))
+
+    def th_fwd(x: Any) -> Any:
+        rope = (ref.rope_cos, ref.rope_sin)
+        for blk in ref.blocks:
+            x, _ = blk(x, rope, 0, None)
+        return ref.lm_head(ref.ln_f(x))
+
+    compiled = api.compile(tl_fwd, backend="cpp")
+    with cmp.case(GPT_CASE) as c, no_grad(), torch.no_grad():
+        c.add("tinylearn eager", lambda: tl_fwd(h))
+        t0 = time.perf_counter()
+        compiled(h)
+        compiled(h)
+        compile_t.add(Row(GPT_CASE, "tl.compile (cold cache)", (time.perf_counter() - t0) * 1e3))
+        ok = np.allclose(compiled(h).numpy(), th_fwd(emb).numpy(), rtol=1e-4, atol=1e-4)
+        c.add("tl.compile", lambda: compiled(h), note="" if ok else "MISMATCH vs torch")
+        c.add("torch", lambda: th_fwd(emb))
+        tc = _torch_compile_row(c, th_fwd, lambda f: lambda: f(emb))
+        compile_t.add(Row(GPT_CASE, "torch.compile", tc * 1e3 if tc is not None else None))
+        sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+
+        def build(tg: Any) -> Callable[[], Any]:
+            step, make_inputs = build_prefill(tg, cfg, sd, seq, seq)
+            replay, secs = jit_compiled(tg, step, make_inputs(ids[0]))
+            compile_t.add(Row(GPT_CASE, "tinygrad TinyJit", secs * 1e3, note="2 calls"))
+            return replay
+
+        c.add_tinygrad("tinygrad", build, note="TinyJit, prefill incl. one-hot embedding")
+
+
 def run(
     full: bool = False, progress: Callable[[str], None] | None = None, cases: tuple[str, ...] | None = None
 ) -> list[Table]:
@@ -201,9 +263,10 @@ def run(
     try:
         chosen = _cases(full)
         if cases is not None:
-            unknown = set(cases) - {c[0] for c in chosen} - {CNN_CASE}
+            extra = [GPT_CASE, CNN_CASE]
+            unknown = set(cases) - {c[0] for c in chosen} - set(extra)
             if unknown:
-                raise ValueError(f"cases: unknown {sorted(unknown)}; choose from {[c[0] for c in chosen] + [CNN_CASE]}")
+                raise ValueError(f"cases: unknown {sorted(unknown)}; choose from {[c[0] for c in chosen] + extra}")
             chosen = [c for c in chosen if c[0] in cases]
         for name, shapes, kind in chosen:
             train = kind == "mlp_train"  # forward + backward of the MLP block w.r.t. its weights
@@ -260,6 +323,10 @@ def run(
             compile_t.add(Row(name, "tl.compile (cold cache)", cold * 1e3))
             compile_t.add(Row(name, "tl.compile again (kernel cache hit)", warm * 1e3))
             compile_t.add(Row(name, "torch.compile", tc * 1e3 if tc is not None else None))
+        if cases is None or GPT_CASE in cases:
+            kernel_cache.CACHE.clear()
+            cc.clear_memory_cache()
+            _gpt_case(cmp, compile_t)
         if cases is None or CNN_CASE in cases:
             _cnn_train_case(cmp, compile_t)
     finally:
