@@ -87,7 +87,9 @@ def test_recompute_rule(impl: ModuleType) -> None:
 @pytest.mark.parametrize("shape", [(1, 1), (5, 7), (33, 1000)])
 def test_row_reduce(impl: ModuleType, shape: tuple[int, int]) -> None:
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    np.testing.assert_allclose(impl.row_reduce(x, "sum"), x.sum(axis=1), rtol=1e-5, atol=1e-5)
+    # oracle in float64: numpy's own float32 sum is off by ~1e-5 on these 1000-element rows (and depends on its SIMD
+    # path); DESIGN.md's widened tolerance for reductions over ~1k elements
+    np.testing.assert_allclose(impl.row_reduce(x, "sum"), x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(impl.row_reduce(x, "max"), x.max(axis=1))
 
 
