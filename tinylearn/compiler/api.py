@@ -54,7 +54,7 @@ from .kernel_ir import FusedKernel
 from .listing import kernel_listing
 from .passes import layout
 from .passes.memory_plan import attach as _plan_memory
-from .runtime import ExternStep, GetItemStep, KernelStep, Program
+from .runtime import ExternStep, KernelStep, Program
 from .trace import GraphBreak, capture, check_reproducible, module_params
 
 BACKENDS = ("cpp", "numpy", "triton")
@@ -115,23 +115,7 @@ def build(graph: Graph, backend: str, mode: str) -> tuple[CompiledGraph, list[st
     reports.append(passes.patterns.run(infer))
     passes.dce.run(infer)
     plan = fusion.plan(infer, mode)
-    kernels = fusion.build_kernels(plan)
-    steps: list[Any] = []
-    fns, used, reasons = [], [], []
-    for k, _, _ in kernels:
-        fn, b, why = _backend_fn(k, backend)
-        fns.append(fn)
-        used.append(b)
-        if why:
-            reasons.append(why)
-    for u in fusion.schedule(plan):
-        if isinstance(u, int):
-            k, ins, outs = kernels[u]
-            steps.append(KernelStep(k, ins, outs, fns[u], used[u]))
-        elif u.kind == "getitem":
-            steps.append(GetItemStep(u))
-        else:
-            steps.append(ExternStep(u))
+    steps, used, reasons = fusion.program_steps(plan, _backend_fn, backend)
     program = Program(infer, steps)
     # layout selection: permutes read by fused kernels fold into their load strides; one read by several extern
     # ops is made contiguous once (passes/layout.py); TINYLEARN_LAYOUT=0 turns it off (as TINYLEARN_MEMORY_PLAN=0)

@@ -33,6 +33,7 @@ reader (its store and loads disappear). The cost rule, in bytes moved (``flop_co
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ import numpy as np
 from .graph import Graph, Node
 from .kernel_ir import FusedKernel
 from .lowering import KernelBuilder, fusible, lower
+from .runtime import ExternStep, GetItemStep, KernelStep
 
 MODES = ("default", "max-fusion")
 
@@ -366,3 +368,33 @@ def schedule(fp: FusionPlan) -> list[Any]:
     if len(order) != len(units):
         raise RuntimeError("fusion: the kernel schedule has a cycle (a fusion decision was wrong)")
     return order
+
+
+def program_steps(
+    fp: FusionPlan,
+    backend_fn: Callable[[FusedKernel, str], tuple[Callable[..., list], str, str | None]],
+    backend: str,
+    extern_step: Callable[[Node], Any] = ExternStep,
+) -> tuple[list[Any], list[str], list[str]]:
+    """The plan as runtime steps in schedule order: (steps, backend used per kernel, backend fallback reasons).
+
+    ``backend_fn(kernel, backend)`` -> (callable, backend used, fallback reason or None) builds each kernel (api's
+    cached builder); ``extern_step(node)`` makes the step of an unfused call (the joint forward keeps some ctxs)."""
+    kernels = build_kernels(fp)
+    fns, used, reasons = [], [], []
+    for k, _, _ in kernels:
+        fn, b, why = backend_fn(k, backend)
+        fns.append(fn)
+        used.append(b)
+        if why:
+            reasons.append(why)
+    steps: list[Any] = []
+    for u in schedule(fp):
+        if isinstance(u, int):
+            k, ins, outs = kernels[u]
+            steps.append(KernelStep(k, ins, outs, fns[u], used[u]))
+        elif u.kind == "getitem":
+            steps.append(GetItemStep(u))
+        else:
+            steps.append(extern_step(u))
+    return steps, used, reasons

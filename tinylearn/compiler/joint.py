@@ -40,7 +40,7 @@ from . import fusion
 from .derivatives import VJPBuilder, vjp
 from .graph import Graph, Node
 from .lowering import fusible
-from .runtime import ExternStep, GetItemStep, KernelStep, call_node, leaf_value
+from .runtime import ExternStep, call_node, leaf_value
 
 MAX_RECOMPUTE = 12  # ops in a recomputed point-wise cone, at most
 LEAVES = ("placeholder", "param", "constant")
@@ -117,25 +117,9 @@ def compile_program(
     """Fuse ``graph`` and build its kernels (``backend_fn``: api's cached kernel builder); nodes in ``ctx_nodes``
     stay extern steps that keep their ctx. Returns the program and the backend fallback reasons."""
     plan = fusion.plan(graph, mode, exclude=set(ctx_nodes), horizontal=horizontal)
-    kernels = fusion.build_kernels(plan)
-    fns, used, reasons = [], [], []
-    for k, _, _ in kernels:
-        fn, b, why = backend_fn(k, backend)
-        fns.append(fn)
-        used.append(b)
-        if why:
-            reasons.append(why)
-    steps: list[Any] = []
-    for u in fusion.schedule(plan):
-        if isinstance(u, int):
-            k, ins, outs = kernels[u]
-            steps.append(KernelStep(k, ins, outs, fns[u], used[u]))
-        elif u.kind == "getitem":
-            steps.append(GetItemStep(u))
-        elif u in ctx_nodes:
-            steps.append(CtxStep(u, ctx_nodes[u]))
-        else:
-            steps.append(ExternStep(u))
+    steps, used, reasons = fusion.program_steps(
+        plan, backend_fn, backend, lambda u: CtxStep(u, ctx_nodes[u]) if u in ctx_nodes else ExternStep(u)
+    )
     return Compiled(graph, plan, steps, used), reasons
 
 
