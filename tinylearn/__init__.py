@@ -58,6 +58,7 @@ _SUBPACKAGES = (
     "inference",
     "parallel",
     "compiler",
+    "serve",
 )
 
 try:

@@ -310,6 +310,29 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tinylearn.serve.server import run_server
+
+    kw = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks")}
+    kw.update(policy=args.policy, preemption=args.preemption, enable_prefix_caching=not args.no_prefix_caching)
+    try:
+        run_server(
+            args.model,
+            host=args.host,
+            port=args.port,
+            allow_remote=args.allow_remote,
+            seed=args.seed,
+            max_waiting=args.max_waiting,
+            drain_timeout_s=args.drain_timeout,
+            log_level=args.log_level,
+            **kw,
+        )
+    except (ValueError, TypeError) as e:
+        print(f"tinylearn serve: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="tinylearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -336,8 +359,25 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("dir", metavar="DIR")
     cp.add_argument("--force", action="store_true", help="overwrite existing files in DIR")
     sub.add_parser("info", help="versions, CPU numeric paths, devices and compilers")
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server on TinyGPT (FastAPI + uvicorn, loopback only)")
+    s.add_argument("--model", default="tiny", help="'tiny' (random-init TinyGPT, seeded) or a save_model .safetensors")
+    s.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+    s.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host (no auth, no TLS!)")
+    s.add_argument("--max-waiting", type=_positive_int, default=64, help="bounded queue: beyond it answer 429")
+    s.add_argument("--max-num-seqs", type=_positive_int, default=32)
+    s.add_argument("--max-num-batched-tokens", type=_positive_int, default=256)
+    s.add_argument("--block-size", type=_positive_int, default=16)
+    s.add_argument("--num-blocks", type=_positive_int, default=None)
+    s.add_argument("--policy", default="fcfs")
+    s.add_argument("--preemption", default="recompute", choices=("recompute", "swap"))
+    s.add_argument("--no-prefix-caching", action="store_true")
+    s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for in-flight requests")
+    s.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     cmds = {"bench": _cmd_bench, "check": _cmd_check, "exercises": _cmd_exercises, "info": _cmd_info}
+    cmds["serve"] = _cmd_serve
     try:
         return cmds[args.cmd](args)
     except OSError as e:  # a path that is a folder where a file is expected (or the reverse), unwritable, ...

@@ -405,6 +405,37 @@ TOPICS: tuple[Topic, ...] = (
         sanitize=(),
         path_independent=("test_regalloc", "test_listsched", "test_polyhedral", "test_codegen_cuda"),
     ),
+    Topic(
+        "serve",
+        "13_llm_serving",
+        "LLM serving: continuous batching, paged KV with prefix caching, chunked prefill, preemption, KV tiers, "
+        "an OpenAI-compatible server, load tests",
+        ("serve",),
+        "13_llm_serving",
+        (
+            "test_serve_engine",
+            "test_serve_scheduler",
+            "test_serve_block_manager",
+            "test_serve_tiering",
+            "test_serve_latency",
+            "test_serve_server",
+            "test_serve_hf",
+            "test_serve_loadgen",
+            "test_serve_journal",
+            "test_serve_prewarm",
+            "test_serve_eviction",
+            "test_serve_autoscale",
+            "test_serve_pipeline",
+            "test_serve_beams",
+            "test_serve_parallel_choice",
+        ),
+        "tinylearn.serve.bench",
+        aliases=("serving", "llm_serving"),
+        questions="106, 107, 113, 124, 133, 143, 162, 183, 189, 193, 198, 203, 220, 224, 244, 259, 261",
+        # the engine reaches C++ through the paged-attention decode kernel and the GEMMs of TinyGPT's layers
+        sanitize=("test_serve_engine", "test_serve_block_manager"),
+        path_independent=("test_serve_tiering", "test_serve_journal", "test_serve_prewarm"),
+    ),
 )
 
 

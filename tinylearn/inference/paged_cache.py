@@ -16,6 +16,12 @@ partially filled block.
                                and return the evicted K/V (an offload store); ``restore_tokens`` re-expands them
     match_prefix(ids)          automatic prefix caching (vLLM): a new sequence sharing the longest run of indexed
                                full blocks that equals a prefix of ``ids``; counts lookups and hit tokens
+    keep_cached=True           (opt-in) an indexed block whose refcount falls to 0 is not freed: it stays indexed as a
+                               *free cached* block in an LRU list, reusable by ``match_prefix`` until the allocator
+                               needs it (then the least recently freed one is evicted and unindexed); a sequence's
+                               blocks are released tail first, so a chain's last blocks are evicted before its head
+    reserve(seq, end) / truncate(seq, n)   the serving engine's hooks: allocate the blocks for positions < end
+                               (copy-on-write of shared ones) before writing K/V itself; drop positions >= n
     out of blocks              MemoryError naming num_blocks, raised before anything is modified
 
 INT8 mode stores each token's K and V per head as int8 codes with one float32 scale per (token, head):
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -64,6 +71,7 @@ class PagedKVCache:
         num_blocks: int,
         block_size: int = 16,
         dtype: str = "float32",
+        keep_cached: bool = False,
     ) -> None:
         self.n_layers = _pos_int("n_layers", n_layers)
         self.n_kv_heads = _pos_int("n_kv_heads", n_kv_heads)
@@ -106,6 +114,11 @@ class PagedKVCache:
         self.prefix_queries = 0
         self.prefix_lookup_tokens = 0
         self.prefix_hit_tokens = 0
+        if not isinstance(keep_cached, bool | np.bool_):
+            raise TypeError(f"keep_cached: expected a bool, got {keep_cached!r}")
+        self.keep_cached = bool(keep_cached)
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
+        self.prefix_evictions = 0
 
     # -- sequences ----------------------------------------------------------------------------------------------
     def new_sequence(self) -> int:
@@ -141,7 +154,7 @@ class PagedKVCache:
 
     def free(self, seq_id: int) -> None:
         s = self._seq(seq_id)
-        for b in s.table:
+        for b in reversed(s.table) if self.keep_cached else s.table:
             self._release(b)
         del self.seqs[seq_id]
 
@@ -150,7 +163,18 @@ class PagedKVCache:
     def blocks_free(self) -> int:
         return int(np.count_nonzero(self.refcount == 0))
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free cached blocks (keep_cached mode): refcount 0, still indexed, counted in ``blocks_free``."""
+        return len(self._evictable)
+
     def _alloc(self) -> int:
+        if self._evictable and self.blocks_free == len(self._evictable):  # allocator empty: evict the LRU cached
+            b, _ = self._evictable.popitem(last=False)
+            del self._prefix_index[self._block_hash.pop(b)]
+            self.prefix_evictions += 1
+            self.refcount[b] = 1
+            return b
         b = self.allocator.malloc(self.slot_bytes) // self.slot_bytes
         assert self.refcount[b] == 0
         self.refcount[b] = 1
@@ -160,6 +184,9 @@ class PagedKVCache:
     def _release(self, b: int) -> None:
         self.refcount[b] -= 1
         if self.refcount[b] == 0:
+            if self.keep_cached and b in self._block_hash:
+                self._evictable[b] = None  # most recently freed: evicted last
+                return
             h = self._block_hash.pop(b, None)
             if h is not None:
                 del self._prefix_index[h]
@@ -203,6 +230,22 @@ class PagedKVCache:
         computes ``ids[n_cached_tokens:]`` only. At least one token is left uncached (its logits are needed).
         A hash hit is confirmed by comparing the block's stored token ids (collisions cannot share wrong KV).
         Counters: prefix_queries, prefix_lookup_tokens (len(ids)) and prefix_hit_tokens, in ``stats()``."""
+        table = self.lookup_prefix(ids)
+        n = len(table) * self.block_size
+        sid = next(self._ids)
+        self.seqs[sid] = _Seq(table, [n] * self.n_layers)
+        for b in table:
+            if self.refcount[b] == 0:  # a free cached block comes back into use
+                del self._evictable[b]
+            self.refcount[b] += 1
+        ids = self._token_ids(ids)
+        self.prefix_queries += 1
+        self.prefix_lookup_tokens += len(ids)
+        self.prefix_hit_tokens += n
+        return sid, n
+
+    def lookup_prefix(self, ids: Any) -> list[int]:
+        """The physical blocks ``match_prefix(ids)`` would share (no side effect, no counters)."""
         ids = self._token_ids(ids)
         if not ids:
             raise ValueError("ids: need at least one token id")
@@ -212,15 +255,42 @@ class PagedKVCache:
             if hit is None or hit[1] != toks:
                 break
             table.append(hit[0])
-        n = len(table) * self.block_size
-        sid = next(self._ids)
-        self.seqs[sid] = _Seq(table, [n] * self.n_layers)
-        for b in table:
-            self.refcount[b] += 1
-        self.prefix_queries += 1
-        self.prefix_lookup_tokens += len(ids)
-        self.prefix_hit_tokens += n
-        return sid, n
+        return table
+
+    def reserve(self, seq_id: int, end: int) -> None:
+        """Make the block table cover positions < ``end``: allocate missing blocks and copy-on-write the shared
+        ones that positions [min length, end) fall in. MemoryError (nothing modified) when too few blocks are free."""
+        s = self._seq(seq_id)
+        bs = self.block_size
+        need = blocks_needed(int(end), bs)
+        shared = [i for i in range(min(s.lens) // bs, min(need, len(s.table))) if self.refcount[s.table[i]] > 1]
+        extra = max(0, need - len(s.table))
+        if extra + len(shared) > self.blocks_free:
+            raise MemoryError(
+                f"PagedKVCache out of blocks: sequence {seq_id} needs {extra + len(shared)} more block(s) but only "
+                f"{self.blocks_free} of num_blocks={self.num_blocks} are free"
+            )
+        for i in shared:
+            old, new = s.table[i], self._alloc()
+            self._data[new] = self._data[old]
+            if self._scale is not None:
+                self._scale[new] = self._scale[old]
+            self.refcount[old] -= 1
+            s.table[i] = new
+            self.cow_copies += 1
+        for _ in range(extra):
+            s.table.append(self._alloc())
+
+    def truncate(self, seq_id: int, n: int) -> None:
+        """Keep the first ``n`` cached positions of every layer; release the blocks past them (rejected drafts)."""
+        s = self._seq(seq_id)
+        if not 0 <= n <= min(s.lens):
+            raise ValueError(f"n: must be in [0, {min(s.lens)}], got {n!r}")
+        keep = blocks_needed(n, self.block_size)
+        for b in reversed(s.table[keep:]):
+            self._release(b)
+        del s.table[keep:]
+        s.lens = [n] * self.n_layers
 
     # -- data ---------------------------------------------------------------------------------------------------
     def _check_kv(self, name: str, x: Any, t: int | None) -> np.ndarray:
@@ -367,6 +437,8 @@ class PagedKVCache:
             blocks_saved_by_sharing=logical - used,
             cow_copies=self.cow_copies,
             indexed_blocks=len(self._prefix_index),
+            cached_blocks=len(self._evictable),
+            prefix_evictions=self.prefix_evictions,
             prefix_queries=self.prefix_queries,
             prefix_lookup_tokens=self.prefix_lookup_tokens,
             prefix_hit_tokens=self.prefix_hit_tokens,

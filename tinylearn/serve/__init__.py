@@ -1,0 +1,54 @@
+"""``tinylearn.serve``: an LLM serving engine and an OpenAI-compatible HTTP server on TinyGPT (topic 13).
+
+    Engine (engine.py)          continuous batching: one scheduler step = choose requests (scheduler.py), allocate
+                                paged KV blocks with prefix caching (block_manager.py), one ragged batched forward of
+                                prefill chunks + decode tokens (runner.py), sample, stream; preemption by swap or
+                                recompute; KV tiers behind the arena (tiering.py)
+    SamplingParams, RequestOutput, EngineFull (types.py); ByteTokenizer (tokenizer.py)
+    server (server.py)          FastAPI app: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health,
+                                /metrics; 400 naming the field, 429/503 with Retry-After; `tinylearn serve`
+    models                      safetensors checkpoints (checkpoint.py); Hugging Face GPT-2 -> TinyGPT (hf.py)
+    latency.py                  a step-cost MODEL fitted from measured steps, used for admission control
+    journal.py, prewarm.py, eviction.py, autoscale.py, pipeline.py, beams.py, parallel_choice.py: the serving
+                                questions of notebook 13 (append-only KV log, shard prewarming, scored eviction,
+                                autoscaling, stage pipelines, branch merging, decode-strategy choice)
+
+Names resolve lazily, so ``import tinylearn.serve`` does not import FastAPI until the server is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Engine": "engine",
+    "SamplingParams": "types",
+    "RequestOutput": "types",
+    "EngineFull": "types",
+    "ByteTokenizer": "tokenizer",
+    "TieredKVStore": "tiering",
+    "StepCostModel": "latency",
+    "AdmissionController": "latency",
+    "create_app": "server",
+    "AsyncEngine": "async_engine",
+    "save_model": "checkpoint",
+    "load_model": "checkpoint",
+    "tiny_model": "checkpoint",
+    "from_hf": "hf",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tinylearn.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
