@@ -20,6 +20,7 @@ from tinylearn.serve.pipeline import (
     chat_requests,
     demo_stages,
     plan_rebalance,
+    run_adaptive,
 )
 from tinylearn.serve.tokenizer import ByteTokenizer
 
@@ -90,6 +91,32 @@ def test_rebalancer_on_hand_made_timings():
     # balanced stages: nothing to merge, the bottleneck (first maximum) is replicated
     plan, _ = plan_rebalance([2.0, 2.0], [True, True], max_workers=3)
     assert plan == [Group((0,), 2), Group((1,))]
+
+
+def _gil_bound(x):  # pure-Python work: holds the GIL, two threads run it no faster than one
+    acc = 0
+    for i in range(40_000):
+        acc += i & 7
+    return x + (acc & 1)
+
+
+def _gil_free(x):  # blocking I/O or native work: releases the GIL, threads overlap
+    time.sleep(0.004)
+    return x
+
+
+def test_online_rebalancer_keeps_only_measured_gains():
+    light = Stage("light", lambda x: x * 2)
+    chunks = [list(range(i * 30, (i + 1) * 30)) for i in range(3)]
+    want = [x * 2 for c in chunks for x in c]
+    out, hist = run_adaptive([light, Stage("io", _gil_free)], chunks, max_workers=3, min_gain=1.3)
+    assert out == want
+    assert hist[1]["plan"][-1].workers == 2 and hist[1]["decision"].startswith("trial kept")
+    out, hist = run_adaptive([light, Stage("python", _gil_bound)], chunks, max_workers=3, min_gain=1.3)
+    assert out == want  # sum of i & 7 over 40000 ints is even
+    assert hist[1]["plan"][-1].workers == 2 and hist[1]["decision"].startswith("trial reverted")
+    assert all(g.workers == 1 for g in hist[2]["plan"])  # marked non-scaling: not replicated again
+    print(f"\n[Q189] online: {[round(h['throughput']) for h in hist]} items/s, {[h['decision'] for h in hist]}")
 
 
 def test_bounded_queues_backpressure_nothing_lost():

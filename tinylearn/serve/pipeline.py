@@ -19,7 +19,8 @@ bottleneck group. From the measured per-stage times:
     2. give the bottleneck group one more worker while the thread budget allows and every stage in it is
        parallel-safe (stateless); stop at a serial bottleneck (only a faster stage helps there).
 Threads help where stage work releases the GIL (numpy/BLAS, the C++ kernels, I/O); pure-Python stages serialise
-on the GIL, which the measured times show.
+on the GIL, so ``run_adaptive`` closes the loop: it tries each proposed plan on the next chunk of requests, keeps it
+only if the MEASURED throughput improved, and otherwise reverts and stops replicating those stages.
 
 AsyncPreprocessor [Q198]: multi-turn chat requests repeat their history, so per batch the CPU side must tokenize
 every turn, compute the prefix-cache lookup keys (chained block hashes, the scheme of ``PagedKVCache``:
@@ -78,9 +79,7 @@ def _check_plan(plan: Sequence[Group], stages: Sequence[Stage]) -> list[Group]:
         if not isinstance(g.workers, int) or g.workers < 1:
             raise ValueError(f"plan: workers must be an int >= 1, got {g.workers!r} in {g!r}")
         if g.workers > 1 and not all(stages[i].parallel_safe for i in g.stages):
-            raise ValueError(
-                f"plan: group {g.stages} has {g.workers} workers but holds a stage that is not parallel-safe"
-            )
+            raise ValueError(f"plan: group {g.stages} has {g.workers} workers but a stage that is not parallel-safe")
     return plan
 
 
@@ -104,13 +103,9 @@ class Pipeline:
         if self._started:
             raise RuntimeError("start: this pipeline is already running")
         self._queues = [queue.Queue(self.queue_size) for _ in range(len(self.plan) + 1)]
-        self._busy = [0.0] * len(self.stages)
-        self._calls = [0] * len(self.stages)
-        self._lock = threading.Lock()
-        self._alive = [g.workers for g in self.plan]
-        self._next_in = 0
-        self._next_out = 0
-        self._reorder: dict[int, Any] = {}
+        self._busy, self._calls = [0.0] * len(self.stages), [0] * len(self.stages)
+        self._lock, self._alive = threading.Lock(), [g.workers for g in self.plan]
+        self._next_in, self._next_out, self._reorder = 0, 0, {}
         self.max_depth = [0] * len(self._queues)
         for gi, g in enumerate(self.plan):
             for w in range(g.workers):
@@ -144,8 +139,7 @@ class Pipeline:
                         err = (self.stages[si].name, e)
                     dt = time.perf_counter() - t0
                     with self._lock:
-                        self._busy[si] += dt
-                        self._calls[si] += 1
+                        self._busy[si], self._calls[si] = self._busy[si] + dt, self._calls[si] + 1
                     if err is not None:
                         break
             q_out.put((idx, item, err))
@@ -217,19 +211,16 @@ class Pipeline:
     # -- measurement ------------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """MEASURED: per-stage mean service seconds, per-group utilisation, wall time and throughput of the last run."""
+        if not hasattr(self, "_busy"):
+            raise RuntimeError("stats: the pipeline has not run yet")
         wall = getattr(self, "wall_s", time.perf_counter() - self._t0)
         svc = [b / c if c else 0.0 for b, c in zip(self._busy, self._calls)]
         util = [sum(self._busy[i] for i in g.stages) / (wall * g.workers) for g in self.plan]
         n = min(self._calls) if self._calls else 0
-        return dict(
-            stage_s={s.name: t for s, t in zip(self.stages, svc)},
-            service_s=svc,
-            group_util=util,
-            wall_s=wall,
-            items=n,
-            throughput=n / wall if wall > 0 else 0.0,
-            max_queue_depth=list(self.max_depth),
-        )
+        thr = n / wall if wall > 0 else 0.0
+        names = {s.name: t for s, t in zip(self.stages, svc)}
+        return dict(stage_s=names, service_s=svc, group_util=util, wall_s=wall, items=n, throughput=thr,
+                    max_queue_depth=list(self.max_depth))  # fmt: skip
 
     def rebalance(self, max_workers: int) -> tuple[list[Group], list[str]]:
         """A new plan from this pipeline's measured per-stage service times (``plan_rebalance``)."""
@@ -295,6 +286,45 @@ def plan_rebalance(
     return plan, log
 
 
+def run_adaptive(
+    stages: Sequence[Stage],
+    chunks: Sequence[Sequence[Any]],
+    max_workers: int,
+    queue_size: int = 4,
+    min_gain: float = 1.1,
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The online rebalancer: run ``chunks`` of items one after another; after each, propose a plan from the
+    MEASURED stage times (``plan_rebalance``) and try it on the next chunk. A trial is kept only if its measured
+    throughput beats the previous plan's by ``min_gain``; otherwise the previous plan comes back and the stages
+    that got extra workers are marked non-scaling (e.g. GIL-bound Python: two threads run no faster than one).
+    Returns (outputs in order, history [{plan, throughput, service_s, decision}])."""
+    stages = list(stages)
+    safe = [st.parallel_safe for st in stages]
+    plan: list[Group] = [Group((i,)) for i in range(len(stages))]
+    best: tuple[list[Group], float] | None = None
+    outs: list[Any] = []
+    hist: list[dict[str, Any]] = []
+    for chunk in chunks:
+        p = Pipeline(stages, plan, queue_size)
+        outs += p.run(chunk)
+        st = p.stats()
+        thr, decision = st["throughput"], "kept"
+        if best is not None and plan != best[0]:
+            if thr >= min_gain * best[1]:
+                decision = f"trial kept: {thr:.0f} >= {min_gain} x {best[1]:.0f} items/s"
+            else:
+                grown = {i for g in plan if g.workers > 1 for i in g.stages}
+                grown -= {i for g in best[0] if g.workers > 1 for i in g.stages}
+                for i in grown:
+                    safe[i] = False
+                decision = f"trial reverted: {thr:.0f} < {min_gain} x {best[1]:.0f} items/s; no-scale {sorted(grown)}"
+                plan, thr = best
+        hist.append(dict(plan=list(p.plan), throughput=st["throughput"], service_s=st["service_s"], decision=decision))
+        best = (plan, thr)
+        plan, _ = plan_rebalance(st["service_s"], safe, max_workers)
+    return outs, hist
+
+
 # -- [Q198] asynchronous preprocessing of multi-turn requests ------------------------------------------------------
 @dataclass
 class Packed:
@@ -323,16 +353,13 @@ class AsyncPreprocessor:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
         self.tokenizer, self.block_size, self.max_len = tokenizer, block_size, max_len
-        self.workers, self.depth = workers, depth
-        self.pad_id = 0
-        self._seen: set[int] = set()
+        self.workers, self.depth, self.pad_id, self._seen = workers, depth, 0, set()
 
     def keys(self, ids: Sequence[int]) -> list[int]:
         """Chained hashes of the full blocks of ``ids`` (PagedKVCache's prefix-index scheme)."""
         out, h, bs = [], 0, self.block_size
         for i in range(len(ids) // bs):
-            h = hash((h, tuple(ids[i * bs : (i + 1) * bs])))
-            out.append(h)
+            out.append(h := hash((h, tuple(ids[i * bs : (i + 1) * bs]))))
         return out
 
     def preprocess(self, batch: Sequence[Sequence[tuple[str, str]]]) -> Packed:
@@ -393,14 +420,8 @@ class AsyncPreprocessor:
         wall = time.perf_counter() - t0
         ps, ss = [pre[i] for i in range(len(batches))], [stp[i] for i in range(len(batches))]
         both = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in ps for b in ss)
-        return outs, dict(
-            wall_s=wall,
-            preprocess_s=sum(e - s for s, e in ps),
-            step_s=sum(e - s for s, e in ss),
-            overlap_s=both,
-            pre_spans=ps,
-            step_spans=ss,
-        )
+        pre_s, step_s = sum(e - s for s, e in ps), sum(e - s for s, e in ss)
+        return outs, dict(wall_s=wall, preprocess_s=pre_s, step_s=step_s, overlap_s=both, pre_spans=ps, step_spans=ss)
 
     async def _serve_async(self, batches: list, step: Callable, timed: Callable, pre: dict, stp: dict) -> list:
         loop = asyncio.get_running_loop()
@@ -459,12 +480,7 @@ def demo_stages(model: Any, tokenizer: Any, seq_len: int = 64, feat_dim: int = 3
         top = np.argsort(-p)[:5]
         return {"top": top.tolist(), "p": p[top].tolist(), "text": tokenizer.decode(top.tolist()), "f": x["feature"]}
 
-    return [
-        Stage("tokenize", tokenize),
-        Stage("embed", embed),
-        Stage("decode", decode),
-        Stage("postprocess", postprocess),
-    ]
+    return [Stage(f.__name__, f) for f in (tokenize, embed, decode, postprocess)]
 
 
 def chat_requests(n: int, turns: int, seed: int = 0) -> list[list[list[tuple[str, str]]]]:

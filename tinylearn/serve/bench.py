@@ -1,0 +1,237 @@
+"""``tinylearn bench serving``: static batching (HF transformers) vs the tl.serve engine, offline and online.
+
+Everything runs in this process on one model: ``tiny_model(0)``'s shape with learned positions (``rope=False``), so
+``to_hf_gpt2`` gives transformers' GPT2LMHeadModel with the SAME weights. Two tables:
+
+    offline throughput   one seeded workload (N requests, prompt and output lengths uniform, ignore_eos, greedy),
+                         served to completion by
+                           static batching   HF ``generate`` on batches of B requests in arrival order (left
+                                             padding + attention mask, max_new_tokens = the batch's longest output,
+                                             do_sample=False); useful tokens = each request's own output length,
+                                             the rest of a short request's row is padding work
+                           continuous        tl.serve.Engine, no chunked prefill, no prefix caching
+                           + chunked prefill
+                           preemption        a KV pool too small for the batch (``num_blocks``): recompute vs swap
+                         and, on a shared-prefix variant (one common system prompt + a short suffix each), static vs
+                         the engine with prefix caching off and on. Columns: median wall ms of ``repeat`` runs after
+                         one warm-up run, output tok/s, tok/s relative to static on the same workload, engine steps,
+                         preemptions, prefix hit rate, and how many requests got exactly the static baseline's
+                         greedy tokens (the same weights, so every engine row must match: batching, chunking,
+                         caching and preemption change speed, never tokens). tinygrad: n/a, it has no serving
+                         engine (no paged KV cache, no batching scheduler).
+    online               a live server (``create_app`` + ``serve_in_thread`` on a free loopback port) under
+                         ``loadgen.run_load`` (Poisson arrivals, streamed completions, bounded n and duration) at two
+                         rates: TTFT / TPOT p50 / p99, output tok/s, goodput under the SLO; then prefix caching off
+                         vs on under the shared-prefix workload (TTFT p50 ratio).
+
+Sizes: default about a minute on 2 cores; ``full=True`` more requests and longer prompts. Thread counts are what
+the process has (torch: ``torch.get_num_threads()``; set OMP_NUM_THREADS to pin both sides).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..bench import Table
+from ..bench.table import Row
+from ..inference.config import GPTConfig
+from ..inference.model import TinyGPT
+from .checkpoint import TINY_CONFIG, tiny_model
+from .engine import Engine
+from .loadgen import make_workload, run_load
+from .types import SamplingParams
+
+BASELINE = "static (HF generate)"
+TINYGRAD_NA = "n/a: tinygrad has no serving engine (no paged KV cache, no continuous-batching scheduler)"
+
+
+def bench_model(seed: int = 0) -> TinyGPT:
+    """The served model's shape (``TINY_CONFIG``) with learned positions, so that GPT-2 can hold the same weights."""
+    c = TINY_CONFIG
+    return tiny_model(seed, GPTConfig(c.vocab_size, c.d_model, c.n_heads, c.n_layers, c.max_seq_len, rope=False))
+
+
+def sizes(full: bool = False) -> dict[str, Any]:
+    """The default (or full) workload sizes; every key can be overridden in ``offline_table`` / ``online_table``."""
+    if full:
+        return dict(n_requests=128, prompt_len=(32, 192), output_len=(32, 128), prefix_len=256, suffix_len=(8, 48),
+                    batch_size=8, repeat=5, num_blocks=48, online_n=96, rates=(16.0, 48.0), duration_s=60.0)  # fmt: skip
+    return dict(n_requests=48, prompt_len=(16, 96), output_len=(16, 64), prefix_len=192, suffix_len=(8, 32),
+                batch_size=8, repeat=3, num_blocks=24, online_n=48, rates=(8.0, 24.0), duration_s=20.0)  # fmt: skip
+
+
+def workload(kind: str, n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], prefix_len: int = 0,
+             seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """Seeded requests (dicts with ``prompt`` token ids and ``max_tokens``): kind "random" or "shared-prefix"."""
+    return make_workload(kind, n, prompt_len=("uniform", *prompt_len), output_len=("uniform", *output_len),
+                         prefix_len=prefix_len, seed=seed, max_context=TINY_CONFIG.max_seq_len)  # fmt: skip
+
+
+def static_generate(hf_model: Any, reqs: list[dict[str, Any]], batch_size: int) -> list[list[int]]:
+    """Static batching with transformers: batches of ``batch_size`` in arrival order, left padding + attention mask,
+    greedy ``generate`` for the batch's longest output; returns each request's own ``max_tokens`` tokens."""
+    import torch
+
+    out: list[list[int]] = []
+    with torch.no_grad():
+        for i in range(0, len(reqs), batch_size):
+            batch = reqs[i : i + batch_size]
+            width = max(len(r["prompt"]) for r in batch)
+            ids = torch.tensor([[0] * (width - len(r["prompt"])) + r["prompt"] for r in batch])
+            mask = torch.tensor([[0] * (width - len(r["prompt"])) + [1] * len(r["prompt"]) for r in batch])
+            new = max(r["max_tokens"] for r in batch)
+            gen = hf_model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+            out += [gen[j, width : width + r["max_tokens"]].tolist() for j, r in enumerate(batch)]
+    return out
+
+
+def engine_generate(model: TinyGPT, reqs: list[dict[str, Any]], **engine_kw: Any) -> tuple[list[list[int]], Engine]:
+    """Serve ``reqs`` to completion with a fresh ``Engine(model, **engine_kw)`` (greedy, ignore_eos)."""
+    engine = Engine(model, **engine_kw)
+    params = [SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True) for r in reqs]
+    outs = engine.generate([r["prompt"] for r in reqs], params)
+    return [o.token_ids for o in outs], engine
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], Any]:
+    """One warm-up call, then ``repeat`` timed calls: (seconds of each, the last result)."""
+    res = fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        res = fn()
+        times.append(time.perf_counter() - t0)
+    return times, res
+
+
+def _row(case: str, impl: str, times: list[float], useful: int, note: str, **extra: Any) -> Row:
+    wall = float(np.median(times))
+    ex = {"wall s": wall, "out tok/s": useful / wall, **extra}
+    return Row(case, impl, wall * 1e3, min(times) * 1e3, note=note, extra=ex)
+
+
+def offline_table(full: bool = False, progress: Callable[[str], None] | None = None, **override: Any) -> Table:
+    """The offline-throughput table (see the module docstring); ``override`` replaces keys of ``sizes(full)``."""
+    import torch
+
+    from .hf import to_hf_gpt2
+
+    sz = sizes(full) | override
+    model = bench_model()
+    hf = to_hf_gpt2(model)
+    n, rep, bsz = sz["n_requests"], sz["repeat"], sz["batch_size"]
+    table = Table(f"serving: offline throughput ({n} requests, greedy, ignore_eos, 1 process)", baseline=BASELINE)
+    budget = max(256, sz["prompt_len"][1], sz["prefix_len"] + sz["suffix_len"][1])
+    common = dict(block_size=16, max_num_batched_tokens=budget, max_num_seqs=32)
+    cases = [
+        (f"random {n} req, prompt U{sz['prompt_len']}, out U{sz['output_len']}",
+         workload("random", n, sz["prompt_len"], sz["output_len"]),
+         [("continuous batching", dict(chunked_prefill=False, enable_prefix_caching=False), "no chunked prefill"),
+          ("+ chunked prefill", dict(chunked_prefill=True, enable_prefix_caching=False), f"budget {budget} tok/step"),
+          (f"preempt recompute ({sz['num_blocks']} blocks)",
+           dict(chunked_prefill=True, enable_prefix_caching=False, num_blocks=sz["num_blocks"],
+                preemption="recompute"), "KV pool too small: preempted requests recompute their KV"),
+          (f"preempt swap ({sz['num_blocks']} blocks)",
+           dict(chunked_prefill=True, enable_prefix_caching=False, num_blocks=sz["num_blocks"], preemption="swap"),
+           "KV pool too small: preempted requests' blocks go to host RAM and back")]),
+        (f"shared prefix {sz['prefix_len']} + suffix U{sz['suffix_len']}, {n} req",
+         workload("shared-prefix", n, sz["suffix_len"], sz["output_len"], sz["prefix_len"]),
+         [("+ chunked prefill", dict(chunked_prefill=True, enable_prefix_caching=False), "prefix caching off"),
+          ("+ prefix caching", dict(chunked_prefill=True, enable_prefix_caching=True), "the prefix's blocks are shared")]),
+    ]  # fmt: skip
+    for case, reqs, configs in cases:
+        useful = sum(r["max_tokens"] for r in reqs)
+        times, ref = _timed(lambda reqs=reqs: static_generate(hf, reqs, bsz), rep)
+        table.add(_row(case, BASELINE, times, useful, f"batches of {bsz}, left padding; torch threads "
+                       f"{torch.get_num_threads()}", **{"tok/s x static": 1.0}))  # fmt: skip
+        static_wall = float(np.median(times))
+        if progress:
+            progress(f"{case} / {BASELINE}")
+        for impl, kw, note in configs:
+            times, (toks, eng) = _timed(lambda reqs=reqs, kw=kw: engine_generate(model, reqs, **common, **kw), rep)
+            st = eng.stats()
+            same = sum(a == b for a, b in zip(toks, ref))
+            table.add(_row(case, impl, times, useful, note, **{
+                "tok/s x static": static_wall / float(np.median(times)), "steps": st["num_steps"],
+                "preemptions": st["preemptions_recompute"] + st["preemptions_swap"],
+                "prefix hit rate": st["prefix_hit_rate"], "same tokens": f"{same}/{len(reqs)}"}))  # fmt: skip
+            if progress:
+                progress(f"{case} / {impl}")
+        if case.startswith("random"):
+            table.add(Row(case, "tinygrad", None, note=TINYGRAD_NA))
+    table.notes.append(
+        "static = transformers GPT2LMHeadModel.generate on the same weights (to_hf_gpt2); 'same tokens' counts the "
+        "requests whose greedy tokens equal static's; wall = median of the timed runs after one warm-up run"
+    )
+    table.compute_ratios()
+    return table
+
+
+def _serve_and_load(model: TinyGPT, engine_kw: dict[str, Any], load_kw: dict[str, Any]) -> dict[str, Any]:
+    """A fresh engine behind a live server on a free loopback port; a short warm-up load, then the measured one."""
+    from .server import create_app, serve_in_thread
+
+    engine = Engine(model, **engine_kw)
+    app = create_app(engine, model_name="tiny", max_waiting=1024)
+    with serve_in_thread(app) as url:
+        warm = dict(load_kw, n_requests=4, rate=float("inf"), seed=load_kw.get("seed", 0) + 1000)
+        run_load(url, **warm)
+        summary = run_load(url, **load_kw)
+    summary["engine"] = engine.stats()
+    return summary
+
+
+def _online_row(case: str, impl: str, s: dict[str, Any], note: str) -> Row:
+    ms = lambda v: None if v is None else v * 1e3  # noqa: E731
+    ttft, tpot = s["ttft_s"], s["tpot_s"]
+    return Row(case, impl, ms(s["e2e_s"]["p50"]), note=note, extra={
+        "TTFT p50 ms": ms(ttft["p50"]), "TTFT p99 ms": ms(ttft["p99"]), "TPOT p50 ms": ms(tpot["p50"]),
+        "TPOT p99 ms": ms(tpot["p99"]), "out tok/s": s["output_tok_s"], "goodput req/s": s["goodput_req_s"],
+        "ok": f"{s['n_ok']}/{s['n_requests']}", "prefix hit rate": s["engine"]["prefix_hit_rate"]})  # fmt: skip
+
+
+def online_table(full: bool = False, progress: Callable[[str], None] | None = None, **override: Any) -> Table:
+    """The online table (live server + load generator); ``override`` replaces keys of ``sizes(full)``."""
+    sz = sizes(full) | override
+    model = bench_model()
+    n, dur = sz["online_n"], sz["duration_s"]
+    slo_ttft, slo_tpot = 0.5, 0.05
+    table = Table(f"serving: online (live server, loopback, Poisson arrivals, SLO TTFT <= {slo_ttft * 1e3:.0f} ms "
+                  f"and TPOT <= {slo_tpot * 1e3:.0f} ms)", baseline="prefix caching off")  # fmt: skip
+    budget = max(256, sz["prompt_len"][1], sz["prefix_len"] + sz["suffix_len"][1])
+    ekw = dict(block_size=16, max_num_batched_tokens=budget, max_num_seqs=32, chunked_prefill=True)
+    base = dict(n_requests=n, duration_s=dur, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, seed=0,
+                output_len=("uniform", *sz["output_len"]))  # fmt: skip
+    for rate in sz["rates"]:
+        case = f"random {n} req @ {rate:g} req/s"
+        load = dict(base, rate=rate, workload="random", prompt_len=("uniform", *sz["prompt_len"]))
+        s = _serve_and_load(model, dict(ekw, enable_prefix_caching=True), load)
+        table.add(_online_row(case, "engine (chunked prefill + prefix caching)", s, "median ms = e2e p50"))
+        if progress:
+            progress(case)
+    rate = sz["rates"][0]
+    case = f"shared prefix {sz['prefix_len']} + suffix U{sz['suffix_len']}, {n} req @ {rate:g} req/s"
+    load = dict(base, rate=rate, workload="shared-prefix", prompt_len=("uniform", *sz["suffix_len"]),
+                prefix_len=sz["prefix_len"])  # fmt: skip
+    ttft = {}
+    for impl, on in (("prefix caching off", False), ("prefix caching on", True)):
+        s = _serve_and_load(model, dict(ekw, enable_prefix_caching=on), load)
+        table.add(_online_row(case, impl, s, "median ms = e2e p50"))
+        ttft[on] = s["ttft_s"]["p50"]
+        if progress:
+            progress(f"{case} / {impl}")
+    if ttft[True] and ttft[False]:
+        table.rows[-1].extra["TTFT p50 x off"] = ttft[True] / ttft[False]
+        table.notes.append(f"prefix caching cuts TTFT p50 {ttft[False] / ttft[True]:.2f}x on the shared-prefix load")
+    table.notes.append("TTFT = send -> first streamed text chunk; TPOT = (e2e - TTFT) / (tokens - 1), per request")
+    table.compute_ratios()
+    return table
+
+
+def run(full: bool = False, progress: Callable[[str], None] | None = None) -> list[Table]:
+    """``tinylearn bench serving``: the offline-throughput table and the online (live server) table."""
+    return [offline_table(full, progress), online_table(full, progress)]
