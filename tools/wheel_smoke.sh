@@ -120,6 +120,10 @@ ref = (torch.nn.functional.gelu(torch.from_numpy(ca)) * 1.5 + torch.from_numpy(c
 np.testing.assert_allclose(fc(tl.Tensor(ca), tl.Tensor(cb)).numpy(), ref, rtol=1e-5, atol=1e-5)
 assert len(fc.graphs()[-1].kernels()) == 1, fc.explain()
 
+gm = tl.inference.TinyGPT(64, 32, 2, 2, 64)  # serve: continuous batching over the paged KV cache (C++ decode kernel)
+outs = tl.serve.Engine(gm).generate([[1, 2, 3], [4, 5, 6, 7, 8]], tl.serve.SamplingParams(temperature=0, max_tokens=5))
+assert [o.token_ids for o in outs] == [tl.inference.generate(gm, p, 5) for p in ([1, 2, 3], [4, 5, 6, 7, 8])]
+
 print("wheel-smoke: import, one op per topic, cuda source lookup: ok")
 EOF
 say "python smoke ok"

@@ -201,6 +201,12 @@ _CSETUP = (
     "B, I = kernel_ir.Buffer, kernel_ir.Instr"
 )
 
+_SSETUP = (
+    "from tinylearn.serve import Engine, SamplingParams, TieredKVStore\n"
+    "from tinylearn.serve import checkpoint, latency, loadgen, server\n"
+    "m = checkpoint.tiny_model(0)"
+)
+
 CASES: dict[str, list[tuple]] = {
     "bench": [
         ("measure-not-callable", "tl.bench.measure(3)", TV, "fn"),
@@ -874,6 +880,29 @@ CASES: dict[str, list[tuple]] = {
             "arrays[0]",
             _CSETUP,
         ),
+    ],
+    "serve": [
+        ("SamplingParams-max_tokens-0", "SamplingParams(max_tokens=0)", TV, "max_tokens", _SSETUP),
+        ("SamplingParams-temperature-neg", "SamplingParams(temperature=-1)", TV, "temperature", _SSETUP),
+        ("SamplingParams-top_p-1.5", "SamplingParams(top_p=1.5)", TV, "top_p", _SSETUP),
+        ("Engine-unknown-policy", "Engine(m, policy='lifo')", TV, "policy", _SSETUP),
+        ("Engine-zero-blocks", "Engine(m, num_blocks=0)", TV, "num_blocks", _SSETUP),
+        ("Engine-not-a-model", "Engine('model')", TV, "model", _SSETUP),
+        ("add_request-empty", "Engine(m).add_request([])", TV, "prompt", _SSETUP),
+        ("add_request-out-of-vocab", "Engine(m).add_request([999])", TV, "prompt", _SSETUP),
+        ("add_request-too-long", "Engine(m).add_request(list(range(256)) * 3)", TV, "prompt", _SSETUP),
+        ("TieredKVStore-no-fast", "TieredKVStore((2, 2), fast_blocks=0)", TV, "fast_blocks", _SSETUP),
+        ("TieredKVStore-disk-no-path", "TieredKVStore((2, 2), fast_blocks=1, disk_blocks=2)", TV, "disk_path", _SSETUP),
+        (
+            "load_model-missing",
+            "checkpoint.load_model('/nonexistent/x.safetensors')",
+            ("FileNotFoundError",),
+            "path",
+            _SSETUP,
+        ),  # fmt: skip
+        ("StepCostModel-empty-log", "latency.StepCostModel.fit([])", TV, "step_log", _SSETUP),
+        ("server-public-host", "server.check_host('0.0.0.0')", TV, "host", _SSETUP),
+        ("loadgen-remote-url", "loadgen.run_load('http://example.com:80')", TV, "base_url", _SSETUP),
     ],
     "amp": [
         ("GradScaler-negative", "tl.amp.GradScaler(init_scale=-1.0)", TV, "init_scale"),

@@ -201,6 +201,9 @@ _PROBS = "p = np.array([0.1, 0.2, 0.3, 0.4])"
 _QKV = "q = k = v = np.random.default_rng(0).standard_normal((1, 2, 9, 8)).astype(np.float32)"
 _EYE = "s = tl.sparse.CSR.from_dense(np.eye(4, dtype=np.float32))"
 
+_SERVE_SETUP = (
+    "from tinylearn.serve import Engine\nfrom tinylearn.serve.checkpoint import tiny_model\nm = tiny_model(0)"
+)
 CALLS: dict[str, list[Call]] = {
     "bench": [
         Call(
@@ -553,6 +556,38 @@ CALLS: dict[str, list[Call]] = {
         ),
         Call("amp.int2_quantize/scale", "tl.amp.int2_quantize(np.ones(4), g)", "scale", reals(0.0)),
         Call("amp.fp4_encode/x", "tl.amp.fp4_encode(g)", "x", arrays((4, 5))),
+    ],
+    "serve": [
+        Call(
+            "serve.SamplingParams/max_tokens",
+            "SamplingParams(max_tokens=g)",
+            "max_tokens",
+            ints(1, huge=False, valid=(1, 16)),
+            setup="from tinylearn.serve import SamplingParams",
+            view="r.max_tokens",
+        ),
+        Call(
+            "serve.SamplingParams/temperature",
+            "SamplingParams(temperature=g)",
+            "temperature",
+            reals(0.0, lo_ok=True),
+            setup="from tinylearn.serve import SamplingParams",
+            view="r.temperature",
+        ),
+        Call(
+            "serve.Engine/policy",
+            "Engine(m, policy=g)",
+            "policy",
+            names(("fcfs", "spf", "edf", "priority")),
+            setup=_SERVE_SETUP,
+        ),
+        Call(
+            "serve.Engine.add_request/prompt",
+            "Engine(m).add_request(g)",
+            "prompt",
+            arrays((4,), ranks=(1,)),
+            setup=_SERVE_SETUP,
+        ),
     ],
     "compiler": [
         Call(

@@ -24,8 +24,10 @@ Everything runs in this process on one model: ``tiny_model(0)``'s shape with lea
                          rates: TTFT / TPOT p50 / p99, output tok/s, goodput under the SLO; then prefix caching off
                          vs on under the shared-prefix workload (TTFT p50 ratio).
 
-Sizes: default about a minute on 2 cores; ``full=True`` more requests and longer prompts. Thread counts are what
-the process has (torch: ``torch.get_num_threads()``; set OMP_NUM_THREADS to pin both sides).
+Sizes: default about a minute on 2 cores; ``full=True`` more requests and longer prompts. Both sides run at
+``threads`` (default 1) threads: torch's intra-op pool and BLAS / OpenMP (``limited_threads``), so the rows compare
+schedulers, not thread counts (a d_model=128 model's GEMMs are too small to scale; on a shared 2-core box torch at 2
+threads next to other work timed 10x slower than at 1).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import limited_threads
 from ..bench import Table
 from ..bench.table import Row
 from ..inference.config import GPTConfig
@@ -58,10 +61,12 @@ def bench_model(seed: int = 0) -> TinyGPT:
 def sizes(full: bool = False) -> dict[str, Any]:
     """The default (or full) workload sizes; every key can be overridden in ``offline_table`` / ``online_table``."""
     if full:
-        return dict(n_requests=128, prompt_len=(32, 192), output_len=(32, 128), prefix_len=256, suffix_len=(8, 48),
-                    batch_size=8, repeat=5, num_blocks=48, online_n=96, rates=(16.0, 48.0), duration_s=60.0)  # fmt: skip
-    return dict(n_requests=48, prompt_len=(16, 96), output_len=(16, 64), prefix_len=192, suffix_len=(8, 32),
-                batch_size=8, repeat=3, num_blocks=24, online_n=48, rates=(8.0, 24.0), duration_s=20.0)  # fmt: skip
+        return dict(n_requests=128, prompt_len=(32, 192), output_len=(32, 96), prefix_len=384, suffix_len=(8, 24),
+                    batch_size=8, repeat=5, num_blocks=48, online_n=96, rates=(16.0, 48.0),
+                    duration_s=60.0, threads=1)  # fmt: skip
+    return dict(n_requests=40, prompt_len=(16, 96), output_len=(16, 64), prefix_len=384, suffix_len=(8, 32),
+                batch_size=8, repeat=3, num_blocks=24, online_n=48, rates=(8.0, 24.0), duration_s=20.0,
+                threads=1)  # fmt: skip
 
 
 def workload(kind: str, n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], prefix_len: int = 0,
@@ -116,38 +121,47 @@ def _row(case: str, impl: str, times: list[float], useful: int, note: str, **ext
 
 def offline_table(full: bool = False, progress: Callable[[str], None] | None = None, **override: Any) -> Table:
     """The offline-throughput table (see the module docstring); ``override`` replaces keys of ``sizes(full)``."""
+    sz = sizes(full) | override
+    with limited_threads(sz["threads"], torch=True):
+        return _offline_table(sz, progress)
+
+
+def _offline_table(sz: dict[str, Any], progress: Callable[[str], None] | None) -> Table:
     import torch
 
     from .hf import to_hf_gpt2
 
-    sz = sizes(full) | override
     model = bench_model()
     hf = to_hf_gpt2(model)
     n, rep, bsz = sz["n_requests"], sz["repeat"], sz["batch_size"]
     table = Table(f"serving: offline throughput ({n} requests, greedy, ignore_eos, 1 process)", baseline=BASELINE)
     budget = max(256, sz["prompt_len"][1], sz["prefix_len"] + sz["suffix_len"][1])
     common = dict(block_size=16, max_num_batched_tokens=budget, max_num_seqs=32)
+    off = dict(chunked_prefill=True, enable_prefix_caching=False)
+    small = dict(off, num_blocks=sz["num_blocks"])
+    random_configs = [
+        ("continuous batching", dict(off, chunked_prefill=False), "no chunked prefill"),
+        ("+ chunked prefill", off, f"budget {budget} tok/step"),
+        (f"preempt recompute ({sz['num_blocks']} blocks)", dict(small, preemption="recompute"),
+         "KV pool too small: preempted requests recompute their KV"),
+        (f"preempt swap ({sz['num_blocks']} blocks)", dict(small, preemption="swap"),
+         "KV pool too small: preempted requests' blocks go to host RAM and back"),
+    ]  # fmt: skip
+    shared_configs = [
+        ("+ chunked prefill", off, "prefix caching off"),
+        ("+ prefix caching", dict(off, enable_prefix_caching=True), "the prefix's blocks are computed once, shared"),
+    ]
     cases = [
         (f"random {n} req, prompt U{sz['prompt_len']}, out U{sz['output_len']}",
-         workload("random", n, sz["prompt_len"], sz["output_len"]),
-         [("continuous batching", dict(chunked_prefill=False, enable_prefix_caching=False), "no chunked prefill"),
-          ("+ chunked prefill", dict(chunked_prefill=True, enable_prefix_caching=False), f"budget {budget} tok/step"),
-          (f"preempt recompute ({sz['num_blocks']} blocks)",
-           dict(chunked_prefill=True, enable_prefix_caching=False, num_blocks=sz["num_blocks"],
-                preemption="recompute"), "KV pool too small: preempted requests recompute their KV"),
-          (f"preempt swap ({sz['num_blocks']} blocks)",
-           dict(chunked_prefill=True, enable_prefix_caching=False, num_blocks=sz["num_blocks"], preemption="swap"),
-           "KV pool too small: preempted requests' blocks go to host RAM and back")]),
+         workload("random", n, sz["prompt_len"], sz["output_len"]), random_configs),
         (f"shared prefix {sz['prefix_len']} + suffix U{sz['suffix_len']}, {n} req",
-         workload("shared-prefix", n, sz["suffix_len"], sz["output_len"], sz["prefix_len"]),
-         [("+ chunked prefill", dict(chunked_prefill=True, enable_prefix_caching=False), "prefix caching off"),
-          ("+ prefix caching", dict(chunked_prefill=True, enable_prefix_caching=True), "the prefix's blocks are shared")]),
+         workload("shared-prefix", n, sz["suffix_len"], sz["output_len"], sz["prefix_len"]), shared_configs),
     ]  # fmt: skip
     for case, reqs, configs in cases:
         useful = sum(r["max_tokens"] for r in reqs)
         times, ref = _timed(lambda reqs=reqs: static_generate(hf, reqs, bsz), rep)
-        table.add(_row(case, BASELINE, times, useful, f"batches of {bsz}, left padding; torch threads "
-                       f"{torch.get_num_threads()}", **{"tok/s x static": 1.0}))  # fmt: skip
+        table.add(_row(case, BASELINE, times, useful, f"batches of {bsz}, left padding, "
+                       f"torch threads {torch.get_num_threads()}", **{"tok/s x static": 1.0}))  # fmt: skip
         static_wall = float(np.median(times))
         if progress:
             progress(f"{case} / {BASELINE}")
@@ -197,6 +211,11 @@ def _online_row(case: str, impl: str, s: dict[str, Any], note: str) -> Row:
 def online_table(full: bool = False, progress: Callable[[str], None] | None = None, **override: Any) -> Table:
     """The online table (live server + load generator); ``override`` replaces keys of ``sizes(full)``."""
     sz = sizes(full) | override
+    with limited_threads(sz["threads"], torch=True):
+        return _online_table(sz, progress)
+
+
+def _online_table(sz: dict[str, Any], progress: Callable[[str], None] | None) -> Table:
     model = bench_model()
     n, dur = sz["online_n"], sz["duration_s"]
     slo_ttft, slo_tpot = 0.5, 0.05
@@ -213,7 +232,7 @@ def online_table(full: bool = False, progress: Callable[[str], None] | None = No
         table.add(_online_row(case, "engine (chunked prefill + prefix caching)", s, "median ms = e2e p50"))
         if progress:
             progress(case)
-    rate = sz["rates"][0]
+    rate = sz["rates"][-1]  # near saturation without the cache: there the prefix's prefill compute is what queues
     case = f"shared prefix {sz['prefix_len']} + suffix U{sz['suffix_len']}, {n} req @ {rate:g} req/s"
     load = dict(base, rate=rate, workload="shared-prefix", prompt_len=("uniform", *sz["suffix_len"]),
                 prefix_len=sz["prefix_len"])  # fmt: skip

@@ -155,10 +155,11 @@ class Engine:
             if self.tokenizer is None:
                 raise TypeError("prompt: a str prompt needs the engine's tokenizer (Engine(..., tokenizer=...))")
             ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list | tuple | np.ndarray):
+        elif isinstance(prompt, list | tuple) or (isinstance(prompt, np.ndarray) and prompt.ndim == 1):
             ids = list(prompt)
         else:
-            raise TypeError(f"prompt: expected a list of token ids or a str, got {type(prompt).__name__}")
+            got = f"an array of shape {prompt.shape}" if isinstance(prompt, np.ndarray) else type(prompt).__name__
+            raise TypeError(f"prompt: expected a list (or 1-d array) of token ids or a str, got {got}")
         if not ids:
             raise ValueError(f"prompt: must hold at least one token, got {prompt!r}")
         vocab = self.config.vocab_size

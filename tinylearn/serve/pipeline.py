@@ -12,8 +12,7 @@ q0 is full (or raises ``queue.Full`` after ``timeout``), a slow group blocks the
 dropped. Every stage call is timed (perf_counter), so ``stats()`` reports MEASURED per-stage service times and
 per-group utilisation = busy time / (wall time x workers).
 
-Rebalancer (``plan_rebalance``): a pipeline's throughput is 1 / max_g(sum of its stage times / workers_g), the
-bottleneck group. From the measured per-stage times:
+Rebalancer (``plan_rebalance``): throughput is 1 / max_g(sum of its stage times / workers_g). From measured times:
     1. merge adjacent groups while the merged group's time stays <= the bottleneck time: light stages share one
        thread (fewer queue hops, a thread freed) without lowering throughput;
     2. give the bottleneck group one more worker while the thread budget allows and every stage in it is
@@ -28,10 +27,9 @@ h_i = hash((h_{i-1}, tokens of block i))) and pack a padded [B, T] batch. ``serv
 a thread pool feeding a bounded ``asyncio.Queue`` whose consumer runs the model step on the event-loop thread
 (the serving loop; no thread hop per step), so the preprocessing of batch i+1 overlaps the model step of batch i;
 ``overlap=False`` runs them back to back. Both return the same outputs and MEASURED wall time, preprocessing and
-model-step time. The gain is bounded by min(preprocess, step) / (preprocess + step) (Amdahl): with the byte
-tokenizer preprocessing is ~1-2 % of a TinyGPT step here, so the overlap saves little; a BPE tokenizer over long
-histories (tens of us per token) is what makes it matter. Pure-Python preprocessing also holds the GIL, so it
-overlaps only with the GIL-free (numpy/BLAS) part of the step.
+model-step time. Gain <= min(preprocess, step) / (preprocess + step) (Amdahl): the byte tokenizer's preprocessing
+is ~1-2 % of a TinyGPT step here, so overlap saves little (a BPE tokenizer over long histories is what makes it
+matter); pure-Python preprocessing holds the GIL, so it overlaps only the GIL-free (numpy/BLAS) part of a step.
 
 Autograd's no_grad switch is process-global: wrap a run whose stages call a model in ``tl.no_grad()`` on the
 calling thread rather than inside the stages (a context entered and left on several threads can race).
@@ -40,6 +38,7 @@ calling thread rather than inside the stages (a context entered and left on seve
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 import time
@@ -389,12 +388,8 @@ class AsyncPreprocessor:
             packed.cached_blocks.append(n)
         return packed
 
-    def serve(
-        self,
-        batches: Sequence[Sequence[Sequence[tuple[str, str]]]],
-        step: Callable[[Packed], Any],
-        overlap: bool = True,
-    ) -> tuple[list[Any], dict[str, Any]]:
+    def serve(self, batches: Sequence[Sequence[Sequence[tuple[str, str]]]], step: Callable[[Packed], Any],
+              overlap: bool = True) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
         """(outputs in batch order, MEASURED timings). overlap=False: preprocess then step, batch by batch;
         overlap=True: the asyncio pipeline of the module docstring. Timings: wall_s, preprocess_s and step_s (sums
         of the calls), pre_spans / step_spans ((start, end) perf_counter seconds per batch) and overlap_s (time
@@ -416,7 +411,14 @@ class AsyncPreprocessor:
         if not overlap:
             outs = [timed(step, self.lookup(timed(self.preprocess, b, pre, i)), stp, i) for i, b in enumerate(batches)]
         else:
-            outs = asyncio.run(self._serve_async(batches, step, timed, pre, stp))
+            coro = self._serve_async(batches, step, timed, pre, stp)
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # no loop in this thread: run ours here
+                outs = asyncio.run(coro)
+            else:  # called from a running loop (a Jupyter kernel, an async server): ours gets its own thread
+                with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                    outs = ex.submit(asyncio.run, coro).result()
         wall = time.perf_counter() - t0
         ps, ss = [pre[i] for i in range(len(batches))], [stp[i] for i in range(len(batches))]
         both = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in ps for b in ss)
