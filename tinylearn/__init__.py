@@ -59,6 +59,7 @@ _SUBPACKAGES = (
     "parallel",
     "compiler",
     "serve",
+    "compress",
 )
 
 try:

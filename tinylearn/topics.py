@@ -440,6 +440,33 @@ TOPICS: tuple[Topic, ...] = (
         sanitize=("test_serve_engine", "test_serve_block_manager"),
         path_independent=("test_serve_tiering", "test_serve_journal", "test_serve_prewarm"),
     ),
+    Topic(
+        "compress",
+        "14_compression",
+        "Compression: LoRA and QLoRA (NF4), distillation, low-rank factorisation, hardware-aware search, vs peft",
+        ("compress",),
+        "14_compression",
+        (
+            "test_lora",
+            "test_peft_parity",
+            "test_multi_lora",
+            "test_lora_adapt",
+            "test_nf4",
+            "test_qlora",
+            "test_distill",
+            "test_lowrank",
+            "test_grad_compress",
+            "test_latency_table",
+            "test_nas",
+            "test_mixed_config",
+        ),
+        "tinylearn.compress.bench",
+        cpp=("compress_nf4.cpp",),
+        aliases=("compression", "lora"),
+        questions="28, 40, 100, 116, 117, 121, 136, 195, 204, 218, 245, 260",
+        sanitize=("test_nf4", "test_qlora"),
+        registers=("compress.nf4",),
+    ),
 )
 
 

@@ -207,6 +207,8 @@ _SSETUP = (
     "m = checkpoint.tiny_model(0)"
 )
 
+_KSETUP = "from tinylearn.compress import distill, lora, lowrank, nf4\nlin = tl.nn.Linear(8, 4)"
+
 CASES: dict[str, list[tuple]] = {
     "bench": [
         ("measure-not-callable", "tl.bench.measure(3)", TV, "fn"),
@@ -903,6 +905,31 @@ CASES: dict[str, list[tuple]] = {
         ("StepCostModel-empty-log", "latency.StepCostModel.fit([])", TV, "step_log", _SSETUP),
         ("server-public-host", "server.check_host('0.0.0.0')", TV, "host", _SSETUP),
         ("loadgen-remote-url", "loadgen.run_load('http://example.com:80')", TV, "base_url", _SSETUP),
+    ],
+    "compress": [
+        ("LoRALinear-rank-0", "lora.LoRALinear(lin, r=0, alpha=8)", TV, "r", _KSETUP),
+        ("LoRALinear-rank-too-big", "lora.LoRALinear(lin, r=5, alpha=8)", TV, "r", _KSETUP),
+        ("LoRALinear-alpha-0", "lora.LoRALinear(lin, r=2, alpha=0)", TV, "alpha", _KSETUP),
+        (
+            "apply_lora-no-match",
+            "lora.apply_lora(tl.nn.Sequential(tl.nn.Linear(4, 4)), target_modules=['q_proj'], r=2, alpha=4)",
+            TV,
+            "Linear modules in the model",
+            _KSETUP,
+        ),
+        (
+            "merge-twice",
+            "l = lora.LoRALinear(lin, r=2, alpha=4)\nl.merge()\nl.merge()",
+            TV + ("RuntimeError",),
+            "merge",
+            _KSETUP,
+        ),  # fmt: skip
+        ("nf4-int-weights", "nf4.nf4_quantize(np.arange(64))", TV, "w", _KSETUP),
+        ("nf4-bad-block", "nf4.nf4_quantize(np.ones(64, np.float32), block_size=7)", TV, "block_size", _KSETUP),
+        ("distill-T-0", "distill.distill_loss(tl.randn(2, 3), tl.randn(2, 3), T=0, alpha=0.5)", TV, "T", _KSETUP),
+        ("distill-alpha", "distill.distill_loss(tl.randn(2, 3), tl.randn(2, 3), T=2, alpha=1.5)", TV, "alpha", _KSETUP),
+        ("rsvd-rank-0", "lowrank.randomized_svd(np.ones((4, 4)), 0)", TV, "r", _KSETUP),
+        ("energy-above-1", "lowrank.rank_for_energy(np.ones(3), 1.5)", TV, "energy", _KSETUP),
     ],
     "amp": [
         ("GradScaler-negative", "tl.amp.GradScaler(init_scale=-1.0)", TV, "init_scale"),

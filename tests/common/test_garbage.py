@@ -557,6 +557,24 @@ CALLS: dict[str, list[Call]] = {
         Call("amp.int2_quantize/scale", "tl.amp.int2_quantize(np.ones(4), g)", "scale", reals(0.0)),
         Call("amp.fp4_encode/x", "tl.amp.fp4_encode(g)", "x", arrays((4, 5))),
     ],
+    "compress": [
+        Call(
+            "compress.LoRALinear/r",
+            "LoRALinear(tl.nn.Linear(8, 4), r=g, alpha=8)",
+            "r",
+            ints(1, 4, valid=(1, 2)),
+            setup="from tinylearn.compress import LoRALinear\ntl.manual_seed(0)",
+            view="(r.r, r.scaling)",
+        ),
+        Call(
+            "compress.distill_loss/T",
+            "distill_loss(s, t, T=g, alpha=1.0)",
+            "T",
+            reals(0.0, valid=(2.0,)),
+            setup="from tinylearn.compress import distill_loss\ns, t = tl.ones(2, 3), tl.zeros(2, 3)",
+            view="float(r.item())",
+        ),
+    ],
     "serve": [
         Call(
             "serve.SamplingParams/max_tokens",

@@ -1,0 +1,116 @@
+"""Adapter weights between tinylearn's LoRA names and peft's (the format ``PeftModel.state_dict()`` holds).
+
+    tinylearn                       peft (adapter "default", model wrapped by get_peft_model)
+    <path>.lora_A  [r, in]    <->   base_model.model.<path>.lora_A.default.weight  [r, in]
+    <path>.lora_B  [out, r]   <->   base_model.model.<path>.lora_B.default.weight  [out, r]
+    <path>.base_layer.weight  <->   base_model.model.<path>.base_layer.weight  (base weights: ``with_base=True``)
+
+Layouts are identical (peft's lora_A / lora_B are nn.Linear(in, r) / nn.Linear(r, out) without bias, whose
+weights are [r, in] / [out, r]), so the conversion only renames and copies. ``save_pretrained`` files drop the
+adapter name ("...lora_A.weight"); ``from_peft_state_dict`` accepts both spellings. Values come back as numpy
+arrays (to_peft) or are read from anything numpy can convert, torch tensors included (from_peft). peft is never
+imported here; ``tests/compress/test_peft_parity.py`` checks forward, gradients and merging against it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..nn.module import Module
+from .lora import lora_layers, lora_state_dict
+
+PREFIX = "base_model.model."
+
+
+def _to_numpy(v: Any, name: str) -> np.ndarray:
+    if hasattr(v, "detach") and hasattr(v, "cpu"):  # torch tensor
+        v = v.detach().cpu().numpy()
+    elif hasattr(v, "numpy"):
+        v = v.numpy()
+    try:
+        return np.asarray(v)
+    except Exception as e:  # pragma: no cover - defensive
+        raise TypeError(f"sd[{name!r}]: cannot convert {type(v).__name__} to an array") from e
+
+
+def to_peft_state_dict(model: Module, adapter_name: str = "default", with_base: bool = False) -> dict[str, np.ndarray]:
+    """peft-named copies of ``model``'s adapter tensors (and its base Linear weights when ``with_base``)."""
+    if not isinstance(adapter_name, str) or not adapter_name:
+        raise ValueError(f"adapter_name: expected a non-empty string, got {adapter_name!r}")
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(f"model: {type(model).__name__} has no LoRALinear layers (call apply_lora first)")
+    out: dict[str, np.ndarray] = OrderedDict()
+    for n, layer in layers:
+        p = PREFIX + n
+        out[f"{p}.lora_A.{adapter_name}.weight"] = layer.lora_A.data.copy()
+        out[f"{p}.lora_B.{adapter_name}.weight"] = layer.lora_B.data.copy()
+        if with_base:
+            if layer.merged:
+                raise RuntimeError(f"to_peft_state_dict: layer {n!r} is merged; unmerge it to export base weights")
+            out[f"{p}.base_layer.weight"] = layer.base_layer.weight.data.copy()
+            if layer.base_layer.bias is not None:
+                out[f"{p}.base_layer.bias"] = layer.base_layer.bias.data.copy()
+    return out
+
+
+def from_peft_state_dict(model: Module, sd: Mapping[str, Any], adapter_name: str = "default") -> Module:
+    """Load peft-named adapter weights into ``model``'s LoRA layers (missing or unknown lora keys: KeyError)."""
+    want = lora_state_dict(model)
+    if not want:
+        raise ValueError(f"model: {type(model).__name__} has no LoRALinear layers (call apply_lora first)")
+    got: dict[str, np.ndarray] = {}
+    for k, v in sd.items():
+        if ".lora_A." not in k and ".lora_B." not in k:
+            continue  # base weights and other entries are not adapter tensors
+        name = k[len(PREFIX) :] if k.startswith(PREFIX) else k
+        for ab in ("lora_A", "lora_B"):
+            for suffix in (f".{ab}.{adapter_name}.weight", f".{ab}.weight"):
+                if name.endswith(suffix):
+                    got[name[: -len(suffix)] + "." + ab] = _to_numpy(v, k)
+    missing, unexpected = [k for k in want if k not in got], [k for k in got if k not in want]
+    if missing or unexpected:
+        raise KeyError(f"sd: adapter {adapter_name!r}: missing {missing}, unexpected {unexpected}")
+    by_name = dict(lora_layers(model))
+    for k, arr in got.items():
+        path, _, ab = k.rpartition(".")
+        layer = by_name[path]
+        if layer.merged:
+            raise RuntimeError(f"from_peft_state_dict: layer {path!r} is merged; unmerge it first")
+        p = getattr(layer, ab)
+        if arr.shape != p.shape:
+            raise ValueError(f"sd[{k!r}]: shape {arr.shape} does not match the adapter's {p.shape}")
+        np.copyto(p.data, arr, casting="unsafe")
+    return model
+
+
+def to_peft_model(torch_model: Any, model: Module, alpha: float | None = None) -> Any:
+    """Wrap ``torch_model`` (same architecture, same base weights) with peft and load ``model``'s adapter into it.
+
+    Imports peft lazily (optional dependency). All LoRA layers of ``model`` must share r and alpha.
+    """
+    try:
+        import peft
+        import torch
+    except ImportError as e:  # pragma: no cover - peft is an optional extra
+        raise ImportError("to_peft_model needs peft and torch installed") from e
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(f"model: {type(model).__name__} has no LoRALinear layers")
+    rs, alphas = {m.r for _, m in layers}, {m.alpha for _, m in layers}
+    if len(rs) != 1 or len(alphas) != 1:
+        raise ValueError(f"model: LoRA layers must share r and alpha for one LoraConfig, got r {rs}, alpha {alphas}")
+    cfg = peft.LoraConfig(
+        r=rs.pop(),
+        lora_alpha=alpha if alpha is not None else alphas.pop(),
+        lora_dropout=0.0,
+        target_modules=[n for n, _ in layers],
+    )
+    pm = peft.get_peft_model(torch_model, cfg)
+    sd = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in to_peft_state_dict(model).items()}
+    pm.load_state_dict(sd, strict=False)
+    return pm
