@@ -459,6 +459,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_latency_table",
             "test_nas",
             "test_mixed_config",
+            "test_compress_bench",
         ),
         "tinylearn.compress.bench",
         cpp=("compress_nf4.cpp",),

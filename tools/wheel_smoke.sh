@@ -124,6 +124,12 @@ gm = tl.inference.TinyGPT(64, 32, 2, 2, 64)  # serve: continuous batching over t
 outs = tl.serve.Engine(gm).generate([[1, 2, 3], [4, 5, 6, 7, 8]], tl.serve.SamplingParams(temperature=0, max_tokens=5))
 assert [o.token_ids for o in outs] == [tl.inference.generate(gm, p, 5) for p in ([1, 2, 3], [4, 5, 6, 7, 8])]
 
+wq = rng.standard_normal((16, 64)).astype(np.float32)  # compress: NF4 weights, C++ dequantize-on-the-fly matmul
+xq = rng.standard_normal((3, 64)).astype(np.float32)
+q4 = tl.compress.nf4_quantize(wq)
+np.testing.assert_allclose(tl.compress.nf4_matmul(xq, q4, backend="cpp"), xq @ tl.compress.nf4_dequantize(q4).T,
+                           rtol=1e-4, atol=1e-4)
+
 print("wheel-smoke: import, one op per topic, cuda source lookup: ok")
 EOF
 say "python smoke ok"
