@@ -283,7 +283,9 @@ py::array_t<float> nf4_matmul_cpp(py::array_t<float, py::array::c_style | py::ar
   {
     py::gil_scoped_release release;
     const int64_t npanels = (N + kNf4Panel - 1) / kNf4Panel;
-#pragma omp parallel
+    // a team only for >= 2^20 multiply-adds (~0.1-0.2 ms on one core): waking OpenMP workers costs microseconds on
+    // an idle machine but a time slice on a busy one (a 0.16 ms call took ~10 ms at 2 threads after torch's pool ran)
+#pragma omp parallel if (M * N * K >= (int64_t(1) << 20))
     {
       std::vector<float> wbuf(size_t(kNf4Panel * K));
       float out[kNf4Panel];
