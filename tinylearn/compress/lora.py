@@ -61,6 +61,20 @@ def _check_dropout(p: Any) -> float:
     return float(p)
 
 
+def init_adapter(layer: Module, base: Linear, r: int, alpha: float, dropout: float, dtype: Any) -> None:
+    """Validate (r, alpha, dropout) against ``base`` and give ``layer`` its LoRA pair, as peft does: in/out_features,
+    r, alpha, dropout_p, scaling = alpha / r, lora_A [r, in] kaiming-uniform(a=sqrt(5)), lora_B [out, r] zeros
+    (so the adapted layer starts exactly at the base). Shared by LoRALinear and QLoRALinear."""
+    layer.in_features, layer.out_features = base.in_features, base.out_features
+    layer.r = _check_rank(r, base.in_features, base.out_features)
+    layer.alpha = _check_alpha(alpha)
+    layer.dropout_p = _check_dropout(dropout)
+    layer.scaling = layer.alpha / layer.r
+    layer.lora_A = Parameter(np.zeros((layer.r, layer.in_features), dtype=dtype))
+    layer.lora_B = Parameter(np.zeros((layer.out_features, layer.r), dtype=dtype))
+    init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
+
+
 class LoRALinear(Module):
     """``base(x) + dropout(x) A^T B^T * alpha / r`` with A [r, in] kaiming-uniform(a=sqrt(5)), B [out, r] zeros."""
 
@@ -68,16 +82,9 @@ class LoRALinear(Module):
         super().__init__()
         if not isinstance(base, Linear):
             raise TypeError(f"base: expected a tinylearn.nn.Linear, got {type(base).__name__}")
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.r = _check_rank(r, base.in_features, base.out_features)
-        self.alpha = _check_alpha(alpha)
-        self.dropout_p = _check_dropout(dropout)
-        self.scaling = self.alpha / self.r
+        _check_rank(r, base.in_features, base.out_features)  # before anything is registered
         self.base_layer = base
-        dtype = base.weight.data.dtype
-        self.lora_A = Parameter(np.zeros((self.r, self.in_features), dtype=dtype))
-        self.lora_B = Parameter(np.zeros((self.out_features, self.r), dtype=dtype))
-        init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        init_adapter(self, base, r, alpha, dropout, base.weight.data.dtype)
         self.merged = False
         self.disabled = False  # True: forward is the base path only (GatedLoRA's fallback)
 

@@ -17,7 +17,6 @@ actually holds (NF4 codes + scales, LoRA params, the rest) against the fp32 mode
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,11 +25,10 @@ import numpy as np
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..nn import functional as F
-from ..nn import init
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..nn.parameter import Parameter
-from .lora import _check_alpha, _check_dropout, _check_rank, _linear_names, _matches
+from .lora import _check_alpha, _check_dropout, _check_rank, _linear_names, _matches, init_adapter
 from .nf4 import NF4Tensor, nf4_dequantize, nf4_matmul, nf4_quantize
 
 
@@ -70,17 +68,11 @@ class QLoRALinear(Module):
         super().__init__()
         if not isinstance(base, Linear):
             raise TypeError(f"base: expected a tinylearn.nn.Linear, got {type(base).__name__}")
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.r = _check_rank(r, base.in_features, base.out_features)
-        self.alpha = _check_alpha(alpha)
-        self.dropout_p = _check_dropout(dropout)
-        self.scaling = self.alpha / self.r
+        _check_rank(r, base.in_features, base.out_features)  # validate before quantizing
         self.block_size = block_size
         self.weight_nf4 = nf4_quantize(base.weight.data, block_size=block_size, double_quant=double_quant)
         self.bias = None if base.bias is None else Parameter(base.bias.data.astype(np.float32), requires_grad=False)
-        self.lora_A = Parameter(np.zeros((self.r, self.in_features), dtype=np.float32))
-        self.lora_B = Parameter(np.zeros((self.out_features, self.r), dtype=np.float32))
-        init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        init_adapter(self, base, r, alpha, dropout, np.float32)
 
     def dequantized_weight(self) -> np.ndarray:
         """The fp32 weight the NF4 codes stand for (a fresh array; the layer does not keep it)."""
