@@ -500,6 +500,7 @@ def sanitizer_tests() -> list[str]:
 # library modules no test names directly (tests/tour/test_foundation.py checks the rest): module -> the tests that
 # exercise it through the public API
 INDIRECTLY_TESTED: dict[str, str] = {
+    "tinylearn._lazy": "the lazy names of tinylearn.serve and tinylearn.compress: every test importing from them",
     "tinylearn.autograd.methods": "Tensor methods: tests/autograd/test_autograd.py, test_ops_breadth.py",
     "tinylearn.autograd.methods_breadth": "Tensor methods: tests/autograd/test_ops_breadth.py",
     "tinylearn.autograd.methods_movement": "Tensor movement/indexing methods: tests/autograd/test_ops_breadth.py, "
