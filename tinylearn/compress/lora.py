@@ -135,19 +135,24 @@ def _matches(name: str, targets: Iterable[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def apply_lora(
-    model: Module, target_modules: Iterable[str], r: int = 8, alpha: float = 8.0, dropout: float = 0.0
-) -> Module:
-    """Wrap every Linear whose dotted name equals or ends with ``"." + target`` in a LoRALinear; freeze the rest."""
+def check_targets(model: Any, target_modules: Any, alpha: Any, dropout: Any) -> list[str]:
+    """The arguments apply_lora and apply_qlora share, checked: a Module, a non-empty list of names (one str is a
+    list of one), alpha and dropout; returns the target names."""
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a tinylearn.nn.Module, got {type(model).__name__}")
-    if isinstance(target_modules, str):
-        target_modules = [target_modules]
-    targets = list(target_modules)
+    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
     if not targets or not all(isinstance(t, str) and t for t in targets):
         raise ValueError(f"target_modules: expected a non-empty list of module names, got {targets!r}")
     _check_alpha(alpha)
     _check_dropout(dropout)
+    return targets
+
+
+def apply_lora(
+    model: Module, target_modules: Iterable[str], r: int = 8, alpha: float = 8.0, dropout: float = 0.0
+) -> Module:
+    """Wrap every Linear whose dotted name equals or ends with ``"." + target`` in a LoRALinear; freeze the rest."""
+    targets = check_targets(model, target_modules, alpha, dropout)
     inside_lora = {n + ".base_layer" for n, _ in lora_layers(model)}
     hits = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) and n and n not in inside_lora]
     hits = [(n, m) for n, m in hits if _matches(n, targets)]

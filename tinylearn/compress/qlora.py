@@ -28,7 +28,7 @@ from ..nn import functional as F
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..nn.parameter import Parameter
-from .lora import _check_alpha, _check_dropout, _check_rank, _linear_names, _matches, init_adapter
+from .lora import _check_rank, _linear_names, _matches, check_targets, init_adapter
 from .nf4 import NF4Tensor, nf4_dequantize, nf4_matmul, nf4_quantize
 
 
@@ -113,15 +113,7 @@ def apply_qlora(
 ) -> Module:
     """Replace every Linear whose dotted name equals or ends with ``"." + target`` by a QLoRALinear (its fp32
     weight released); freeze every other parameter. ValueError listing the Linear names when nothing matches."""
-    if not isinstance(model, Module):
-        raise TypeError(f"model: expected a tinylearn.nn.Module, got {type(model).__name__}")
-    if isinstance(target_modules, str):
-        target_modules = [target_modules]
-    targets = list(target_modules)
-    if not targets or not all(isinstance(t, str) and t for t in targets):
-        raise ValueError(f"target_modules: expected a non-empty list of module names, got {targets!r}")
-    _check_alpha(alpha)
-    _check_dropout(dropout)
+    targets = check_targets(model, target_modules, alpha, dropout)
     hits = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) and n and _matches(n, targets)]
     if not hits:
         raise ValueError(
