@@ -114,8 +114,14 @@ def test_online_rebalancer_keeps_only_measured_gains():
     assert hist[1]["plan"][-1].workers == 2 and hist[1]["decision"].startswith("trial kept")
     out, hist = run_adaptive([light, Stage("python", _gil_bound)], chunks, max_workers=3, min_gain=1.3)
     assert out == want  # sum of i & 7 over 40000 ints is even
-    assert hist[1]["plan"][-1].workers == 2 and hist[1]["decision"].startswith("trial reverted")
-    assert all(g.workers == 1 for g in hist[2]["plan"])  # marked non-scaling: not replicated again
+    # GIL-bound work gains little from a second thread, but how little is a measurement (a cold first chunk or a busy
+    # machine can make the trial look faster): the rebalancer must act on what it measured, either way
+    t0, t1 = hist[0]["throughput"], hist[1]["throughput"]
+    assert hist[1]["plan"][-1].workers == 2  # the trial replicated the heavy stage
+    kept = hist[1]["decision"].startswith("trial kept")
+    assert kept == (t1 >= 1.3 * t0) and (kept or hist[1]["decision"].startswith("trial reverted"))
+    if not kept:
+        assert all(g.workers == 1 for g in hist[2]["plan"])  # marked non-scaling: not replicated again
     print(f"\n[Q189] online: {[round(h['throughput']) for h in hist]} items/s, {[h['decision'] for h in hist]}")
 
 
