@@ -13,6 +13,7 @@ from tinylearn.compress.lora_adapt import (
     lora_flops,
     resize_rank,
 )
+from tinylearn.testing import assert_close
 
 
 def layer(r=4, d_in=24, d_out=20, seed=0, alpha=8.0):
@@ -22,15 +23,17 @@ def layer(r=4, d_in=24, d_out=20, seed=0, alpha=8.0):
     return m
 
 
-def test_resize_up_preserves_outputs_exactly():
+def test_resize_up_preserves_outputs():
     m = layer()
     x = tl.Tensor(np.random.default_rng(1).standard_normal((6, 24)).astype(np.float32))
     y, dw, s = m(x).numpy(), m.delta_weight(), m.scaling
     resize_rank(m, 9)
     assert m.r == 9 and m.lora_A.shape == (9, 24) and m.lora_B.shape == (20, 9) and m.scaling == s
     assert np.all(m.lora_B.data[:, 4:] == 0) and np.abs(m.lora_A.data[4:]).max() > 0
-    np.testing.assert_array_equal(m.delta_weight(), dw)
-    np.testing.assert_array_equal(m(x).numpy(), y)
+    # the new directions contribute exact zeros; only the BLAS summation order of the longer inner product (K = 9 vs
+    # 4, a different kernel remainder path per CPU) can move the last bit
+    assert_close(m.delta_weight(), dw, np.float32)
+    assert_close(m(x).numpy(), y, np.float32)
     m(x).sum().backward()
     assert m.lora_A.grad is not None and m.lora_B.grad.shape == (20, 9)
 

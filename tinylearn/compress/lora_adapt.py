@@ -23,7 +23,8 @@ r x r SVD). energy_rank(k) = smallest k with sum_{i<k} sigma_i^2 >= energy * sum
     "keep"  otherwise
 
 ``resize_rank(layer, new_r)`` keeps scaling s = alpha / r fixed (alpha is rescaled to s * new_r) so that:
-  - increase: A gains kaiming-initialised rows, B gains zero columns -> B'A' = BA, outputs unchanged exactly;
+  - increase: A gains kaiming-initialised rows, B gains zero columns -> B'A' = BA, outputs unchanged (up to the
+    summation order of the longer inner product);
   - decrease: B A = U S V^T (via QR of B and A^T), B' = U_k S_k^1/2, A' = S_k^1/2 V_k^T: s B' A' is the best
     rank-k approximation of dW (Eckart-Young), ||dW - dW'||_F = s sqrt(sum of the dropped S_i^2).
 New Parameters replace the old ones: rebuild the optimizer after a resize.
@@ -287,7 +288,8 @@ class RankAdvisor:
 
 
 def resize_rank(layer: LoRALinear, new_r: int) -> LoRALinear:
-    """Change the rank in place keeping s = alpha / r: exact on increase, Eckart-Young optimal on decrease."""
+    """Change the rank in place keeping s = alpha / r: on increase the new directions get B = 0, so the function is
+    unchanged (up to the summation order of the longer inner product); on decrease, Eckart-Young optimal."""
     if not isinstance(layer, LoRALinear):
         raise TypeError(f"layer: expected a LoRALinear, got {type(layer).__name__}")
     if isinstance(new_r, bool) or not isinstance(new_r, int | np.integer):
