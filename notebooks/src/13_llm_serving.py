@@ -310,9 +310,9 @@ assert co["tok_s"] > st["tok_s"]
 # %% [markdown]
 # Reading the numbers: on this workload static batching leaves over a quarter of its decode slots idle (a finished
 # request keeps its row until the batch's longest one ends), and the next batch waits for the whole previous one;
-# the engine fills a freed slot at the next step. The measured gap (printed; about 2x on the machine these outputs
-# come from) also contains each framework's own per-step cost — transformers' `generate` runs torch eager with its
-# logits processors, the engine runs tinylearn's ops — so it is the gap a user sees, not the scheduling effect alone.
+# the engine fills a freed slot at the next step. The measured gap (printed above the plot) also contains each
+# framework's own per-step cost — transformers' `generate` runs torch eager with its logits processors, the engine
+# runs tinylearn's ops — so it is the gap a user sees, not the scheduling effect alone.
 # The tokens are the same: batching changes when a token is computed, never which.
 
 # %% [markdown]
@@ -674,7 +674,7 @@ assert [tiers[i] for i in by_recency] == ["fast"] * 4 + ["slow"] * 4 + ["disk"] 
 # then the K and V bytes) and fsyncs them in groups. `recover(path)` replays the log into each sequence's full K/V;
 # a crash mid-write leaves a torn last record, which recovery detects (length/CRC) and drops, so every sequence
 # comes back as an exact prefix of what was appended. Replaying bytes is far cheaper than recomputing the KV with a
-# prefill: over 5x here (measured 40-70x).
+# prefill: over 5x here (asserted; the printed times give this run's ratio).
 #
 # Two sequences of the served model: prefills of 256 and 192 tokens, then 24 interleaved decode steps, each logging
 # one token per sequence.
@@ -1497,13 +1497,14 @@ print(f"fit over {len(rep['points'])} MEASURED forwards: R^2 {rep['r2']:.3f}; "
       f"draft/target cost {rep['draft_ratio']:.2f}")  # fmt: skip
 fixed = cpu_model.overhead_s + cpu_model.weight_s
 print(f"fixed cost per forward {fixed * 1e3:.2f} ms vs {cpu_model.token_s * 1e6:.1f} us per token of the batch")
-assert rep["r2"] > 0.5 and fixed > 4 * cpu_model.token_s
+# the fixed part dominates: ~20x a token's cost on an AVX-512 CPU path, ~4x on the scalar path (no SIMD GEMM)
+assert rep["r2"] > 0.5 and fixed > 2 * cpu_model.token_s
 assert cpu_model.link_alpha_s == 5e-6 and cpu_model.link_beta_s == 1 / 100e9  # the ASSUMED link
 
 # %% [markdown]
 # On this CPU a TinyGPT forward is mostly a fixed cost (Python and op dispatch; the printed fit): one more sequence
-# in the batch costs far less than the forward itself — the CPU analogue of a memory-bound decode step, where
-# batching is nearly free and speculation pays.
+# in the batch costs several times less than the forward's fixed part (over 2x asserted; how much depends on the
+# CPU's GEMM path) — the CPU analogue of a memory-bound decode step, where batching is cheap and speculation pays.
 #
 # The speculative term, checked against real runs: `speculative_generate` at temperature 1 with draft length
 # k = 4, tokens emitted per target call in the rounds that drafted k tokens, against (1 − α^(k+1))/(1 − α) at the
@@ -1697,14 +1698,15 @@ assert http.get("429") == counts["429"] and http.get("400", 0) >= counts["400"]
 # - **Tiered KV offload with prefetch [Q113]**: fixed-size KV blocks in tiers (device arena → host RAM → SSD file),
 #   each tier LRU, a full tier demotes its LRU block one level down; a get promotes. Attention reads a sequence's
 #   blocks in order, so prefetching the next blocks on a background thread during the current block's compute
-#   turns the misses of a sequential scan into hits (0 of 24 → 23 of 24 measured here). Compressing fp32 KV
-#   losslessly saves ~12% at ~50x the latency of a page-cached read: quantize (int8/FP8 KV) instead.
+#   turns the misses of a sequential scan into hits (none of 24 without prefetch, at least half with it, here).
+#   Compressing fp32 KV losslessly saves only 5-20% at over 5x the latency of a page-cached read: quantize
+#   (int8/FP8 KV) instead.
 # - **L1/L2/L3 by recency [Q244]**: the tier of a block is its recency rank: the k1 most recent in L1, the next k2
 #   in L2, the rest in L3 — LRU demotion maintains exactly that order with O(1) moves per access.
 # - **Append-only KV journal [Q143]**: log only each step's new-token K/V with (seq, start offset, length, CRC);
 #   a writer thread group-commits with fsync; recovery replays the log, drops a torn tail (bad length or CRC) and
 #   returns an exact prefix of each sequence; compaction rewrites one record per live sequence atomically. Replay
-#   is tens of times faster than recomputing the KV by prefill (measured 40-70x here).
+#   is far cheaper than recomputing the KV by prefill (over 5x here, asserted).
 # - **Semantic + time-decay eviction [Q193]**: score = α·cos(entry, current context) + (1-α)·2^(-age/half-life);
 #   evict the lowest. Beats LRU on topic-drift traffic because one-off documents are unrelated to the context.
 # - **Learned eviction [Q220]**: features (log age, log frequency, context cosine, log size) → logistic regression
