@@ -60,6 +60,7 @@ _SUBPACKAGES = (
     "compiler",
     "serve",
     "compress",
+    "resilience",
 )
 
 try:

@@ -208,6 +208,10 @@ _SSETUP = (
 )
 
 _KSETUP = "from tinylearn.compress import distill, lora, lowrank, nf4\nlin = tl.nn.Linear(8, 4)"
+_RSETUP = (
+    "import tempfile\nfrom tinylearn.resilience import atomic, ec_files, elastic, erasure, failure_math, sharded\n"
+    "d = tempfile.mkdtemp()\nsharded.save_sharded({'w': np.ones(4, np.float32)}, d + '/ok')"
+)
 
 CASES: dict[str, list[tuple]] = {
     "bench": [
@@ -930,6 +934,18 @@ CASES: dict[str, list[tuple]] = {
         ("distill-alpha", "distill.distill_loss(tl.randn(2, 3), tl.randn(2, 3), T=2, alpha=1.5)", TV, "alpha", _KSETUP),
         ("rsvd-rank-0", "lowrank.randomized_svd(np.ones((4, 4)), 0)", TV, "r", _KSETUP),
         ("energy-above-1", "lowrank.rank_for_energy(np.ones(3), 1.5)", TV, "energy", _KSETUP),
+    ],
+    "resilience": [
+        ("decode-too-many-lost", "erasure.decode([None, None, b'x'], k=2, r=1)", TV, "r = 1", _RSETUP),
+        ("young-negative-C", "failure_math.young_interval(-1.0, 100.0)", TV, "checkpoint_s", _RSETUP),
+        ("cluster_mtbf-no-nodes", "failure_math.cluster_mtbf(100.0, 0)", TV, "n_nodes", _RSETUP),
+        ("save_sharded-object", "sharded.save_sharded({'a': object()}, d + '/x')", TV, "state['a']", _RSETUP),
+        ("load_sharded-no-dir", "sharded.load_sharded(d + '/nope')", ("RuntimeError",), "nope", _RSETUP),
+        ("load_sharded-rank", "sharded.load_sharded(d + '/ok', world_size=2, rank=5)", TV, "rank", _RSETUP),
+        ("Shard-out-of-box", "sharded.Shard(np.ones(4), (3,), (5,))", TV, "global_shape", _RSETUP),
+        ("atomic_write-tmp-name", "atomic.atomic_write(d + '/.tmp-x', b'')", TV, "path", _RSETUP),
+        ("run-steps-0", "elastic.run(lambda s, st: None, {}, ckpt_dir=d + '/e', steps=0)", TV, "steps", _RSETUP),
+        ("protect-r-0", "ec_files.protect(d + '/ok', 0)", TV, "r", _RSETUP),
     ],
     "amp": [
         ("GradScaler-negative", "tl.amp.GradScaler(init_scale=-1.0)", TV, "init_scale"),

@@ -575,6 +575,30 @@ CALLS: dict[str, list[Call]] = {
             view="float(r.item())",
         ),
     ],
+    "resilience": [
+        Call(
+            "resilience.young_interval/checkpoint_s",
+            "young_interval(g, 100.0)",
+            "checkpoint_s",
+            reals(0.0, valid=(2.0,)),
+            setup="from tinylearn.resilience import young_interval",
+        ),
+        Call(
+            "resilience.cluster_mtbf/n_nodes",
+            "cluster_mtbf(100.0, g)",
+            "n_nodes",
+            ints(1, valid=(1, 2), huge=False),  # a formula: any node count is arithmetic, not an allocation
+            setup="from tinylearn.resilience import cluster_mtbf",
+        ),
+        Call(
+            "resilience.encode/r",
+            "encode([b'ab', b'cd'], g)",
+            "r",
+            ints(0, 254, valid=(1, 2)),
+            setup="from tinylearn.resilience import encode",
+            view="[p.tobytes() for p in r]",
+        ),
+    ],
     "serve": [
         Call(
             "serve.SamplingParams/max_tokens",

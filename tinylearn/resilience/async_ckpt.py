@@ -1,0 +1,407 @@
+"""Asynchronous checkpoints: the training thread pays only for a copy to host memory; one writer thread writes.
+
+``AsyncCheckpointer.save(state, step)`` does three things in the caller's thread and returns:
+
+1. **back-pressure**: when ``max_pending`` snapshots are already queued or being written, it waits for the oldest
+   to finish (the wait is measured and reported in ``stats``; the queue never grows without bound, so host memory
+   holds at most ``max_pending + 1`` snapshots);
+2. **snapshot**: it copies every tensor whose *version* changed (numpy, torch and ``tl.Tensor`` values are copied,
+   so training may overwrite them at once) -- this copy is the stall;
+3. it hands the snapshot to the writer thread.
+
+The writer writes the changed tensors into ``step_XXXXXXXX/data.bin`` (64-byte aligned, crc32 each) with
+``atomic_write`` (temporary name, fsync, rename) and writes ``manifest.json`` **last**: only a directory whose
+manifest exists is a checkpoint, so a crash mid-write leaves the previous checkpoint the newest valid one.
+
+**Versions** [Q120]: ``save(state, step, versions={key: int})`` -- the caller bumps a key's version when that shard
+changes (a frozen layer never does). A key whose version equals the one of the last *successful* checkpoint is not
+copied and not written: the new manifest references the older file. Keys without a version are hashed (blake2b) by
+the writer, which skips the write when the digest is unchanged (the copy is still paid). Every ``full_every``-th
+checkpoint writes everything, so old files stop being referenced and ``prune`` can delete them.
+
+**Errors** in the writer thread are never lost: the writer drops snapshots queued after a failed one (they may
+reference files that failed to appear), and the next ``save``/``wait``/``close`` raises the error; the next save
+then compares versions against the last successful checkpoint again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write
+
+FORMAT = "tinylearn.async/1"
+MANIFEST = "manifest.json"
+ALIGN = 64  # tensors start at 64-byte offsets in data.bin
+
+
+def step_dir(root: str | os.PathLike[str], step: int) -> Path:
+    return Path(root) / f"step_{step:08d}"
+
+
+def to_host(value: Any) -> np.ndarray | None:
+    """A private host copy of a numpy / torch / tl tensor (None when ``value`` is not a tensor)."""
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True, order="C")
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            if t.dtype == torch.bfloat16:
+                raise TypeError("bfloat16 tensors are not supported: numpy has no bfloat16; cast first")
+            return t.to("cpu", copy=True).contiguous().numpy()
+    if mod.startswith("tinylearn") and isinstance(getattr(value, "data", None), np.ndarray):
+        return np.array(value.data, copy=True, order="C")
+    return None
+
+
+def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts flattened with ``.`` keys (as torch DCP)."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if not isinstance(k, str):
+            raise TypeError(f"state keys must be str, got {k!r}")
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def torch_versions(state: Mapping[str, Any]) -> dict[str, int]:
+    """``{key: tensor._version}`` for the torch tensors of ``state`` (flattened keys).
+
+    torch bumps a tensor's version counter on every in-place write (``opt.step()`` updates parameters in place;
+    ``detach()`` and ``state_dict()`` share the counter), so this is the caller's version map for free: a frozen
+    layer's version never moves."""
+    import torch
+
+    return {k: int(v._version) for k, v in flatten(state).items() if isinstance(v, torch.Tensor)}
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
+
+
+@dataclass
+class _Snapshot:
+    step: int
+    arrays: dict[str, np.ndarray]  # copied (changed) keys
+    versions: dict[str, int | None]  # every tensor key: its version (None: hash it)
+    objects: dict[str, Any]
+    full: bool
+    since_full: int
+    meta: dict[str, Any]
+    seq: int = 0
+    stat: dict[str, Any] = field(default_factory=dict)
+
+
+class AsyncCheckpointer:
+    """Snapshot to host memory in ``save``, write in one background thread; see the module docstring."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_pending: int = 1,
+        full_every: int = 8,
+        fsync: bool = True,
+        synchronous: bool = False,
+    ) -> None:
+        if not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
+        if not isinstance(full_every, int) or full_every < 1:
+            raise ValueError(f"full_every must be an int >= 1, got {full_every!r}")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_pending, self.full_every, self.fsync, self.synchronous = max_pending, full_every, fsync, synchronous
+        self.stats: list[dict[str, Any]] = []  # one dict per save: step, wait_s, copy_s, stall_s, write_s, ...
+        self._committed: dict[str, dict[str, Any]] = {}  # key -> manifest entry of the last successful checkpoint
+        self._submitted: dict[str, int | None] = {}  # key -> version in the last submitted snapshot
+        self._since_full = full_every  # first save is full
+        self._last_step: int | None = None
+        latest = latest_async_checkpoint(self.root)
+        if latest is not None:  # resume: reference what is on disk
+            man = read_async_manifest(latest)
+            self._committed = dict(man["tensors"])
+            self._submitted = {k: e.get("version") for k, e in self._committed.items()}
+            self._last_step = man["step"]
+            self._since_full = man.get("since_full", 0)
+        self._error: BaseException | None = None
+        self._slots = threading.Semaphore(max_pending)
+        self._q: queue.Queue[_Snapshot | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._seq = self._drop_upto = 0
+        self._thread: threading.Thread | None = None
+        if not synchronous:
+            self._thread = threading.Thread(target=self._writer, name="tl-async-ckpt", daemon=True)
+            self._thread.start()
+
+    # -- caller side ---------------------------------------------------------------------------------------------
+    def save(
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        *,
+        versions: Mapping[str, int] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Snapshot ``state`` and queue its write; returns this save's stats dict (filled in by the writer)."""
+        if self._closed:
+            raise CheckpointError(f"{self.root}: checkpointer is closed")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        step = int(step)
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"step {step} is not newer than the last checkpoint step {self._last_step}")
+        t0 = time.perf_counter()
+        self._slots.acquire()  # back-pressure: at most max_pending snapshots in flight
+        t1 = time.perf_counter()
+        try:
+            self._raise_error()
+        except BaseException:
+            self._slots.release()
+            raise
+        flat = flatten(state)
+        full = self._since_full + 1 >= self.full_every
+        arrays, vers, objects = {}, {}, {}
+        for k, v in flat.items():
+            ver = None if versions is None else versions.get(k)
+            if ver is not None and (isinstance(ver, bool) or not isinstance(ver, (int, np.integer))):
+                self._slots.release()
+                raise TypeError(f"versions[{k!r}] must be an int, got {ver!r}")
+            unchanged = ver is not None and not full and k in self._committed and self._submitted.get(k) == ver
+            if unchanged:
+                vers[k] = int(ver)
+                continue
+            host = to_host(v)
+            if host is None:
+                objects[k] = v
+                continue
+            arrays[k], vers[k] = host, None if ver is None else int(ver)
+        t2 = time.perf_counter()
+        stat = {"step": step, "wait_s": t1 - t0, "copy_s": t2 - t1, "stall_s": t2 - t0, "full": full, "t_snap": t1}
+        stat["copied_bytes"] = int(sum(a.nbytes for a in arrays.values()))
+        since = 0 if full else self._since_full + 1
+        snap = _Snapshot(step, arrays, vers, objects, full, since, dict(meta or {}), stat=stat)
+        if self.synchronous:
+            try:
+                self._write(snap)
+            finally:
+                self._slots.release()
+            stat["stall_s"] = time.perf_counter() - t0
+        else:
+            with self._lock:  # check-and-submit atomically: a failure after this drops the snapshot (seq <= drop)
+                failed = self._error is not None
+                if not failed:
+                    self._seq += 1
+                    snap.seq = self._seq
+                    self._q.put(snap)
+            if failed:
+                self._slots.release()
+                self._raise_error()
+        self._submitted, self._last_step, self._since_full = dict(vers), step, since
+        self.stats.append(stat)
+        return stat
+
+    def wait(self) -> None:
+        """Block until every queued snapshot is written; raise the writer's error if one failed."""
+        for _ in range(self.max_pending):
+            self._slots.acquire()
+        for _ in range(self.max_pending):
+            self._slots.release()
+        self._raise_error()
+
+    def close(self) -> None:
+        """Finish pending writes, stop the writer thread, raise a pending error."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._thread is not None:
+                self._q.put(None)
+                self._thread.join()
+
+    def __enter__(self) -> AsyncCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _raise_error(self) -> None:
+        with self._lock:
+            err, self._error = self._error, None
+        if err is not None:
+            # compare the next save's versions against what is really on disk
+            self._submitted = {k: e.get("version") for k, e in self._committed.items()}
+            self._last_step = max((s for s in _committed_steps(self.root)), default=None)
+            raise CheckpointError(f"{self.root}: an asynchronous checkpoint write failed: {err!r}") from err
+
+    # -- writer side ---------------------------------------------------------------------------------------------
+    def _writer(self) -> None:
+        while True:
+            snap = self._q.get()
+            if snap is None:
+                return
+            try:
+                with self._lock:
+                    drop = snap.seq <= self._drop_upto
+                if drop:  # submitted before an earlier snapshot failed: it may reference that one's files
+                    snap.stat["dropped"] = True
+                else:
+                    self._write(snap)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                snap.stat["error"] = repr(e)
+                with self._lock:
+                    self._error = e
+                    self._drop_upto = self._seq
+            finally:
+                self._slots.release()
+
+    def _write(self, snap: _Snapshot) -> None:
+        t0 = time.perf_counter()
+        d = step_dir(self.root, snap.step)
+        d.mkdir(parents=True, exist_ok=True)
+        entries, parts, offset, nwritten = {}, [], 0, 0
+        rel = f"{d.name}/data.bin"
+        for k, ver in snap.versions.items():
+            old = self._committed.get(k)
+            a = snap.arrays.get(k)
+            if a is None:  # version unchanged: reference the older file
+                if old is None:
+                    raise CheckpointError(f"key {k!r}: not copied but absent from the last checkpoint")
+                entries[k] = old
+                continue
+            dig = _digest(a) if ver is None and self.full_every > 1 else None  # every save full: no need
+            if dig is not None and not snap.full and old is not None and old.get("blake2b") == dig:
+                if old["dtype"] == a.dtype.str and tuple(old["shape"]) == a.shape:
+                    entries[k] = old
+                    continue
+            buf = memoryview(a.reshape(-1)).cast("B") if a.size else memoryview(b"")
+            pad = -offset % ALIGN
+            if pad:
+                parts.append(bytes(pad))
+                offset += pad
+            e = {"file": rel, "offset": offset, "dtype": a.dtype.str, "shape": list(a.shape), "nbytes": a.nbytes}
+            e.update(version=ver, crc32=zlib.crc32(buf))
+            if dig is not None:
+                e["blake2b"] = dig
+            entries[k] = e
+            parts.append(buf)
+            offset += a.nbytes
+            nwritten += 1
+        written = atomic_write(self.root / rel, parts, fsync=self.fsync) if nwritten else 0
+        man = {
+            "format": FORMAT,
+            "step": snap.step,
+            "full": snap.full,
+            "since_full": snap.since_full,
+            "meta": snap.meta,
+            "objects": snap.objects,
+            "tensors": entries,
+        }
+        atomic_write(d / MANIFEST, json.dumps(man, indent=1).encode(), fsync=self.fsync)  # the commit, last
+        self._committed = entries
+        t1 = time.perf_counter()
+        snap.stat.update(write_s=t1 - t0, t_done=t1, bytes_written=written, keys_written=nwritten)
+        snap.stat["keys_referenced"] = len(entries) - nwritten
+
+    def prune(self, keep_last: int = 2) -> list[Path]:
+        """Delete checkpoint directories older than the newest ``keep_last`` whose files no kept manifest
+        references; return what was deleted. Call after ``wait``."""
+        if not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(f"keep_last must be an int >= 1, got {keep_last!r}")
+        self.wait()
+        steps = sorted(_committed_steps(self.root))
+        kept = steps[-keep_last:]
+        needed = set()
+        for s in kept:
+            for e in read_async_manifest(step_dir(self.root, s))["tensors"].values():
+                needed.add(e["file"].split("/")[0])
+        gone = []
+        for s in steps[:-keep_last]:
+            d = step_dir(self.root, s)
+            if d.name not in needed:
+                shutil.rmtree(d)
+                gone.append(d)
+        return gone
+
+
+def _committed_steps(root: Path) -> list[int]:
+    out = []
+    for d in root.glob("step_*"):
+        if (d / MANIFEST).is_file() and d.name[5:].isdigit():
+            out.append(int(d.name[5:]))
+    return out
+
+
+def read_async_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of one checkpoint directory; IncompleteCheckpoint when it has none (a torn write)."""
+    p = Path(path) / MANIFEST
+    try:
+        man = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise IncompleteCheckpoint(f"{os.fspath(path)}: no {MANIFEST} (the write did not commit)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptCheckpoint(f"{p}: manifest does not parse: {e}") from e
+    if man.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{p}: format {man.get('format')!r}, expected {FORMAT!r}")
+    return man
+
+
+def latest_async_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The newest ``step_*`` directory with a manifest that parses; torn ones are skipped."""
+    for s in sorted(_committed_steps(Path(root)), reverse=True):
+        d = step_dir(root, s)
+        try:
+            read_async_manifest(d)
+        except CheckpointError:
+            continue
+        return d
+    return None
+
+
+def load_async(root: str | os.PathLike[str], step: int | None = None, *, verify: bool = True) -> dict[str, Any]:
+    """Tensors (numpy arrays) and objects of checkpoint ``step`` (default: the newest valid one)."""
+    root = Path(root)
+    if step is None:
+        d = latest_async_checkpoint(root)
+        if d is None:
+            raise IncompleteCheckpoint(f"{root}: no committed checkpoint")
+    else:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        d = step_dir(root, int(step))
+    man = read_async_manifest(d)
+    out: dict[str, Any] = dict(man["objects"])
+    files: dict[str, np.memmap] = {}
+    for k, e in man["tensors"].items():
+        f = root / e["file"]
+        if e["file"] not in files:
+            if not f.is_file():
+                raise CorruptCheckpoint(f"{f}: missing (tensor {k!r} of {d.name})")
+            files[e["file"]] = np.memmap(f, dtype=np.uint8, mode="r") if f.stat().st_size else np.zeros(0, np.uint8)
+        raw = files[e["file"]][e["offset"] : e["offset"] + e["nbytes"]]
+        if len(raw) != e["nbytes"] or (verify and zlib.crc32(raw) != e["crc32"]):
+            raise CorruptCheckpoint(f"{f}: size or crc32 mismatch (tensor {k!r} of {d.name})")
+        out[k] = np.frombuffer(raw.tobytes(), dtype=np.dtype(e["dtype"])).reshape(e["shape"])
+    return out

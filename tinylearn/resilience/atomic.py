@@ -1,0 +1,132 @@
+"""Crash-consistent file writes: a temporary name in the same directory, fsync, atomic rename, fsync of the directory.
+
+A reader sees either the old file or the complete new one, never a prefix: ``os.replace`` is atomic within one
+filesystem (POSIX rename(2)), the file's bytes are on disk before the rename (``fsync`` of the file) and the rename
+itself is on disk before the call returns (``fsync`` of the directory). A writer killed at any byte leaves only a
+``.tmp-*`` file, which readers ignore and ``remove_stale_temps`` deletes.
+
+Errors name what failed: a full disk (ENOSPC) or a file-size limit (EFBIG, ``RLIMIT_FSIZE``) becomes ``DiskFull``
+with the path and the byte count, the temporary file is removed, and the old file (if any) is untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read; the message names the path and the cause."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A file's bytes do not match the checksum in its manifest, or a file the manifest lists is missing."""
+
+
+class IncompleteCheckpoint(CheckpointError):
+    """A checkpoint directory without a committed manifest (a writer died before its last step)."""
+
+
+class DiskFull(CheckpointError):
+    """No space (ENOSPC) or a file-size limit (EFBIG) while writing; nothing was overwritten."""
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries (a rename or a new file) to disk."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_free_space(dirpath: str | os.PathLike[str], nbytes: int) -> None:
+    """Raise ``DiskFull`` before writing anything when the filesystem under ``dirpath`` has < ``nbytes`` free."""
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    free = shutil.disk_usage(os.fspath(dirpath)).free
+    if free < nbytes:
+        raise DiskFull(f"{os.fspath(dirpath)}: {nbytes} bytes needed, {free} free")
+
+
+def _chunks(data: bytes | bytearray | memoryview | Iterable[bytes]) -> Iterable[bytes | memoryview]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        yield memoryview(data).cast("B") if isinstance(data, memoryview) else data
+    else:
+        yield from data
+
+
+def atomic_write(
+    path: str | os.PathLike[str],
+    data: bytes | bytearray | memoryview | Iterable[bytes],
+    *,
+    fsync: bool = True,
+) -> int:
+    """Write ``data`` (bytes, or an iterable of byte chunks) to ``path`` atomically; return the bytes written.
+
+    On any error the temporary file is removed and the exception re-raised (ENOSPC/EFBIG as ``DiskFull``);
+    an existing ``path`` keeps its old content.
+    """
+    path = Path(path)
+    if not path.name or path.name.startswith(TMP_PREFIX):
+        raise ValueError(f"path must name a file not starting with {TMP_PREFIX!r}, got {os.fspath(path)!r}")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"path's directory does not exist: {os.fspath(path.parent)!r}")
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_ident()}")
+    written = 0
+    # a write past RLIMIT_FSIZE raises SIGXFSZ (default: kill); ignored, the write fails with EFBIG instead
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN) if _main_thread() else None
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in _chunks(data):
+                f.write(chunk)
+                written += len(chunk) if not isinstance(chunk, memoryview) else chunk.nbytes
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if fsync:
+            fsync_dir(path.parent)
+    except OSError as e:
+        _unlink_quiet(tmp)
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise DiskFull(
+                f"{os.fspath(path)}: {errno.errorcode.get(e.errno, e.errno)} after {written} bytes; "
+                f"the previous file (if any) is untouched"
+            ) from e
+        raise
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGXFSZ, old)
+    return written
+
+
+def remove_stale_temps(dirpath: str | os.PathLike[str]) -> list[Path]:
+    """Delete the ``.tmp-*`` files a killed writer left in ``dirpath``; return what was removed."""
+    out = []
+    for p in Path(dirpath).glob(f"{TMP_PREFIX}*"):
+        if p.is_file():
+            _unlink_quiet(p)
+            out.append(p)
+    return out
+
+
+def _unlink_quiet(p: Path) -> None:
+    try:
+        p.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,103 @@
+"""Rank functions for ``tl.dist.launch`` used by the tests and notebook of ``elastic`` / ``zero_state``: a ZeRO state
+saved at N ranks and loaded at N' ranks (N, N' in 1..4, stages 1-3) compared bitwise with ``state_dict()``'s
+consolidation, and a peer that dies while ``run`` is in a collective."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..parallel.workers import tiny_mlp
+from ..parallel.workers_elastic import _state_equal
+from ..parallel.zero import ZeroOptimizer
+from .elastic import global_batch, local_rows, run
+from .sharded import save_sharded
+from .zero_state import ZeroState, load_zero_state, zero_shards
+
+DIMS = (8, 9, 7, 4)  # odd sizes: ceil(numel/N) padding on every N > 1
+
+
+def _train(model: nn.Module, opt: ZeroOptimizer, steps: int, world: int, rank: int) -> None:
+    for step in range(steps):
+        dt = next(model.parameters()).dtype
+        x, y = global_batch(step, 8, DIMS[0], DIMS[-1], dtype=dt)
+        rows = local_rows(8, world, rank)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x[rows]).float(), y[rows].float()).backward()
+        opt.step()
+
+
+def _full_params(opt: ZeroOptimizer, model: nn.Module) -> list[torch.Tensor]:
+    with opt.gather_parameters():
+        return [p.detach().clone() for p in model.parameters()]
+
+
+def zero_roundtrip_job(
+    root: str,
+    stages: tuple[int, ...] = (1, 2, 3),
+    sizes: tuple[int, ...] = (1, 2, 3, 4),
+    steps: int = 2,
+    dtype: str = "float32",
+) -> dict[Any, bool]:
+    """Save a trained ZeroOptimizer at every N in ``sizes`` and load it at every N': {(stage, N, N'): bitwise equal
+    (consolidated ``state_dict()`` and full parameters)} on rank 0. Needs max(sizes) ranks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dt = getattr(torch, dtype)
+    groups = {n: (None if n == world else dist.new_group(list(range(n)))) for n in sorted(set(sizes))}
+    refs: dict[tuple[int, int], Any] = {}
+    out: dict[Any, bool] = {}
+    for stage in stages:
+        for n in sizes:
+            if rank < n:
+                model = tiny_mlp(0, DIMS, dt)
+                opt = ZeroOptimizer(model, torch.optim.Adam, stage=stage, group=groups[n], lr=1e-2)
+                _train(model, opt, steps, n, rank)
+                sd = opt.state_dict()
+                params = _full_params(opt, model)
+                d = Path(root) / f"s{stage}_{dtype}_n{n}"
+                save_sharded(zero_shards(opt), d, rank=rank, world_size=n, group=groups[n], step=steps - 1)
+                refs[(stage, n)] = (sd, params)
+                opt.remove_hooks()
+            dist.barrier()
+        for n in sizes:
+            for n2 in sizes:
+                if rank < n2:
+                    model = tiny_mlp(1, DIMS, dt)  # another init: the load must overwrite everything
+                    opt = ZeroOptimizer(model, torch.optim.Adam, stage=stage, group=groups[n2], lr=5.0)
+                    load_zero_state(opt, Path(root) / f"s{stage}_{dtype}_n{n}")
+                    sd2, params2 = opt.state_dict(), _full_params(opt, model)
+                    if rank == 0:
+                        sd, params = refs[(stage, n)]
+                        same = _state_equal(sd, sd2) and all(torch.equal(a, b) for a, b in zip(params, params2))
+                        out[(stage, n, n2)] = bool(same)
+                    opt.remove_hooks()
+                dist.barrier()
+    return out
+
+
+def peer_death_job(root: str, die_step: int) -> str:
+    """2 ranks run ``run``; rank 1 exits hard at ``die_step``; rank 0 returns the error its next collective raised."""
+    rank = dist.get_rank()
+    model = tiny_mlp(0, DIMS)
+    opt = ZeroOptimizer(model, torch.optim.Adam, stage=1, lr=1e-2)
+
+    def step_fn(step: int, _st: Any) -> None:
+        if rank == 1 and step == die_step:
+            os._exit(3)
+        x, y = global_batch(step, 8, DIMS[0], DIMS[-1])
+        rows = local_rows(8, 2, rank)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+
+    try:
+        run(step_fn, ZeroState(opt), ckpt_dir=root, steps=die_step + 3, interval=1, timeout_s=10)
+    except RuntimeError as e:
+        (Path(root) / f"rank{rank}_error.txt").write_text(str(e))
+        return str(e)
+    return "no error"
