@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write
+from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write, read_commit_record
 
 FORMAT = "tinylearn.async/1"
 MANIFEST = "manifest.json"
@@ -356,15 +356,8 @@ def _committed_steps(root: Path) -> list[int]:
 
 def read_async_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of one checkpoint directory; IncompleteCheckpoint when it has none (a torn write)."""
-    p = Path(path) / MANIFEST
-    try:
-        man = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise IncompleteCheckpoint(f"{os.fspath(path)}: no {MANIFEST} (the write did not commit)") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpoint(f"{p}: manifest does not parse: {e}") from e
-    if man.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"{p}: format {man.get('format')!r}, expected {FORMAT!r}")
+    missing = f"{os.fspath(path)}: no {MANIFEST} (the write did not commit)"
+    man = read_commit_record(Path(path) / MANIFEST, FORMAT, "manifest", missing)
     return man
 
 

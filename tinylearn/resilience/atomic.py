@@ -12,6 +12,7 @@ with the path and the byte count, the temporary file is removed, and the old fil
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -109,6 +110,25 @@ def atomic_write(
         if old is not None:
             signal.signal(signal.SIGXFSZ, old)
     return written
+
+
+def read_commit_record(path: str | os.PathLike[str], fmt: str, what: str, missing: str) -> dict:
+    """A checkpoint's commit record (a JSON manifest or index, written last with ``atomic_write``).
+
+    Absent: IncompleteCheckpoint with the message ``missing`` (the save did not commit). Unparseable, or its
+    ``"format"`` is not ``fmt``: CorruptCheckpoint naming the file and ``what`` it should have been.
+    """
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise IncompleteCheckpoint(missing) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptCheckpoint(f"{p}: {what} does not parse ({e})") from e
+    if not isinstance(d, dict) or d.get("format") != fmt:
+        got = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise CorruptCheckpoint(f"{p}: not a {fmt} {what} (format={got!r})")
+    return d
 
 
 def remove_stale_temps(dirpath: str | os.PathLike[str]) -> list[Path]:

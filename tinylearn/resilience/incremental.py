@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .async_ckpt import flatten, to_host
-from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write
+from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write, read_commit_record
 
 FORMAT = "tinylearn.delta/1"
 INDEX = "index.json"
@@ -61,14 +61,7 @@ def _digest(b: memoryview | bytes) -> str:
 def read_index(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The index of one delta checkpoint directory; IncompleteCheckpoint without one, CorruptCheckpoint if torn."""
     p = Path(path) / INDEX
-    try:
-        idx = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise IncompleteCheckpoint(f"{p}: missing (the checkpoint did not commit)") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpoint(f"{p}: does not parse: {e}") from e
-    if idx.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"{p}: format {idx.get('format')!r}, expected {FORMAT!r}")
+    idx = read_commit_record(p, FORMAT, "index", f"{p}: missing (the checkpoint did not commit)")
     return idx
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint
+from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, read_commit_record
 
 FORMAT = "tinylearn-sharded"
 VERSION = 1
@@ -161,19 +161,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     f = Path(path) / MANIFEST_NAME
     if not Path(path).is_dir():
         raise IncompleteCheckpoint(f"{os.fspath(path)}: not a directory")
-    try:
-        text = f.read_text()
-    except FileNotFoundError:
-        raise IncompleteCheckpoint(
-            f"{os.fspath(path)}: no {MANIFEST_NAME} (the save was not committed: a writer died or is still writing)"
-        ) from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CorruptCheckpoint(f"{f}: manifest does not parse ({e})") from e
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        got = d.get("format") if isinstance(d, dict) else type(d).__name__
-        raise CorruptCheckpoint(f"{f}: not a {FORMAT} manifest (format={got!r})")
+    missing = f"{os.fspath(path)}: no {MANIFEST_NAME} (the save was not committed: a writer died or is still writing)"
+    d = read_commit_record(f, FORMAT, "manifest", missing)
     if d.get("version") != VERSION:
         raise CorruptCheckpoint(f"{f}: manifest version {d.get('version')!r}, this reader knows {VERSION}")
     for name in ("world_size", "fingerprint", "tensors"):
