@@ -42,14 +42,11 @@ from typing import Any
 import numpy as np
 
 from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write, read_commit_record
+from .manifest import step_dir  # the same step_NNNNNNNN directory names as save_sharded
 
 FORMAT = "tinylearn.async/1"
 MANIFEST = "manifest.json"
 ALIGN = 64  # tensors start at 64-byte offsets in data.bin
-
-
-def step_dir(root: str | os.PathLike[str], step: int) -> Path:
-    return Path(root) / f"step_{step:08d}"
 
 
 def to_host(value: Any) -> np.ndarray | None:

@@ -46,6 +46,7 @@ from ..parallel.workers import ddp_average, tiny_mlp
 from ..parallel.zero import ZeroOptimizer
 from .atomic import atomic_write
 from .elastic import ensure_group, global_batch, local_rows, run
+from .manifest import step_dir
 from .zero_state import DDPState, MultiState, ZeroState, load_zero_state, zero_shards
 
 MODES = ("ddp", "zero1", "zero2", "zero3")
@@ -285,7 +286,7 @@ def q134_live_job(ckpt: str, steps: int) -> dict[str, Any]:
     _zero_train(model, opt, range(steps), 2, rank)
     dist.barrier()
     t0 = time.perf_counter()
-    save_sharded(zero_shards(opt), Path(ckpt) / f"step_{steps - 1:08d}", step=steps - 1)
+    save_sharded(zero_shards(opt), step_dir(ckpt, steps - 1), step=steps - 1)
     save_s = time.perf_counter() - t0
     g1 = dist.new_group([0])
     dist.barrier()
@@ -306,7 +307,7 @@ def q134_restart_job(ckpt: str, steps: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     model, opt = _zero_model_opt()
     t0 = time.perf_counter()
-    load_zero_state(opt, Path(ckpt) / f"step_{steps - 1:08d}")
+    load_zero_state(opt, step_dir(ckpt, steps - 1))
     load_s = time.perf_counter() - t0
     _zero_train(model, opt, range(steps, steps + 1), 1, 0)
     return {"load_s": load_s, "state": _state_bytes(opt, model)}

@@ -48,7 +48,7 @@ from ..dist.group import peer_failure
 from ..parallel.checkpoint_interval import young_daly_interval
 from ..parallel.zero_sharding import shard_bounds
 from .atomic import CheckpointError
-from .sharded import latest_checkpoint, load_sharded, read_manifest, save_sharded
+from .sharded import latest_checkpoint, load_sharded, read_manifest, save_sharded, step_dir
 
 DEFAULT_MTBF_S = 3600.0  # assumed when interval="auto" and no mtbf_s is given: one failure per hour of the job
 
@@ -261,7 +261,7 @@ def run(
     rep = RunReport(rank, world, None if saved < 0 else saved, saved + 1, 0, start_wall=start_wall)
     if saved >= 0:
         t0 = time.perf_counter()
-        st.from_checkpoint(root / f"step_{saved:08d}")
+        st.from_checkpoint(step_dir(root, saved))
         rep.load_s = time.perf_counter() - t0
     if saved + 1 >= steps:
         return rep
@@ -291,7 +291,7 @@ def run(
         t0 = time.perf_counter()
         save_sharded(
             st.to_checkpoint(),
-            root / f"step_{step:08d}",
+            step_dir(root, step),
             step=step,
             rank=rank,
             world_size=world,
