@@ -536,16 +536,21 @@ assert all(pl.tp * pl.pp > 1 for pl in plans)  # with 32 GB per rank, pure DP (3
 # %% [markdown]
 # On this machine: the same 4-block MLP stack (hidden 256, ffn 1024, fp32, 4 sequences of 32 tokens per step,
 # one sequence per microbatch everywhere: PP runs 1F1B, DP and TP accumulate gradients over their microbatches)
-# trained as pure DP, pure TP and pure PP on 2 ranks, against `plan_3d` with the job's own parameters — k = 2
-# (`ParallelMLP` does one all-reduce forward, one backward), `dtype_bytes=4`, ZeRO stage 0 (the DP run is plain
-# DDP: every rank runs Adam on all Ψ) — and calibrated in the same job, interleaved with the timed steps: the
-# forward + backward of one block on one microbatch (→ FLOP/s), the Adam step (→ seconds per parameter) and α, β
-# fitted to the ring all-reduce the jobs really run (rather than to a one-way ping-pong). Times are medians of 5
-# interleaved steps of the slowest rank.
+# trained as pure DP, pure TP and pure PP on 2 ranks, against `plan_3d` with the job's own parameters — k = 3
+# (`ParallelMLP` does one all-reduce forward and one backward, and each forward first checks its input's shape
+# across the ranks, one more small all-reduce: tinylearn's guard against a mismatched collective, which would
+# abort gloo), `dtype_bytes=4`, ZeRO stage 0 (the DP run is plain DDP: every rank runs Adam on all Ψ) — and
+# calibrated in the same job, interleaved with the timed steps: the forward + backward of one block on one
+# microbatch (→ FLOP/s), the Adam step (→ seconds per parameter) and α, β fitted to the ring all-reduce the jobs
+# really run, each probe call issued right after a block of compute as in a step. That last detail matters here:
+# back-to-back all-reduces of 32 KB take ~0.4 ms, but one that follows compute waits for its peer to wake up from
+# the previous wait (on this VM a halted vCPU, `tl.dist.keep_awake`), ~2 ms; a TP step pays it 28 times plus 16
+# input checks, and a model calibrated back-to-back under-estimated TP 2-3.4×. Times are medians of 5 interleaved
+# steps of the slowest rank.
 #
 # The claim checked: `plan_3d` orders the configurations as the measurement does, and every estimate is within a
-# factor 3 of its measurement (the model leaves out Python and autograd overheads, and other jobs on these 2
-# cores slow the message-heavy configurations most). Two configurations within 15% of each other count as tied —
+# factor 2 of its measurement (the model still leaves out Python and autograd overheads, and other jobs on these
+# 2 cores). Two configurations within 15% of each other count as tied —
 # in the measurement or in the estimate — so the assert is: no pair that the measurement separates by more than
 # 15% is ordered the other way by `plan_3d` by more than 15%.
 
@@ -558,7 +563,7 @@ psi, layer_s = t3["n_params"], t3["layer_ms"][(2, 1, 1)] / 1e3  # one whole bloc
 job = {  # this job's parameters, calibrated in the same launch
     "flops_per_s": 6 * (psi / 4) * 32 / layer_s,  # 6·Ψ_block·tokens already counts forward + backward
     "zero_stage": 0,  # the DP run is plain DDP + Adam: every rank updates all Ψ
-    "tp_allreduces_per_layer": 2,  # ParallelMLP: one all-reduce forward (g), one backward (f)
+    "tp_allreduces_per_layer": 3,  # ParallelMLP: all-reduce forward (g) and backward (f) + the input shape check
     "dtype_bytes": 4,  # fp32
     "optimizer_s_per_param": t3["adam_ms"][(2, 1, 1)] / 1e3 / psi,
 }
@@ -573,7 +578,7 @@ print("measured fastest -> slowest:", sorted(meas, key=meas.get), "| plan_3d:", 
 clear = [(a, b) for a in meas for b in meas if meas[b] > 1.15 * meas[a]]  # a is clearly faster than b
 print("measured more than 15% apart:", clear)
 assert not [(a, b) for a, b in clear if pred[a] > 1.15 * pred[b]], (meas, pred)  # clearly reversed by plan_3d
-assert all(1 / 3 < meas[k] / pred[k] < 3 for k in meas), (meas, pred)
+assert all(1 / 2 < meas[k] / pred[k] < 2 for k in meas), (meas, pred)
 four = par.plan_3d(4, psi, 4, 256, 32, 4, 1e12, link_here, **job)
 assert {(2, 2, 1), (2, 1, 2), (1, 2, 2)} <= {p[:3] for p in four}
 
@@ -583,6 +588,7 @@ assert {(2, 2, 1), (2, 1, 2), (1, 2, 2)} <= {p[:3] for p in four}
 # priced the DP all-reduce at bf16 bytes for an fp32 job, and it divided the measured FLOP/s by 3 although
 # 6·Ψ·b·s already counts forward and backward. Its calibration (a ping-pong α, β and a bare matmul rate, measured
 # once) also missed what a step really pays here: the optimizer step, and all-reduces on cores both ranks share.
+# And a link fitted to back-to-back all-reduces misses the peer's wake-up that each all-reduce after compute pays.
 
 # %% [markdown]
 # ### A measured 2-D mix: dp = 2 × tp = 2 on 4 processes
@@ -591,9 +597,8 @@ assert {(2, 2, 1), (2, 1, 2), (1, 2, 2)} <= {p[:3] for p in four}
 # pure PP over 4 ranks and the mix dp = 2 × tp = 2 (two TP pairs, each pair a DP replica; gradients all-reduced
 # across the pairs), each calibrated in the same launch as above. Caveat, stated before the numbers: this box has
 # 2 cores, so 4 ranks share them two to a core, which the model does not describe — every message waits until its
-# peer is scheduled. The fitted α absorbs part of that, but the message-heavy configurations (tp, and the TP half
-# of dp × tp, whose pairs wait for each other at every all-reduce) are still under-estimated, so the stated factor
-# here is 5 rather than 3 (the fitted α itself moves by 2× between runs of this cell on a busy box). The order claim
+# peer is scheduled. The α fitted after compute absorbs most of that (it is larger than on 2 ranks), but it moves
+# by 2× between runs of this cell on a busy box, so the stated factor here is 3 rather than 2. The order claim
 # is narrower than above, for the same reason: the model must put 4-way TP last, as the measurement does, more than
 # 15% behind the slowest of the other three; among those three it makes no order claim (what separates them here
 # is the cost it leaves out, and a CI run on this box measured dp × tp behind dp where the model had it ahead).
@@ -616,21 +621,21 @@ print(f"4 ranks on 2 cores: alpha {t4['alpha_s'] * 1e6:.0f} us; block {layer4_s 
 for k in names4.values():
     print(f"{k:10s}: measured {meas4[k]:7.1f} ms, plan_3d estimate {pred4[k]:7.1f} ms, ratio {meas4[k] / pred4[k]:.2f}")
 print("measured fastest -> slowest:", sorted(meas4, key=meas4.get), "| plan_3d:", sorted(pred4, key=pred4.get))
-assert all(1 / 5 < meas4[k] / pred4[k] < 5 for k in meas4), (meas4, pred4)
+assert all(1 / 3 < meas4[k] / pred4[k] < 3 for k in meas4), (meas4, pred4)
 assert max(meas4, key=meas4.get) == max(pred4, key=pred4.get) == "tp"  # 4-way TP: most messages, slowest in both
 tp_gap = pred4["tp"] / max(pred4[k] for k in ("dp", "pp", "dp2 x tp2"))
 print(f"plan_3d: tp {tp_gap:.2f}x behind the slowest of dp, pp, dp2 x tp2")
 assert tp_gap > 1.15, (pred4, tp_gap)  # TP clearly last in the model too
 ratio4 = {k: meas4[k] / pred4[k] for k in meas4}
 print("measured / estimate:", {k: round(v, 2) for k, v in ratio4.items()})
-assert min(ratio4["tp"], ratio4["dp2 x tp2"]) > ratio4["pp"], ratio4  # TP all-reduces: what the model misses here
 
 # %% [markdown]
-# Reading it: `plan_3d` puts 4-way TP clearly last (the printed gap), and TP is last in the measurement too. The
-# configurations whose steps wait on TP all-reduces (tp and dp × tp) are under-estimated more than pure PP, which
-# sends the fewest messages (the printed measured/estimate ratios) — the cost of two ranks per core that the α-β
-# model leaves out. On a machine with a core per rank that term disappears; on this one the advice is "prefer the
-# configuration with fewer messages when the estimates tie".
+# Reading it: `plan_3d` puts 4-way TP clearly last (the printed gap), and TP is last in the measurement too: 4-way
+# TP pays 3 small all-reduces per layer and microbatch, each waiting for three peers that share two cores. The
+# printed measured/estimate ratios are the model's error per configuration, each within the stated factor 3
+# (asserted); an earlier α, fitted to back-to-back calls, left every TP configuration under-estimated. On a
+# machine with a core per rank and a busy-polling transport the wake-up term shrinks to the link's own latency;
+# the advice stays "prefer the configuration with fewer messages when the estimates tie".
 
 # %% [markdown]
 # ### From an operator DAG to (dp, tp, pp) and stage cuts [Q147]

@@ -504,7 +504,9 @@ def three_d_timing(
     Per configuration, next to each of its steps and with every rank busy at once, the calibration plan_3d needs:
     ``layer_ms``, the forward+backward of one block's local shard (1/tp of the block) on one microbatch, and
     ``adam_ms``, this rank's Adam step. Once per job, alpha/beta fitted to the tl.dist ring all-reduce (the
-    collective DP and TP use here) over message sizes between a TP activation and the DP gradients.
+    collective DP and TP use here) over message sizes between a TP activation and the DP gradients, each call
+    timed right after a block of compute as in a step (minus that compute), so the wake-up of a waiting peer is
+    part of the fitted alpha.
     """
     from ..dist import cost_model
 
@@ -544,12 +546,20 @@ def three_d_timing(
     # the link as the ring all-reduce sees it: t = L·alpha + B·n·beta, (L, B) = coefficients("ring", p)
     sizes = [seq * width * 4, 1 << 20, res["n_params"] * 4]
     bufs = [torch.ones(nb // 4) for nb in sizes]
+    # Each probe all-reduce follows a block of compute, as in a step: the peer's wake-up from its wait is part of
+    # what a step pays per message (on this VM ~2 ms at 32 KB, against ~0.4 ms for back-to-back calls).
+    work = _fwd_bwd(DenseMLP(width, 4 * width // p), xg[:seq])
     for _ in range(repeats):
-        for nb, buf, k in zip(sizes, bufs, (8, 2, 1), strict=True):  # small ones: the mean of k back-to-back calls
-            t = _median_time(
-                lambda buf=buf, k=k: [all_reduce(buf, op="sum", algorithm="ring", check=False) for _ in range(k)], 1
-            )
-            samples["ar"].setdefault(nb, []).append(t / k)
+        t_work = _median_time(lambda: [work() for _ in range(4)], 1) / 4
+        for nb, buf, k in zip(sizes, bufs, (4, 2, 1), strict=True):  # small ones: the mean of k calls
+
+            def calls(buf: torch.Tensor = buf, k: int = k) -> None:
+                for _ in range(k):
+                    work()
+                    all_reduce(buf, op="sum", algorithm="ring", check=False)
+
+            t = _median_time(calls, 1)
+            samples["ar"].setdefault(nb, []).append(max(t / k - t_work, 0.0))
         for key, (fn, probe_fn, opt) in steps.items():
             t = _median_time(lambda probe_fn=probe_fn: [probe_fn() for _ in range(4)], 1) / 4
             samples["layer_ms"].setdefault(key, []).append(t * 1e3)
