@@ -25,9 +25,11 @@ from .layers_attention import *  # noqa: F403  (MultiheadAttention, TransformerE
 from .layers_extra import ELU, GroupNorm, LeakyReLU, LogSoftmax, Mish, ModuleDict, SiLU, Softmax, Softplus  # noqa: F401
 from .layers_spatial import *  # noqa: F403  (Conv1d/3d, ConvTranspose*, 1d/3d/adaptive pools, Upsample)
 from .module import Module, RemovableHandle
+from .moe import MoE
 from .parameter import Parameter
 
 __all__ = [
+    "MoE",
     "functional",
     "models",
     "training",

@@ -14,9 +14,12 @@ Same code under ``torchrun`` (NCCL or gloo) on many machines: ``tl.dist.launch``
 from .bandit import microbatch_step_time, tune_microbatch
 from .buffers import buffer_depths, simulate_stream, stream_period
 from .mapreduce import map_reduce, partition
+from .moe_parallel import ExpertParallelMoE, expert_parallel
 from .pipeline import PipelineParallel
 from .planner import Plan, estimate_3d, plan_3d
+from .ring_attention import ring_attention, zigzag_shard, zigzag_unshard
 from .schedules import SCHEDULES, bubble_fraction, peak_in_flight, pipeline_schedule, simulate, validate_schedule
+from .seq_parallel import SequenceParallelMLP
 from .tensor_parallel import (
     ColumnParallelLinear,
     DenseMLP,
@@ -32,10 +35,18 @@ from .tensor_parallel import (
     simulate_column_parallel,
     simulate_row_parallel,
 )
+from .ulysses import ulysses_attention
 from .zero import ZeroOptimizer, consolidate_state, shard_bounds, shard_state, zero_memory_per_rank
 
 __all__ = [
     "SCHEDULES",
+    "ExpertParallelMoE",
+    "SequenceParallelMLP",
+    "expert_parallel",
+    "ring_attention",
+    "ulysses_attention",
+    "zigzag_shard",
+    "zigzag_unshard",
     "ColumnParallelLinear",
     "DenseMLP",
     "DenseSelfAttention",
