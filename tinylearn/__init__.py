@@ -61,6 +61,7 @@ _SUBPACKAGES = (
     "serve",
     "compress",
     "resilience",
+    "longctx",
 )
 
 try:

@@ -518,6 +518,51 @@ TOPICS: tuple[Topic, ...] = (
         ),
         registers=("resilience.erasure",),
     ),
+    Topic(
+        "longctx",
+        "16_long_context_moe",
+        "Long context and mixture of experts: ring and Ulysses attention, sequence parallelism, MoE with expert "
+        "parallelism, block-sparse attention",
+        ("longctx",),
+        "16_long_context_moe",
+        (
+            "test_ring_attention",
+            "test_ulysses",
+            "test_seq_parallel",
+            "test_sp_chunk",
+            "test_moe",
+            "test_moe_balance",
+            "test_moe_parallel",
+            "test_expert_heat",
+            "test_expert_grads",
+            "test_bandwidth_quota",
+            "test_moe_quant_router",
+            "test_sparse_attention",
+            "test_token_merge",
+            "test_token_merge_quant",
+            "test_pattern_search",
+            "test_multiscale_attention",
+            "test_shared_kv_attention",
+            "test_attention_pruning",
+            "test_longctx_bench",
+        ),
+        "tinylearn.longctx.bench",
+        cpp=("longctx_sparse_attn.cpp",),
+        aliases=("long_context", "moe", "long_context_moe"),
+        questions="31, 52, 53, 73, 86, 112, 121, 132, 142b, 168, 188, 200, 211, 231, 233, 242",
+        # the block-sparse kernel is the topic's only C++
+        sanitize=("test_sparse_attention", "test_pattern_search"),
+        # the code under test in these is communication and merge logic on torch ops with no tinylearn CPU-feature
+        # dispatch (each compares with torch's single-process result under the same settings), or the bench tables
+        path_independent=(
+            "test_ring_attention",
+            "test_ulysses",
+            "test_seq_parallel",
+            "test_moe_parallel",
+            "test_longctx_bench",
+        ),
+        registers=("nn.sparse_attention",),
+    ),
 )
 
 
@@ -550,6 +595,7 @@ def sanitizer_tests() -> list[str]:
 # library modules no test names directly (tests/tour/test_foundation.py checks the rest): module -> the tests that
 # exercise it through the public API
 INDIRECTLY_TESTED: dict[str, str] = {
+    "tinylearn.nn.sparse_attention_bench": "bench_sparse: tests/longctx/test_longctx_bench.py (the block-sparse table)",
     "tinylearn._lazy": "the lazy names of tinylearn.serve and tinylearn.compress: every test importing from them",
     "tinylearn.autograd.methods": "Tensor methods: tests/autograd/test_autograd.py, test_ops_breadth.py",
     "tinylearn.autograd.methods_breadth": "Tensor methods: tests/autograd/test_ops_breadth.py",

@@ -142,6 +142,13 @@ os.remove(ck + "/rank00001.bin")
 assert tl.resilience.repair(ck, backend="cpp")
 assert np.array_equal(tl.resilience.load_sharded(ck)["w"], wr)
 
+import torch  # noqa: E402  longctx: block-sparse attention (C++ kernel, empty tiles skipped) vs masked torch SDPA
+qs = [rng.standard_normal((1, 2, 128, 16)).astype(np.float32) for _ in range(3)]
+pat = tl.longctx.local(1) | tl.longctx.global_tokens(16)
+ref = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, qs),
+                                                       attn_mask=torch.from_numpy(pat.layout(128, 128, 32).dense_mask()))
+out = tl.longctx.block_sparse_attention(*qs, pat, block_size=32, backend="cpp")
+np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-4, atol=1e-5)
 print("wheel-smoke: import, one op per topic, cuda source lookup: ok")
 EOF
 say "python smoke ok"

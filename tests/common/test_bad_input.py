@@ -208,6 +208,9 @@ _SSETUP = (
 )
 
 _KSETUP = "from tinylearn.compress import distill, lora, lowrank, nf4\nlin = tl.nn.Linear(8, 4)"
+_LSETUP = (
+    "import torch\nfrom tinylearn import longctx as lc\nqkv = [np.ones((1, 1, 64, 8), np.float32) for _ in range(3)]"
+)
 _RSETUP = (
     "import tempfile\nfrom tinylearn.resilience import atomic, ec_files, elastic, erasure, failure_math, sharded\n"
     "d = tempfile.mkdtemp()\nsharded.save_sharded({'w': np.ones(4, np.float32)}, d + '/ok')"
@@ -946,6 +949,45 @@ CASES: dict[str, list[tuple]] = {
         ("atomic_write-tmp-name", "atomic.atomic_write(d + '/.tmp-x', b'')", TV, "path", _RSETUP),
         ("run-steps-0", "elastic.run(lambda s, st: None, {}, ckpt_dir=d + '/e', steps=0)", TV, "steps", _RSETUP),
         ("protect-r-0", "ec_files.protect(d + '/ok', 0)", TV, "r", _RSETUP),
+    ],
+    "longctx": [
+        ("MoE-top_k-above-experts", "lc.MoE(8, 16, 1, top_k=2)", TV, "top_k", _LSETUP),
+        ("MoE-top_k-3", "lc.MoE(8, 16, 4, top_k=3)", TV, "top_k", _LSETUP),
+        ("MoE-capacity-0", "lc.MoE(8, 16, 4, capacity_factor=0)", TV, "capacity_factor", _LSETUP),
+        ("MoE-aux-loss", "lc.MoE(8, 16, 4, aux_loss='x')", TV, "aux_loss", _LSETUP),
+        ("capacity-no-experts", "lc.capacity(16, 0, 1, 1.0)", TV, "num_experts", _LSETUP),
+        ("zigzag-seq-not-divisible", "lc.zigzag_shard(torch.ones(1, 8, 4), 0, 3)", TV, "seq", _LSETUP),
+        ("zigzag-rank", "lc.zigzag_shard(torch.ones(1, 8, 4), 5, 2)", TV, "rank", _LSETUP),
+        (
+            "ring-without-process-group",
+            "lc.ring_attention(*[torch.ones(1, 1, 8, 4)] * 3)",
+            ("RuntimeError",),
+            "torch.distributed is not initialized",
+            _LSETUP,
+        ),  # fmt: skip
+        ("ring_bytes-negative", "lc.ring_bytes(-1, 2, 2, 2, 2)", TV, "batch", _LSETUP),
+        ("sp_bytes-seq", "lc.sp_bytes(1, 7, 4, 2)", TV, "seq", _LSETUP),
+        ("block-sparse-layout-str", "lc.block_sparse_attention(*qkv, 'x')", TV, "pattern", _LSETUP),
+        ("layout-block-0", "lc.local(1).layout(64, 64, 0)", TV, "block_size", _LSETUP),
+        ("global-tokens-negative", "lc.global_tokens(-1)", TV, "n", _LSETUP),
+        ("soft-matching-nan", "lc.bipartite_soft_matching(np.full((4, 8), np.nan), 1)", TV, "metric", _LSETUP),
+        ("plan_replication-world-0", "lc.plan_replication([1, 2], 0)", TV, "world_size", _LSETUP),
+        ("search_patterns-budget", "lc.search_patterns((np.ones((2, 2)), np.ones((2, 2))), -1)", TV, "budget", _LSETUP),
+        (
+            "search_patterns-method",
+            "lc.search_patterns((np.ones((2, 2)), np.ones((2, 2))), 4, method='beam')",
+            TV,
+            "method",
+            _LSETUP,
+        ),  # fmt: skip
+        (
+            "quant_matching-bound",
+            "x = np.ones((8, 4), np.float32)\nlc.quant_aware_matching(x, x, 2, -0.1)",
+            TV,
+            "bound",
+            _LSETUP,
+        ),  # fmt: skip
+        ("int8_roundtrip-nan", "lc.int8_roundtrip(np.array([[1.0, np.nan]]))", TV, "x", _LSETUP),
     ],
     "amp": [
         ("GradScaler-negative", "tl.amp.GradScaler(init_scale=-1.0)", TV, "init_scale"),

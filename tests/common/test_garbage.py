@@ -599,6 +599,30 @@ CALLS: dict[str, list[Call]] = {
             view="[p.tobytes() for p in r]",
         ),
     ],
+    "longctx": [
+        Call(
+            "longctx.MoE/num_experts",
+            "MoE(8, 16, g)",
+            "num_experts",
+            ints(2, None, valid=(2, 4), huge=False),
+            setup="from tinylearn.longctx import MoE\ntl.manual_seed(0)",
+            view="r.num_experts",
+        ),
+        Call(
+            "longctx.capacity/capacity_factor",
+            "capacity(16, 4, 1, g)",
+            "capacity_factor",
+            reals(0.0, valid=(1.25,)),
+            setup="from tinylearn.longctx import capacity",
+        ),
+        Call(
+            "longctx.local/layout block_size",
+            "local(1).layout(64, 64, g).nnz",
+            "block_size",
+            ints(1, None, valid=(16, 32), huge=False),
+            setup="from tinylearn.longctx import local",
+        ),
+    ],
     "serve": [
         Call(
             "serve.SamplingParams/max_tokens",

@@ -282,7 +282,7 @@ def test_empty_batch() -> None:
 
 
 def test_bench_moe_rows() -> None:
-    from tinylearn.nn.moe_bench import bench_moe
+    from tinylearn.longctx.moe_bench import bench_moe
 
     rows = bench_moe(tokens=64, d_model=8, d_ff=8, num_experts=4, capacity_factors=(0.5, None), repeat=1)
     assert [(r["impl"], r["top_k"], r["capacity_factor"]) for r in rows] == [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinylearn.nn.moe_bench import train_balance
+from tinylearn.longctx.moe_bench import train_balance
 
 STEPS = 150
 

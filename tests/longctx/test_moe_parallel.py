@@ -36,6 +36,9 @@ CONFIGS = [
         "skew": 2.5,
         "method": "all_to_all_single",
     },
+    # every token routed to expert 0 (rank 0): rank 1's experts get no rows. Its empty expert output must still
+    # depend on the weights, or rank 1 skips the combine all-to-all's backward and rank 0 waits for it forever
+    {"seed": 3, "tokens_per_rank": 8, "top_k": 1, "dropless": True, "skew": 40.0},
 ]
 GROUP_TIMEOUT_S = 4.0
 
@@ -147,3 +150,11 @@ def test_dead_rank_mid_dispatch_is_named_within_the_timeout(tmp_path: Path) -> N
     assert "rank 1 (group rank 1)" in err and "connection closed (the peer died or raised)" in err, err
     assert reports[0]["elapsed_s"] < GROUP_TIMEOUT_S + 2, reports
     assert wall < 40 + 60
+
+
+def test_a_rank_whose_experts_get_no_tokens_still_runs_the_backward(results: list) -> None:
+    """The last config routes everything to rank 0's expert 0; the launch finishing (no deadlock within its timeout)
+    and the equality test above are the check; here: the routing really left rank 1 without rows."""
+    s = results[-1][0]["stats"]
+    assert s["tokens_per_expert"][0] == WORLD * CONFIGS[-1]["tokens_per_rank"]
+    assert s["rank_load"][1] == 0

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import is_int, is_real
+from .._inputs import as_int, is_int, is_real
 from ..autograd.function import Function
 from ..autograd.ops_index import index_add_rows
 from ..autograd.tensor import Tensor
@@ -68,6 +68,10 @@ def _check_config(num_experts: Any, top_k: Any, capacity_factor: Any, aux_loss: 
 
 def capacity(tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
     """Slots per expert: C = ceil(capacity_factor * tokens * top_k / num_experts) (at least 1)."""
+    tokens, num_experts = as_int(tokens, "tokens", min=0), as_int(num_experts, "num_experts", min=1)
+    top_k = as_int(top_k, "top_k", min=1)
+    if not is_real(capacity_factor) or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor: expected a finite number > 0, got {capacity_factor!r}")
     return max(1, math.ceil(capacity_factor * tokens * top_k / num_experts - 1e-9))
 
 

@@ -1,4 +1,4 @@
-"""Measuring long-context attention on real processes: traffic and memory meters, and ``bench_ring``.
+"""Measuring long-context attention on real processes: the traffic and memory meters.
 
 * ``traffic_meter()`` (context manager, inside a rank): counts the bytes this process hands to torch.distributed
   point-to-point sends (``isend``/``send``: every tl.dist collective and the ring / Ulysses transfers go through
@@ -7,9 +7,8 @@
 * ``TensorMeter`` (a ``TorchDispatchMode``): sees every aten op run inside it (forward and, on CPU, backward) and
   records the largest tensor an op allocated and the peak of the bytes held by storages allocated inside (freed
   storages are subtracted when their storage object dies). Views and in-place results are not new allocations.
-* ``bench_ring(...)``: ring vs Ulysses vs single-process attention (forward + backward), timed inside the ranks with
-  ``tinylearn.bench.measure`` (fixed warm-up and repeat counts so that all ranks run the same number of
-  collectives), with bytes sent and peak bytes per rank. Returns plain dict rows.
+
+The benchmark that uses them across ranks, ``bench_ring``, is in ``tinylearn/longctx/bench.py``.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .._inputs import as_int
-
-__all__ = ["TensorMeter", "bench_ring", "traffic_meter"]
+__all__ = ["TensorMeter", "traffic_meter"]
 
 
 @contextlib.contextmanager
@@ -89,59 +86,3 @@ class TensorMeter(TorchDispatchMode):
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
             weakref.finalize(st, self._free, key)
         return out
-
-
-def bench_ring(
-    batch: int = 1,
-    heads: int = 4,
-    seq: int = 2048,
-    head_dim: int = 64,
-    world_size: int = 2,
-    causal: bool = True,
-    repeat: int = 5,
-    warmup: int = 2,
-    timeout_s: float = 300,
-) -> list[dict[str, Any]]:
-    """Ring attention vs Ulysses vs single-process SDPA, forward + backward, at ``world_size`` ranks.
-
-    Rows: {"method", "world_size", "seq", "causal", "median_ms" (slowest rank's median), "bytes_sent_per_rank",
-    "peak_bytes_per_rank" (TensorMeter, one extra call), "largest_tensor_bytes"}. Single-process runs on rank 0
-    while the others wait (one core, the whole sequence).
-    """
-    from ..dist import launch
-    from . import longctx_workers
-
-    batch, heads, seq, head_dim = (
-        as_int(v, n, min=1) for v, n in ((batch, "batch"), (heads, "heads"), (seq, "seq"), (head_dim, "head_dim"))
-    )
-    world_size, repeat, warmup = (
-        as_int(world_size, "world_size", min=1),
-        as_int(repeat, "repeat", min=1),
-        as_int(warmup, "warmup", min=0),
-    )
-    if seq % (2 * world_size):
-        raise ValueError(f"seq: length {seq} is not divisible by 2 * world size = {2 * world_size}")
-    if heads % world_size:
-        raise ValueError(f"heads: {heads} heads are not divisible by world size {world_size} (Ulysses)")
-    per_rank = launch(
-        longctx_workers.bench_rank,
-        world_size,
-        dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal, repeat=repeat, warmup=warmup),
-        timeout_s=timeout_s,
-    )
-    rows = []
-    for method in ("single", "ring", "ulysses"):
-        recs = [r[method] for r in per_rank if method in r]
-        rows.append(
-            {
-                "method": method,
-                "world_size": 1 if method == "single" else world_size,
-                "seq": seq,
-                "causal": causal,
-                "median_ms": max(x["median_ms"] for x in recs),
-                "bytes_sent_per_rank": max(x["bytes_sent"] for x in recs),
-                "peak_bytes_per_rank": max(x["peak_bytes"] for x in recs),
-                "largest_tensor_bytes": max(x["largest_bytes"] for x in recs),
-            }
-        )
-    return rows

@@ -71,8 +71,11 @@ def _grouped_experts(
             h = F.gelu(xs[start : start + c] @ w1[e] + b1[e])
             outs.append(h @ w2[e] + b2[e])
             start += c
-    out_sorted = torch.cat(outs) if outs else rows.new_zeros((0, w2.shape[2]))
-    return torch.empty_like(out_sorted).index_copy(0, order, out_sorted) if outs else out_sorted
+    if not outs:  # no rows here: an empty output that still depends on the inputs and weights, so that this rank
+        # runs the backward of the all-to-all that produced ``rows`` too (its peers wait for that message)
+        return rows[:, :0] @ w2.new_zeros((0, w2.shape[2])) + 0 * (w1.sum() + b1.sum() + w2.sum() + b2.sum())
+    out_sorted = torch.cat(outs)
+    return torch.empty_like(out_sorted).index_copy(0, order, out_sorted)
 
 
 class TorchMoE(nn.Module):

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .._inputs import as_int
 from ..dist.group import _Group, check_same_across_ranks
 
 __all__ = [
@@ -79,6 +80,11 @@ def ring_bytes(
     batch: int, heads: int, seq_local: int, head_dim: int, world_size: int, element_size: int = 4
 ) -> dict[str, int]:
     """Bytes each rank sends in one ring-attention forward and backward (see the module docstring)."""
+    batch, heads, seq_local, head_dim = (
+        as_int(v, n, min=1)
+        for v, n in ((batch, "batch"), (heads, "heads"), (seq_local, "seq_local"), (head_dim, "head_dim"))
+    )
+    world_size, element_size = as_int(world_size, "world_size", min=1), as_int(element_size, "element_size", min=1)
     block = batch * heads * seq_local * head_dim * element_size
     p = world_size - 1
     return {"fwd_bytes": 2 * p * block, "bwd_bytes": 4 * p * block}

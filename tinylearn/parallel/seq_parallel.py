@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .._inputs import as_int
 from ..dist import all_gather, all_reduce, reduce_scatter
 from ..dist.collectives import check_same_across_ranks
 from .tensor_parallel import ColumnParallelLinear, DenseMLP, RowParallelLinear
@@ -178,6 +179,10 @@ class SequenceParallelMLP(nn.Module):
 def sp_bytes(batch: int, seq: int, hidden: int, world_size: int, element_size: int = 4) -> dict[str, int]:
     """Activation bytes each rank sends per direction in one MLP block: TP (ring all-reduce of b·s·H) and SP
     (all-gather + reduce-scatter of b·s·H): equal, 2·(P-1)/P·b·s·H elements."""
+    batch, seq, hidden = (as_int(v, n, min=1) for v, n in ((batch, "batch"), (seq, "seq"), (hidden, "hidden")))
+    world_size, element_size = as_int(world_size, "world_size", min=1), as_int(element_size, "element_size", min=1)
+    if seq % world_size:
+        raise ValueError(f"seq: length {seq} is not divisible by world_size={world_size} (one shard per rank)")
     full = batch * seq * hidden * element_size
     per = 2 * full * (world_size - 1) // world_size
     return {"tp_fwd_bytes": per, "tp_bwd_bytes": per, "sp_fwd_bytes": per, "sp_bwd_bytes": per}

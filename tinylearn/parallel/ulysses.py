@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .._inputs import as_int
 from ..dist.group import _Group, check_same_across_ranks
 
 __all__ = ["IMPLS", "reset_ulysses_counts", "ulysses_attention", "ulysses_bytes", "ulysses_counts"]
@@ -50,6 +51,11 @@ def ulysses_bytes(
     batch: int, heads: int, seq_local: int, head_dim: int, world_size: int, element_size: int = 4
 ) -> dict[str, int]:
     """Bytes each rank sends in one Ulysses forward and backward: 4 tensors × (P-1)/P of b·h·n·d each way."""
+    batch, heads, seq_local, head_dim = (
+        as_int(v, n, min=1)
+        for v, n in ((batch, "batch"), (heads, "heads"), (seq_local, "seq_local"), (head_dim, "head_dim"))
+    )
+    world_size, element_size = as_int(world_size, "world_size", min=1), as_int(element_size, "element_size", min=1)
     local = batch * heads * seq_local * head_dim * element_size
     sent = 4 * local * (world_size - 1) // world_size
     return {"fwd_bytes": sent, "bwd_bytes": sent}

@@ -22,7 +22,7 @@ import numpy as np
 from ..autograd.factory import manual_seed
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
-from .moe import MoE
+from ..nn.moe import MoE
 
 
 def bench_moe(
