@@ -48,7 +48,8 @@ bench: setup
 test: setup test-tests test-exercises test-notebooks
 
 test-tests: $(STAMP)
-	$(XDIST_ENV) $(PY) -m pytest tests/ -q $(XDIST)
+	$(XDIST_ENV) $(PY) -m pytest tests/ -q $(XDIST) -m "not timing"
+	$(XDIST_ENV) $(PY) -m pytest tests/ -q -m timing
 
 test-exercises: $(STAMP)
 	$(PY) -m pytest exercises/ --impl=reference -q

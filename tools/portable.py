@@ -21,7 +21,8 @@ the ones ``make test`` already used on this CPU (e.g. ``avx2`` on an AVX2-only C
 (``--no-skip`` runs it anyway).
 
 No suite runs twice on the same numeric path: the unit tests marked ``path_independent`` (their result cannot
-depend on a SIMD/BLAS path: file layout, CLI, packaging, docs, process launchers) are deselected here. The
+depend on a SIMD/BLAS path: file layout, CLI, packaging, docs, process launchers) are deselected here, and so are
+the ``timing`` ones (fits of measured times, which ``make test`` runs alone on the cores). The
 notebooks of the first run execute in a real JupyterLab in headless Chromium (tools/lab_test.py --compare: Run
 All, no error cell, plots and widgets rendered, and every compared cell equal to the committed output by nbval's
 rules); the server and its kernels inherit the run's environment, so that one execution is both the browser test
@@ -46,7 +47,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = os.environ.get("JOBS", "auto")  # pytest-xdist workers, as in the Makefile
 SUITES = {
-    "tests": ["-m", "pytest", "tests/", "-q", "-p", "no:cacheprovider", "-m", "not path_independent", "-n", WORKERS],
+    "tests": [
+        "-m",
+        "pytest",
+        "tests/",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not path_independent and not timing",
+        "-n",
+        WORKERS,
+    ],
     "exercises": ["-m", "pytest", "exercises/", "--impl=reference", "-q", "-p", "no:cacheprovider"],
     "notebooks": [
         "-m",

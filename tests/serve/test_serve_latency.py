@@ -94,6 +94,7 @@ def measured_log(model: TinyGPT, reps: int = 5) -> list[dict]:
     return log
 
 
+@pytest.mark.timing
 def test_fit_on_measured_forward_steps():
     model = TinyGPT(vocab_size=64, d_model=64, n_heads=4, n_layers=2, max_seq_len=320)
     log = measured_log(model)

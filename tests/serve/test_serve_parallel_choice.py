@@ -100,6 +100,7 @@ def test_speculative_term_against_a_real_run(target):
           f"{res['formula']:.2f} (ratio {res['ratio']:.3f}, {res['rounds']} rounds)")  # fmt: skip
 
 
+@pytest.mark.timing
 def test_calibrate_on_real_tinygpt(target):
     draft = TinyGPT(64, 32, 2, 1, 512)
     r2s = []
