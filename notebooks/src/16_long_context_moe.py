@@ -98,7 +98,6 @@ def ax_tg_sdpa(tg, q, k, v, causal=False):
 
 # %%
 ring_B, ring_H, ring_N, ring_D, ring_P = 1, 4, 1024, 32, 2
-ring_t0 = time.perf_counter()
 
 
 def ring_peak(fn):
@@ -428,7 +427,6 @@ assert ring_cap.memory_bytes <= ring_budget and ring_pr["peak_bytes"][ring_pr["s
 assert ring_pr["run_s"][ring_ho] < ring_pr["run_s"][0]  # the chosen side beats the smallest probed chunk (16)
 assert ring_cap.chunk == 128  # T(c) falls with c (fixed costs > 0): the largest chunk under the budget
 assert ring_price.chunk <= ring_fast.chunk and ring_price.memory_bytes <= ring_fast.memory_bytes
-print(f"fragment wall time {time.perf_counter() - ring_t0:.1f} s")
 
 # %% [markdown]
 # Reading it: the per-chunk fixed cost ((P−1)·α + t0 + s0, printed; s0 is waiting for the neighbour on shared cores)
