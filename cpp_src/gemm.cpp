@@ -409,14 +409,43 @@ void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int
 
 const std::vector<std::string> kVersions = {"naive", "ikj", "blocked", "packed", "simd", "parallel"};
 
+// Cache-block overrides (tinylearn.tune searches them): 0 keeps the kernel's own value; MC is rounded up to a
+// multiple of MR and NC to a multiple of NR (the packed loops assume whole micro-panels per block).
+struct Blocking {
+  ssize_t mc = 0, kc = 0, nc = 0;
+};
+
+template <class T, class P>
+void apply_blocking(Kernel<T, P>& kn, const Blocking& blk) {
+  if (blk.mc > 0) kn.MC = ((blk.mc + kn.MR - 1) / kn.MR) * kn.MR;
+  if (blk.kc > 0) kn.KC = blk.kc;
+  if (blk.nc > 0) kn.NC = ((blk.nc + kn.NR - 1) / kn.NR) * kn.NR;
+}
+
 template <class T>
 void run_version(const std::string& version, View<T> A, View<T> B, T* C, Dims d, const std::string& isa,
-                 int threads) {
+                 int threads, const Blocking& blk) {
   if (version == "naive") return gemm_naive(A, B, C, d);
   if (version == "ikj") return gemm_ikj(A, B, C, d);
   if (version == "blocked") return gemm_blocked(A, B, C, d);
   Kernel<T> kn = kernel_for<T>(version, isa);
+  apply_blocking(kn, blk);
   gemm_packed(A, B, C, d, kn, version == "parallel" ? threads : 1);
+}
+
+// A cache-block argument: an int in [0, 1 << 20] (0 = the kernel's default); anything else names itself.
+ssize_t block_arg(const py::object& v, const char* name) {
+  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
+    throw py::type_error(std::string("gemm.matmul: ") + name + " must be an int (0 = the kernel's default), got " +
+                         std::string(py::str(py::repr(v))));
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!idx) throw py::error_already_set();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow != 0 || x < 0 || x > (1 << 20))
+    tl::value_error(std::string("gemm.matmul: ") + name + " must be in [0, 1048576] (0 = the kernel's default), got " +
+                    std::string(py::str(idx)));
+  return ssize_t(x);
 }
 
 std::string shape_str(const py::array& x) {
@@ -461,7 +490,8 @@ int threads_arg(const py::object& t, const char* fn) {
 }
 
 py::array matmul(const py::array& a_in, const py::array& b_in, const std::string& version, const std::string& isa_req,
-                 const py::object& threads_obj) {
+                 const py::object& threads_obj, const py::object& mc_obj, const py::object& kc_obj,
+                 const py::object& nc_obj) {
   if (std::find(kVersions.begin(), kVersions.end(), version) == kVersions.end())
     tl::value_error("gemm.matmul: version='" + version +
                     "' is not one of naive, ikj, blocked, packed, simd, parallel");
@@ -477,6 +507,7 @@ py::array matmul(const py::array& a_in, const py::array& b_in, const std::string
     tl::value_error("gemm.matmul: inner dimensions differ: a is " + shape_str(a_in) + ", b is " + shape_str(b_in));
   const std::string isa = pick_isa(isa_req);
   const int threads = threads_arg(threads_obj, "gemm.matmul");
+  const Blocking blk{block_arg(mc_obj, "mc"), block_arg(kc_obj, "kc"), block_arg(nc_obj, "nc")};
   py::array a = as_view_array(a_in), b = as_view_array(b_in);
   const Dims d{a.shape(0), b.shape(1), a.shape(1)};
   py::array c = f32 ? py::array(py::array_t<float>({d.M, d.N})) : py::array(py::array_t<double>({d.M, d.N}));
@@ -484,9 +515,11 @@ py::array matmul(const py::array& a_in, const py::array& b_in, const std::string
   {
     py::gil_scoped_release release;
     if (f32)
-      run_version<float>(version, view_of<float>(a), view_of<float>(b), static_cast<float*>(cp), d, isa, threads);
+      run_version<float>(version, view_of<float>(a), view_of<float>(b), static_cast<float*>(cp), d, isa, threads,
+                         blk);
     else
-      run_version<double>(version, view_of<double>(a), view_of<double>(b), static_cast<double*>(cp), d, isa, threads);
+      run_version<double>(version, view_of<double>(a), view_of<double>(b), static_cast<double*>(cp), d, isa,
+                          threads, blk);
   }
   return c;
 }
@@ -662,10 +695,11 @@ GemmMicroKernel<double> gemm_micro_kernel_f64() {
 TL_REGISTER(gemm) {
   m.doc() = "fp32/fp64 GEMM ladder: naive, ikj, blocked, packed, simd (AVX2/AVX-512 FMA micro-kernel), parallel";
   m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("version") = "parallel", py::arg("isa") = "auto",
-        py::arg("threads") = 0,
+        py::arg("threads") = 0, py::arg("mc") = 0, py::arg("kc") = 0, py::arg("nc") = 0,
         "C = a @ b (float32 or float64, any strides) with one rung of the ladder; isa: auto|scalar|avx2|avx512 "
         "(auto reads TINYLEARN_CPU_FEATURES); threads (parallel only): 0 = OpenMP default, at most 1024 (more is "
-        "clamped), negative is a ValueError");
+        "clamped), negative is a ValueError; mc, kc, nc (packed, simd, parallel): cache-block overrides, 0 = the "
+        "kernel's own (kernel_shape), MC rounded up to a multiple of MR and NC of NR");
   m.def("versions", []() { return kVersions; }, "the ladder, slowest first");
   m.def("isa", []() { return pick_isa("auto"); }, "the micro-kernel ISA a call with isa='auto' uses");
   m.def("isa_paths", []() {

@@ -457,6 +457,10 @@ def resolve(
         if hit is not None:
             return hit
     if backend is None:
+        if _TUNED is not None and version is None:  # a tuned configuration for this shape class, if one is stored
+            hit = _TUNED(op, args, kwargs or {})
+            if hit is not None:
+                return hit
         ranked = _RANKED.get((op, version))
         if ranked is None:
             ranked = _RANKED[(op, version)] = _rank(op, version)
@@ -484,8 +488,41 @@ def resolve(
 
 def dispatch(op: str, *args: Any, backend: str | None = None, version: str | None = None, **kwargs: Any) -> Any:
     """Call ``op`` on the chosen backend/version with the remaining arguments."""
-    _, _, fn = resolve(op, backend, version, args, kwargs)
+    b, v, fn = resolve(op, backend, version, args, kwargs)
+    if _DISPATCH_HOOK is not None:  # tl.profile(): the recorder runs the call and times it
+        return _DISPATCH_HOOK(op, b, v, fn, args, kwargs)
     return fn(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------- tuned choices, profiling
+# tinylearn.tune installs a provider while TINYLEARN_TUNE is "cached" or "search" (or tune.set_mode): asked by calls
+# that name no backend, no version and have no pin; (op, args, kwargs) -> (backend, version, fn) of the tuned
+# configuration for this input's shape class, or None for "no tuned choice: rank as usual"
+_TUNED: Callable[[str, tuple, dict], tuple[str, str, Callable[..., Any]] | None] | None = None
+# tinylearn.profiler installs a recorder while a tl.profile() block runs: (op, backend, version, fn, args, kwargs)
+_DISPATCH_HOOK: Callable[..., Any] | None = None
+
+
+def set_tuned_provider(
+    provider: Callable[[str, tuple, dict], tuple[str, str, Callable[..., Any]] | None] | None,
+) -> Callable[..., Any] | None:
+    """Install (or with None remove) the tuned-choice provider that ``backend=None`` calls consult before the
+    priorities; returns the previous one. Pins (``use``) and a named backend or version still win."""
+    global _TUNED
+    if provider is not None and not callable(provider):
+        raise TypeError(f"provider: expected a callable or None, got {type(provider).__name__}")
+    prev, _TUNED = _TUNED, provider
+    return prev
+
+
+def set_dispatch_hook(hook: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Install (or with None remove) the hook every ``dispatch`` call goes through (the profiler's recorder):
+    ``hook(op, backend, version, fn, args, kwargs)`` must call ``fn(*args, **kwargs)`` and return its result."""
+    global _DISPATCH_HOOK
+    if hook is not None and not callable(hook):
+        raise TypeError(f"hook: expected a callable or None, got {type(hook).__name__}")
+    prev, _DISPATCH_HOOK = _DISPATCH_HOOK, hook
+    return prev
 
 
 def why_unavailable(backend: str) -> str:

@@ -51,6 +51,9 @@ _autocast_hook: Any = None  # tinylearn.amp.autocast installs (cls, args, kwargs
 # and records it as a graph node); the recorder also has ``escape(tensor, what)``, which Tensor's conversions to
 # Python values (bool, item, numpy, ...) call so data-dependent control flow becomes a graph break
 _trace_hook: Any = None
+# tinylearn.profiler installs a recorder while a ``tl.profile()`` block runs: ``forward(cls, ctx, arrays, kwargs)``
+# runs and times an op's forward, ``backward(node, grad_outputs)`` (called by the engine) its backward
+_profile_hook: Any = None
 
 
 class _GradMode:
@@ -147,7 +150,10 @@ class Function:
                 needs.append(False)
         track = any_grad and _GradMode.enabled
         ctx.needs_input_grad = tuple(needs) if track else (False,) * len(args)
-        out = cls.forward(ctx, *arrays, **kwargs)
+        if _profile_hook is None:
+            out = cls.forward(ctx, *arrays, **kwargs)
+        else:  # tl.profile(): the recorder runs the forward and times it
+            out = _profile_hook.forward(cls, ctx, arrays, kwargs)
         if _GradMode.anomaly:
             _check_finite(cls.__name__, out, "forward")
         if type(out) is tuple:
