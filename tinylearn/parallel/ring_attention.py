@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .._inputs import as_int
+from ..dist.counters import Counters
 from ..dist.group import _Group, check_same_across_ranks
 
 __all__ = [
@@ -61,19 +62,18 @@ __all__ = [
     "zigzag_unshard",
 ]
 
-COUNTS: dict[str, int] = {"bytes_sent": 0, "fwd_bytes": 0, "bwd_bytes": 0, "messages": 0, "score_elems": 0}
+COUNTS = Counters("bytes_sent", "fwd_bytes", "bwd_bytes", "messages", "score_elems")
 _TAG_FWD, _TAG_BWD_KV, _TAG_BWD_DKV = 7100, 7300, 7500
 
 
 def reset_ring_counts() -> None:
     """Zero the per-process counters of ``ring_counts``."""
-    for key in COUNTS:
-        COUNTS[key] = 0
+    COUNTS.reset()
 
 
 def ring_counts() -> dict[str, int]:
     """Bytes this process posted (total, forward, backward), messages, and attention score elements computed."""
-    return dict(COUNTS)
+    return COUNTS.snapshot()
 
 
 def ring_bytes(

@@ -33,6 +33,7 @@ from torch import nn
 from .._inputs import as_int
 from ..dist import all_gather, all_reduce, reduce_scatter
 from ..dist.collectives import check_same_across_ranks
+from ..dist.counters import Counters
 from .tensor_parallel import ColumnParallelLinear, DenseMLP, RowParallelLinear
 
 __all__ = [
@@ -44,17 +45,17 @@ __all__ = [
     "sp_counts",
 ]
 
-COUNTS: dict[str, int] = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
+COUNTS = Counters("all_gather", "reduce_scatter", "all_reduce")
 
 
 def reset_sp_counts() -> None:
-    for key in COUNTS:
-        COUNTS[key] = 0
+    """Zero the per-process counters of ``sp_counts``."""
+    COUNTS.reset()
 
 
 def sp_counts() -> dict[str, int]:
     """Collectives issued by the sequence-parallel operators in this process since ``reset_sp_counts()``."""
-    return dict(COUNTS)
+    return COUNTS.snapshot()
 
 
 def _world(group: Any) -> tuple[int, int]:

@@ -38,18 +38,19 @@ from torch import nn
 
 from ..dist import all_gather, all_reduce
 from ..dist.collectives import check_same_across_ranks
+from ..dist.counters import Counters
 
-COUNTS: dict[str, int] = {"all_reduce": 0, "all_gather": 0}
+COUNTS = Counters("all_reduce", "all_gather")
 
 
 def reset_counts() -> None:
-    for k in COUNTS:
-        COUNTS[k] = 0
+    """Zero the per-process counters of ``collective_counts``."""
+    COUNTS.reset()
 
 
 def collective_counts() -> dict[str, int]:
     """Collectives issued by the tensor-parallel operators in this process since ``reset_counts()``."""
-    return dict(COUNTS)
+    return COUNTS.snapshot()
 
 
 def allreduces_per_layer(forward: bool = True, backward: bool = True) -> int:

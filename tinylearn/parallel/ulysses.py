@@ -28,23 +28,24 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._inputs import as_int
+from ..dist.counters import Counters
 from ..dist.group import _Group, check_same_across_ranks
 
 __all__ = ["IMPLS", "reset_ulysses_counts", "ulysses_attention", "ulysses_bytes", "ulysses_counts"]
 
-COUNTS: dict[str, int] = {"bytes_sent": 0, "fwd_bytes": 0, "bwd_bytes": 0, "all_to_all": 0}
+COUNTS = Counters("bytes_sent", "fwd_bytes", "bwd_bytes", "all_to_all")
 _TAG = 7700
 IMPLS = ("p2p", "gloo")
 
 
 def reset_ulysses_counts() -> None:
-    for key in COUNTS:
-        COUNTS[key] = 0
+    """Zero the per-process counters of ``ulysses_counts``."""
+    COUNTS.reset()
 
 
 def ulysses_counts() -> dict[str, int]:
     """Bytes this process sent in Ulysses all-to-alls (total, forward, backward) and the number of all-to-alls."""
-    return dict(COUNTS)
+    return COUNTS.snapshot()
 
 
 def ulysses_bytes(
