@@ -78,6 +78,30 @@ def _grouped_experts(
     return torch.empty_like(out_sorted).index_copy(0, order, out_sorted)
 
 
+def _tokens(x: Any, d_model: int) -> torch.Tensor:
+    """``x`` [..., d_model] as a [tokens, d_model] view; TypeError / ValueError naming the input otherwise."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != d_model:
+        raise ValueError(f"input: last dimension must be d_model={d_model}, got shape {tuple(x.shape)}")
+    return x.reshape(-1, d_model)
+
+
+def _route_tokens(layer: Any, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None, Any, torch.Tensor]:
+    """The router both torch layers run (dense TorchMoE and ExpertParallelMoE): logits, softmax probabilities, the
+    capacity (None when dropless), the numpy routing of ``tl.nn.moe.route`` and each (token, choice)'s gate (top-2
+    gates renormalised to sum to 1), differentiable through ``probs``."""
+    e, k = layer.num_experts, layer.top_k
+    logits = x2 @ layer.router_weight.T
+    probs = torch.softmax(logits, -1)
+    cap = None if layer.dropless else capacity(x2.shape[0], e, k, layer.capacity_factor)
+    r = route(probs.detach().cpu().numpy(), k, cap)
+    gates = probs.gather(1, torch.from_numpy(r.expert))
+    if k == 2:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return logits, probs, cap, r, gates
+
+
 class TorchMoE(nn.Module):
     """Dense MoE layer in torch; same parameters, routing, capacity and stats as ``tl.nn.MoE`` (see its module)."""
 
@@ -120,17 +144,9 @@ class TorchMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d, e, k = self.d_model, self.num_experts, self.top_k
-        if x.dim() < 1 or x.shape[-1] != d:
-            raise ValueError(f"input: last dimension must be d_model={d}, got shape {tuple(x.shape)}")
-        x2 = x.reshape(-1, d)
+        x2 = _tokens(x, d)
         t = x2.shape[0]
-        logits = x2 @ self.router_weight.T
-        probs = torch.softmax(logits, -1)
-        cap = None if self.dropless else capacity(t, e, k, self.capacity_factor)
-        r = route(probs.detach().cpu().numpy(), k, cap)
-        gates = probs.gather(1, torch.from_numpy(r.expert))
-        if k == 2:
-            gates = gates / gates.sum(-1, keepdim=True)
+        logits, probs, cap, r, gates = _route_tokens(self, x2)
         tok_np, ch_np = np.nonzero(r.keep)
         tok, ch = torch.from_numpy(tok_np), torch.from_numpy(ch_np)
         ex = torch.from_numpy(r.expert[tok_np, ch_np])
@@ -349,20 +365,10 @@ class ExpertParallelMoE(nn.Module):
         return ws
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g, d, e, k, per = self.g, self.d_model, self.num_experts, self.top_k, self.per_rank
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"input: expected a torch.Tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != d:
-            raise ValueError(f"input: last dimension must be d_model={d}, got shape {tuple(x.shape)}")
-        x2 = x.reshape(-1, d)
+        g, d, k, per = self.g, self.d_model, self.top_k, self.per_rank
+        x2 = _tokens(x, d)
         t = x2.shape[0]
-        logits = x2 @ self.router_weight.T
-        probs = torch.softmax(logits, -1)
-        cap = None if self.dropless else capacity(t, e, k, self.capacity_factor)
-        r = route(probs.detach().cpu().numpy(), k, cap)
-        gates = probs.gather(1, torch.from_numpy(r.expert))
-        if k == 2:
-            gates = gates / gates.sum(-1, keepdim=True)
+        _, _, _, r, gates = _route_tokens(self, x2)
         tok, ch = np.nonzero(r.keep)
         ex = r.expert[tok, ch]
         dest, slot = ex // per, ex % per
