@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # installs go through uv when it can be had (~30 s instead of ~200 s for the dependency set), else pip
 INSTALL := tools/pip_install.sh $(PY)
-EXTRAS ?= notebooks,kernels,dist,dev,serve
+EXTRAS ?= notebooks,kernels,dist,dev,serve,tune
 NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
 # pytest-xdist workers for the unit tests (auto = one per core; 0 = in-process, no xdist). The notebooks run one
 # at a time by default (NB_JOBS=0): their benchmark asserts (thread scaling, fitted link costs) assume the cores are

@@ -62,6 +62,8 @@ _SUBPACKAGES = (
     "compress",
     "resilience",
     "longctx",
+    "tune",
+    "profiler",
 )
 
 try:
@@ -84,6 +86,13 @@ else:
     _AUTOGRAD_ERROR = None
 
 
+if os.environ.get("TINYLEARN_TUNE", "off").strip().lower() not in ("", "off"):
+    # tuned choices without code changes: backend=None dispatch consults the records of tinylearn.tune
+    from .tune.dispatch import install as _install_tuned
+
+    _install_tuned()
+
+
 def __getattr__(name: str) -> Any:
     if name == "check":  # tl.check("01_autodiff"): the exercise tests as a pass/fail table
         from .exercise_check import check
@@ -93,6 +102,10 @@ def __getattr__(name: str) -> Any:
         from .compiler import compile
 
         return compile
+    if name == "profile":  # tl.profile(): the op recorder of tinylearn.profiler (torch.profiler.profile's role)
+        from .profiler import profile
+
+        return profile
     if name == "autocast":  # tl.autocast lives in tinylearn.amp (imports ml_dtypes on first use)
         from .amp import autocast
 

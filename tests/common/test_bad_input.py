@@ -211,6 +211,8 @@ _KSETUP = "from tinylearn.compress import distill, lora, lowrank, nf4\nlin = tl.
 _LSETUP = (
     "import torch\nfrom tinylearn import longctx as lc\nqkv = [np.ones((1, 1, 64, 8), np.float32) for _ in range(3)]"
 )
+_TSETUP = "from tinylearn import tune as tn, tunable\nsp = tunable.get('gemm.matmul')\nsh = {'M': 8, 'N': 8, 'K': 8}"
+_PSETUP = "from tinylearn import profiler as pf\np = pf.profile()\nwith p:\n    pass"
 _RSETUP = (
     "import tempfile\nfrom tinylearn.resilience import atomic, ec_files, elastic, erasure, failure_math, sharded\n"
     "d = tempfile.mkdtemp()\nsharded.save_sharded({'w': np.ones(4, np.float32)}, d + '/ok')"
@@ -949,6 +951,32 @@ CASES: dict[str, list[tuple]] = {
         ("atomic_write-tmp-name", "atomic.atomic_write(d + '/.tmp-x', b'')", TV, "path", _RSETUP),
         ("run-steps-0", "elastic.run(lambda s, st: None, {}, ckpt_dir=d + '/e', steps=0)", TV, "steps", _RSETUP),
         ("protect-r-0", "ec_files.protect(d + '/ok', 0)", TV, "r", _RSETUP),
+    ],
+    "profiler": [
+        ("table-sort_by", "p.table(sort_by='nope')", TV, "sort_by", _PSETUP),
+        ("trace-missing-dir", "p.export_chrome_trace('/nonexistent_dir/x.json')", TV, "path", _PSETUP),
+        ("record_function-name", "with pf.record_function(3):\n    pass", TV, "name", _PSETUP),
+        ("HotspotMonitor-threshold", "pf.HotspotMonitor(threshold_fraction=2.0)", TV, "threshold_fraction", _PSETUP),
+        ("HotspotMonitor-retune", "pf.HotspotMonitor().check(p, 3)", TV, "retune", _PSETUP),
+        ("roofline-peak", "p.roofline(peak_gflops=-1)", TV, "peak_gflops", _PSETUP),
+    ],
+    "tune": [
+        ("tune-budget-0", "tn.tune('gemm.matmul', sh, budget=0, store=False)", TV, "budget", _TSETUP),
+        ("tune-searcher", "tn.tune('gemm.matmul', sh, searcher='beam', store=False)", TV, "searcher", _TSETUP),
+        ("tune-shape-negative", "tn.tune('gemm.matmul', {'M': -8, 'N': 8, 'K': 8}, store=False)", TV, "shape", _TSETUP),
+        ("tune-shape-missing", "tn.tune('gemm.matmul', {'M': 8}, store=False)", TV, "shape", _TSETUP),
+        ("tune-unknown-op", "tn.tune('gemm.nothing', sh, store=False)", TV, "op", _TSETUP),
+        ("set_mode-unknown", "tn.set_mode('fast')", TV, "mode", _TSETUP),
+        ("UCB1-no-arms", "tn.UCB1([])", TV, "arms", _TSETUP),
+        ("UCB1-negative-c", "tn.UCB1([1, 2], c=-1)", TV, "c", _TSETUP),
+        ("CostModel-kind", "tn.CostModel(sp, kind='svm')", TV, "kind", _TSETUP),
+        ("measure_config-partial", "tn.measure_config(sp, {'mc': 3}, ())", TV, "config", _TSETUP),
+        ("VariantClusters-k-0", "tn.VariantClusters(sp, 0)", TV, "k", _TSETUP),
+        ("ARPredictor-order", "tn.ARPredictor(order=-1)", TV, "order", _TSETUP),
+        ("ARPredictor-exog-str", "tn.ARPredictor(exog='batch_size')", TV, "exog", _TSETUP),
+        ("ProxyParams-lanes", "tn.ProxyParams('x', 1.0, 0, 6, 16, 100.0, 10.0, 32.0, 1 << 20)", TV, "lanes", _TSETUP),
+        ("Space-empty", "tunable.Space('x', (), *[None] * 4)", TV, "params", _TSETUP),
+        ("Param-repeats", "tunable.Param('mc', (1, 1))", TV, "values", _TSETUP),
     ],
     "longctx": [
         ("MoE-top_k-above-experts", "lc.MoE(8, 16, 1, top_k=2)", TV, "top_k", _LSETUP),

@@ -599,6 +599,38 @@ CALLS: dict[str, list[Call]] = {
             view="[p.tobytes() for p in r]",
         ),
     ],
+    "tune": [
+        Call(
+            "tune.UCB1/c",
+            "UCB1([0, 1], c=g)",
+            "c",
+            reals(0.0, lo_ok=True),
+            setup="from tinylearn.tune import UCB1",
+        ),
+        Call(
+            "tune.VariantClusters/k",
+            "VariantClusters(tunable.get('gemm.matmul'), g).k",
+            "k",
+            ints(1, 1 << 20, valid=(1, 4), huge=False),
+            setup="from tinylearn import tunable\nfrom tinylearn.tune import VariantClusters",
+        ),
+        Call(
+            "tune.ARPredictor/order",
+            "ARPredictor(order=g).order",
+            "order",
+            ints(0, 1 << 16, valid=(0, 2), huge=False),
+            setup="from tinylearn.tune import ARPredictor",
+        ),
+    ],
+    "profiler": [
+        Call(
+            "profiler.HotspotMonitor/threshold_fraction",
+            "HotspotMonitor(threshold_fraction=g)",
+            "threshold_fraction",
+            reals(0.0, 1.0, valid=(0.3,)),
+            setup="from tinylearn.profiler import HotspotMonitor",
+        ),
+    ],
     "longctx": [
         Call(
             "longctx.MoE/num_experts",

@@ -427,35 +427,40 @@ def test_unnamed_backend_ranking_is_cached_but_when_and_register_are_honoured():
 
 
 def _registering_modules_in_source() -> set[str]:
-    """Modules whose code calls ``backends.register`` (the one way ops register), found by reading the source."""
+    """Modules whose code calls ``backends.register`` (the one way ops register) or ``tunable.declare`` (the one way
+    search spaces are declared), found by reading the source."""
     found = set()
+    calls = {("backends", "register"), ("tunable", "declare")}
     for path in (ROOT / "tinylearn").rglob("*.py"):
-        if "exercises" in path.parts or path.name == "backends.py":
+        if "exercises" in path.parts or path.name in ("backends.py", "tunable.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             f = node.func if isinstance(node, ast.Call) else None
-            if isinstance(f, ast.Attribute) and f.attr == "register" and getattr(f.value, "id", "") == "backends":
+            if isinstance(f, ast.Attribute) and (getattr(f.value, "id", ""), f.attr) in calls:
                 found.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
                 break
     return found
 
 
 def test_every_registering_module_is_listed_in_the_topic_table():
-    """Ops register through the topic table: each module that calls backends.register is a row's ``registers``
-    entry, and importing exactly the listed modules (a fresh interpreter) registers every op, each module only ops
-    of its own package, so backends finds every op by name."""
+    """Ops register through the topic table: each module that calls backends.register (or tunable.declare, a search
+    space) is a row's ``registers`` entry, and importing exactly the listed modules (a fresh interpreter) registers
+    every op, each module only ops of its own package, so backends (and tunable) find every op by name."""
     listed = set(tinylearn.topics.registering_modules())
     source = _registering_modules_in_source()
     assert source == listed, f"not in the table: {sorted(source - listed)}; listed, never registering: " + str(
         sorted(listed - source)
     )
     code = (  # record which module's code calls register (package __init__s import each other's modules)
-        "import importlib, inspect, json, sys, tinylearn.backends as b, tinylearn.topics as t\n"
-        "seen, real = {}, b.register\n"
+        "import importlib, inspect, json, sys, tinylearn.backends as b, tinylearn.topics as t, tinylearn.tunable as u\n"
+        "seen, real, real_declare = {}, b.register, u.declare\n"
         "def spy(op, *a, **k):\n"
         "    seen.setdefault(inspect.stack()[1].frame.f_globals['__name__'], set()).add(op)\n"
         "    return real(op, *a, **k)\n"
-        "b.register = spy\n"
+        "def spy_declare(space):\n"
+        "    seen.setdefault(inspect.stack()[1].frame.f_globals['__name__'], set()).add(space.op)\n"
+        "    return real_declare(space)\n"
+        "b.register, u.declare = spy, spy_declare\n"
         "for m in t.registering_modules():\n"
         "    importlib.reload(sys.modules[m]) if m in sys.modules else importlib.import_module(m)\n"
         "print(json.dumps({m: sorted(v) for m, v in seen.items()}))\n"
