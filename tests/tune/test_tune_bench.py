@@ -12,7 +12,7 @@ from tinylearn.tune import bench
 pytest.importorskip("torch")
 
 TINY = dict(budget=2, repeat=1, warmup=0, search_shape={"M": 32, "N": 32, "K": 32}, search_budget=2,
-            exhaustive_max=0, cm_train=5, cm_test=4, proxy_n=4)  # fmt: skip
+            exhaustive_max=0, cm_train=5, cm_test=4, proxy_n=4, gemm_sizes=(48,), gemm_budget=2)  # fmt: skip
 
 
 def test_tuned_table_rows() -> None:
@@ -56,6 +56,14 @@ def test_cost_model_table_taus() -> None:
     assert "not run" in cm.note or (-1 <= cm.extra["tau"] <= 1 or math.isnan(cm.extra["tau"]))
 
 
-def test_run_returns_three_tables() -> None:
+def test_gemm_blas_table_rows() -> None:
+    t = bench.gemm_blas_table(**TINY)
+    impls = {r.impl for r in t.rows}
+    assert impls == {"tl default", "tl tuned", "OpenBLAS (numpy)", "torch"}
+    assert all(r.median_ms is not None and r.median_ms > 0 for r in t.rows)  # every candidate checked correct first
+    assert {r.case for r in t.rows} >= {"48^3, 1 thread"}
+
+
+def test_run_returns_four_tables() -> None:
     tables = bench.run(**{**TINY, "ops": ["kernels.softmax"]})
-    assert len(tables) == 3 and all(t.rows for t in tables)
+    assert len(tables) == 4 and all(t.rows for t in tables)

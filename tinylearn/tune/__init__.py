@@ -59,6 +59,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "fit_from_rows",
         "loo_error",
         "order_by_interference",
+        "PairWorkers",
+        "bandwidth_demand",
+        "l2_bytes",
+        "llc_bytes",
     ),
     "proxy_model": (
         "ProxyParams",

@@ -11,14 +11,16 @@ process's page-fault / mmap lock, which no co-located pair of jobs shares):
                        (``default_kernels`` are rebuilt in the worker, so the two never share input pages) and then
                        serving commands over a pipe: "run kernel i for N reps (after a barrier), return seconds".
                        Every pipe receive has a timeout; a context manager stops (or kills) the workers.
-``measure_pairs``      for every unordered pair (self-pairs included), ``repeat`` rounds of: kernel a alone in
-                       worker 0, kernel b alone in worker 1 (the other idle), then both at once released by a
-                       barrier; ``slowdown = median over rounds of mean(t_pair / t_alone)`` (alone times from the
-                       same round, so slow drift of the machine's background load cancels).
-``pair_features``      three physical, symmetric features: each kernel's DRAM bandwidth demand alone (bytes moved /
-                       alone time / a measured streaming-copy bandwidth, clipped to 1; 0 when its working set fits
-                       L2, because then the bytes come from its private cache), their product and their minimum,
-                       and whether both working sets exceed L2 (so they meet in the shared LLC / DRAM).
+``measure_pairs``      ``repeat`` rounds of: every kernel alone in each worker (the other idle), then every unordered
+                       pair (self-pairs included) at once, released by a barrier; per side the median over rounds of
+                       t_pair / t_alone (same round), ``slowdown`` = the mean of the two sides. Times are the workers'
+                       CPU seconds by default: stalls on the shared cache / DRAM count, time the OS hands a third
+                       process (other jobs on a shared machine) does not.
+``pair_features``      three physical, symmetric features (few: 15 measured pairs cannot support more): the product
+                       of the kernels' bandwidth demands alone (bytes moved / alone time / a measured streaming-copy
+                       bandwidth, clipped to 1; 0 when the working set fits L2, whose bytes come from the private
+                       cache), whether both working sets exceed L2 (they meet in the shared LLC), and whether, both
+                       spilling, together they exceed the LLC (one evicts the other's data to DRAM).
 ``InterferenceModel``  ridge least squares ``slowdown - 1 = w . features + b``; ``loo_error`` refits leaving each
                        pair out and compares with predicting the mean of the others.
 ``order_by_interference`` pairs kernels (an even count: a perfect matching, exact for <= 10 kernels) to minimise
@@ -31,7 +33,6 @@ import functools
 import math
 import multiprocessing as mp
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,11 +111,12 @@ def llc_bytes() -> float:
     return _cache_bytes(3, float(32 * 2**20))
 
 
-def _loop(fn: Callable[[], Any], reps: int) -> float:
-    t0 = time.perf_counter()
+def _timed(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) for ``reps`` calls."""
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(reps):
         fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _stream_bandwidth(nbytes: int = 64 * 2**20) -> float:
@@ -122,7 +124,7 @@ def _stream_bandwidth(nbytes: int = 64 * 2**20) -> float:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
-    return 2.0 * src.nbytes / min(_loop(lambda: np.copyto(dst, src), 1) for _ in range(3))
+    return 2.0 * src.nbytes / min(_timed(lambda: np.copyto(dst, src), 1)[1] for _ in range(3))
 
 
 def _build(specs: list[Any]) -> list[Kernel]:
@@ -162,7 +164,7 @@ def _worker(conn: Any, barrier: Any, cpu: int | None, specs: list[Any], timeout_
                     kernels[i].fn()  # warm: caches, pages, the output buffer's allocation
                     if sync:
                         barrier.wait(timeout_s)
-                    conn.send(("ok", _loop(kernels[i].fn, reps)))
+                    conn.send(("ok", _timed(kernels[i].fn, reps)))
                 except Exception as e:  # reported to the parent, which raises
                     conn.send(("error", f"{type(e).__name__}: {e}"))
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
@@ -180,11 +182,17 @@ class PairWorkers:
     """Two worker processes serving kernel runs (see the module docstring); use as a context manager.
 
     ``run(w, i, reps)`` times kernel i in worker w alone (the other idle); ``run_pair(i, ri, j, rj)`` times kernel i
-    in worker 0 and kernel j in worker 1 started together by a barrier. Each receive waits at most ``timeout_s``."""
+    in worker 0 and kernel j in worker 1 started together by a barrier. Each receive waits at most ``timeout_s``.
+    ``clock="cpu"`` (default) returns the worker's CPU seconds (``time.process_time``): stalls on a shared cache or
+    on DRAM count, time the OS gave another process (a third job on a shared machine) does not; ``"wall"`` returns
+    perf_counter seconds."""
 
-    def __init__(self, kernels: Sequence[Kernel], *, start_method: str = "fork", timeout_s: float = 60.0) -> None:
+    def __init__(self, kernels: Sequence[Kernel], *, start_method: str = "fork", timeout_s: float = 60.0,
+                 clock: str = "cpu") -> None:  # fmt: skip
         if start_method not in ("fork", "forkserver"):
             raise ValueError(f"start_method: expected 'fork' or 'forkserver', got {start_method!r}")
+        if clock not in ("cpu", "wall"):
+            raise ValueError(f"clock: expected 'cpu' or 'wall', got {clock!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a number > 0, got {timeout_s!r}")
         ks = list(kernels)
@@ -193,7 +201,7 @@ class PairWorkers:
         if start_method == "forkserver" and any(k.origin is None for k in ks):
             bad = [k.name for k in ks if k.origin is None]
             raise ValueError(f"kernels: with 'forkserver' only default_kernels can be rebuilt in a worker, got {bad}")
-        self.kernels, self.start_method, self.timeout_s = ks, start_method, float(timeout_s)
+        self.kernels, self.start_method, self.timeout_s, self.clock = ks, start_method, float(timeout_s), clock
         self.specs = [k.origin if k.origin is not None else k for k in ks]
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.cpus: list[int | None] = cpus[:2] if len(cpus) >= 2 else [None, None]
@@ -250,7 +258,7 @@ class PairWorkers:
             raise ValueError(f"w: expected worker 0 or 1, got {w!r}")
         self._check(i, reps)
         self._conns[w].send(("run", i, reps, False))
-        return float(self._recv(w))
+        return self._pick(self._recv(w))
 
     def run_pair(self, i: int, ri: int, j: int, rj: int) -> tuple[float, float]:
         """Seconds for ``ri`` calls of kernel ``i`` (worker 0) and ``rj`` of kernel ``j`` (worker 1), concurrently."""
@@ -258,7 +266,10 @@ class PairWorkers:
         self._check(j, rj)
         self._conns[0].send(("run", i, ri, True))
         self._conns[1].send(("run", j, rj, True))
-        return float(self._recv(0)), float(self._recv(1))
+        return self._pick(self._recv(0)), self._pick(self._recv(1))
+
+    def _pick(self, wall_cpu: tuple[float, float]) -> float:
+        return float(wall_cpu[1] if self.clock == "cpu" else wall_cpu[0])
 
     def bandwidth(self) -> float:
         """Streaming-copy bandwidth (bytes/s, read + write) measured in worker 0 with worker 1 idle."""
@@ -285,12 +296,21 @@ class PairWorkers:
         self._procs, self._conns = [], []
 
 
-def measure_pairs(kernels: Sequence[Kernel], target_s: float = 0.02, repeat: int = 3, *, start_method: str = "fork",
-                  timeout_s: float = 60.0, stat: str = "median") -> list[dict[str, Any]]:  # fmt: skip
+def measure_pairs(
+    kernels: Sequence[Kernel],
+    target_s: float = 0.02,
+    repeat: int = 3,
+    *,
+    start_method: str = "fork",
+    timeout_s: float = 60.0,
+    stat: str = "median",
+    clock: str = "cpu",
+) -> list[dict[str, Any]]:
     """Every unordered pair (itself included) alone and concurrently in two worker processes (``PairWorkers``);
     rows {"a", "b", "alone_a_s", "alone_b_s", "pair_a_s", "pair_b_s", "slowdown_a", "slowdown_b", "slowdown",
-    "reps_a", "reps_b"} (times of ``reps`` calls, medians over ``repeat`` rounds; reps chosen so a loop takes about
-    ``target_s``). Sets each kernel's ``alone_s`` (seconds per call) and ``bw_demand`` (see ``pair_features``)."""
+    "reps_a", "reps_b", "dram_bw"} (``clock`` seconds of ``reps`` calls, medians over ``repeat`` rounds; reps chosen
+    so a loop takes about ``target_s``; ``stat="min"``: best pair over best alone instead of the median ratio).
+    Sets each kernel's ``alone_s`` (seconds per call) and ``bw_demand`` (see ``bandwidth_demand``)."""
     if len(kernels) < 2:
         raise ValueError(f"kernels: need at least 2 kernels, got {len(kernels)}")
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
@@ -300,38 +320,36 @@ def measure_pairs(kernels: Sequence[Kernel], target_s: float = 0.02, repeat: int
     if stat not in ("median", "min"):
         raise ValueError(f"stat: expected 'median' or 'min', got {stat!r}")
     n = len(kernels)
-    with PairWorkers(kernels, start_method=start_method, timeout_s=timeout_s) as pw:
+    with PairWorkers(kernels, start_method=start_method, timeout_s=timeout_s, clock=clock) as pw:
         bw = pw.bandwidth()
         reps = []
         for i in range(n):
             t = min(pw.run(0, i, 1) for _ in range(2))
             reps.append(max(1, min(5000, int(target_s / max(t, 1e-7)))))
-        alone: list[list[float]] = [[] for _ in range(n)]  # seconds per call, both workers, every round
-        rows = []
-        for i in range(n):
-            for j in range(i, n):
-                ta, tb, pa, pb, sa, sb = [], [], [], [], [], []
-                for _ in range(repeat):
-                    ta.append(pw.run(0, i, reps[i]))
-                    tb.append(pw.run(1, j, reps[j]))
-                    x, y = pw.run_pair(i, reps[i], j, reps[j])
-                    pa.append(x)
-                    pb.append(y)
-                    sa.append(x / ta[-1])
-                    sb.append(y / tb[-1])
-                alone[i] += [t / reps[i] for t in ta]
-                alone[j] += [t / reps[j] for t in tb]
-                s_a, s_b = statistics.median(sa), statistics.median(sb)
-                if stat == "min":  # best pair time over best alone time: drops rounds hit by background load
-                    s_a, s_b = min(pa) / min(ta), min(pb) / min(tb)
-                rows.append({"a": kernels[i].name, "b": kernels[j].name, "alone_a_s": statistics.median(ta),
-                             "alone_b_s": statistics.median(tb), "pair_a_s": statistics.median(pa),
-                             "pair_b_s": statistics.median(pb), "slowdown_a": s_a, "slowdown_b": s_b,
-                             "slowdown": 0.5 * (s_a + s_b), "reps_a": reps[i], "reps_b": reps[j],
-                             "dram_bw": bw})  # fmt: skip
+        pairs = [(i, j) for i in range(n) for j in range(i, n)]
+        alone = np.zeros((repeat, 2, n))  # [round, worker, kernel] seconds of reps[kernel] calls
+        paired = np.zeros((repeat, len(pairs), 2))  # [round, pair, side]
+        for r in range(repeat):  # each round: every kernel alone in each worker, then every pair
+            for w in range(2):
+                for i in range(n):
+                    alone[r, w, i] = pw.run(w, i, reps[i])
+            for p, (i, j) in enumerate(pairs):
+                paired[r, p] = pw.run_pair(i, reps[i], j, reps[j])
+    rows = []
+    for p, (i, j) in enumerate(pairs):
+        ta, tb, pa, pb = alone[:, 0, i], alone[:, 1, j], paired[:, p, 0], paired[:, p, 1]
+        if stat == "min":  # best pair time over best alone time: drops rounds hit by background load
+            s_a, s_b = pa.min() / ta.min(), pb.min() / tb.min()
+        else:  # the median over rounds of the ratio within a round (slow drift of the machine cancels)
+            s_a, s_b = float(np.median(pa / ta)), float(np.median(pb / tb))
+        rows.append({"a": kernels[i].name, "b": kernels[j].name, "alone_a_s": float(np.median(ta)),
+                     "alone_b_s": float(np.median(tb)), "pair_a_s": float(np.median(pa)),
+                     "pair_b_s": float(np.median(pb)), "slowdown_a": float(s_a), "slowdown_b": float(s_b),
+                     "slowdown": float(0.5 * (s_a + s_b)), "reps_a": reps[i], "reps_b": reps[j],
+                     "dram_bw": bw})  # fmt: skip
     l2 = l2_bytes()
-    for k, ts in zip(kernels, alone):
-        k.alone_s = statistics.median(ts)
+    for i, k in enumerate(kernels):
+        k.alone_s = float(np.median(alone[:, :, i])) / reps[i]
         k.bw_demand = bandwidth_demand(k, bw, l2)
     return rows
 
