@@ -149,6 +149,13 @@ ref = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, qs
                                                        attn_mask=torch.from_numpy(pat.layout(128, 128, 32).dense_mask()))
 out = tl.longctx.block_sparse_attention(*qs, pat, block_size=32, backend="cpp")
 np.testing.assert_allclose(np.asarray(out), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+ga = rng.standard_normal((64, 64)).astype(np.float32)  # tune + profile: a tuned GEMM (C++ blocking knobs), profiled
+res = tl.tune.tune("gemm.matmul", {"M": 64, "N": 64, "K": 64}, budget=3, repeat=1, warmup=0, store=False)
+assert res.best_s is not None and not res.rejected, res.rejected
+with tl.profile() as prof:
+    tl.gemm.matmul(ga, ga)
+assert prof.key_averages().row("gemm.matmul").count == 1
 print("wheel-smoke: import, one op per topic, cuda source lookup: ok")
 EOF
 say "python smoke ok"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import warnings
 
 import numpy as np
@@ -39,6 +40,13 @@ def test_hardware_counters_available_or_clear_reason() -> None:
                 pass
 
 
+def _fresh_pages(nbytes: int) -> None:
+    """Touch ``nbytes`` of pages no allocator has handed out before: an anonymous mmap (numpy's arrays may reuse heap
+    memory that tinylearn's malloc settings keep resident, which faults nothing)."""
+    with mmap.mmap(-1, nbytes) as m:
+        np.frombuffer(m, dtype=np.uint8)[::4096] = 1  # a temporary view: released before the map closes
+
+
 def test_software_counters_or_rusage() -> None:
     ok, reason = software_available()
     with software_counters() as c:
@@ -47,7 +55,7 @@ def test_software_counters_or_rusage() -> None:
         assert isinstance(c["task-clock"], int) and c["task-clock"] > 0  # ns of CPU time of this thread
         assert c["source"] == "perf_event_open (software)"
         with SoftwareCounters(("page-faults",)) as pf:
-            np.ones(1 << 22)  # 32 MiB of fresh pages: the kernel counts the first-touch faults
+            _fresh_pages(32 << 20)  # the kernel counts the first-touch faults
         assert pf["page-faults"] > 0
     else:
         assert "perf_event_open failed" in reason
@@ -56,8 +64,7 @@ def test_software_counters_or_rusage() -> None:
 
 def test_rusage_fallback_counts() -> None:
     with RusageCounters() as c:
-        x = np.ones(1 << 23)  # 64 MiB: fresh pages -> minor faults
-        x.sum()
+        _fresh_pages(64 << 20)  # fresh pages -> minor faults
     assert c["source"] == "resource.getrusage (process-wide)"
     assert c["rusage:minor_faults"] > 0 and c["rusage:user_s"] + c["rusage:system_s"] >= 0
     assert c["wall_s"] > 0
