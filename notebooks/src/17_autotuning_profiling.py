@@ -1070,8 +1070,9 @@ print("bookkeeping; at this size every framework is dominated by per-op overhead
 # LLC), fit slowdown = w · features + b by least squares, check it leave-one-out against "predict the mean", and
 # schedule by the predicted slowdown: the pairing that minimises the summed prediction, launched best pair first.
 # What the data shows on this VM: the two vCPUs barely interfere. GEMM 64 beside itself stays close to 1x (printed;
-# asserted below 1.5x: the VM's neighbours still leak into CPU time) and the streaming pairs (either copy or softmax beside the 32 MiB DRAM copy) are the ones that slow
-# down; the assertion checks only that the worst of them slows down more than GEMM 64 beside itself. The sizes of
+# asserted below 1.5x: the VM's neighbours still leak into CPU time) and the streaming pairs (either copy or softmax
+# beside the 32 MiB DRAM copy) are the ones that slow down; the assertion checks only that the worst of them slows
+# down more than GEMM 64 beside itself. The sizes of
 # the slowdowns are printed, and they are small: DRAM-bound pairs lose little here (the one-process streaming-copy
 # bandwidth is printed beside them). With effects that small the leave-one-out error of the MODEL and that of
 # predicting the mean are both printed, not asserted: on this VM the margin between them is within run-to-run noise.
