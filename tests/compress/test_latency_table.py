@@ -63,6 +63,7 @@ def test_interpolation_between_measured_widths():
         table.lookup("conv2d", (16, 4, 16, 5, 4, 4), 32)
 
 
+@pytest.mark.timing  # fits to measured latencies: run alone (make test's serial pass), not beside xdist workers
 def test_predictor_validated_on_held_out_archs(tmp_path):
     table = lt.build_table(nas.table_grid(), tmp_path / "grid.json", repeat=5)
     assert len(table) == len(set(map(lambda e: lt.key(*e), nas.table_grid())))
