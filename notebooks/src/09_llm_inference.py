@@ -446,13 +446,13 @@ for case in ("S=128", "S=1024"):
         f"{case}: numpy loop {loop / simd:.0f}x and C++ scalar {scalar / simd:.1f}x the SIMD kernel's time; "
         f"SIMD kernel {simd / am[case, 'torch']:.2f}x torch SDPA's time{tg_txt}"
     )
-    assert loop > scalar and loop / scalar > scalar / simd  # the loop -> C++ step is the widest
+    assert loop > 2 * scalar  # leaving Python's per-block loop at least halves the time, even on a busy machine
     if "avx2" in cpu.cpu_features():  # TINYLEARN_CPU_FEATURES=scalar makes "simd" run the scalar code
         assert scalar > simd
 
 # %% [markdown]
 # Reading it: every rung is faster than the one below (asserted; with `TINYLEARN_CPU_FEATURES=scalar` the "simd"
-# version runs the scalar code), the numpy loop by the widest margin — at S = 1024
+# version runs the scalar code), and leaving the numpy loop at least halves the time (asserted) — at S = 1024
 # it pays 64 rounds of numpy dispatch for 64 blocks. The printed ratios give the kernel's time against torch SDPA
 # on the contiguous cache (the goal is at most 1.2×): the paged kernel follows a block table and still need not
 # lose, because a decode step is bound by reading K/V once, and GQA lets 4 query heads share each row read.
