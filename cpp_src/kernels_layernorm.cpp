@@ -13,7 +13,7 @@
 //                                   the cancellation harmless; then the write pass y = ((x - mean) rstd) w + b with
 //                                   FMA. One thread. The scalar path emulates the 8 lanes: scalar and avx2 agree bit
 //                                   for bit (AVX-512: to rounding of the sums)
-//                      v4 simd_omp  v3 + OpenMP over rows, threads_for(R*C) threads (small inputs: one thread);
+//                      v4 simd_omp  v3 + OpenMP over rows, threads_for(R*C, grain) threads (small inputs: one thread);
 //                                   v3/v4 write an output above 4 MiB with non-temporal stores (common.h
 //                                   stream_output: no read-for-ownership of y, x stays in cache; 1024x4096 fp32,
 //                                   1 thread, loaded box: 2.1 -> 1.4 ms AVX-512, 2.4 -> 1.4 ms AVX2)
@@ -204,7 +204,7 @@ LnRowFn pick_ln_row(vm::Isa isa) {
 }
 
 template <typename T>
-py::tuple layer_norm_forward(carr<T> x, carr<T> w, carr<T> b, double eps, const std::string& version) {
+py::tuple layer_norm_forward(carr<T> x, carr<T> w, carr<T> b, double eps, const std::string& version, ssize_t grain) {
   need_ndim(x, 2, "layer_norm_forward", "x");
   need_ndim(w, 1, "layer_norm_forward", "weight");
   need_ndim(b, 1, "layer_norm_forward", "bias");
@@ -217,6 +217,8 @@ py::tuple layer_norm_forward(carr<T> x, carr<T> w, carr<T> b, double eps, const 
     tl::value_error("layer_norm_forward: version must be 'two_pass', 'welford', 'simd' or 'simd_omp', got '" +
                     version + "'");
   if (!(eps >= 0)) tl::value_error("layer_norm_forward: eps must be >= 0, got " + std::to_string(eps));
+  if (grain < 0)
+    tl::value_error("layer_norm_forward: grain must be >= 0 (0 = the default), got " + std::to_string(grain));
   const bool welford = version == "welford";
   carr<T> y({R, C});
   carr<T> mean(R), rstd(R);
@@ -224,7 +226,7 @@ py::tuple layer_norm_forward(carr<T> x, carr<T> w, carr<T> b, double eps, const 
   T *py = y.mutable_data(), *pm = mean.mutable_data(), *pr = rstd.mutable_data();
   if (v_simd && std::is_same<T, float>::value && C > 0) {
     const LnRowFn row = pick_ln_row(vm::best_isa());
-    const int nt = version == "simd" ? 1 : threads_for(R * C);
+    const int nt = version == "simd" ? 1 : threads_for(R * C, grain);
     const float *fx = reinterpret_cast<const float*>(px), *fw = reinterpret_cast<const float*>(pw),
                 *fb = reinterpret_cast<const float*>(pb);
     float *fy = reinterpret_cast<float*>(py), *fm = reinterpret_cast<float*>(pm), *fr = reinterpret_cast<float*>(pr);
@@ -322,8 +324,9 @@ py::tuple layer_norm_backward(carr<T> dy, carr<T> x, carr<T> w, carr<T> mean, ca
 template <typename T>
 void def_layernorm(py::module_& m) {
   m.def("layer_norm_forward", &layer_norm_forward<T>, py::arg("x"), py::arg("weight"), py::arg("bias"),
-        py::arg("eps") = 1e-5, py::arg("version") = "two_pass",
-        "versions: two_pass, welford, simd, simd_omp (see cpp_src/kernels_layernorm.cpp)");
+        py::arg("eps") = 1e-5, py::arg("version") = "two_pass", py::arg("grain") = 0,
+        "versions: two_pass, welford, simd, simd_omp (see cpp_src/kernels_layernorm.cpp); grain: elements per "
+        "thread at least for simd_omp (0 = kGrain)");
   m.def("layer_norm_backward", &layer_norm_backward<T>, py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("mean"),
         py::arg("rstd"));
 }

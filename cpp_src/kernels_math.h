@@ -27,9 +27,11 @@ constexpr ssize_t kParallelMin = 1 << 15;
 // The *_omp versions (vector math from vec_math.h + OpenMP over rows) give each thread at least kGrain elements:
 // threads_for(R * C) = min(omp_get_max_threads(), R * C / kGrain), at least 1, so a small input stays on the
 // calling thread (no team wake-up) and a medium one wakes only as many threads as it can keep busy.
+// `grain` overrides kGrain per call (the row-chunking knob topic 17 tunes; 0 = kGrain): a larger grain keeps
+// medium inputs on fewer threads, a smaller one splits them across the team sooner.
 constexpr ssize_t kGrain = 1 << 15;
-inline int threads_for(ssize_t elems) {
-  const ssize_t want = elems / kGrain;
+inline int threads_for(ssize_t elems, ssize_t grain = 0) {
+  const ssize_t want = elems / (grain > 0 ? grain : kGrain);
   const int nt = n_threads();
   return want < 1 ? 1 : (want < nt ? static_cast<int>(want) : nt);
 }

@@ -14,8 +14,9 @@
 //                                   d' = d e^(m-m') + e^(x-m'); then one write pass. 2 exps per element in pass 1
 //                    v3 simd        three passes like v1 with the explicit vector exp of vec_math.h (AVX-512 / AVX2 /
 //                                   scalar by tl::cpu_has), 1 exp per element, lane-wise sums, one thread
-//                    v4 simd_omp    v3 + OpenMP over rows, threads_for(R*C) threads (kGrain elements each at least,
-//                                   so small inputs stay on the calling thread)
+//                    v4 simd_omp    v3 + OpenMP over rows, threads_for(R*C, grain) threads (grain = kGrain
+//                                   elements each at least unless the caller passes one: small inputs stay on the
+//                                   calling thread; topic 17 tunes grain)
 //                    v5 online_simd one read for the statistics: per 8-lane block of 4 vectors, block max m', rescale
 //                                   d by e^(m-m') once per block, add e^(x-m'); then the write pass e^(x-M)/D.
 //                                   2.25 exps per element, threaded like v4: it saves a read of the row, which only
@@ -310,8 +311,9 @@ RowFn pick_row(bool online, vm::Isa isa) {
 const char* const kSoftmaxVersions = "'three_pass', 'online', 'simd', 'simd_omp' or 'online_simd'";
 
 template <typename T>
-carr<T> softmax_forward(carr<T> x, const std::string& version) {
+carr<T> softmax_forward(carr<T> x, const std::string& version, ssize_t grain) {
   need_ndim(x, 2, "softmax_forward", "x");
+  if (grain < 0) tl::value_error("softmax_forward: grain must be >= 0 (0 = the default), got " + std::to_string(grain));
   const ssize_t R = x.shape(0), C = x.shape(1);
   const bool v_simd = version == "simd" || version == "simd_omp" || version == "online_simd";
   if (version != "three_pass" && version != "online" && !v_simd)
@@ -322,7 +324,7 @@ carr<T> softmax_forward(carr<T> x, const std::string& version) {
   T* py = y.mutable_data();
   if (v_simd && std::is_same<T, float>::value) {
     const RowFn row = pick_row(version == "online_simd", vm::best_isa());
-    const int nt = version == "simd" ? 1 : threads_for(R * C);
+    const int nt = version == "simd" ? 1 : threads_for(R * C, grain);
     const float* fx = reinterpret_cast<const float*>(px);
     float* fy = reinterpret_cast<float*>(py);
     {
@@ -523,8 +525,9 @@ carr<T> log_softmax_backward(carr<T> y, carr<T> dy) {
 
 template <typename T>
 void def_softmax(py::module_& m) {
-  m.def("softmax_forward", &softmax_forward<T>, py::arg("x"), py::arg("version") = "three_pass",
-        "versions: three_pass, online, simd, simd_omp, online_simd (see cpp_src/kernels_softmax.cpp)");
+  m.def("softmax_forward", &softmax_forward<T>, py::arg("x"), py::arg("version") = "three_pass", py::arg("grain") = 0,
+        "versions: three_pass, online, simd, simd_omp, online_simd (see cpp_src/kernels_softmax.cpp); grain: elements "
+        "per thread at least for simd_omp/online_simd (0 = kGrain)");
   m.def("softmax_backward", &softmax_backward<T>, py::arg("y"), py::arg("dy"));
   m.def("log_softmax_forward", &log_softmax_forward<T>, py::arg("x"),
         "x [R, C] -> y = x - max - log sum exp(x - max) per row (cpp_src/kernels_softmax.cpp)");

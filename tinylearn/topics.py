@@ -584,6 +584,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_dispatch",
             "test_bandit",
             "test_spaces",
+            "test_compiled_schedules",
             "test_cost_model",
             "test_clustering",
             "test_variants",

@@ -210,3 +210,31 @@ def ops() -> list[str]:
     """Every op with a declared search space."""
     backends.load_registered()
     return sorted(_SPACES)
+
+
+# ------------------------------------------------------------------------------------------ tuned configurations
+_CONFIG_PROVIDER: Callable[[Space, Shape], Config | None] | None = None
+
+
+def set_config_provider(provider: Callable[[Space, Shape], Config | None] | None) -> Any:
+    """Install (or with None remove) what ``tuned_config`` asks; returns the previous one. ``tinylearn.tune``'s
+    dispatch installs its record lookup here beside ``backends.set_tuned_provider``, so code that builds kernels
+    itself (the compiler's code generator) reads tuned configurations without importing ``tinylearn.tune``."""
+    global _CONFIG_PROVIDER
+    if provider is not None and not callable(provider):
+        raise TypeError(f"provider: expected a callable or None, got {type(provider).__name__}")
+    prev, _CONFIG_PROVIDER = _CONFIG_PROVIDER, provider
+    return prev
+
+
+def has_config_provider() -> bool:
+    """Whether tuned configurations are being served (tuning mode not "off")."""
+    return _CONFIG_PROVIDER is not None
+
+
+def tuned_config(space: Space, shape: Shape) -> Config | None:
+    """The tuned configuration of ``space`` for ``shape``'s class, or None (tuning off, no record, or a stored
+    configuration that is not valid here)."""
+    if _CONFIG_PROVIDER is None:
+        return None
+    return _CONFIG_PROVIDER(space, shape)

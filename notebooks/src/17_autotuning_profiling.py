@@ -75,7 +75,7 @@ from tinylearn.tune.measure import check_output, measure_config
 from tinylearn.tune.records import RecordDB
 from tinylearn.tune.searchers import SEARCHERS, RandomSearch, config_key
 from tinylearn.tune.tpe import TPESearch
-from tinylearn.tune.tuner import confirm
+from tinylearn.tune.tuner import confirm, tune
 from tinylearn.tune.variants import loop_stats, run_batches
 
 # %% [markdown]
@@ -593,6 +593,122 @@ print(
 # are in `tinylearn bench tune`. tinygrad's TinyJit matmul (generated C loops without a packed micro-kernel) is
 # the slowest row where a vector micro-kernel runs (printed; on the forced scalar path tinylearn's scalar kernel is
 # the slow one).
+
+# %% [markdown]
+# The same mechanism tunes the fused kernels' **row chunking**. `kernels.softmax` and `kernels.layer_norm` declare
+# `version × grain`: `grain` is the number of elements each thread gets at least (`threads_for(R*C, grain)` in
+# `cpp_src/kernels_math.h`), so it decides whether a medium input wakes the second thread and how many rows each
+# thread's chunk holds. Only the threaded rungs read it (the space's `valid` keeps the others at the default
+# grain, so no two configurations are the same code). A grid over the whole space at a 64×1024 softmax (64 K
+# elements: the default grain gives 2 threads) checks every candidate against the numpy reference, stores it, and
+# dispatch then runs the winner.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sm_shape = {"R": 64, "C": 1024}
+sm_db = RecordDB(":memory:")
+sm_res = tune("kernels.softmax", sm_shape, searcher="grid", budget=100, db=sm_db, repeat=9)
+sm_space = tunable.get("kernels.softmax")
+sm_valid = list(sm_space.configs(sm_shape))
+for sm_m in sorted(sm_res.history, key=lambda m: m.seconds)[:6]:
+    print(f"{sm_m.seconds * 1e6:7.1f} us  {sm_m.config}")
+print(
+    f"{len(sm_res.history)} of {sm_space.size()} configurations valid and measured, {len(sm_res.rejected)} rejected;"
+    f" best {sm_res.best} ({sm_res.speedup:.2f}x the default's time)"
+)
+assert len(sm_res.history) == len(sm_valid) < sm_space.size() and not sm_res.rejected
+assert {m.config["grain"] for m in sm_res.history if m.config["version"] == "simd_omp"} == set(
+    sm_space.param("grain").values
+)
+sm_x = np.random.default_rng(3).standard_normal((64, 1024)).astype(np.float32)
+with tuned("cached", db=sm_db):
+    sm_choice = backends.resolve("kernels.softmax", args=(sm_x,))
+    sm_y = tl.kernels.softmax(sm_x)
+print("tuned dispatch runs:", sm_choice[1], sm_choice[2].__name__)
+assert sm_choice[2].__name__ == f"softmax_cpp_{sm_res.best['version']}_g{sm_res.best['grain']}"
+assert_close(sm_y, torch.softmax(torch.from_numpy(sm_x), -1).numpy(), np.float32)
+
+# %% [markdown]
+# Which grain wins depends on the machine and its load, which is why it is measured and not fixed: a large grain
+# keeps this 256 KiB input on one thread, a small one splits it over both cores, and on a busy 2-core VM a
+# descheduled OpenMP thread stalls the whole team, so the one-thread configurations can win by a wide margin
+# (printed, not asserted; on a quiet machine the 2-thread default is close to the best). The tuned record makes
+# that choice per shape class without a code change; `tinylearn bench tune` tunes softmax and LayerNorm at
+# 512×1024 beside the other spaces.
+
+# %% [markdown]
+# **`tl.compile`'s kernels are tuned the same way.** Topic 12's compiler generates C++ for every fused kernel with
+# `default_schedule` (vectorise the innermost loops, thread the outermost one above a work threshold).
+# `tune_compiled(cf)` takes a compiled function that has run once, finds its distinct kernels (by pattern hash and
+# shape class: the identical LayerNorm kernels of a deep stack are searched once) and searches each one's schedule
+# space (`compiler.tuning.kernel_space`: tile × parallel × vectorize × unroll over the lowered loop nest), every
+# candidate compiled and checked against the IR's numpy evaluation before it is timed. Compiled again with tuning on
+# (`TINYLEARN_TUNE=cached`, or `tuned(...)` here), the code generator asks `tunable.tuned_config` for each kernel and
+# emits the stored schedule; the kernel cache keys compiled code by its source, so tuned and default code never mix.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn.compiler.api import show_code  # noqa: E402
+from tinylearn.tune.compiled import tune_compiled  # noqa: E402
+
+
+def cs_fn(x, w, b, r):
+    return tl.nn.functional.gelu(tl.nn.functional.layer_norm(x, (x.shape[-1],), w, b)) + r
+
+
+cs_rng = np.random.default_rng(5)
+cs_args = tuple(
+    tl.Tensor(cs_rng.standard_normal(s).astype(np.float32)) for s in ((256, 1024), (1024,), (1024,), (256, 1024))
+)
+cs_plain = tl.compile(cs_fn)
+cs_plain(*cs_args)
+cs_db = RecordDB(":memory:")
+cs_res = tune_compiled(cs_plain, searcher="random", budget=8, db=cs_db, repeat=5)
+for cs_r in cs_res:
+    print(
+        f"{cs_r.op[-16:]} {cs_r.shape}: default {cs_r.default_s * 1e3:.3f} ms {cs_r.default} | "
+        f"best {cs_r.best_s * 1e3:.3f} ms {cs_r.best} ({len(cs_r.history)} measured, {len(cs_r.rejected)} rejected)"
+    )
+with tuned("cached", db=cs_db):
+    cs_fast = tl.compile(cs_fn)
+    cs_out = cs_fast(*cs_args)
+assert_close(cs_out.numpy(), cs_fn(*cs_args).numpy(), np.float32, reduction_size=1024)
+assert cs_res and all(not r.rejected and r.best_s is not None for r in cs_res)
+cs_quiet = open(os.devnull, "w")  # noqa: SIM115
+cs_changed = any(r.best != r.default for r in cs_res)
+assert (show_code(cs_fast, file=cs_quiet) != show_code(cs_plain, file=cs_quiet)) == cs_changed
+print("the tuned compile emitted", "the stored non-default schedules" if cs_changed else "the default schedules")
+
+# %% [markdown]
+# The bench harness compares the two compiles on three fused functions, beside eager tinylearn, torch and tinygrad
+# (`tinylearn bench tune` runs the same table with a larger search at 1024×1024):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings)
+from tinylearn.tune.bench import compiled_table  # noqa: E402
+
+cs_table = compiled_table(compiled_shape=(256, 1024), compiled_budget=6, repeat=5, warmup=2)
+print(cs_table)
+plot_table(cs_table)
+plt.show()
+cs_ms = {(r.case, r.impl): r.median_ms for r in cs_table.rows if r.median_ms is not None}
+for cs_case in cs_table.cases():
+    cs_d, cs_t = cs_ms[cs_case, "tl.compile default"], cs_ms[cs_case, "tl.compile tuned"]
+    cs_tg = cs_ms.get((cs_case, "tinygrad"))
+    print(
+        f"{cs_case}: tuned/default {cs_t / cs_d:.2f}x time; default/torch {cs_d / cs_ms[cs_case, 'torch']:.2f}x, "
+        f"eager/torch {cs_ms[cs_case, 'tl eager'] / cs_ms[cs_case, 'torch']:.2f}x"
+        + (f", tinygrad/torch {cs_tg / cs_ms[cs_case, 'torch']:.1f}x" if cs_tg else "")
+    )
+
+# %% [markdown]
+# Reading it (ratios printed, not asserted: a shared 2-core VM moves them run to run): the issue's goal is tuned
+# compiled kernels faster than the default ones on every row. Where the default schedule is already the best one
+# in the sampled space (the common case here: the default vectorises and threads exactly the loops a point-wise
+# or row kernel needs), tuned equals default up to noise, and the search's value is the evidence that nothing in
+# the space is clearly faster; where a tile or a single thread wins (small rows, a busy neighbour holding a core),
+# the tuned row shows it. `bench tune --full` records the answer for this machine in the closing table.
 
 # %% [markdown]
 # ## 8. A UCB1 bandit over implementations [Q110]

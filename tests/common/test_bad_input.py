@@ -967,6 +967,7 @@ CASES: dict[str, list[tuple]] = {
         ("tune-shape-missing", "tn.tune('gemm.matmul', {'M': 8}, store=False)", TV, "shape", _TSETUP),
         ("tune-unknown-op", "tn.tune('gemm.nothing', sh, store=False)", TV, "op", _TSETUP),
         ("set_mode-unknown", "tn.set_mode('fast')", TV, "mode", _TSETUP),
+        ("tune_compiled-not-compiled", "tn.tune_compiled(lambda x: x)", TV, "compiled", _TSETUP),
         ("UCB1-no-arms", "tn.UCB1([])", TV, "arms", _TSETUP),
         ("UCB1-negative-c", "tn.UCB1([1, 2], c=-1)", TV, "c", _TSETUP),
         ("CostModel-kind", "tn.CostModel(sp, kind='svm')", TV, "kind", _TSETUP),

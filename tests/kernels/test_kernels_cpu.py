@@ -283,6 +283,26 @@ def test_streaming_stores_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, sh
     assert not C.stream_output(4 << 20) and C.stream_output((4 << 20) + 4)  # the default threshold: 4 MiB
 
 
+@pytest.mark.parametrize("shape", [(1, 7), (3, 4099), (256, 300), (64, 1024)])
+def test_grain_changes_threads_not_bits(shape: tuple[int, int]) -> None:
+    """The row-chunking knob (topic 17 tunes it) only changes how many threads split the rows: every grain, from one
+    thread per few rows to one thread for all, gives the same bits (rows are independent)."""
+    x = make_array(shape, seed=31, low=-6, high=6)
+    w, b = make_array(shape[-1:], seed=32), make_array(shape[-1:], seed=33)
+    for version in ("simd_omp", "online_simd"):
+        want = cpu_k.softmax(x, version)
+        for grain in (1, 64, 1 << 12, 1 << 20):
+            np.testing.assert_array_equal(cpu_k.softmax(x, version, grain), want, err_msg=f"{version} {grain}")
+    want_ln = cpu_k.layer_norm(x, w, b, 1e-5, "simd_omp")
+    for grain in (1, 64, 1 << 12, 1 << 20):
+        for got, ref in zip(cpu_k.layer_norm(x, w, b, 1e-5, "simd_omp", grain), want_ln):
+            np.testing.assert_array_equal(got, ref, err_msg=f"layer_norm {grain}")
+    with pytest.raises(ValueError, match="grain must be >= 0 .*got -1"):
+        C.softmax_forward(x, "simd_omp", -1)
+    with pytest.raises(ValueError, match="grain must be >= 0 .*got -5"):
+        C.layer_norm_forward(x, w, b, 1e-5, "simd_omp", -5)
+
+
 def test_simd_versions_errors() -> None:
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match="'simd_omp' or 'online_simd', got 'simd2'"):

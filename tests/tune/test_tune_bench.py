@@ -12,7 +12,8 @@ from tinylearn.tune import bench
 pytest.importorskip("torch")
 
 TINY = dict(budget=2, repeat=1, warmup=0, search_shape={"M": 32, "N": 32, "K": 32}, search_budget=2,
-            exhaustive_max=0, cm_train=5, cm_test=4, proxy_n=4, gemm_sizes=(48,), gemm_budget=2)  # fmt: skip
+            exhaustive_max=0, cm_train=5, cm_test=4, proxy_n=4, gemm_sizes=(48,), gemm_budget=2, compiled_shape=(8, 24),
+            compiled_budget=2)  # fmt: skip
 
 
 def test_tuned_table_rows() -> None:
@@ -64,6 +65,19 @@ def test_gemm_blas_table_rows() -> None:
     assert {r.case for r in t.rows} >= {"48^3, 1 thread"}
 
 
-def test_run_returns_four_tables() -> None:
+def test_compiled_table_rows() -> None:
+    t = bench.compiled_table(**TINY)
+    assert len(t.cases()) == 3
+    for case in t.cases():
+        impls = {r.impl: r for r in t.rows if r.case == case}
+        assert set(impls) == {"tl eager", "tl.compile default", "tl.compile tuned", "torch", "tinygrad"}
+        for name in ("tl eager", "tl.compile default", "tl.compile tuned", "torch"):
+            assert impls[name].median_ms is not None and impls[name].median_ms > 0, (case, name)
+        assert impls["tl.compile tuned"].note.startswith("changed: ")
+        tg = impls["tinygrad"]
+        assert (tg.median_ms is not None and tg.median_ms > 0) or "n/a" in tg.note
+
+
+def test_run_returns_five_tables() -> None:
     tables = bench.run(**{**TINY, "ops": ["kernels.softmax"]})
-    assert len(tables) == 4 and all(t.rows for t in tables)
+    assert len(tables) == 5 and all(t.rows for t in tables)

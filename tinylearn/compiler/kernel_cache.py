@@ -136,11 +136,12 @@ class KernelCache:
         return fn
 
     def _cpp(self, kernel: FusedKernel, ph: str) -> Callable[..., list]:
-        from . import cc, codegen_cpp
+        from . import cc, codegen_cpp, tuning
         from .loops import default_schedule, lower
 
         named = dataclasses.replace(kernel, name=f"k{ph}")  # the function is named by its pattern
-        nest = default_schedule(lower(named))
+        tuned = tuning.tuned_schedule(named, ph)  # a tuned record of this pattern's shape class (topic 17), else None
+        nest = (tuned or default_schedule)(lower(named))
         source = codegen_cpp.emit(nest)
         code = _COMMENT.sub("", source)  # comments name this kernel's extents and buffers: not part of the code
         key = ("cpp", hashlib.sha256(code.encode()).hexdigest())

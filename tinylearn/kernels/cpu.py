@@ -62,6 +62,7 @@ LAYER_NORM_VERSIONS: tuple[str, ...] = ("two_pass", "welford", "simd", "simd_omp
 BIAS_GELU_VERSIONS: tuple[str, ...] = ("autovec", "simd", "simd_omp")
 ATTENTION_VERSIONS: tuple[str, ...] = ("tiled", "blocked_simd", "blocked_simd_omp")
 
+DEFAULT_GRAIN = 1 << 15  # kGrain of cpp_src/kernels_math.h: what grain=0 means
 SOFTMAX_VERSION = "simd_omp"
 LAYER_NORM_VERSION = "simd_omp"
 BIAS_GELU_VERSION = "simd_omp"
@@ -85,8 +86,9 @@ def vector_math_path() -> str:
     return str(_k().vec_isa())
 
 
-def softmax(x: np.ndarray, version: str | None = None) -> np.ndarray:
-    return _k().softmax_forward(x, version or SOFTMAX_VERSION)
+def softmax(x: np.ndarray, version: str | None = None, grain: int = 0) -> np.ndarray:
+    """Row softmax of x [R, C]; ``grain``: elements per thread at least for the threaded versions (0 = kGrain)."""
+    return _k().softmax_forward(x, version or SOFTMAX_VERSION, int(grain))
 
 
 def softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
@@ -107,9 +109,10 @@ def log_softmax_path() -> str:
 
 
 def layer_norm(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, version: str | None = None
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, version: str | None = None, grain: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return tuple(_k().layer_norm_forward(x, w, b, float(eps), version or LAYER_NORM_VERSION))
+    """LayerNorm over the rows of x [R, C] -> (y, mean, rstd); ``grain`` as in ``softmax`` (simd_omp only)."""
+    return tuple(_k().layer_norm_forward(x, w, b, float(eps), version or LAYER_NORM_VERSION, int(grain)))
 
 
 def layer_norm_backward(

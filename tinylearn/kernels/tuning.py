@@ -1,11 +1,18 @@
-"""Search spaces of the fused kernels (topic 17): the C++ ladders of ``kernels.softmax``, ``kernels.layer_norm``
-and ``kernels.attention`` (x the flash-attention query block), declared with ``tunable.declare``.
+"""Search spaces of the fused kernels (topic 17): the C++ ladders of ``kernels.softmax`` and ``kernels.layer_norm``
+(x the row-chunking grain of the threaded rungs) and ``kernels.attention`` (x the flash-attention query block),
+declared with ``tunable.declare``.
 
 Every space tunes the registered op in its canonical form (rows [R, C] for softmax and LayerNorm, [BH, N, D] for
 attention), so ``space.build(cfg)`` has the op's registered signature and the tuned provider can hand it to
 ``backends.resolve``. A configuration only changes *how* the op runs: every version computes the same values
 (the reference is the op's numpy backend). The default is the version ``backend=None`` runs (the ladder's
 registered default) and, for attention, the caller's block size of 64.
+
+Softmax's and LayerNorm's ``grain`` is the number of elements each thread gets at least (rows are split into
+chunks of at least grain / C rows): the threaded rungs run on min(threads, R*C / grain) threads, so a large grain
+keeps a medium input on one thread (no team wake-up) and a small one splits it sooner. Only the threaded rungs
+(``simd_omp``, ``online_simd``) read it; the others accept only the default grain, so no configuration is a
+duplicate of another.
 
 Attention's ``block_size`` is the query rows per work item (the blocked rungs stream 64-key tiles): small blocks
 give OpenMP more items, large ones reuse each key tile over more queries. Blocks larger than the smallest power of
@@ -23,10 +30,8 @@ from .. import backends, tunable
 from . import cpu
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-
-
-def _cpp(op: str, version: str) -> Any:
-    return backends.resolve(op, "cpp", version)[2]
+GRAINS = (1 << 12, 1 << 14, cpu.DEFAULT_GRAIN, 1 << 17, 1 << 20)
+THREADED = {"kernels.softmax": ("simd_omp", "online_simd"), "kernels.layer_norm": ("simd_omp",)}
 
 
 def _default_version(op: str) -> str:
@@ -41,20 +46,38 @@ def _rows(shape: tunable.Shape, rng: Any) -> np.ndarray:
     return rng.standard_normal((int(shape["R"]), int(shape["C"]))).astype(np.float32)
 
 
+def _grain_valid(op: str) -> Any:
+    def valid(cfg: Mapping[str, Any], shape: tunable.Shape) -> bool:
+        return cfg["version"] in THREADED[op] or cfg["grain"] == cpu.DEFAULT_GRAIN
+
+    return valid
+
+
+def _rows_default(op: str) -> Any:
+    return lambda shape: {"version": _default_version(op), "grain": cpu.DEFAULT_GRAIN}
+
+
 # ---------------------------------------------------------------------------------------------------- softmax
 def _softmax_build(cfg: Mapping[str, Any]) -> Any:
-    return _cpp("kernels.softmax", cfg["version"])
+    version, grain = cfg["version"], int(cfg["grain"])
+
+    def fn(x: np.ndarray) -> np.ndarray:
+        return cpu.softmax(x, version, grain)
+
+    fn.__name__ = f"softmax_cpp_{version}_g{grain}"
+    return fn
 
 
 SOFTMAX = tunable.declare(
     tunable.Space(
         op="kernels.softmax",
-        params=(tunable.Param("version", cpu.SOFTMAX_VERSIONS),),
+        params=(tunable.Param("version", cpu.SOFTMAX_VERSIONS), tunable.Param("grain", GRAINS)),
         build=_softmax_build,
         shape_of=_rows_shape,
         make_args=lambda shape, rng: ((_rows(shape, rng),), {}),
-        default=lambda shape: {"version": _default_version("kernels.softmax")},
-        description="row softmax: the C++ ladder (three_pass, online, simd, simd_omp, online_simd)",
+        default=_rows_default("kernels.softmax"),
+        valid=_grain_valid("kernels.softmax"),
+        description="row softmax: the C++ ladder (three_pass, online, simd, simd_omp, online_simd) x row grain",
     )
 )
 
@@ -67,15 +90,26 @@ def _ln_args(shape: tunable.Shape, rng: Any) -> tuple[tuple, dict]:
     return (_rows(shape, rng), w, b, 1e-5), {}
 
 
+def _ln_build(cfg: Mapping[str, Any]) -> Any:
+    version, grain = cfg["version"], int(cfg["grain"])
+
+    def fn(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return cpu.layer_norm(x, w, b, eps, version, grain)
+
+    fn.__name__ = f"layer_norm_cpp_{version}_g{grain}"
+    return fn
+
+
 LAYER_NORM = tunable.declare(
     tunable.Space(
         op="kernels.layer_norm",
-        params=(tunable.Param("version", cpu.LAYER_NORM_VERSIONS),),
-        build=lambda cfg: _cpp("kernels.layer_norm", cfg["version"]),
+        params=(tunable.Param("version", cpu.LAYER_NORM_VERSIONS), tunable.Param("grain", GRAINS)),
+        build=_ln_build,
         shape_of=_rows_shape,
         make_args=_ln_args,
-        default=lambda shape: {"version": _default_version("kernels.layer_norm")},
-        description="LayerNorm over rows: the C++ ladder (two_pass, welford, simd, simd_omp)",
+        default=_rows_default("kernels.layer_norm"),
+        valid=_grain_valid("kernels.layer_norm"),
+        description="LayerNorm over rows: the C++ ladder (two_pass, welford, simd, simd_omp) x row grain",
     )
 )
 

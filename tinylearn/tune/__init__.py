@@ -11,6 +11,7 @@ search``). Names resolve lazily.
     searchers               GridSearch, RandomSearch, AnnealSearch, EvolutionSearch, TPESearch (optuna),
                             ModelGuidedSearch (XGBoost ranking cost model, cost_model.py); tune / best / confirm
     dispatch                TINYLEARN_TUNE=off|cached|search, tuned() context, install()
+    compiled                tune_compiled: the loop schedule of every fused kernel of a tl.compile'd function
     bandits                 UCB1 over implementations (bandit.py); run-time statistics choosing compiler variants
                             (variants.py); clustering new variants to reuse measurements (clustering.py)
     predictive models       the next step's time from its history (ar_predict.py), concurrent-kernel interference
@@ -37,6 +38,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "tpe": ("TPESearch",),
     "tuner": ("tune", "best", "confirm", "TuneResult"),
     "dispatch": ("tuned", "mode", "set_mode", "install"),
+    "compiled": ("tune_compiled", "compiled_kernels"),
     "bandit": ("UCB1", "run_bandit", "BanditResult"),
     "cost_model": ("CostModel", "ModelGuidedSearch", "transfer"),
     "clustering": ("VariantClusters", "time_config"),

@@ -9,6 +9,10 @@ backend or version still win). This module's provider, for an op with a declared
    on a miss returns None (the usual ranking) -- or, in mode ``"search"``, runs ``tune(op, shape,
    budget=SEARCH_BUDGET)`` once for that class, stores and caches the winner.
 
+The same lookup (``_config_for``) is installed as ``tunable.set_config_provider``: code that builds kernels itself
+asks ``tunable.tuned_config(space, shape)`` for a configuration (``tl.compile``'s C++ code generator asks it for
+the loop schedule of each fused kernel, ``compiler.tuning.kernel_space``).
+
 A stored configuration that no longer runs here (``space.is_valid`` is False: an ISA this CPU or the forced
 ``TINYLEARN_CPU_FEATURES`` level lacks, a knob removed from the space) is ignored with one warning, never run.
 
@@ -94,7 +98,22 @@ def _provider(op: str, args: tuple, kwargs: dict) -> tuple[str, str, Any] | None
         shape = space.shape_of(*args, **kwargs)
     except Exception:  # noqa: BLE001 - an input the space cannot describe: no tuned choice
         return None
-    cls = tunable.class_of(shape)
+    cfg = _config_for(space, shape, stacklevel=5)
+    if cfg is None:
+        return None
+    key = (op, config_key(cfg))
+    fn = _built.get(key)
+    if fn is None:
+        fn = _built[key] = space.build(cfg)
+    return space.backend, _version(cfg), fn
+
+
+def _config_for(space: tunable.Space, shape: dict, stacklevel: int = 3) -> dict | None:
+    """The stored (or, in "search" mode, searched) configuration of ``space`` for ``shape``'s class, checked
+    against the space; None on a miss or when the stored one cannot run here (warned once)."""
+    if getattr(_busy, "on", False):
+        return None
+    op, cls = space.op, tunable.class_of(shape)
     table = cached() if _cache is None else _cache
     cfg = table.get((op, cls))
     if cfg is None and mode() == "search" and (op, cls) not in _searched:
@@ -106,21 +125,18 @@ def _provider(op: str, args: tuple, kwargs: dict) -> tuple[str, str, Any] | None
         ok = space.is_valid(cfg, shape)
     except (ValueError, TypeError):
         ok = False
-    key = (op, config_key(cfg))
     if not ok:
+        key = (op, config_key(cfg))
         if key not in _warned:
             _warned.add(key)
             warnings.warn(
                 f"tinylearn.tune: the stored configuration {cfg} of {op} ({cls}) cannot run here (an ISA or knob "
                 "this machine lacks); ignored, using the default ranking",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=stacklevel,
             )
         return None
-    fn = _built.get(key)
-    if fn is None:
-        fn = _built[key] = space.build(cfg)
-    return space.backend, _version(cfg), fn
+    return cfg
 
 
 def _search(op: str, shape: dict, cls: str) -> dict | None:
@@ -152,8 +168,12 @@ def set_mode(m: str | None) -> str:
         old = backends.set_tuned_provider(None)
         if old is not None and old is not _provider:  # someone else's provider: leave it in place
             backends.set_tuned_provider(old)
+        old_cfg = tunable.set_config_provider(None)
+        if old_cfg is not None and old_cfg is not _config_for:
+            tunable.set_config_provider(old_cfg)
     else:
         backends.set_tuned_provider(_provider)
+        tunable.set_config_provider(_config_for)
     return prev
 
 
