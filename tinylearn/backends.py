@@ -311,10 +311,15 @@ def ops() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _op(op: str) -> _Op:
-    if op not in _REGISTRY and isinstance(op, str) and "." in op:  # "conv.x": the table's conv.* modules register it
+def is_registered(op: str) -> bool:
+    """Whether ``op`` has a registered backend (its package's registering modules are imported first)."""
+    if op not in _REGISTRY and isinstance(op, str) and "." in op:
         load_registered(op.split(".", 1)[0])
-    if op not in _REGISTRY:
+    return op in _REGISTRY
+
+
+def _op(op: str) -> _Op:
+    if not is_registered(op):  # "conv.x": the table's conv.* modules register it
         raise ValueError(f"op: no backend registered for {op!r}; known ops: {ops()}")
     return _REGISTRY[op]
 
