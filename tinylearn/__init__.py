@@ -64,6 +64,7 @@ _SUBPACKAGES = (
     "longctx",
     "tune",
     "profiler",
+    "sched",
 )
 
 try:

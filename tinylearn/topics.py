@@ -608,6 +608,39 @@ TOPICS: tuple[Topic, ...] = (
         path_independent=("test_records", "test_profiler_trace", "test_counters", "test_tune_bench"),
         registers=("gemm.tuning", "kernels.tuning", "conv.tuning", "quant.tuning", "compiler.tuning"),
     ),
+    Topic(
+        "sched",
+        "18_cluster_scheduling",
+        "Cluster scheduling: real jobs on this machine's cores under FIFO/SJF/SRPT/backfill/EDF/aging/weighted DRF, "
+        "a discrete-event GPU-cluster simulator calibrated on them, power capping and thermal control (MODEL), "
+        "fairness and cost sharing",
+        ("sched",),
+        "18_cluster_scheduling",
+        (
+            "test_policies",
+            "test_cluster",
+            "test_metrics",
+            "test_sim",
+            "test_traces",
+            "test_calibrate",
+            "test_hetero",
+            "test_plant",
+            "test_power",
+            "test_predict",
+            "test_thermal",
+            "test_fairness",
+            "test_shapley",
+            "test_market",
+            "test_pareto",
+            "test_tenant_rl",
+            "test_sched_bench",
+        ),
+        "tinylearn.sched.bench",
+        aliases=("scheduling", "cluster_scheduling", "cluster"),
+        questions="71, 115, 126, 127, 131, 138, 140, 154, 155, 165, 171, 172, 182, 186, 194, 227, 229, 234, 243, 246, "
+        "254, 256, 263, 282",
+        path_independent=("test_sched_bench",),
+    ),
 )
 
 

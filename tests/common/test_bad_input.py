@@ -213,6 +213,7 @@ _LSETUP = (
 )
 _TSETUP = "from tinylearn import tune as tn, tunable\nsp = tunable.get('gemm.matmul')\nsh = {'M': 8, 'N': 8, 'K': 8}"
 _PSETUP = "from tinylearn import profiler as pf\np = pf.profile()\nwith p:\n    pass"
+_SCSETUP = "import tinylearn.sched as sc\nc = sc.Cluster()\nc.submit(sc.Job('kept', 1))"
 _RSETUP = (
     "import tempfile\nfrom tinylearn.resilience import atomic, ec_files, elastic, erasure, failure_math, sharded\n"
     "d = tempfile.mkdtemp()\nsharded.save_sharded({'w': np.ones(4, np.float32)}, d + '/ok')"
@@ -978,6 +979,37 @@ CASES: dict[str, list[tuple]] = {
         ("ProxyParams-lanes", "tn.ProxyParams('x', 1.0, 0, 6, 16, 100.0, 10.0, 32.0, 1 << 20)", TV, "lanes", _TSETUP),
         ("Space-empty", "tunable.Space('x', (), *[None] * 4)", TV, "params", _TSETUP),
         ("Param-repeats", "tunable.Param('mc', (1, 1))", TV, "values", _TSETUP),
+    ],
+    "sched": [
+        ("Job-steps-negative", "sc.Job('a', -1)", TV, "steps", _SCSETUP),
+        ("Job-est-nan", "sc.Job('a', 1, est_step_s=float('nan'))", TV, "est_step_s", _SCSETUP),
+        ("submit-demand-negative", "c.submit(sc.Job('a', 1), demand={'cpu': -1})", TV, "demand", _SCSETUP),
+        ("submit-larger-than-cluster", "c.submit(sc.Job('b', 1), demand={'cpu': 3})", TV, "demand", _SCSETUP),
+        ("submit-deadline-past", "c.submit(sc.Job('d', 1), deadline_s=-1.0)", TV, "deadline_s", _SCSETUP),
+        ("submit-at-nan", "c.submit(sc.Job('e', 1), at_s=float('nan'))", TV, "at_s", _SCSETUP),
+        ("submit-duplicate-name", "c.submit(sc.Job('kept', 2))", TV, "name", _SCSETUP),
+        ("submit-lost-nothing", "assert [js.name for js in c.queue] == ['kept']", OK, "", _SCSETUP),
+        ("run-timeout-0", "c.run(timeout_s=0)", TV, "timeout_s", _SCSETUP),
+        ("Cluster-preempt", "sc.Cluster(preempt='migrate')", TV, "preempt", _SCSETUP),
+        ("Cluster-step-timeout", "sc.Cluster(step_timeout_s=-1)", TV, "step_timeout_s", _SCSETUP),
+        ("make_policy-unknown", "sc.make_policy('lottery')", TV, "policy", _SCSETUP),
+        ("Simulator-capacity", "sc.Simulator({'gpu': -1}, sc.FIFO())", TV, "devices", _SCSETUP),
+        (
+            "Simulator-job-too-big",
+            "sc.Simulator({'gpu': 4}, sc.FIFO()).simulate([(0.0, sc.Job('big', 1, {'gpu': 8}))])",
+            TV,
+            "demand",
+            _SCSETUP,
+        ),  # fmt: skip
+        ("synthetic_trace-n", "sc.synthetic_trace(-1, 64, 1.5, 0)", TV, "n_jobs", _SCSETUP),
+        ("synthetic_trace-load", "sc.synthetic_trace(10, 64, -1.5, 0)", TV, "load", _SCSETUP),
+        ("PID-gain", "sc.PID(-1, 0, 0, 100, 0, 1)", TV, "kp", _SCSETUP),
+        ("PID-limits", "sc.PID(1, 0, 0, 100, 5, 1)", TV, "out_min", _SCSETUP),
+        ("shapley_mc-samples", "sc.shapley_mc(['a', 'b'], lambda s: 1.0, samples=0)", TV, "samples", _SCSETUP),
+        ("drf-capacity", "sc.drf_allocate({'cpu': -9}, {'A': {'cpu': 1}})", TV, "capacity", _SCSETUP),
+        ("auction-negative-bid", "sc.second_price_auction({'a': -1.0, 'b': 2.0})", TV, "bids", _SCSETUP),
+        ("WeightedFair-quota", "sc.WeightedFair(quota={'A': -1})", TV, "quota", _SCSETUP),
+        ("PowerCapAllocator-cap", "sc.PowerCapAllocator(cap_w=-5)", TV, "cap_w", _SCSETUP),
     ],
     "longctx": [
         ("MoE-top_k-above-experts", "lc.MoE(8, 16, 1, top_k=2)", TV, "top_k", _LSETUP),

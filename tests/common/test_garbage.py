@@ -631,6 +631,29 @@ CALLS: dict[str, list[Call]] = {
             setup="from tinylearn.profiler import HotspotMonitor",
         ),
     ],
+    "sched": [
+        Call(
+            "sched.Job/steps",
+            "Job('a', g).steps",
+            "steps",
+            ints(1, None, valid=(1, 3), huge=False),
+            setup="from tinylearn.sched import Job",
+        ),
+        Call(
+            "sched.synthetic_trace/load",
+            "[round(t, 9) for t, _ in synthetic_trace(5, 8, g, 0)]",
+            "load",
+            reals(0.0, 100.0, valid=(1.5,)),
+            setup="from tinylearn.sched import synthetic_trace",
+        ),
+        Call(
+            "sched.PID/kp",
+            "PID(g, 0.0, 0.0, 100.0, 0.0, 1.0).kp",
+            "kp",
+            reals(0.0, lo_ok=True, valid=(0.5,)),
+            setup="from tinylearn.sched import PID",
+        ),
+    ],
     "longctx": [
         Call(
             "longctx.MoE/num_experts",

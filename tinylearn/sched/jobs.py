@@ -46,6 +46,10 @@ class Job:
     size: int = 128  # workload size knob (matmul n, CNN batch, ...)
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # a job is checked when it is made (its own fields) and again when it is submitted (against the capacity)
+        validate_job(self, {k: math.inf for k in self.demand} if isinstance(self.demand, Mapping) else {})
+
     @property
     def gang(self) -> int:
         """Processes that must run together (a multi-process job): its whole-core cpu demand, at least 1."""

@@ -34,20 +34,21 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_real
 from .device_model import DeviceSpec
 
 MEM_SHARE = 0.35
 
 
 def _pos(v: float, name: str, zero_ok: bool = False) -> float:
-    ok = isinstance(v, int | float) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
+    ok = is_real(v) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
     if not ok:
         raise ValueError(f"{name}: expected a finite number {'>=' if zero_ok else '>'} 0, got {v!r}")
     return float(v)
 
 
 def _frac(v: float, name: str) -> float:
-    if not (isinstance(v, int | float) and math.isfinite(v) and 0.0 <= v <= 1.0):
+    if not (is_real(v) and math.isfinite(v) and 0.0 <= v <= 1.0):
         raise ValueError(f"{name}: expected a number in [0, 1], got {v!r}")
     return float(v)
 
@@ -114,7 +115,7 @@ def predict(spec: DeviceSpec, w: Workload, f_mhz: float, batch: int, *, sm_share
             busy: float = 1.0) -> dict[str, float]:  # fmt: skip
     """MODEL, noise-free and without thermal effects: step time, throughput, util and power at one setting."""
     _frac(busy, "busy")
-    if not (isinstance(sm_share, int | float) and 0.0 < sm_share <= 1.0):
+    if not (is_real(sm_share) and 0.0 < sm_share <= 1.0):
         raise ValueError(f"sm_share: expected a number in (0, 1], got {sm_share!r}")
     if not isinstance(batch, int | np.integer) or not 1 <= batch <= w.max_batch:
         raise ValueError(f"batch: expected an int in [1, {w.max_batch}], got {batch!r}")
@@ -250,7 +251,7 @@ class FirstOrderPlant:
     """y' = (gain * u - y) / tau_s, stepped exactly: y <- K u + (y - K u) exp(-dt / tau). A textbook test plant."""
 
     def __init__(self, gain: float, tau_s: float, y0: float = 0.0) -> None:
-        if not (isinstance(gain, int | float) and math.isfinite(gain) and gain != 0):
+        if not (is_real(gain) and math.isfinite(gain) and gain != 0):
             raise ValueError(f"gain: expected a finite non-zero number, got {gain!r}")
         self.gain, self.tau_s, self.y = float(gain), _pos(tau_s, "tau_s"), float(y0)
 

@@ -39,6 +39,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._inputs import is_real
 from .jobs import JobState, fits, take
 
 Free = Mapping[str, float]
@@ -137,7 +138,7 @@ class PriorityAging(Policy):
     name = "priority_aging"
 
     def __init__(self, rate: float = 1.0) -> None:
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate < 0:
+        if isinstance(rate, bool) or not is_real(rate) or not math.isfinite(rate) or rate < 0:
             raise ValueError(f"rate: expected a finite number >= 0 (priority per second waited), got {rate!r}")
         self.rate = float(rate)
 
@@ -260,7 +261,7 @@ class WeightedFair(Policy):
             raise TypeError(f"quota: expected a dict tenant -> {{resource: amount}}, got {type(quota).__name__}")
         for t, q in quota.items():
             if not isinstance(q, Mapping) or any(
-                isinstance(a, bool) or not isinstance(a, int | float) or not a >= 0 for a in q.values()
+                isinstance(a, bool) or not is_real(a) or not a >= 0 for a in q.values()
             ):
                 raise ValueError(f"quota: tenant {t!r} needs a dict of resource -> amount >= 0, got {q!r}")
         self.quota = {t: dict(q) for t, q in quota.items()}

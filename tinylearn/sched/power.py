@@ -58,11 +58,12 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_real
 from .plant import Plant, as_floats, check_steps, check_trace, predict, snap_down
 
 
 def _finite(v: float, name: str) -> float:
-    if not (isinstance(v, int | float) and math.isfinite(v)):
+    if not (is_real(v) and math.isfinite(v)):
         raise ValueError(f"{name}: expected a finite number, got {v!r}")
     return float(v)
 
@@ -228,7 +229,7 @@ class PowerCapAllocator:
 
     def __init__(self, cap_w: float, *, shares: Sequence[float] = (0.25, 0.5, 0.75, 1.0), margin: float = 0.03) -> None:
         self.cap_w = _positive(cap_w, "cap_w")
-        if not shares or not all(isinstance(s, int | float) and 0 < s <= 1 for s in shares):
+        if not shares or not all(is_real(s) and 0 < s <= 1 for s in shares):
             raise ValueError(f"shares: expected SM shares in (0, 1], got {shares!r}")
         if not 0 <= _finite(margin, "margin") < 0.5:
             raise ValueError(f"margin: expected a fraction in [0, 0.5), got {margin!r}")

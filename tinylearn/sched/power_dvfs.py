@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import is_real
 from .device_model import DeviceSpec
 from .plant import Plant, Workload, as_floats, check_steps, check_trace, predict
 
@@ -46,7 +47,7 @@ BOLTZMANN_EV = 8.617333262e-5
 def temp_slope(temps: float | Sequence[float], dt: float) -> float:
     """The temperature trend in K/s: a float is taken as the slope; a sequence of samples ``dt`` apart gives the
     least-squares slope."""
-    if isinstance(temps, int | float):
+    if is_real(temps):
         if not math.isfinite(temps):
             raise ValueError(f"temp_trend: expected a finite slope, got {temps!r}")
         return float(temps)
@@ -66,24 +67,24 @@ def frequency_waveform(ai: float, temp_trend: float | Sequence[float], spec: Dev
     ``workload`` (default: 10 GFLOP/sample) is run at batch 256 with its AI replaced by ``ai``. Returns ``clocks``
     (MHz), ``plateau_mhz``, ``predicted_temp``, ``phase`` (per step: up / plateau / down / hold), ``memory_bound``,
     ``ridge_ai`` and the trend ``slope_k_per_s``."""
-    if not (isinstance(ai, int | float) and math.isfinite(ai) and ai > 0):
+    if not (is_real(ai) and math.isfinite(ai) and ai > 0):
         raise ValueError(f"ai: expected a finite arithmetic intensity > 0, got {ai!r}")
     if not isinstance(spec, DeviceSpec):
         raise TypeError(f"spec: expected a DeviceSpec, got {type(spec).__name__}")
     steps = check_steps(steps, "steps", 2)
     for name, v in (("f_start", f_start), ("temp_now_c", temp_now_c), ("margin_k", margin_k),
                     ("lookahead_s", lookahead_s), ("slowdown_ok", slowdown_ok)):  # fmt: skip
-        if v is not None and not (isinstance(v, int | float) and math.isfinite(v)):
+        if v is not None and not (is_real(v) and math.isfinite(v)):
             raise ValueError(f"{name}: expected a finite number, got {v!r}")
     if workload is not None and not isinstance(workload, Workload):
         raise TypeError(f"workload: expected a Workload, got {type(workload).__name__}")
-    if not (isinstance(dt, int | float) and math.isfinite(dt) and dt > 0):
+    if not (is_real(dt) and math.isfinite(dt) and dt > 0):
         raise ValueError(f"dt: expected a finite number > 0, got {dt!r}")
     if not isinstance(slew_steps, int) or slew_steps < 1 or not 0 <= slowdown_ok < 1:
         raise ValueError(f"slew_steps/slowdown_ok: expected int >= 1 and [0, 1), got {slew_steps!r}, {slowdown_ok!r}")
     slope = temp_slope(temp_trend, dt)
     if temp_now_c is None:
-        temp_now_c = float(temp_trend[-1]) if not isinstance(temp_trend, int | float) else spec.ambient_c
+        temp_now_c = float(temp_trend[-1]) if not is_real(temp_trend) else spec.ambient_c
     w = Workload("kernel", float(ai), max_batch=4096) if workload is None else replace(workload, ai=float(ai))
     ladder = spec.freqs()
     base = predict(spec, w, spec.f_max_mhz, 256)["step_s"]
@@ -118,7 +119,7 @@ def run_schedule(spec: DeviceSpec, workload: Workload, clocks: Sequence[float], 
     sched = as_floats(clocks, "clocks")
     if sched.ndim != 1 or len(sched) < 1:
         raise ValueError(f"clocks: expected a non-empty 1-D schedule, got {clocks!r}")
-    if not (isinstance(work_samples, int | float) and math.isfinite(work_samples) and work_samples > 0):
+    if not (is_real(work_samples) and math.isfinite(work_samples) and work_samples > 0):
         raise ValueError(f"work_samples: expected a finite number > 0, got {work_samples!r}")
     check_steps(max_steps, "max_steps")
     plant = Plant(spec, [workload], batch=batch, temp0_c=temp0_c)
@@ -140,9 +141,9 @@ def run_schedule(spec: DeviceSpec, workload: Workload, clocks: Sequence[float], 
 def arrhenius_af(temp_c: float, t_ref_c: float = 60.0, ea_ev: float = 0.7) -> float:
     """Failure-rate acceleration exp(Ea/k (1/T_ref - 1/T)) relative to ``t_ref_c`` (MTBF divides by it)."""
     for name, v in (("temp_c", temp_c), ("t_ref_c", t_ref_c)):
-        if not (isinstance(v, int | float) and -273.15 < v < 1e4):
+        if not (is_real(v) and -273.15 < v < 1e4):
             raise ValueError(f"{name}: expected a temperature in C above absolute zero, got {v!r}")
-    if not (isinstance(ea_ev, int | float) and 0 < ea_ev < 100):
+    if not (is_real(ea_ev) and 0 < ea_ev < 100):
         raise ValueError(f"ea_ev: expected an activation energy in eV > 0, got {ea_ev!r}")
     return math.exp(ea_ev / BOLTZMANN_EV * (1.0 / (t_ref_c + 273.15) - 1.0 / (temp_c + 273.15)))
 
@@ -158,7 +159,7 @@ class MultiObjectiveDVFS:
         w = {k: float(weights.get(k, 0.0)) for k in ("energy", "perf", "reliability")}
         if any(not math.isfinite(v) or v < 0 for v in w.values()) or sum(w.values()) == 0:
             raise ValueError(f"weights: expected finite weights >= 0, not all zero, got {weights!r}")
-        ok = all(isinstance(v, int | float) and math.isfinite(v) for v in (ea_ev, t_ref_c, horizon_s, bias_gain))
+        ok = all(is_real(v) and math.isfinite(v) for v in (ea_ev, t_ref_c, horizon_s, bias_gain))
         if not ok or not ea_ev > 0 or not horizon_s > 0 or not 0 < bias_gain <= 1:
             raise ValueError(f"ea_ev/t_ref_c/horizon_s/bias_gain: expected > 0, finite, > 0, (0, 1], got {ea_ev!r}, "
                              f"{t_ref_c!r}, {horizon_s!r}, {bias_gain!r}")  # fmt: skip
@@ -177,7 +178,7 @@ class MultiObjectiveDVFS:
     def choose(self, spec: DeviceSpec, w: Workload, batch: int, temp_c: float, power_w: float, load: float) -> float:
         """One decision from the sensors: learn the power bias at the last clock, then minimise J over the ladder."""
         for name, v in (("temp_c", temp_c), ("power_w", power_w), ("load", load)):
-            if not (isinstance(v, int | float) and math.isfinite(v)):
+            if not (is_real(v) and math.isfinite(v)):
                 raise ValueError(f"{name}: expected a finite number, got {v!r}")
         if not 0 <= load <= 1:
             raise ValueError(f"load: expected a share in [0, 1], got {load!r}")

@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .._inputs import is_int
+from .._inputs import is_int, is_real
 
 __all__ = ["shapley_exact", "shapley_mc", "hoeffding_halfwidth", "peak_cost_game", "marginal_range"]
 
@@ -130,7 +130,7 @@ def shapley_mc(
 def hoeffding_halfwidth(value_range: float, samples: int, delta: float = 0.05, players: int = 1) -> float:
     """Half-width ``R sqrt(ln(2 players / delta) / (2 samples))`` that bounds every player's error with probability
     >= 1 - delta, when each marginal contribution lies in an interval of width ``value_range`` = R."""
-    if not (isinstance(value_range, int | float) and math.isfinite(value_range) and value_range >= 0):
+    if not (is_real(value_range) and math.isfinite(value_range) and value_range >= 0):
         raise ValueError(f"value_range: expected a finite width >= 0, got {value_range!r}")
     if not is_int(samples) or samples < 1:
         raise ValueError(f"samples: expected an int >= 1, got {samples!r}")
@@ -174,7 +174,7 @@ def peak_cost_game(profiles: Mapping[Hashable, Sequence[float]], price: float = 
     for k, a in arrs.items():
         if not np.all(np.isfinite(a)) or np.any(a < 0):
             raise ValueError(f"profiles: tenant {k!r} has a negative or non-finite demand: {a.tolist()}")
-    if not (isinstance(price, int | float) and math.isfinite(price) and price > 0):
+    if not (is_real(price) and math.isfinite(price) and price > 0):
         raise ValueError(f"price: expected a finite number > 0, got {price!r}")
     length = next(iter(lens))[0]
 
