@@ -1642,21 +1642,25 @@ for i, (k, lab) in enumerate((("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
 plt.show()
 
 # %% [markdown]
-# **Overload and faults.** The same server with a waiting queue of 8 receives 64 requests at once, a fifth of them
-# malformed JSON and a fifth disconnecting after their first token: it must answer every malformed one with 400, shed
-# what does not fit the queue with 429 + `Retry-After`, serve the rest, and end with no request running and no KV block
-# in use.
+# **Overload and faults.** The same server with 4 running slots and a waiting queue of 4 receives 64 requests at
+# once, a fifth of them malformed JSON and a fifth disconnecting after their first token: it must answer every
+# malformed one with 400, shed what does not fit the queue with 429 + `Retry-After`, serve the rest, and end (after a
+# bounded wait for the engine to notice the disconnects) with no request running and no KV block in use.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-app = create_app(build_engine("tiny", max_num_seqs=8), max_waiting=8)
+app = create_app(build_engine("tiny", max_num_seqs=4), max_waiting=4)  # 8 in flight: 64 at once must overflow
 with limited_threads(1, torch=True), serve_in_thread(app) as url:
     bad = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 0})
     print(bad.status_code, bad.json()["error"]["message"])
-    fault = load(url, n_requests=64, rate=float("inf"), seed=3, output_len=("uniform", 16, 32),
+    fault = load(url, n_requests=64, rate=float("inf"), seed=3, output_len=("uniform", 32, 64),
                  malformed_frac=0.2, disconnect_frac=0.2, duration_s=60)  # fmt: skip
-    time.sleep(0.2)  # the engine thread frees the disconnected requests' blocks at its next step
-    after = app.state.server.aengine.stats()
+    drain_end = time.monotonic() + 15.0  # the engine thread frees the disconnected requests' blocks at its next step
+    while True:
+        after = app.state.server.aengine.stats()
+        if (after["running"], after["waiting"], after["kv_usage"]) == (0, 0, 0) or time.monotonic() > drain_end:
+            break
+        time.sleep(0.05)
     metrics_text = httpx.get(url + "/metrics").text
 print("status counts:", fault["status_counts"])
 print({k: after[k] for k in ("running", "waiting", "kv_usage", "aborted")})

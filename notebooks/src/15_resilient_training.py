@@ -219,8 +219,8 @@ plt.show()
 torn_runs = [faults.torn_write_drill(tmp / "torn", s, nbytes=1 << 20, piece_bytes=1 << 15) for s in range(3)]
 for d in torn_runs:
     print(
-        f"seed {d['seed']}: kill at byte >= {d['offset']:>7} of {d['total']} (file had {d['killed_at']:>7}) "
-        f"-> latest {d['latest'].name}, equal to step 1: {d['equal_step1']}"
+        f"seed {d['seed']}: kill at byte >= {d['offset']:>7} of {d['total']} (landed by then: "
+        f"{d['offset'] <= d['killed_at']}) -> latest {d['latest'].name}, equal to step 1: {d['equal_step1']}"
     )
 print(list_checkpoints(tmp / "torn")[-1][2])
 assert all(d["killed"] and d["offset"] <= d["killed_at"] for d in torn_runs)
@@ -768,7 +768,9 @@ ax[1].semilogy(np.arange(1, 401), asy["excess"], label="async, s = 4, η/(1+τ)"
 ax[1].set(xlabel="gradients computed", ylabel="loss − optimum", title="least squares, 4 threads")
 ax[1].legend()
 plt.show()
-assert det["flagged"] == [1] or (1 in det["flagged"] and det["flag_steps"][1] > det["flag_steps"][0])
+# the claim, robust to a busy box (a descheduled rank 0 can look slow for a few steps): rank 1 is flagged, and it is
+# the persistent outlier -- its median z over the run is above the threshold, rank 0's is not
+assert 1 in det["flagged"] and np.median(det["z"][:, 1]) > 3.5 > np.median(det["z"][:, 0])
 assert max(asy["staleness"]) <= 4
 assert asy["excess"][-1] < 1e-2 * asy["initial_excess"] and sync["excess"][-1] < 1e-2 * sync["initial_excess"]
 assert asy["excess"][-1] < 10 * sync["excess"][-1] + 1e-4 * sync["initial_excess"]  # converges like sync

@@ -156,21 +156,26 @@ def _busy(a: np.ndarray, reps: int) -> float:
 def straggler_rank_fn(steps: int, slow_rank: int, reps: int = 8, slow_factor: int = 4, size: int = 128) -> list[float]:
     """A rank of a real job (run by ``tinylearn.dist.launch``): each step does ``reps`` real matmuls (``slow_rank``
     does ``slow_factor``× as many), times its own compute, then all-gathers the times (the synchronising collective
-    of a data-parallel step). Returns the per-step times of every rank, flattened (steps × world_size)."""
+    of a data-parallel step). Returns the per-step times of every rank, flattened (steps × world_size). Each rank
+    computes on one BLAS thread: a rank waiting in the collective must not lend its core to the other's BLAS pool
+    (that would hide the straggler's extra work)."""
     import torch
     import torch.distributed as dist
+
+    from .._threads import limited_threads
 
     rank, world = dist.get_rank(), dist.get_world_size()
     a = np.random.default_rng(rank).standard_normal((size, size)).astype(np.float32) / math.sqrt(size)
     n = reps * (slow_factor if rank == slow_rank else 1)
     out = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        _busy(a, n)
-        mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(gathered, mine)
-        out.extend(float(g) for g in gathered)
+    with limited_threads(1):
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            _busy(a, n)
+            mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+            dist.all_gather(gathered, mine)
+            out.extend(float(g) for g in gathered)
     return out
 
 
