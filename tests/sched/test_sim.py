@@ -171,3 +171,24 @@ def test_bad_input():
         single_machine([(0.0, 1.0)], "lifo")
     with pytest.raises(ValueError, match="^arrivals"):
         single_machine([(0.0, -1.0)], "fifo")
+
+
+def test_equal_arrivals_keep_the_input_order_and_startup_per_workload() -> None:
+    # FIFO with three jobs arriving together: the input order (the real cluster's submission order) decides, not
+    # the names; the 2-core head blocks the rest (head-of-line), as on the real cluster
+    jobs = [
+        (0.0, Job("zeta", 4, {"cpu": 1}, est_step_s=0.1)),
+        (0.0, Job("alpha", 2, {"cpu": 2}, est_step_s=0.1)),
+        (0.0, Job("beta", 2, {"cpu": 1}, workload="cnn", est_step_s=0.1)),
+    ]
+    r = Simulator({"cpu": 2}, FIFO(), startup_s={"matmul": 0.05, "cnn": 0.3}).simulate(jobs)
+    by = {js.name: js for js in r.jobs}
+    assert by["zeta"].start_t == 0.0 and by["alpha"].start_t > by["zeta"].start_t
+    assert by["beta"].start_t >= by["alpha"].finish_t  # FIFO: behind the blocked head
+    # startup: per workload, charged once before the first step
+    assert math.isclose(by["zeta"].finish_t, 0.05 + 4 * 0.1)
+    assert math.isclose(by["beta"].finish_t - by["beta"].start_t, 0.3 + 2 * 0.1)
+    with pytest.raises(ValueError, match="startup_s"):
+        Simulator({"cpu": 2}, FIFO(), startup_s={"cnn": -1.0})
+    with pytest.raises(ValueError, match="startup_s"):
+        Simulator({"cpu": 2}, FIFO(), startup_s={})

@@ -18,7 +18,9 @@ finished job's ``step_times``, ``start_t`` and ``finish_t`` -- and fits the thre
                    step times): process spawn, imports and the work the worker does not count as a step. dispatch_s:
                    the median over jobs of (start - the moment it could have started: its arrival, or the last finish
                    before its start), the scheduler loop's reaction time -- the simulator reacts instantly, so it is
-                   charged to the job's start.
+                   charged to the job's start. ``startup_by_workload`` is the same per workload (a CNN worker
+                   imports the nn stack and loads the digits before its first step; a matmul worker only numpy),
+                   which ``validate`` hands to the simulator.
 
 ``validate(real_jobstates, policy, capacity)`` re-simulates the same jobs (same submission times relative to the
 first, same Job objects, same policy type) with those parameters and returns per-job and mean JCT relative errors;
@@ -127,6 +129,12 @@ def calibrate(report_or_jobstates: Any) -> dict[str, Any]:
         if not js.preemptions
     ]
     spawn = max(0.0, float(np.median(over))) if over else 0.0
+    over_wl: dict[str, list[float]] = {}
+    for js in done:
+        if not js.preemptions:
+            over_wl.setdefault(js.job.workload, []).append(
+                float(js.finish_t) - float(js.start_t) - sum(js.step_times)  # type: ignore[arg-type]
+            )
     gaps = []  # dispatch latency: from the moment a job could start (arrival, or the last finish before it) to start
     for run in runs:
         for js in run:
@@ -137,6 +145,8 @@ def calibrate(report_or_jobstates: Any) -> dict[str, Any]:
         "step_s": step_s,
         "interference": interference,
         "startup_s": spawn + dispatch,
+        # per workload: a CNN worker imports the nn stack and loads the digits, a matmul one only numpy
+        "startup_by_workload": {wl: max(0.0, float(np.median(v))) + dispatch for wl, v in over_wl.items()},
         "spawn_s": spawn,
         "dispatch_s": dispatch,
         "n_alone": sum(len(v) for v in alone.values()),
@@ -186,9 +196,14 @@ def validate(
         if k not in cal:
             raise ValueError(f"calib: missing {k!r} (expected the dict calibrate() returns), got keys {sorted(cal)}")
     t0 = min(js.submit_t for js in done)
-    arrivals = [(js.submit_t - t0, js.job) for js in done]
+    # the real submission order (ties at one arrival time are broken by it, as the real cluster did)
+    ordered = sorted(done, key=lambda js: (js.submit_t, js.extra.get("seq", 0)))
+    arrivals = [(js.submit_t - t0, js.job) for js in ordered]
+    su = cal.get("startup_by_workload") or float(cal["startup_s"])
+    if isinstance(su, Mapping):  # a workload the calibration run did not have gets the overall startup
+        su = {**{js.job.workload: float(cal["startup_s"]) for js in done}, **su}
     sim = Simulator(capacity, type(policy)() if _fresh_ok(policy) else policy, step_s_of=step_time_fn(cal),
-                    interference=float(cal["interference"]), startup_s=float(cal["startup_s"]))  # fmt: skip
+                    interference=float(cal["interference"]), startup_s=su)  # fmt: skip
     rep = sim.simulate(arrivals)
     sim_jct = rep.jct()
     per_job = {}

@@ -11,7 +11,11 @@ real cluster (``cluster.py``) measures on processes, the simulator computes:
                 ``interference`` when another job runs as the step starts (co-located jobs share memory bandwidth
                 and caches; the factor is measured on this VM by ``calibrate.py``; fixed for the whole step), plus
                 ``startup_s`` on a job's first step (process spawn and imports on the real cluster; it counts as
-                service and in the JCT, not in ``step_times``, as a real worker reports its steps).
+                service and in the JCT, not in ``step_times``, as a real worker reports its steps); a dict
+                ``{workload: seconds}`` gives each workload its own (a CNN worker imports and loads more than a
+                matmul one; a workload not in the dict gets the median of the dict's values).
+    ties        jobs arriving at the same time keep their order in the input list (``extra["seq"]``, as the real
+                cluster's submission sequence), which FIFO-like policies use to break the tie.
     decisions   ``select`` is called after every batch of events at one time instant whenever a job waits (with an
                 empty queue nothing can start, so the call is skipped). Preemption happens at step boundaries only,
                 as on the real cluster: a running job the policy wants to preempt mid-step finishes that step, then
@@ -121,7 +125,7 @@ class Simulator:
         spec: DeviceSpec | None = None,
         f_mhz: float | None = None,
         interference: float = 1.0,
-        startup_s: float = 0.0,
+        startup_s: float | Mapping[str, float] = 0.0,
     ) -> None:
         if isinstance(devices, Mapping):
             if not devices:
@@ -147,13 +151,18 @@ class Simulator:
             raise TypeError(f"step_s_of: expected a callable (job, device) -> seconds, got {step_s_of!r}")
         if not is_real(interference) or not 1.0 <= float(interference) < 100:
             raise ValueError(f"interference: expected a slowdown factor in [1, 100), got {interference!r}")
-        if not is_real(startup_s) or not 0.0 <= float(startup_s) < 1e6:
-            raise ValueError(f"startup_s: expected seconds >= 0, got {startup_s!r}")
+        per_wl = dict(startup_s) if isinstance(startup_s, Mapping) else {}
+        for v in per_wl.values() if per_wl else [startup_s]:
+            if not is_real(v) or not 0.0 <= float(v) < 1e6:
+                raise ValueError(f"startup_s: expected seconds >= 0 (or a dict workload -> seconds), got {startup_s!r}")
+        if isinstance(startup_s, Mapping) and not per_wl:
+            raise ValueError("startup_s: expected a non-empty dict workload -> seconds, got {}")
         self.policy = policy
         self.step_s_of = step_s_of
         self.f_mhz = f_mhz
         self.interference = float(interference)
-        self.startup_s = float(startup_s)
+        self.startup_by_workload = {str(k): float(v) for k, v in per_wl.items()}
+        self.startup_s = float(np.median(list(per_wl.values()))) if per_wl else float(startup_s)  # type: ignore[arg-type]
         if f_mhz is not None:
             self.spec.power_w(f_mhz, 0.0)  # validates the clock against the spec's range
 
@@ -190,7 +199,7 @@ class Simulator:
                 raise ValueError(f"jobs_with_arrivals: job names must be unique, {job.name!r} repeats")
             names.add(job.name)
         order = sorted(range(len(items)), key=lambda i: (float(items[i][0]), i))
-        states = [JobState(items[i][1], submit_t=float(items[i][0])) for i in order]
+        states = [JobState(items[i][1], submit_t=float(items[i][0]), extra={"seq": i}) for i in order]
         heap: list[tuple[float, int, str, Any]] = []
         seq = 0
         for js in states:
@@ -222,9 +231,10 @@ class Simulator:
             dt = base * (self.interference if len(running) > 1 else 1.0)
             js.extra["_su"] = 0.0
             if js.done_steps == 0 and not js.extra.get("_started"):
-                dt += self.startup_s
+                su = self.startup_by_workload.get(js.job.workload, self.startup_s)
+                dt += su
                 js.extra["_started"] = True
-                js.extra["_su"] = self.startup_s
+                js.extra["_su"] = su
             js.extra["_t0"] = now
             js.extra["_tok"] = seq
             heapq.heappush(heap, (now + dt, seq, "step", js))
