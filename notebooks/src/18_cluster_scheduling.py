@@ -480,6 +480,7 @@ plt.show()
 
 
 # %%
+# stable-output: MODEL times from the device models' stated parameters (Python float arithmetic, no timing, no RNG)
 sm_cfg = GPTConfig(vocab_size=32000, d_model=1024, n_heads=16, n_layers=4, max_seq_len=1024)
 sm_pf = sm_he.default_platform()
 sm_rows = {}
@@ -1036,6 +1037,8 @@ assert th_run.mae("RLS", 500, 600) < 2 * th_noise_mae
 
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the samples come from profiling real tinylearn ops: which kernel is the hottest can change between runs)
 th_rls = th_pr.RLSPowerModel(len(th_pr.FEATURES), 0.98)
 th_plant = th_pr.PowerPlant()
 th_rng = np.random.default_rng(1)
