@@ -54,7 +54,7 @@ from tinylearn.sched import hetero as sm_he
 from tinylearn.sched import hetero_cost as sm_hc
 from tinylearn.sched import predict as th_pr
 from tinylearn.sched import thermal as th_th
-from tinylearn.sched.bench import real_jobs
+from tinylearn.sched.bench import paired_gain, real_jobs
 from tinylearn.sched.calibrate import calibrate, validate
 from tinylearn.sched.cluster import Cluster
 from tinylearn.sched.device_model import A100, DeviceSpec
@@ -418,12 +418,11 @@ for sm_label, sm_tab in [("64 GPU", {n: sm_r[0] for n, sm_r in sm_res.items()}),
 sm_fifo = np.array([sm_r.mean_jct_s for sm_r in sm_res["FIFO"]])
 sm_ci = {}
 for sm_name in ("SRPT", "Backfill", "Backfill+SJF"):
-    sm_d = sm_fifo - np.array([sm_r.mean_jct_s for sm_r in sm_res[sm_name]])
-    sm_se = sm_d.std(ddof=1) / math.sqrt(len(sm_d))
-    sm_ci[sm_name] = (sm_d.mean(), sm_se)
-    print(f"64 GPU, {len(sm_d)} seeds: FIFO - {sm_name:12s} mean JCT = {sm_d.mean():7.0f} s +- {2 * sm_se:5.0f} (2 SE)"
-          f"  ({sm_d.mean() / sm_fifo.mean():.0%} of FIFO's)")  # fmt: skip
-    assert sm_d.mean() - 2 * sm_se > 0, sm_name
+    sm_dm, sm_se = paired_gain(sm_fifo, [sm_r.mean_jct_s for sm_r in sm_res[sm_name]])  # FIFO - policy, per seed
+    sm_ci[sm_name] = (sm_dm, sm_se)
+    print(f"64 GPU, {len(sm_fifo)} seeds: FIFO - {sm_name:12s} mean JCT = {sm_dm:7.0f} s +- {2 * sm_se:5.0f} (2 SE)"
+          f"  ({sm_dm / sm_fifo.mean():.0%} of FIFO's)")  # fmt: skip
+    assert sm_dm - 2 * sm_se > 0, sm_name
 for sm_r in [*sm_big.values(), *(x for v in sm_res.values() for x in v)]:
     assert all(js.state == "done" for js in sm_r.jobs) and 0 < sm_r.utilisation <= 1
 sm_p99 = {n: np.mean([sm_r.p99_jct_s for sm_r in sm_res[n]]) for n in sm_policies}
