@@ -1,6 +1,6 @@
 """The HTTP server end to end: uvicorn on a free loopback port in a thread, a tiny TinyGPT, real sockets.
 
-OpenAI-shaped completions (stream and not), chat, errors naming the field, 404/429/503 with Retry-After,
+OpenAI-shaped completions (stream and not), chat, errors naming the field (400, an unknown model too), 429/503 with Retry-After,
 client disconnects freeing KV blocks, Prometheus metrics, SIGTERM drain of `tinylearn serve`."""
 
 from __future__ import annotations
@@ -169,10 +169,10 @@ def test_bad_chat_messages_400(server, messages):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
-def test_unknown_model_404_models_and_health(server):
+def test_unknown_model_400_models_and_health(server):
     srv, c = server
     r = c.post("/v1/completions", json={"model": "gpt-5", "prompt": "x"})
-    assert r.status_code == 404
+    assert r.status_code == 400  # the issue: bad input, unknown model included, is a 400 naming the field
     err = r.json()["error"]
     assert err["param"] == "model" and "gpt-5" in err["message"] and err["code"] == "model_not_found"
     m = c.get("/v1/models").json()

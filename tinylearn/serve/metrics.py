@@ -12,7 +12,7 @@ the request handlers:
     tinylearn_serve_e2e_latency_seconds  histogram: arrival -> last token
     tinylearn_serve_requests_total{finish_reason}      finished requests (stop / length / abort / error)
     tinylearn_serve_generated_tokens_total, _prompt_tokens_total
-    tinylearn_serve_http_responses_total{code}          responses by HTTP status (200, 400, 404, 429, 503, ...)
+    tinylearn_serve_http_responses_total{code}          responses by HTTP status (200, 400, 429, 503, ...)
 """
 
 from __future__ import annotations

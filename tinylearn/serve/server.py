@@ -8,8 +8,8 @@
 Non-stream: one JSON (choices[0].text or .message.content, finish_reason, usage). Stream (SSE): ``data: {chunk}``
 events, ``data: [DONE]`` last. Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}``:
 400 naming the field (malformed JSON, wrong type, max_tokens <= 0, empty prompt, prompt + max_tokens beyond the
-context), 404 for an unknown model, 429 + Retry-After when the bounded queue is full (EngineFull), 503 +
-Retry-After while draining. The body is validated here, field by field, instead of by pydantic models so that
+context, an unknown ``model`` -- code "model_not_found"), 429 + Retry-After when the bounded queue is full
+(EngineFull) or admission control rejects the request (AdmissionRejected), 503 + Retry-After while draining. The body is validated here, field by field, instead of by pydantic models so that
 every message names the OpenAI field as the client spelt it.
 
 Cancellation: each request has a watcher task on the ASGI ``receive`` channel; ``http.disconnect`` before the
@@ -125,7 +125,7 @@ class _Server:
         if not isinstance(model, str):
             raise APIError(400, f"model: expected a string, got {type(model).__name__}", "model")
         if model != self.model_name:
-            raise APIError(404, f"model: the model {model!r} does not exist (serving {self.model_name!r})", "model",
+            raise APIError(400, f"model: the model {model!r} does not exist (serving {self.model_name!r})", "model",
                            code="model_not_found")  # fmt: skip
         return body
 
