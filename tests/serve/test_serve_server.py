@@ -1,7 +1,7 @@
 """The HTTP server end to end: uvicorn on a free loopback port in a thread, a tiny TinyGPT, real sockets.
 
-OpenAI-shaped completions (stream and not), chat, errors naming the field (400, an unknown model too), 429/503 with Retry-After,
-client disconnects freeing KV blocks, Prometheus metrics, SIGTERM drain of `tinylearn serve`."""
+OpenAI-shaped completions (stream and not), chat, errors naming the field (400, an unknown model too), 429/503 with
+Retry-After, client disconnects freeing KV blocks, Prometheus metrics, SIGTERM drain of `tinylearn serve`."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
                                 paged KV blocks with prefix caching (block_manager.py), one ragged batched forward of
                                 prefill chunks + decode tokens (runner.py), sample, stream; preemption by swap or
                                 recompute; KV tiers behind the arena (tiering.py)
-    SamplingParams, RequestOutput, EngineFull (types.py); ByteTokenizer (tokenizer.py)
+    SamplingParams, RequestOutput, EngineFull, AdmissionRejected (types.py); ByteTokenizer (tokenizer.py)
     server (server.py)          FastAPI app: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health,
                                 /metrics; 400 naming the field, 429/503 with Retry-After; `tinylearn serve`
     models                      safetensors checkpoints (checkpoint.py); Hugging Face GPT-2 -> TinyGPT (hf.py)
@@ -25,6 +25,7 @@ _EXPORTS = {
     "SamplingParams": "types",
     "RequestOutput": "types",
     "EngineFull": "types",
+    "AdmissionRejected": "types",
     "ByteTokenizer": "tokenizer",
     "TieredKVStore": "tiering",
     "StepCostModel": "latency",

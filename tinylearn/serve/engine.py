@@ -17,6 +17,18 @@ One ``step()``:
        else temperature / top-k / top-p with its own seeded generator) or accepts/rejects its drafts, then the
        stop checks: EOS (unless ignore_eos), stop strings (text cut before them), max_tokens, the context length;
     5. full blocks are indexed for prefix reuse, finished requests free their blocks, RequestOutputs go out.
+Admission control (``add_request``, before a request is queued; a rejection is ``AdmissionRejected`` with a reason and
+a Retry-After estimate, which the server answers with 429 / 503):
+    ``kv_budget_blocks=B``  each unfinished request holds a claim on its WORST-CASE KV blocks,
+                            ceil(min(prompt + max_tokens, max_seq_len) / block_size); a request whose claim does not
+                            fit B minus the claims already held is rejected ("kv_budget"). With B <= num_blocks the
+                            admitted requests can always grow to their end, so the pool never runs dry and nothing
+                            is preempted (claims ignore prefix sharing: conservative). A claim alone larger than B is
+                            a ValueError naming max_tokens (it could never be admitted).
+    ``admission=AdmissionController(StepCostModel, ttft_slo_s, tpot_slo_s)``  the latency MODEL (latency.py) is asked
+                            with the engine's live state (``engine_state()``): running decodes, their KV tokens, the
+                            prefill tokens queued ahead, the token budget; a predicted TTFT or TPOT beyond its SLO
+                            rejects the request ("slo") with the model's numbers in the message.
 Greedy outputs equal ``tinylearn.inference.generate(model, prompt, n, temperature=0)``: the KV of every token is
 the same whatever it was batched with, so batching, chunking, caching and preemption change speed, not tokens.
 """
@@ -37,7 +49,7 @@ from ..inference.speculative import accept_draft, residual_distribution
 from .block_manager import BlockManager, HostStore
 from .runner import BatchItem, ModelRunner
 from .scheduler import POLICIES, PREEMPTION, Scheduler, Sequence
-from .types import EngineFull, RequestOutput, SamplingParams
+from .types import AdmissionRejected, EngineFull, RequestOutput, SamplingParams
 
 __all__ = ["Engine", "HostStore"]
 
@@ -85,6 +97,8 @@ class Engine:
         tokenizer: Any = None,
         eos_token_id: int | None = None,
         draft_model: TinyGPT | None = None,
+        kv_budget_blocks: int | None = None,
+        admission: Any = None,
     ) -> None:
         if not isinstance(model, TinyGPT):
             raise TypeError(f"model: expected a TinyGPT, got {type(model).__name__}")
@@ -118,6 +132,18 @@ class Engine:
                     f"draft_model: vocab_size {draft_model.config.vocab_size} != the model's {c.vocab_size}"
                 )
         self.draft_model = draft_model
+        self.kv_budget_blocks = _int_arg("kv_budget_blocks", kv_budget_blocks, 1, optional=True)
+        if self.kv_budget_blocks is not None and self.kv_budget_blocks > self.num_blocks:
+            raise ValueError(
+                f"kv_budget_blocks: {kv_budget_blocks} exceeds the KV pool of num_blocks={self.num_blocks}; the budget "
+                "is what admission may promise, at most the pool"
+            )
+        if admission is not None and not (hasattr(admission, "admit") and hasattr(admission, "predict")):
+            got = type(admission).__name__
+            raise TypeError(f"admission: expected an AdmissionController (admit/predict), got {got}")
+        self.admission = admission
+        self.rejected = {"kv_budget": 0, "slo": 0}
+        self.last_admission: str | None = None  # the admission controller's last reason (admit or reject)
         for name in ("put", "get", "pop", "discard", "prefetch", "__contains__", "stats"):
             if host_store is not None and not hasattr(host_store, name):
                 raise TypeError(f"host_store: expected a TieredKVStore-like object with {name}(), got {host_store!r}")
@@ -223,11 +249,78 @@ class Engine:
                 f"waiting queue full: {len(self.scheduler.waiting)} requests wait (max_waiting={self.max_waiting})",
                 retry_after_s=self._retry_after(),
             )
+        self._admit(ids, params)
         now = time.perf_counter()
         seq = Sequence(request_id, ids, params, now, int(priority), None if deadline_s is None else now + deadline_s)
         self.seqs[request_id] = seq
         self.scheduler.waiting.append(seq)
         return request_id
+
+    # -- admission control --------------------------------------------------------------------------------
+    def kv_claim(self, prompt_len: int, max_tokens: int) -> int:
+        """The worst-case KV blocks of a request: its prompt plus every token it may generate, within the context."""
+        return blocks_needed(min(prompt_len + max_tokens, self.config.max_seq_len), self.block_size)
+
+    def kv_claimed_blocks(self) -> int:
+        """The sum of the unfinished requests' worst-case KV claims (what kv_budget_blocks bounds)."""
+        return sum(self.kv_claim(len(s.prompt), s.params.max_tokens) for s in self.seqs.values())
+
+    def engine_state(self) -> dict[str, int]:
+        """The live state an AdmissionController reads: running decodes, the KV tokens they attend over, the
+        prefill tokens queued ahead (waiting requests and unfinished prefills), waiting requests, the token budget."""
+        sch = self.scheduler
+        decodes = [s for s in sch.running if s.prefilled]
+        prefills = [s for s in sch.running if not s.prefilled] + sch.waiting + sch.swapped
+        return dict(
+            running_decodes=len(decodes),
+            kv_tokens=sum(s.num_computed for s in decodes),
+            queue_tokens_ahead=sum(len(s.tokens) - s.num_computed for s in prefills),
+            num_waiting=len(prefills),
+            budget=self.max_num_batched_tokens,
+        )
+
+    def _mean_step_s(self) -> float:
+        recent = self.step_log[-20:]
+        return float(np.mean([s["duration_s"] for s in recent])) if recent else 0.05
+
+    def _admit(self, ids: list[int], params: SamplingParams) -> None:
+        """Admission control (module docstring): AdmissionRejected, or return to queue the request."""
+        if self.kv_budget_blocks is not None:
+            need, budget = self.kv_claim(len(ids), params.max_tokens), self.kv_budget_blocks
+            if need > budget:
+                raise ValueError(
+                    f"max_tokens: prompt {len(ids)} + max_tokens {params.max_tokens} need {need} KV blocks of "
+                    f"{self.block_size} tokens, more than the engine's kv_budget_blocks={budget}"
+                )
+            held = self.kv_claimed_blocks()
+            if held + need > budget:
+                # when will enough claims be released? requests finish in order of their remaining tokens (a bound:
+                # each needs at least that many steps), so walk them until the freed claims make room
+                left = sorted(
+                    (s.params.max_tokens - len(s.output), self.kv_claim(len(s.prompt), s.params.max_tokens))
+                    for s in self.seqs.values()
+                )
+                freed, steps = 0, 1
+                for steps, blocks in left:  # noqa: B007 -- the last value read is the answer
+                    freed += blocks
+                    if held - freed + need <= budget:
+                        break
+                self.rejected["kv_budget"] += 1
+                raise AdmissionRejected(
+                    f"kv_budget: the request's worst case of {need} KV blocks (prompt {len(ids)} + max_tokens "
+                    f"{params.max_tokens}) does not fit: {held} of kv_budget_blocks={budget} are claimed by "
+                    f"{len(self.seqs)} unfinished requests",
+                    "kv_budget",
+                    retry_after_s=max(0.05, steps * self._mean_step_s()),
+                )
+        if self.admission is not None:
+            ok, why = self.admission.admit(len(ids), self.engine_state())
+            self.last_admission = why
+            if not ok:
+                self.rejected["slo"] += 1
+                pred = self.admission.predict(len(ids), self.engine_state())["ttft_s"]
+                wait = pred - self.admission.ttft_slo_s if np.isfinite(pred) else self._retry_after()
+                raise AdmissionRejected(f"slo: {why}", "slo", retry_after_s=max(0.05, wait))
 
     def _retry_after(self) -> float:
         recent = self.step_log[-20:]
@@ -442,6 +535,9 @@ class Engine:
             aborted=self.aborted,
             spec_proposed=self.spec_proposed,
             spec_accepted=self.spec_accepted,
+            kv_claimed_blocks=self.kv_claimed_blocks(),
+            rejected_kv_budget=self.rejected["kv_budget"],
+            rejected_slo=self.rejected["slo"],
         )
 
     def check_invariants(self) -> None:

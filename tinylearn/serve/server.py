@@ -9,8 +9,10 @@ Non-stream: one JSON (choices[0].text or .message.content, finish_reason, usage)
 events, ``data: [DONE]`` last. Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}``:
 400 naming the field (malformed JSON, wrong type, max_tokens <= 0, empty prompt, prompt + max_tokens beyond the
 context, an unknown ``model`` -- code "model_not_found"), 429 + Retry-After when the bounded queue is full
-(EngineFull) or admission control rejects the request (AdmissionRejected), 503 + Retry-After while draining. The body is validated here, field by field, instead of by pydantic models so that
-every message names the OpenAI field as the client spelt it.
+(EngineFull) or the engine's KV-budget admission rejects the request (AdmissionRejected "kv_budget", code
+"admission_kv_budget"), 503 + Retry-After when its SLO admission rejects it (code "admission_slo") and while
+draining. The body is validated here, field by field, instead of by pydantic models so that every message names
+the OpenAI field as the client spelt it.
 
 Cancellation: each request has a watcher task on the ASGI ``receive`` channel; ``http.disconnect`` before the
 request finished aborts it in the engine (its KV blocks are freed on the engine thread). Shutdown (uvicorn on
@@ -43,7 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .async_engine import AsyncEngine, EngineDraining, RequestStream
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .tokenizer import ByteTokenizer
-from .types import EngineFull, RequestOutput, SamplingParams
+from .types import AdmissionRejected, EngineFull, RequestOutput, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant")
 CHAT_TEMPLATE = "<|{role}|>\n{content}\n"
@@ -209,6 +211,10 @@ class _Server:
     async def submit(self, ids: list[int], params: SamplingParams) -> RequestStream:
         try:
             return await self.aengine.add_request(ids, params)
+        except AdmissionRejected as e:  # KV budget: 429 (capacity, like a full queue); SLO: 503 (cannot serve in time)
+            status, kind = (429, "rate_limit_error") if e.reason == "kv_budget" else (503, "service_unavailable")
+            raise APIError(status, f"admission: {e}", None, kind=kind, code=f"admission_{e.reason}",
+                           retry_after_s=e.retry_after_s) from None  # fmt: skip
         except EngineFull as e:
             raise APIError(429, f"queue: server overloaded ({e})", None, kind="rate_limit_error",
                            code="queue_full", retry_after_s=e.retry_after_s) from None  # fmt: skip

@@ -4,6 +4,8 @@
                      ignore_eos, speculative (draft tokens per step, 0 = off)
     RequestOutput    what ``Engine.step()`` returns for each request that received tokens or finished in that step
     EngineFull       add_request refused: the bounded waiting queue is full (a server answers 429/503 + Retry-After)
+    AdmissionRejected  an EngineFull raised by admission control: ``reason`` "kv_budget" (the request's worst-case KV
+                     blocks do not fit the engine's KV budget now) or "slo" (the latency MODEL predicts a broken SLO)
 Argument errors are ValueError/TypeError naming the field (``max_tokens: must be an int >= 1, got 0``), so a
 server can answer 400 with the message as it is.
 """
@@ -24,6 +26,18 @@ class EngineFull(RuntimeError):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = float(retry_after_s)
+
+
+class AdmissionRejected(EngineFull):
+    """Admission control refused a request: ``reason`` is "kv_budget" or "slo"; the message says why in numbers."""
+
+    REASONS = ("kv_budget", "slo")
+
+    def __init__(self, message: str, reason: str, retry_after_s: float = 1.0) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"reason: expected one of {self.REASONS}, got {reason!r}")
+        super().__init__(message, retry_after_s)
+        self.reason = reason
 
 
 def _int(name: str, v: Any, minimum: int) -> int:
