@@ -14,7 +14,24 @@ so the wrapped model starts exactly at the base model and the first step only mo
                                           when it equals a target or ends with "." + target, as peft matches) and
                                           sets requires_grad False on every non-adapter parameter
     lora_state_dict / load_lora_state_dict        only the adapter tensors ("<path>.lora_A", "<path>.lora_B")
-    trainable_parameters(model)           {"trainable", "total", "fraction"}
+    trainable_parameters(model)           {"trainable", "total", "fraction", "nf4_frozen"} (NF4 base weights of
+                                          QLoRALinear layers count as frozen parameters: they are the model's)
+    add_adapter(model, name, r, alpha)    a further named adapter on every LoRA layer (the first one is "default",
+                                          at lora_A / lora_B as peft keeps it); use_adapters(model, ids) selects
+                                          one adapter for the whole batch or one per batch row [Q245]
+
+Every function here that walks a model's adapters (``lora_layers``) finds LoRALinear and QLoRALinear (qlora.py)
+alike: state dicts, peft export / import and the parameter report work on QLoRA models unchanged. Merging into an
+NF4 base cannot be undone exactly (the merged weight would have to be re-quantized, and W + dW is not on the NF4
+grid), so ``QLoRALinear.merge()`` raises and ``merge_lora(model, dequantize=True)`` is the explicit way: each
+QLoRALinear becomes a LoRALinear on its dequantized fp32 weight (what peft dequantizes into before it re-quantizes)
+and is merged there; ``unmerge_lora`` then restores that fp32 weight.
+
+Per-request adapters (multi-LoRA serving, autograd-capable): inside ``with use_adapters(model, ["a", "b", None]):``
+row n of every adapted layer's input (dim 0: a request; [B, T, in] inputs keep a request's tokens together) gets
+adapter ids[n] (None: the base only). Rows are grouped per adapter, each group runs its own (x A^T) B^T, and the
+groups are put back in row order by an integer-array gather, so the cost is N r (in + out) MACs over the base GEMM
+and gradients reach every adapter its rows used.
 
 Backward runs through tinylearn autograd: grads reach A and B (and x); the frozen base gets none.
 peft's names and state_dict format: ``tinylearn.compress.peft_compat``.
@@ -24,15 +41,18 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from ..autograd.factory import cat
 from ..autograd.tensor import Tensor
 from ..nn import functional as F
 from ..nn import init
 from ..nn.layers import Linear
+from ..nn.layers_extra import ModuleDict
 from ..nn.module import Module
 from ..nn.parameter import Parameter
 
@@ -75,7 +95,100 @@ def init_adapter(layer: Module, base: Linear, r: int, alpha: float, dropout: flo
     init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
 
 
-class LoRALinear(Module):
+class LoRAAdapter(Module):
+    """One named adapter of a LoRA layer: lora_A [r, in] kaiming-uniform(a=sqrt(5)), lora_B [out, r] zeros,
+    scaling alpha / r (the same init and names as the layer's default adapter)."""
+
+    def __init__(self, layer: Module, r: int, alpha: float, dtype: Any) -> None:
+        super().__init__()
+        init_adapter(self, layer, r, alpha, 0.0, dtype)
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}, alpha={self.alpha}"
+
+
+class AdapterLayerMixin:
+    """What LoRALinear and QLoRALinear share: named adapters, per-row adapter selection, the LoRA branch.
+
+    The default adapter is the layer's own lora_A / lora_B / scaling (peft's single-adapter layout); further ones
+    live in ``self.adapters`` (a ModuleDict of LoRAAdapter, created by the first ``add_adapter``). ``active`` names
+    the adapter every row uses; ``row_ids`` (set by ``use_adapters``) overrides it with one adapter per row."""
+
+    DEFAULT = "default"
+
+    def _init_selection(self) -> None:
+        self.active = self.DEFAULT
+        self.row_ids: list[str | None] | None = None
+
+    def adapter_names(self) -> list[str]:
+        extra = self._modules.get("adapters")
+        return [self.DEFAULT, *(list(extra) if extra is not None else [])]
+
+    def adapter(self, name: str = "default") -> Module:
+        """The module holding adapter ``name``'s lora_A, lora_B and scaling (the layer itself for "default")."""
+        if name == self.DEFAULT:
+            return self
+        extra = self._modules.get("adapters")
+        if extra is None or name not in extra:
+            raise KeyError(f"adapter: unknown adapter {name!r}; this layer has {self.adapter_names()}")
+        return extra[name]
+
+    def add_adapter(self, name: str, r: int, alpha: float) -> LoRAAdapter:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"name: expected an identifier-like adapter name, got {name!r}")
+        if name in self.adapter_names():
+            raise ValueError(f"name: adapter {name!r} already exists on this layer ({self.adapter_names()})")
+        _check_rank(r, self.in_features, self.out_features)
+        if "adapters" not in self._modules:
+            self.adapters = ModuleDict()
+        ad = LoRAAdapter(self, r, alpha, self.lora_A.data.dtype)
+        self.adapters[name] = ad
+        return ad
+
+    def delta_weight(self, adapter: str = "default") -> np.ndarray:
+        """scaling * B @ A of ``adapter`` as a numpy array [out, in] (the update merge() adds to W)."""
+        ad = self.adapter(adapter)
+        dt = ad.lora_A.data.dtype if ad.lora_A.data.dtype.kind == "f" else np.dtype(np.float32)  # bf16: in fp32
+        return (ad.scaling * (ad.lora_B.data.astype(dt) @ ad.lora_A.data.astype(dt))).astype(dt)
+
+    def _branch(self, h: Tensor, ad: Module) -> Tensor:
+        return (h @ ad.lora_A.T) @ ad.lora_B.T * ad.scaling
+
+    def _lora_delta(self, x: Tensor) -> Tensor | None:
+        """The adapter term for input x (dropout applied here); None when no row uses an adapter."""
+        h = F.dropout(x, self.dropout_p, self.training) if self.dropout_p > 0 else x
+        if self.row_ids is None:
+            if self.active is None or self.active not in self.adapter_names():
+                return None  # this layer does not carry the selected adapter: base only
+            return self._branch(h, self.adapter(self.active))
+        ids = self.row_ids
+        if len(ids) != x.shape[0]:
+            raise ValueError(
+                f"use_adapters: {len(ids)} adapter ids for an input of {x.shape[0]} rows (dim 0), shape {x.shape}"
+            )
+        names = self.adapter_names()
+        groups: dict[str, list[int]] = {}
+        for i, a in enumerate(ids):
+            if a is not None and a in names:
+                groups.setdefault(a, []).append(i)
+        if not groups:
+            return None
+        parts, order = [], []
+        for a, rows in groups.items():
+            idx = np.asarray(rows, dtype=np.int64)
+            parts.append(self._branch(h[idx], self.adapter(a)))
+            order.append(idx)
+        rest = np.setdiff1d(np.arange(x.shape[0]), np.concatenate(order))
+        if rest.size:  # base-only rows: a zero adapter term
+            parts.append(Tensor(np.zeros((rest.size, *parts[0].shape[1:]), dtype=parts[0].data.dtype)))
+            order.append(rest)
+        perm = np.concatenate(order)
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(perm.size)
+        return (cat(parts, 0) if len(parts) > 1 else parts[0])[inv]
+
+
+class LoRALinear(AdapterLayerMixin, Module):
     """``base(x) + dropout(x) A^T B^T * alpha / r`` with A [r, in] kaiming-uniform(a=sqrt(5)), B [out, r] zeros."""
 
     def __init__(self, base: Linear, r: int, alpha: float, dropout: float = 0.0) -> None:
@@ -86,34 +199,39 @@ class LoRALinear(Module):
         self.base_layer = base
         init_adapter(self, base, r, alpha, dropout, base.weight.data.dtype)
         self.merged = False
+        self.merged_adapter: str | None = None
         self.disabled = False  # True: forward is the base path only (GatedLoRA's fallback)
-
-    def delta_weight(self) -> np.ndarray:
-        """scaling * B @ A as a numpy array [out, in] (the update merge() adds to W)."""
-        return (self.scaling * (self.lora_B.data @ self.lora_A.data)).astype(self.base_layer.weight.data.dtype)
+        self._init_selection()
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.base_layer(x)
         if self.merged or self.disabled:
             if self.disabled and self.merged:
                 raise RuntimeError("forward: a merged LoRALinear cannot be disabled (unmerge it first)")
+            if self.merged and (self.row_ids is not None or self.active != self.merged_adapter):
+                raise RuntimeError(
+                    f"forward: this LoRALinear has adapter {self.merged_adapter!r} merged; unmerge it before "
+                    f"selecting other adapters (active {self.active!r}, per-row ids {self.row_ids is not None})"
+                )
             return y
-        h = F.dropout(x, self.dropout_p, self.training) if self.dropout_p > 0 else x
-        return y + (h @ self.lora_A.T) @ self.lora_B.T * self.scaling
+        d = self._lora_delta(x)
+        return y if d is None else y + d
 
-    def merge(self) -> None:
+    def merge(self, adapter: str = "default") -> None:
         if self.merged:
-            raise RuntimeError("merge: this LoRALinear is already merged (call unmerge() first)")
+            raise RuntimeError(
+                f"merge: this LoRALinear is already merged (adapter {self.merged_adapter!r}; call unmerge() first)"
+            )
         w = self.base_layer.weight
-        w.data = w.data + self.delta_weight()
-        self.merged = True
+        w.data = w.data + self.delta_weight(adapter).astype(w.data.dtype)
+        self.merged, self.merged_adapter, self.active = True, adapter, adapter
 
     def unmerge(self) -> None:
         if not self.merged:
             raise RuntimeError("unmerge: this LoRALinear is not merged")
         w = self.base_layer.weight
-        w.data = w.data - self.delta_weight()
-        self.merged = False
+        w.data = w.data - self.delta_weight(self.merged_adapter or self.DEFAULT).astype(w.data.dtype)
+        self.merged, self.merged_adapter = False, None
 
     def extra_repr(self) -> str:
         return (
@@ -122,9 +240,23 @@ class LoRALinear(Module):
         )
 
 
-def lora_layers(model: Module) -> list[tuple[str, LoRALinear]]:
-    """(dotted name, layer) for every LoRALinear in ``model``."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+def lora_layers(model: Module) -> list[tuple[str, Module]]:
+    """(dotted name, layer) for every adapter layer in ``model``: LoRALinear and QLoRALinear."""
+    from .qlora import QLoRALinear
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear | QLoRALinear)]
+
+
+def _require_layers(model: Any, what: str) -> list[tuple[str, Module]]:
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a tinylearn.nn.Module, got {type(model).__name__}")
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(
+            f"model: {type(model).__name__} has no LoRALinear / QLoRALinear layers for {what} "
+            "(call apply_lora or apply_qlora first)"
+        )
+    return layers
 
 
 def _linear_names(model: Module) -> list[str]:
@@ -175,27 +307,49 @@ def apply_lora(
 
 
 def trainable_parameters(model: Module) -> dict[str, Any]:
-    """{"trainable": #elements with requires_grad, "total": #elements, "fraction": trainable / total}."""
+    """{"trainable": #elements with requires_grad, "total": #elements, "fraction": trainable / total,
+    "nf4_frozen": #elements held as NF4 codes}. A QLoRALinear's base weight is no Parameter (packed codes and
+    scales), but it is part of the model: its elements count in "total" as frozen ones (peft counts a 4-bit
+    weight's elements the same way)."""
+    from .qlora import qlora_layers
+
     total = trainable = 0
     for p in model.parameters():
         total += p.data.size
         trainable += p.data.size if p.requires_grad else 0
-    return {"trainable": trainable, "total": total, "fraction": trainable / total if total else 0.0}
+    nf4 = sum(m.weight_nf4.numel for _, m in qlora_layers(model))
+    total += nf4
+    return {"trainable": trainable, "total": total, "fraction": trainable / total if total else 0.0,
+            "nf4_frozen": nf4}  # fmt: skip
 
 
-def lora_state_dict(model: Module) -> OrderedDict[str, Tensor]:
-    """Only the adapter tensors: "<path>.lora_A" [r, in] and "<path>.lora_B" [out, r] (detached, shared storage)."""
+def _adapter_layers(model: Module, adapter: str, what: str) -> list[tuple[str, Module]]:
+    """The adapter layers of ``model`` that carry ``adapter`` (ValueError: none at all, KeyError: none has it)."""
+    layers = _require_layers(model, what)
+    have = [(n, m) for n, m in layers if adapter in m.adapter_names()]
+    if not have:
+        names = sorted({a for _, m in layers for a in m.adapter_names()})
+        raise KeyError(f"adapter: no layer has adapter {adapter!r}; adapters in the model: {names}")
+    return have
+
+
+def lora_state_dict(model: Module, adapter: str = "default") -> OrderedDict[str, Tensor]:
+    """Only the tensors of one adapter: "<path>.lora_A" [r, in] and "<path>.lora_B" [out, r] (detached, shared
+    storage), for LoRALinear and QLoRALinear layers alike. A named adapter (``add_adapter``) is exported under the
+    same keys, so it loads into a single-adapter model. ValueError for a model without adapter layers."""
     out: OrderedDict[str, Tensor] = OrderedDict()
-    for n, layer in lora_layers(model):
+    for n, layer in _adapter_layers(model, adapter, "lora_state_dict"):
         pre = n + "." if n else ""
-        out[pre + "lora_A"] = layer.lora_A.detach()
-        out[pre + "lora_B"] = layer.lora_B.detach()
+        ad = layer.adapter(adapter)
+        out[pre + "lora_A"] = ad.lora_A.detach()
+        out[pre + "lora_B"] = ad.lora_B.detach()
     return out
 
 
-def load_lora_state_dict(model: Module, sd: Mapping[str, Any]) -> Module:
-    """Copy adapter tensors into ``model``'s LoRA layers; keys and shapes must match exactly (merged layers refused)."""
-    own = lora_state_dict(model)
+def load_lora_state_dict(model: Module, sd: Mapping[str, Any], adapter: str = "default") -> Module:
+    """Copy adapter tensors into ``model``'s adapter ``adapter``; keys and shapes must match exactly (merged layers
+    refused)."""
+    own = lora_state_dict(model, adapter)
     missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
     if missing or unexpected:
         raise KeyError(f"sd: missing adapter keys {missing}, unexpected keys {unexpected}")
@@ -211,13 +365,99 @@ def load_lora_state_dict(model: Module, sd: Mapping[str, Any]) -> Module:
     return model
 
 
-def merge_lora(model: Module) -> Module:
-    for _, layer in lora_layers(model):
-        layer.merge()
+def merge_lora(model: Module, adapter: str = "default", dequantize: bool = False) -> Module:
+    """Merge ``adapter`` into every adapter layer's base weight (W += scaling B A).
+
+    QLoRALinear layers have an NF4 base, which cannot take the update without re-quantizing (lossy, and unmerge
+    could not restore the codes): RuntimeError unless ``dequantize=True``, which replaces each QLoRALinear in place
+    by a LoRALinear on its dequantized fp32 weight (sharing the adapter Parameters) and merges there. Every layer is
+    checked before any is changed."""
+    from .qlora import QLoRALinear
+
+    layers = _adapter_layers(model, adapter, "merge_lora")
+    q = [n for n, m in layers if isinstance(m, QLoRALinear)]
+    if q and not dequantize:
+        raise RuntimeError(
+            f"merge_lora: layers {q} have an NF4 base weight; merging would re-quantize W + scaling B A (lossy, "
+            "not undoable). Pass dequantize=True to merge into their dequantized fp32 weights instead"
+        )
+    for n, m in layers:
+        if m.merged:
+            raise RuntimeError(f"merge_lora: layer {n!r} is already merged (call unmerge_lora first)")
+    for n, m in layers:
+        if isinstance(m, QLoRALinear):
+            m = m.to_lora_linear()
+            parent_name, _, child = n.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, m)
+        m.merge(adapter)
     return model
 
 
 def unmerge_lora(model: Module) -> Module:
-    for _, layer in lora_layers(model):
+    """Undo merge_lora on every merged layer (RuntimeError when none is merged)."""
+    layers = [(n, m) for n, m in _require_layers(model, "unmerge_lora") if m.merged]
+    if not layers:
+        raise RuntimeError("unmerge_lora: no adapter layer of the model is merged")
+    for _, layer in layers:
         layer.unmerge()
     return model
+
+
+def add_adapter(
+    model: Module, name: str, r: int = 8, alpha: float = 8.0, target_modules: Iterable[str] | None = None
+) -> Module:
+    """Add adapter ``name`` (A kaiming-uniform, B = 0, trainable) to every LoRA / QLoRA layer of ``model`` (or to
+    those whose dotted name matches ``target_modules``). The base stays shared and frozen; select adapters with
+    ``use_adapters``. Every layer is validated before any is changed."""
+    layers = _require_layers(model, "add_adapter")
+    if target_modules is not None:
+        targets = check_targets(model, target_modules, alpha, 0.0)
+        layers = [(n, m) for n, m in layers if _matches(n, targets)]
+        if not layers:
+            raise ValueError(
+                f"target_modules: {targets} match no adapter layer; adapter layers: "
+                f"{[n for n, _ in lora_layers(model)]}"
+            )
+    _check_alpha(alpha)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name: expected an identifier-like adapter name, got {name!r}")
+    for n, m in layers:
+        if name in m.adapter_names():
+            raise ValueError(f"name: adapter {name!r} already exists on layer {n!r}")
+        _check_rank(r, m.in_features, m.out_features, f" for {n!r} ({m.out_features}x{m.in_features})")
+    for _, m in layers:
+        ad = m.add_adapter(name, r, alpha)
+        ad.lora_A.requires_grad = True
+        ad.lora_B.requires_grad = True
+    return model
+
+
+def adapter_names(model: Module) -> list[str]:
+    """Every adapter name on any adapter layer of ``model``, "default" first."""
+    names: dict[str, None] = {}
+    for _, m in _require_layers(model, "adapter_names"):
+        names.update(dict.fromkeys(m.adapter_names()))
+    return list(names)
+
+
+@contextmanager
+def use_adapters(model: Module, ids: str | Sequence[str | None] | None) -> Iterator[Module]:
+    """Select adapters for the forwards inside the block: a name (every row), None (base only) or one name / None
+    per batch row (dim 0 of each adapter layer's input; a [B, T, in] input keeps a request's tokens together).
+    Layers that lack a selected adapter run their base for those rows. Restores the previous selection on exit.
+    Gradients flow as usual (the rows of adapter a reach a's lora_A / lora_B only)."""
+    layers = _require_layers(model, "use_adapters")
+    known = adapter_names(model)
+    per_row = not (ids is None or isinstance(ids, str))
+    sel = list(ids) if per_row else [ids]
+    for i, a in enumerate(sel):
+        if a is not None and a not in known:
+            raise KeyError(f"ids[{i}]: unknown adapter {a!r}; adapters in the model: {known}")
+    saved = [(m.active, m.row_ids) for _, m in layers]
+    for _, m in layers:
+        m.active, m.row_ids = (None, sel) if per_row else (sel[0], None)
+    try:
+        yield model
+    finally:
+        for (_, m), (a, r) in zip(layers, saved, strict=True):
+            m.active, m.row_ids = a, r

@@ -10,6 +10,11 @@ weights are [r, in] / [out, r]), so the conversion only renames and copies. ``sa
 adapter name ("...lora_A.weight"); ``from_peft_state_dict`` accepts both spellings. Values come back as numpy
 arrays (to_peft) or are read from anything numpy can convert, torch tensors included (from_peft). peft is never
 imported here; ``tests/compress/test_peft_parity.py`` checks forward, gradients and merging against it.
+
+QLoRA models (QLoRALinear layers) export and import their adapters the same way (peft keeps a 4-bit layer's adapter
+under the same names). Their base weight is NF4 codes: ``with_base=True`` refuses them (peft's file would hold a
+bitsandbytes Params4bit with its quant_state, a format not written here). ``adapter``: which tinylearn adapter
+(``add_adapter``) to export / import; ``adapter_name``: the name peft's keys carry.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..nn.module import Module
-from .lora import lora_layers, lora_state_dict
+from .lora import _adapter_layers, lora_layers, lora_state_dict
 
 PREFIX = "base_model.model."
 
@@ -37,18 +42,28 @@ def _to_numpy(v: Any, name: str) -> np.ndarray:
         raise TypeError(f"sd[{name!r}]: cannot convert {type(v).__name__} to an array") from e
 
 
-def to_peft_state_dict(model: Module, adapter_name: str = "default", with_base: bool = False) -> dict[str, np.ndarray]:
-    """peft-named copies of ``model``'s adapter tensors (and its base Linear weights when ``with_base``)."""
+def to_peft_state_dict(
+    model: Module, adapter_name: str = "default", with_base: bool = False, adapter: str = "default"
+) -> dict[str, np.ndarray]:
+    """peft-named copies of ``model``'s adapter ``adapter`` (and its base Linear weights when ``with_base``)."""
+    from .qlora import QLoRALinear
+
     if not isinstance(adapter_name, str) or not adapter_name:
         raise ValueError(f"adapter_name: expected a non-empty string, got {adapter_name!r}")
-    layers = lora_layers(model)
-    if not layers:
-        raise ValueError(f"model: {type(model).__name__} has no LoRALinear layers (call apply_lora first)")
+    layers = _adapter_layers(model, adapter, "to_peft_state_dict")
+    if with_base:
+        q = [n for n, m in layers if isinstance(m, QLoRALinear)]
+        if q:
+            raise ValueError(
+                f"with_base: layers {q} hold NF4 base weights (QLoRALinear), which this exporter does not write in "
+                "peft's bitsandbytes format; export the adapter alone (with_base=False)"
+            )
     out: dict[str, np.ndarray] = OrderedDict()
     for n, layer in layers:
         p = PREFIX + n
-        out[f"{p}.lora_A.{adapter_name}.weight"] = layer.lora_A.data.copy()
-        out[f"{p}.lora_B.{adapter_name}.weight"] = layer.lora_B.data.copy()
+        ad = layer.adapter(adapter)
+        out[f"{p}.lora_A.{adapter_name}.weight"] = ad.lora_A.data.copy()
+        out[f"{p}.lora_B.{adapter_name}.weight"] = ad.lora_B.data.copy()
         if with_base:
             if layer.merged:
                 raise RuntimeError(f"to_peft_state_dict: layer {n!r} is merged; unmerge it to export base weights")
@@ -58,11 +73,12 @@ def to_peft_state_dict(model: Module, adapter_name: str = "default", with_base: 
     return out
 
 
-def from_peft_state_dict(model: Module, sd: Mapping[str, Any], adapter_name: str = "default") -> Module:
-    """Load peft-named adapter weights into ``model``'s LoRA layers (missing or unknown lora keys: KeyError)."""
-    want = lora_state_dict(model)
-    if not want:
-        raise ValueError(f"model: {type(model).__name__} has no LoRALinear layers (call apply_lora first)")
+def from_peft_state_dict(
+    model: Module, sd: Mapping[str, Any], adapter_name: str = "default", adapter: str = "default"
+) -> Module:
+    """Load peft-named adapter weights (peft adapter ``adapter_name``) into ``model``'s adapter ``adapter`` of its
+    LoRA / QLoRA layers (missing or unknown lora keys: KeyError)."""
+    want = lora_state_dict(model, adapter)
     got: dict[str, np.ndarray] = {}
     for k, v in sd.items():
         if ".lora_A." not in k and ".lora_B." not in k:
@@ -81,7 +97,7 @@ def from_peft_state_dict(model: Module, sd: Mapping[str, Any], adapter_name: str
         layer = by_name[path]
         if layer.merged:
             raise RuntimeError(f"from_peft_state_dict: layer {path!r} is merged; unmerge it first")
-        p = getattr(layer, ab)
+        p = getattr(layer.adapter(adapter), ab)
         if arr.shape != p.shape:
             raise ValueError(f"sd[{k!r}]: shape {arr.shape} does not match the adapter's {p.shape}")
         np.copyto(p.data, arr, casting="unsafe")

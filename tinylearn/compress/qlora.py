@@ -10,6 +10,15 @@ dL/dx = dL/dy dequant(W) (dequantized for the backward product, then dropped) an
 ordinary tinylearn autograd, so gradients reach A, B and x. The LoRA names (lora_A, lora_B, scaling, A's
 kaiming-uniform(a=sqrt(5)) init) are those of ``LoRALinear`` (lora.py), whose rank / alpha checks are reused.
 
+LoRA dtype ("LoRA in fp32/bf16 on top"): the adapter Parameters are fp32 master weights either way (as tl.amp
+keeps them: a bf16 weight would lose Adam updates below 2^-8 of its size). ``lora_dtype="bfloat16"`` runs the LoRA
+branch in bf16 -- its two matmuls through ``tl.autocast("bfloat16")``: inputs rounded to bf16, products
+accumulated in fp32, results stored in bf16 -- and adds it to the base output in fp32; gradients reach A and B in
+fp32 through autocast's differentiable casts. Wrapping the forward in ``tl.autocast("bfloat16")`` yourself does the
+same to the LoRA branch of an fp32 layer. The NF4 base matmul stays on its fp32 kernel in both cases (bitsandbytes
+dequantizes to its compute dtype instead; fp32 here is the more accurate of the two). Merging into an NF4 base:
+``merge()`` raises (see lora.py); ``to_lora_linear()`` is the dequantized fp32 LoRALinear.
+
 ``apply_qlora(model, target_modules, r, alpha)`` replaces matching Linear submodules in place (same name matching
 as apply_lora) and freezes every other parameter. ``memory_report(model)`` counts the bytes of the arrays the model
 actually holds (NF4 codes + scales, LoRA params, the rest) against the fp32 model it replaced.
@@ -24,11 +33,10 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
-from ..nn import functional as F
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..nn.parameter import Parameter
-from .lora import _check_rank, _linear_names, _matches, check_targets, init_adapter
+from .lora import AdapterLayerMixin, LoRALinear, _check_rank, _linear_names, _matches, check_targets, init_adapter
 from .nf4 import NF4Tensor, nf4_dequantize, nf4_matmul, nf4_quantize
 
 
@@ -38,8 +46,10 @@ class NF4LinearFunction(Function):
     @staticmethod
     def forward(ctx: Any, x: np.ndarray, q: NF4Tensor) -> np.ndarray:
         ctx.q = q
-        ctx.x_shape = x.shape
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         x2 = x.reshape(-1, x.shape[-1])
+        if x2.dtype != np.float32 and x2.dtype != np.float64:  # bf16 / fp16 input (under autocast): fp32 kernel
+            x2 = x2.astype(np.float32)
         y = nf4_matmul(x2, q)
         return y.reshape(*x.shape[:-1], q.shape[0]).astype(x.dtype, copy=False)
 
@@ -49,12 +59,32 @@ class NF4LinearFunction(Function):
             return None, None
         w = nf4_dequantize(ctx.q)
         g2 = grad.reshape(-1, grad.shape[-1])
+        if g2.dtype != np.float32 and g2.dtype != np.float64:
+            g2 = g2.astype(np.float32)
         gx = (g2 @ w.astype(g2.dtype, copy=False)).reshape(ctx.x_shape)
-        return gx, None
+        return gx.astype(ctx.x_dtype, copy=False), None
 
 
-class QLoRALinear(Module):
-    """A Linear whose weight is frozen NF4 and whose update is a trainable LoRA pair (fp32)."""
+LORA_DTYPES = {"float32": None, "fp32": None, "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def _check_lora_dtype(lora_dtype: Any) -> str:
+    """'float32' or 'bfloat16' from a name ('fp32', 'bf16', 'torch.bfloat16') or a numpy / ml_dtypes dtype."""
+    name = lora_dtype if isinstance(lora_dtype, str) else str(lora_dtype)
+    if not isinstance(lora_dtype, str):
+        try:
+            name = str(np.dtype(lora_dtype))
+        except TypeError:
+            pass
+    name = name.removeprefix("torch.")
+    if name not in LORA_DTYPES:
+        raise ValueError(f"lora_dtype: expected 'float32' or 'bfloat16', got {lora_dtype!r}")
+    return "bfloat16" if LORA_DTYPES[name] else "float32"
+
+
+class QLoRALinear(AdapterLayerMixin, Module):
+    """A Linear whose weight is frozen NF4 and whose update is a trainable LoRA pair (fp32 masters; the branch runs
+    in ``lora_dtype``)."""
 
     def __init__(
         self,
@@ -64,15 +94,56 @@ class QLoRALinear(Module):
         block_size: int = 64,
         double_quant: bool = True,
         dropout: float = 0.0,
+        lora_dtype: Any = "float32",
     ) -> None:
         super().__init__()
         if not isinstance(base, Linear):
             raise TypeError(f"base: expected a tinylearn.nn.Linear, got {type(base).__name__}")
         _check_rank(r, base.in_features, base.out_features)  # validate before quantizing
+        self.lora_dtype = _check_lora_dtype(lora_dtype)
         self.block_size = block_size
         self.weight_nf4 = nf4_quantize(base.weight.data, block_size=block_size, double_quant=double_quant)
         self.bias = None if base.bias is None else Parameter(base.bias.data.astype(np.float32), requires_grad=False)
         init_adapter(self, base, r, alpha, dropout, np.float32)
+        self.merged = False
+        self._init_selection()
+
+    def _branch(self, h: Tensor, ad: Module) -> Tensor:
+        if self.lora_dtype == "float32":
+            return super()._branch(h, ad)
+        from ..amp import autocast
+
+        with autocast("bfloat16"):
+            d = (h @ ad.lora_A.T) @ ad.lora_B.T
+        return d.to(np.float32) * ad.scaling
+
+    def merge(self, adapter: str = "default") -> None:
+        raise RuntimeError(
+            "merge: a QLoRALinear's base weight is NF4; W + scaling B A is not on the NF4 grid, so merging would "
+            "re-quantize it (lossy, and unmerge could not restore the codes). Use merge_lora(model, dequantize=True) "
+            "or to_lora_linear().merge() to merge into the dequantized fp32 weight"
+        )
+
+    def unmerge(self) -> None:
+        raise RuntimeError("unmerge: a QLoRALinear is never merged (see merge)")
+
+    def to_lora_linear(self) -> LoRALinear:
+        """A LoRALinear on an fp32 Linear holding the dequantized weight and this layer's bias, sharing this
+        layer's adapter Parameters (every named adapter included) and selection; its output equals this layer's
+        (the LoRA branch in fp32)."""
+        base = Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        base.weight.data = self.dequantized_weight()
+        base.weight.requires_grad = False
+        if self.bias is not None:
+            base.bias.data = self.bias.data.copy()
+            base.bias.requires_grad = False
+        out = LoRALinear(base, self.r, self.alpha, self.dropout_p)
+        out.lora_A, out.lora_B = self.lora_A, self.lora_B
+        if "adapters" in self._modules:
+            out.adapters = self.adapters
+        out.active, out.row_ids = self.active, self.row_ids
+        out.training = self.training
+        return out
 
     def dequantized_weight(self) -> np.ndarray:
         """The fp32 weight the NF4 codes stand for (a fresh array; the layer does not keep it)."""
@@ -86,14 +157,14 @@ class QLoRALinear(Module):
         y = NF4LinearFunction.apply(x, self.weight_nf4)
         if self.bias is not None:
             y = y + self.bias
-        h = F.dropout(x, self.dropout_p, self.training) if self.dropout_p > 0 else x
-        return y + (h @ self.lora_A.T) @ self.lora_B.T * self.scaling
+        d = self._lora_delta(x)
+        return y if d is None else y + d
 
     def extra_repr(self) -> str:
         q = self.weight_nf4
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}, "
-            f"block_size={q.block_size}, double_quant={q.double_quant}"
+            f"block_size={q.block_size}, double_quant={q.double_quant}, lora_dtype={self.lora_dtype}"
         )
 
 
@@ -110,10 +181,13 @@ def apply_qlora(
     block_size: int = 64,
     double_quant: bool = True,
     dropout: float = 0.0,
+    lora_dtype: Any = "float32",
 ) -> Module:
     """Replace every Linear whose dotted name equals or ends with ``"." + target`` by a QLoRALinear (its fp32
-    weight released); freeze every other parameter. ValueError listing the Linear names when nothing matches."""
+    weight released); freeze every other parameter. ValueError listing the Linear names when nothing matches.
+    ``lora_dtype``: "float32" (default) or "bfloat16", the dtype the LoRA branch computes in (masters stay fp32)."""
     targets = check_targets(model, target_modules, alpha, dropout)
+    _check_lora_dtype(lora_dtype)
     hits = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) and n and _matches(n, targets)]
     if not hits:
         raise ValueError(
@@ -129,7 +203,7 @@ def apply_qlora(
     for n, m in hits:
         parent_name, _, child = n.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, QLoRALinear(m, r, alpha, block_size, double_quant, dropout))
+        setattr(parent, child, QLoRALinear(m, r, alpha, block_size, double_quant, dropout, lora_dtype))
     return model
 
 
