@@ -158,3 +158,116 @@ def test_bench_multi_lora_runs_and_checks_agreement():
     r = bench_multi_lora(n_rows=16, n_adapters=3, d=32, r=4, repeat=1)
     assert {"grouped_s", "gather_bmm_s", "loop_s", "merged_per_adapter_s", "base_only_s"} <= set(r)
     assert r["weight_bytes_merged"] == 3 * 32 * 32 * 4 and r["weight_bytes_adapters"] == 3 * 2 * 4 * 32 * 4
+
+
+# ---- model-level named adapters: apply_lora + add_adapter, per-request selection with autograd -----------------
+
+
+def _multi_model(qlora: bool = False, seed: int = 0) -> tl.nn.Module:
+    from tinylearn.compress.lora import add_adapter, apply_lora, lora_layers
+    from tinylearn.compress.qlora import apply_qlora
+
+    tl.manual_seed(seed)
+    model = tl.nn.Sequential(tl.nn.Linear(16, 32), tl.nn.ReLU(), tl.nn.Linear(32, 8))
+    if qlora:
+        apply_qlora(model, ["0", "2"], r=4, alpha=8, block_size=16)
+    else:
+        apply_lora(model, ["0", "2"], r=4, alpha=8)
+    add_adapter(model, "a", r=2, alpha=4)
+    add_adapter(model, "b", r=4, alpha=16, target_modules=["2"])  # "b" only on the last layer
+    rng = np.random.default_rng(seed + 1)
+    for _, m in lora_layers(model):
+        for name in m.adapter_names():
+            ad = m.adapter(name)
+            ad.lora_B.data[:] = rng.standard_normal(ad.lora_B.shape).astype(np.float32) * 0.3
+    return model
+
+
+IDS = ["a", "b", "default", None, "b", "a", "a"]
+
+
+def _rows_alone(model, x: np.ndarray, g: np.ndarray, merged: bool):
+    """Each request alone with its adapter (merged into a copy of the model, or selected unmerged): outputs, and the
+    summed gradients of every adapter parameter and of x."""
+    import copy
+
+    from tinylearn.compress.lora import merge_lora, use_adapters
+
+    ys, grads, gx = [], {}, []
+    for i, a in enumerate(IDS):
+        m = copy.deepcopy(model) if merged else model
+        if merged and a is not None:
+            merge_lora(m, adapter=a)  # "b" lives on layer 2 only: merged there, layer 0 runs its base
+        xi = tl.Tensor(x[i : i + 1], requires_grad=True)
+        with use_adapters(m, a):
+            y = m(xi)
+        if not merged:
+            for p in m.parameters():
+                p.grad = None
+            y.backward(tl.Tensor(g[i : i + 1]))
+            grads_i = {n: p.grad.data.copy() for n, p in m.named_parameters() if p.grad is not None}
+            for n, v in grads_i.items():
+                grads[n] = grads.get(n, 0) + v
+            gx.append(xi.grad.data)
+        ys.append(y.data)
+    return np.concatenate(ys), grads, (np.concatenate(gx) if gx else None)
+
+
+@pytest.mark.parametrize("qlora", [False, True])
+def test_per_request_adapters_match_each_request_alone(qlora: bool) -> None:
+    from tinylearn.compress.lora import adapter_names, use_adapters
+
+    model = _multi_model(qlora)
+    assert adapter_names(model) == ["default", "a", "b"]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((len(IDS), 16)).astype(np.float32)
+    g = rng.standard_normal((len(IDS), 8)).astype(np.float32)
+    xt = tl.Tensor(x, requires_grad=True)
+    with use_adapters(model, IDS):
+        y = model(xt)
+    for p in model.parameters():
+        p.grad = None
+    y.backward(tl.Tensor(g))
+    mixed_grads = {n: p.grad.data.copy() for n, p in model.named_parameters() if p.grad is not None}
+    if not qlora:  # reference 1: each request alone through the model with its adapter merged into the base
+        y_merged, _, _ = _rows_alone(model, x, g, merged=True)
+        np.testing.assert_allclose(y.data, y_merged, rtol=1e-5, atol=1e-5)
+    y_alone, grads_alone, gx_alone = _rows_alone(model, x, g, merged=False)  # reference 2: alone, unmerged
+    np.testing.assert_allclose(y.data, y_alone, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(xt.grad.data, gx_alone, rtol=1e-5, atol=1e-6)
+    assert sorted(mixed_grads) == sorted(grads_alone)
+    assert {"0.adapters.a.lora_B", "2.adapters.b.lora_A", "2.lora_B"} <= set(mixed_grads)
+    for n in mixed_grads:
+        np.testing.assert_allclose(mixed_grads[n], grads_alone[n], rtol=1e-5, atol=1e-6, err_msg=n)
+    # the rows differ by adapter (a selection that did nothing would make rows 0 and 2 agree with the base)
+    with use_adapters(model, None):
+        y_base = model(tl.Tensor(x)).data
+    np.testing.assert_allclose(y.data[3], y_base[3], rtol=1e-6, atol=1e-6)  # the None row: base only
+    assert (np.abs(y.data[[0, 1, 2]] - y_base[[0, 1, 2]]).max(axis=1) > 1e-3).all()
+
+
+def test_per_request_adapters_sequence_input_and_errors() -> None:
+    from tinylearn.compress.lora import add_adapter, use_adapters
+
+    model = _multi_model()
+    x = np.random.default_rng(4).standard_normal((3, 5, 16)).astype(np.float32)  # [requests, tokens, features]
+    with use_adapters(model, ["b", None, "a"]):
+        y = model(tl.Tensor(x)).data
+    for i, a in enumerate(["b", None, "a"]):
+        with use_adapters(model, a):
+            np.testing.assert_allclose(y[i], model(tl.Tensor(x[i : i + 1])).data[0], rtol=1e-5, atol=1e-6)
+    assert model[0].active == "default" and model[0].row_ids is None  # the selection is restored on exit
+    with pytest.raises(ValueError, match="3 adapter ids for an input of 2 rows"):
+        with use_adapters(model, ["a", "a", "b"]):
+            model(tl.Tensor(x[:2]))
+    with pytest.raises(KeyError, match="'nope'"):
+        with use_adapters(model, ["a", "nope"]):
+            pass
+    with pytest.raises(ValueError, match="already exists"):
+        add_adapter(model, "a", r=2, alpha=4)
+    with pytest.raises(ValueError, match="r"):
+        add_adapter(model, "c", r=0, alpha=4)
+    model[2].merge("b")
+    with pytest.raises(RuntimeError, match="merged"):
+        with use_adapters(model, ["a", "b", None]):
+            model(tl.Tensor(x))

@@ -11,6 +11,12 @@ rank-r deltas differ per row. For x [N, in] and adapter id a(n) per row:
                          row and run two batched matvecs (BGMV): one kernel, no sort, but reads r_max weights/row
     method="loop"        per-row reference;  ``merged_forward(x, name)``: x (W + s B A)^T + b, the merged weights
 
+``MultiLoRALinear`` is the numpy, inference-only kernel study of one layer. The model-level path is in lora.py:
+``apply_lora`` / ``apply_qlora`` then ``add_adapter(model, name, r, alpha)`` puts named adapters on every adapted
+layer of one shared frozen base, and ``with use_adapters(model, ids):`` runs a forward where batch row n uses
+adapter ids[n] (the grouped method above, in tinylearn autograd: training a mixed batch updates each adapter with
+its own rows' gradients).
+
 AdapterCache (what keeps GPU memory small when many adapters are similar, e.g. fine-tuned from one checkpoint):
 
 1. differential encoding: an adapter near an already stored one is kept as (reference, sparse *replacement*
