@@ -13,6 +13,9 @@ vLLM's block manager on top of ``tinylearn.inference.PagedKVCache(keep_cached=Tr
                      (fp32: its [L, 2, block_size, Hkv, hd] K/V; int8: its raw arena bytes, codes + scales; see
                      ``host_block_shape``/``host_block_dtype``; exact) and frees the device blocks; swap-in
                      allocates fresh blocks and copies the bytes back
+    token eviction   a sequence whose tokens were dropped by the engine's token-priority eviction holds
+                     ``num_computed - kv_evicted`` tokens: positions (``reserve``/``truncate`` take them) are
+                     converted to cache lengths here; its blocks are never indexed for prefix reuse again
     invariants       ``check(owners)``: every block is exactly one of free / used / cached; refcount == number of
                      owning block tables; cached blocks are indexed with refcount 0; the allocator agrees
 The host store is any object with put/get/pop/discard/prefetch/__contains__/stats (``tl.serve.tiering``'s
@@ -28,6 +31,11 @@ import numpy as np
 
 from ..inference.paged_cache import PagedKVCache
 from ..inference.paged_math import blocks_needed
+
+
+def _evicted(seq: Any) -> int:
+    """Tokens the engine's token-priority eviction dropped from ``seq``'s cache (0 for a plain sequence)."""
+    return int(getattr(seq, "kv_evicted", 0))
 
 
 class HostStore:
@@ -114,8 +122,9 @@ class BlockManager:
         return len(table) * self.block_size, len(table), revived
 
     def blocks_to_grow(self, seq: Any, end: int) -> int:
+        """Blocks ``seq`` needs to cover positions < ``end`` (minus the tokens token-priority eviction dropped)."""
         table = self.cache.seqs[seq.cache_id].table
-        return max(0, blocks_needed(end, self.block_size) - len(table))
+        return max(0, blocks_needed(end - _evicted(seq), self.block_size) - len(table))
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def admit(self, seq: Any) -> int:
@@ -129,7 +138,7 @@ class BlockManager:
         return hit
 
     def reserve(self, seq: Any, end: int) -> None:
-        self.cache.reserve(seq.cache_id, end)
+        self.cache.reserve(seq.cache_id, end - _evicted(seq))
 
     def free(self, seq: Any) -> None:
         if seq.cache_id is not None:
@@ -141,7 +150,7 @@ class BlockManager:
 
     def register(self, seq: Any) -> None:
         """Index the full blocks filled since the last call (their tokens' KV is computed)."""
-        if not self.prefix_caching or seq.cache_id is None:
+        if not self.prefix_caching or seq.cache_id is None or _evicted(seq):
             return
         full = seq.num_computed // self.block_size
         if full > seq.registered_blocks:
@@ -149,7 +158,7 @@ class BlockManager:
             seq.registered_blocks = full
 
     def truncate(self, seq: Any, n: int) -> None:
-        self.cache.truncate(seq.cache_id, n)
+        self.cache.truncate(seq.cache_id, n - _evicted(seq))
         seq.num_computed = n
 
     # -- swap -----------------------------------------------------------------------------------------------
@@ -179,7 +188,7 @@ class BlockManager:
                 self.cache._data[b] = block
             else:
                 self._raw[b] = block.view(np.uint8).reshape(-1)
-        s.lens = [seq.num_computed] * self.cache.n_layers
+        s.lens = [seq.num_computed - _evicted(seq)] * self.cache.n_layers
         seq.cache_id, seq.swapped_blocks = sid, []
         self.swapped_blocks_in += len(keys)
         return len(keys)
@@ -197,9 +206,12 @@ class BlockManager:
         counts: Counter[int] = Counter()
         for s in owners:
             cs = c.seqs[s.cache_id]
-            if any(n != s.num_computed for n in cs.lens):
-                raise RuntimeError(f"invariant 'cache length == computed tokens' broken for {s.request_id}: {cs.lens}")
-            if len(cs.table) < blocks_needed(s.num_computed, self.block_size):
+            if any(n != s.num_computed - _evicted(s) for n in cs.lens):
+                raise RuntimeError(
+                    f"invariant 'cache length == computed tokens' broken for {s.request_id}: {cs.lens} "
+                    f"(computed {s.num_computed}, evicted {_evicted(s)})"
+                )
+            if len(cs.table) < blocks_needed(s.num_computed - _evicted(s), self.block_size):
                 raise RuntimeError(f"invariant 'table covers the computed tokens' broken for {s.request_id}")
             counts.update(cs.table)
         for b in range(self.num_blocks):

@@ -29,6 +29,15 @@ a Retry-After estimate, which the server answers with 429 / 503):
                             with the engine's live state (``engine_state()``): running decodes, their KV tokens, the
                             prefill tokens queued ahead, the token budget; a predicted TTFT or TPOT beyond its SLO
                             rejects the request ("slo") with the model's numbers in the message.
+Token-priority eviction for long contexts (``kv_token_budget=B``, ``kv_evict_recent=R``): after a step, a sequence
+whose cache holds more than B tokens keeps the last R tokens and, up to B - block_size (hysteresis: the re-pack runs
+once per block of growth, not every step), the tokens with the most attention from its latest query summed over
+layers and heads (``paged_math.attention_received`` + ``priority_keep``, H2O's heavy hitters, as notebook 09); the
+rest are dropped with ``PagedKVCache.evict_tokens`` (kept tokens re-packed, their blocks freed). Positions keep
+counting the dropped tokens. Between steps every sequence then holds at most B tokens of KV (within a step, B plus
+the step's chunk). The outputs are APPROXIMATE once tokens are dropped (attention no longer sees them): the exact
+greedy equality below holds only until a sequence first exceeds B. Needs enable_prefix_caching=False (an evicted
+sequence's blocks no longer hold its token prefix).
 Greedy outputs equal ``tinylearn.inference.generate(model, prompt, n, temperature=0)``: the KV of every token is
 the same whatever it was batched with, so batching, chunking, caching and preemption change speed, not tokens.
 """
@@ -42,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..inference.model import TinyGPT
-from ..inference.paged_math import blocks_needed
+from ..inference.paged_math import attention_received, blocks_needed, priority_keep
 from ..inference.sampling import choose, filter_probs, sample_from
 from ..inference.session import open_session
 from ..inference.speculative import accept_draft, residual_distribution
@@ -99,6 +108,8 @@ class Engine:
         draft_model: TinyGPT | None = None,
         kv_budget_blocks: int | None = None,
         admission: Any = None,
+        kv_token_budget: int | None = None,
+        kv_evict_recent: int | None = None,
     ) -> None:
         if not isinstance(model, TinyGPT):
             raise TypeError(f"model: expected a TinyGPT, got {type(model).__name__}")
@@ -142,6 +153,23 @@ class Engine:
             got = type(admission).__name__
             raise TypeError(f"admission: expected an AdmissionController (admit/predict), got {got}")
         self.admission = admission
+        self.kv_token_budget = _int_arg("kv_token_budget", kv_token_budget, 2, optional=True)
+        self.kv_evict_recent = _int_arg("kv_evict_recent", kv_evict_recent, 1, optional=True)
+        if self.kv_token_budget is None and self.kv_evict_recent is not None:
+            raise ValueError(f"kv_evict_recent: {kv_evict_recent} given without kv_token_budget")
+        if self.kv_token_budget is not None:
+            if self.enable_prefix_caching:
+                raise ValueError(
+                    "kv_token_budget: token-priority eviction needs enable_prefix_caching=False (an evicted "
+                    "sequence's blocks no longer hold its token prefix)"
+                )
+            if self.kv_evict_recent is None:
+                self.kv_evict_recent = max(1, self.kv_token_budget // 4)
+            if self.kv_evict_recent >= self.kv_token_budget:
+                raise ValueError(
+                    f"kv_evict_recent: {self.kv_evict_recent} must be < kv_token_budget={self.kv_token_budget}"
+                )
+        self.kv_evicted_tokens = 0
         self.rejected = {"kv_budget": 0, "slo": 0}
         self.last_admission: str | None = None  # the admission controller's last reason (admit or reject)
         for name in ("put", "get", "pop", "discard", "prefetch", "__contains__", "stats"):
@@ -404,13 +432,16 @@ class Engine:
         items, drafts = [], {}
         for s in sched.scheduled:
             seq, start = s.seq, s.seq.num_computed
+            if self.kv_token_budget is not None:
+                self.runner.capture.add(seq.cache_id)
             if s.spec:
                 drafts[id(seq)] = self._draft(seq, s.spec)
                 toks = [seq.tokens[-1], *drafts[id(seq)][0]]
             else:
                 toks = seq.tokens[start : start + s.n]
             reaches_end = start + s.n == len(seq.tokens) + s.spec
-            items.append(BatchItem(seq.cache_id, start, toks, (s.spec + 1) if reaches_end else 0))
+            n_logits = (s.spec + 1) if reaches_end else 0
+            items.append(BatchItem(seq.cache_id, start - seq.kv_evicted, toks, n_logits, pos_start=start))
         logits = self.runner.forward(items)
         n_prefill = n_decode = n_prefill_seqs = kv_tokens = 0
         for s, it, lg in zip(sched.scheduled, items, logits):
@@ -419,7 +450,7 @@ class Engine:
             n_decode += s.n if decoding else 0
             n_prefill += 0 if decoding else s.n
             n_prefill_seqs += not decoding
-            kv_tokens += seq.num_computed + s.n
+            kv_tokens += seq.num_computed - seq.kv_evicted + s.n
             seq.num_computed += s.n
             new: list[int] = []
             if it.n_logits:
@@ -437,8 +468,12 @@ class Engine:
             if seq.finish_reason is not None:
                 self.scheduler.remove(seq)
                 self._finish(seq, seq.finish_reason)
+            elif self.kv_token_budget is not None:
+                self._evict(seq)
             if new or seq.finish_reason is not None:
                 outputs.append(self._output(seq, new))
+        self.runner.capture.clear()
+        self.runner.last_q.clear()
         self.num_steps += 1
         self.step_log.append(
             dict(
@@ -452,6 +487,41 @@ class Engine:
             )
         )
         return outputs
+
+    def kv_positions(self, request_id: str) -> np.ndarray:
+        """The positions whose K/V an unfinished request's cache holds, in cache order (all of them unless
+        token-priority eviction dropped some)."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            raise KeyError(f"request_id: {request_id!r} is not an unfinished request")
+        if seq.kv_kept_pos is None:
+            return np.arange(seq.num_computed)
+        return np.concatenate([seq.kv_kept_pos, np.arange(seq.kv_kept_until, seq.num_computed)])
+
+    def _evict(self, seq: Sequence) -> None:
+        """Token-priority eviction (module docstring) when the sequence's cache holds more than kv_token_budget."""
+        if seq.cache_id is None:
+            return
+        held = seq.num_computed - seq.kv_evicted
+        budget = self.kv_token_budget
+        if held <= budget:
+            return
+        qs = self.runner.last_q.get(seq.cache_id)
+        if qs is None or len(qs) != self.config.n_layers:
+            return
+        cache = self.bm.cache
+        scores = np.zeros(held)
+        for layer, q in qs.items():
+            k, _ = cache.gather(seq.cache_id, layer)
+            scores += attention_received(q[None], k)
+        target = max(self.kv_evict_recent + 1, budget - self.block_size)
+        keep = priority_keep(scores, target, recent=self.kv_evict_recent)
+        pos = self.kv_positions(seq.request_id)
+        cache.evict_tokens(seq.cache_id, keep)
+        dropped = int((~keep).sum())
+        seq.kv_kept_pos, seq.kv_kept_until = pos[keep], seq.num_computed
+        seq.kv_evicted += dropped
+        self.kv_evicted_tokens += dropped
 
     def _append(self, seq: Sequence, tok: int) -> bool:
         """Add a sampled token and run the stop checks; True when the request finished."""
@@ -536,6 +606,7 @@ class Engine:
             spec_proposed=self.spec_proposed,
             spec_accepted=self.spec_accepted,
             kv_claimed_blocks=self.kv_claimed_blocks(),
+            kv_evicted_tokens=self.kv_evicted_tokens,
             rejected_kv_budget=self.rejected["kv_budget"],
             rejected_slo=self.rejected["slo"],
         )

@@ -15,6 +15,9 @@ at positions [start, start + t), or one decode token (t = 1). All N scheduled to
     logits = lm_head(ln_f(x[rows])) only for the rows whose next token is sampled (a chunk that does not reach
     the end of its sequence needs none; a speculative verify needs all of its k + 1 rows).
 The caller reserves the blocks (``BlockManager.reserve``) first; the runner writes K/V and sets the lengths.
+Positions and cache indices coincide unless the engine's token-priority eviction dropped tokens: then an item's
+``start`` is its cache index and ``pos_start`` its position. ``capture`` (cache ids) keeps each such item's last
+query per layer in ``last_q`` -- the query the eviction scores the cached tokens with.
 GQA: query head h reads KV head h // g (g = n_heads / n_kv_heads), as TinyGPT's Attention.
 """
 
@@ -40,6 +43,12 @@ class BatchItem:
     start: int
     tokens: list[int]
     n_logits: int
+    pos_start: int | None = None  # the tokens' positions (RoPE / learned); None = start. Differs from the cache
+    # index ``start`` after token-priority eviction dropped tokens from the sequence's cache
+
+
+def _pos0(it: BatchItem) -> int:
+    return it.start if it.pos_start is None else it.pos_start
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -74,6 +83,8 @@ class ModelRunner:
         c = model.config
         self.h, self.hkv, self.hd, self.g = c.n_heads, c.kv_heads, c.head_dim, c.group
         self.forward_calls = 0
+        self.capture: set[int] = set()  # cache ids whose last query per layer is kept (token-priority eviction)
+        self.last_q: dict[int, dict[int, np.ndarray]] = {}
 
     def forward(self, items: list[BatchItem]) -> list[np.ndarray]:
         """One forward over all items; returns float32 logits [n_logits, V] per item (empty for n_logits=0)."""
@@ -87,7 +98,7 @@ class ModelRunner:
         self.forward_calls += 1
         ids = np.fromiter((t for it in items for t in it.tokens), dtype=np.int64)
         n = ids.shape[0]
-        pos = np.concatenate([np.arange(it.start, it.start + len(it.tokens)) for it in items])
+        pos = np.concatenate([np.arange(p0, p0 + len(it.tokens)) for it in items for p0 in [_pos0(it)]])
         offs = np.cumsum([0] + [len(it.tokens) for it in items])
         seqs = [cache.seqs[it.cache_id] for it in items]
         where = [
@@ -114,6 +125,10 @@ class ModelRunner:
             v = a.v_proj(hx).data.reshape(n, self.hkv, self.hd)
             if rope is not None:
                 q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            if self.capture:
+                for i, it in enumerate(items):
+                    if it.cache_id in self.capture:
+                        self.last_q.setdefault(it.cache_id, {})[layer] = q[offs[i + 1] - 1].copy()
             self._write(layer, blk, slot, k, v)
             for s, it in zip(seqs, items):
                 s.lens[layer] = it.start + len(it.tokens)

@@ -51,6 +51,9 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     cache_id: int | None = None
     num_computed: int = 0
+    kv_evicted: int = 0  # tokens dropped by token-priority eviction: the cache holds num_computed - kv_evicted
+    kv_kept_pos: Any = None  # positions of the tokens kept at the last eviction (then kv_kept_until.. follow)
+    kv_kept_until: int = 0
     registered_blocks: int = 0
     swapped_blocks: list[str] = field(default_factory=list)
     resumed: bool = False
@@ -138,6 +141,7 @@ class Scheduler:
         else:
             self.bm.free(seq)
             seq.num_computed, seq.resumed, seq.prefilled = 0, True, False
+            seq.kv_evicted, seq.kv_kept_pos, seq.kv_kept_until = 0, None, 0
             self.waiting.insert(0, seq)
 
     def _chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
@@ -188,7 +192,7 @@ class Scheduler:
             if budget == 0 or len(out.scheduled) >= self.max_seqs or len(self.running) >= self.max_seqs:
                 break
             n, spec = self._chunk(seq, budget)
-            grow = blocks_needed(seq.num_computed + n, self.bm.block_size) - len(seq.swapped_blocks)
+            grow = blocks_needed(seq.num_computed - seq.kv_evicted + n, self.bm.block_size) - len(seq.swapped_blocks)
             if n == 0 or len(seq.swapped_blocks) + grow > self.bm.free_blocks:
                 self.bm.host.prefetch(seq.swapped_blocks)  # next in line: warm its blocks in the host tiers
                 break
