@@ -47,6 +47,13 @@ class Softmax(_red.Softmax):
         return _k.softmax_backward(y, g, ctx.d, backend=_k.backward_backend("softmax", ctx.kernel[0]))
 
 
+def _colmajor(a: np.ndarray) -> bool:
+    """A 2-D column-major array (not also row-major): its transpose is C-contiguous, so an element-wise kernel runs
+    on ``a.T`` and its result is transposed back, instead of the kernels' dispatcher copying it to C order (a
+    transposing copy cost ~10x the GELU itself on Linear's [512, 1024] output)."""
+    return a.ndim == 2 and a.flags.f_contiguous and not a.flags.c_contiguous
+
+
 class GELU(_ew.GELU):
     @staticmethod
     def forward(ctx, a, approximate="none"):
@@ -57,6 +64,8 @@ class GELU(_ew.GELU):
         _k._check_approx(approximate)
         ctx.approximate = approximate
         ctx.save_for_backward(a)
+        if _colmajor(a):  # e.g. Linear's [N, out] output (autograd/linalg.py): element-wise on the same memory
+            return _k.bias_gelu(a.T, np.zeros(a.shape[0], a.dtype), backend=path[0], approximate=approximate).T
         return _k.bias_gelu(a, np.zeros(a.shape[-1], a.dtype), backend=path[0], approximate=approximate)
 
     @staticmethod
@@ -65,6 +74,9 @@ class GELU(_ew.GELU):
             return _ew.GELU.backward(ctx, g)
         (a,) = ctx.saved_tensors
         b = _k.backward_backend("bias_gelu", ctx.kernel[0])
+        if _colmajor(a) and _colmajor(g):
+            zeros = np.zeros(a.shape[0], a.dtype)
+            return _k.bias_gelu_backward(g.T, a.T, zeros, backend=b, approximate=ctx.approximate)[0].T
         return _k.bias_gelu_backward(g, a, np.zeros(a.shape[-1], a.dtype), backend=b, approximate=ctx.approximate)[0]
 
 
