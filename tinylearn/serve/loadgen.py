@@ -17,7 +17,8 @@ TPOT = (e2e - TTFT) / (completion_tokens - 1). Optional faults: ``disconnect_fra
 after their first chunk, ``malformed_frac`` send broken JSON (the server must answer 400 and leak nothing).
 Summary: counts by status (200/400/429/503/..., "disconnected", "error", "not_sent" after the wall-clock limit),
 throughput (finished req/s, output tok/s), goodput (req/s meeting the SLO TTFT <= slo_ttft_s and
-TPOT <= slo_tpot_s), TTFT/TPOT/e2e p50/p90/p99/mean over successful requests.
+TPOT <= slo_tpot_s), TTFT/TPOT/e2e p50/p90/p99/mean over successful requests, and ``peak_concurrency``: the most
+requests open at once (each holds its own connection; at most ``max_concurrency``).
 Bounded: n_requests <= 100000, duration_s (wall clock; unsent requests are not sent, in-flight ones cancelled),
 max_concurrency connections; only 127.0.0.1 / localhost / ::1 URLs are accepted.
 """
@@ -188,6 +189,15 @@ async def run_load_async(base_url: str, *, n_requests: int = 32, rate: float = 8
             sessions.setdefault(r["session"], []).append(i)
         t_start = time.perf_counter()
         deadline = t_start + float(duration_s)
+        open_now = [0, 0]  # requests in flight now, the most at once
+
+        async def one(req: dict, disconnect: bool, malformed: bool) -> dict[str, Any]:
+            open_now[0] += 1
+            open_now[1] = max(open_now[1], open_now[0])
+            try:
+                return await _one(client, url, model, req, disconnect, malformed)
+            finally:
+                open_now[0] -= 1
 
         async def session(idx: list[int], t_arrive: float) -> None:
             await asyncio.sleep(max(0.0, t_arrive - time.perf_counter()))
@@ -198,8 +208,7 @@ async def run_load_async(base_url: str, *, n_requests: int = 32, rate: float = 8
                 req = dict(reqs[i])
                 if history:  # multi-turn: the conversation so far + this turn's new user tokens
                     req["prompt"] = (history + req["prompt"])[-(ctx - req["max_tokens"] - 1) :]
-                records[i] = rec = await _one(client, url, model, req, faults[i, 0] < disconnect_frac,
-                                              faults[i, 1] < malformed_frac)  # fmt: skip
+                records[i] = rec = await one(req, faults[i, 0] < disconnect_frac, faults[i, 1] < malformed_frac)
                 rec["t_send"] = time.perf_counter() - t_start
                 if rec["status"] != 200:
                     return
@@ -216,6 +225,7 @@ async def run_load_async(base_url: str, *, n_requests: int = 32, rate: float = 8
         await asyncio.gather(*pending, return_exceptions=True)
         elapsed = time.perf_counter() - t_start
     return summarize(records, elapsed, slo_ttft_s, slo_tpot_s) | {
+        "peak_concurrency": open_now[1],
         "config": dict(
             workload=workload,
             n_requests=n_requests,
@@ -229,7 +239,7 @@ async def run_load_async(base_url: str, *, n_requests: int = 32, rate: float = 8
             max_concurrency=max_concurrency,
             disconnect_frac=disconnect_frac,
             malformed_frac=malformed_frac,
-        )  # fmt: skip
+        ),  # fmt: skip
     }
 
 
