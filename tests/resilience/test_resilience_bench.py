@@ -27,11 +27,19 @@ def test_save_load_table_rows() -> None:
 
 
 def test_stall_table_rows() -> None:
-    t = bench.stall_table(async_mb=1.0, async_repeat=1)
+    t = bench.stall_table(async_mb=1.0, async_repeat=1, async_steps=2)
     impls = [r.impl for r in t.rows]
     assert {"no checkpoint", "torch", "tinylearn sync", "tinylearn async"} <= set(impls)
-    assert all(r.median_ms is not None and r.median_ms > 0 for r in t.rows)
+    cycles = [r for r in t.rows if r.case == "train cycle"]
+    stalls = [r for r in t.rows if r.case.startswith("stall")]
+    assert len(cycles) == len(stalls) + 1 and all(r.median_ms > 0 for r in cycles)
+    for r in stalls:  # a stall is never negative; its parts are reported
+        assert r.median_ms >= 0 and {"in_save_ms", "steps_slowdown_ms"} <= set(r.extra), r
+        assert r.extra["in_save_ms"] > 0  # every mode but "no checkpoint" saves in the timed call
+    async_row = next(r for r in stalls if r.impl == "tinylearn async")
+    assert async_row.extra["copy_ms"] > 0 and async_row.extra["write_ms"] > 0
     assert any("tinygrad" in n for n in t.notes)
+    assert any(n.startswith("goal: async stall <= 10%") for n in t.notes)
 
 
 def test_erasure_table_rows() -> None:

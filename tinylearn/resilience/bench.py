@@ -7,8 +7,10 @@ Four tables, every timing through the shared harness (warm-up, median of repeats
                        and without fsync / crc) vs ``torch.save`` / ``torch.load`` vs torch DCP vs tinygrad's
                        ``safe_save`` / ``safe_load`` (bench_storage.py); bytes on disk in each save row's extra.
     checkpoint stall   a training cycle (SGD steps + one save) of a torch MLP: no checkpoint, torch.save,
-                       tinylearn sync, tinylearn async, torch DCP ``async_save`` (bench_async.py). Goal of issue 43:
-                       the async stall <= 10 % of a synchronous save (reported, not asserted).
+                       tinylearn sync, tinylearn async, torch DCP ``async_save`` (bench_async.py). Stall = the training
+                       loop's extra time per checkpoint (in the save call + the slower steps after it). Goal of
+                       issue 43: the async stall <= 10 % of a synchronous save's; a note gives the measured ratio and
+                       whether the goal was met (reported, not asserted: it depends on a free core for the writer).
     erasure coding     Reed–Solomon encode / decode throughput (C++ split-nibble kernel vs numpy) and the file-level
                        protect / repair; the notes give the storage overhead of r parity files vs r full replicas.
     recovery           torchrun kill-and-resume (2 ranks, rank 1 SIGKILLed mid-step): kill -> first step after the
@@ -35,8 +37,8 @@ def sizes(full: bool = False) -> dict[str, Any]:
     """Default (or full) sizes; every key can be overridden in the table functions."""
     if full:
         return dict(save_bytes=(1 << 20, 16 << 20, 64 << 20), save_repeat=7, async_mb=64.0, async_repeat=5,
-                    ec_bytes=32 << 20, ec_k=8, ec_r=3, ec_repeat=7, recovery_repeats=3)  # fmt: skip
-    return dict(save_bytes=(1 << 20, 16 << 20), save_repeat=3, async_mb=16.0, async_repeat=3,
+                    async_steps=24, ec_bytes=32 << 20, ec_k=8, ec_r=3, ec_repeat=7, recovery_repeats=3)  # fmt: skip
+    return dict(save_bytes=(1 << 20, 16 << 20), save_repeat=3, async_mb=8.0, async_repeat=3, async_steps=24,
                 ec_bytes=8 << 20, ec_k=4, ec_r=2, ec_repeat=5, recovery_repeats=1)  # fmt: skip
 
 
@@ -58,9 +60,17 @@ def stall_table(full: bool = False, progress: Callable[[str], None] | None = Non
 
     s = {**sizes(full), **kw}
     _say(progress, "resilience: checkpoint stall")
+    from .bench_async import stall_ratio
+
     t = Table(f"training stall per checkpoint ({s['async_mb']:g} MiB MLP state)", baseline="no checkpoint")
-    for r in bench_async(s["async_mb"], repeat=s["async_repeat"]):
+    rows = bench_async(s["async_mb"], steps_between=s["async_steps"], repeat=s["async_repeat"])
+    for r in rows:
         t.add(r)
+    ratio = stall_ratio(rows)
+    t.notes.append(
+        f"goal: async stall <= 10% of the synchronous save's; measured {ratio:.0%} "
+        f"({'met' if ratio <= 0.10 else 'not met'} on this run: the writer needs a free core)"
+    )
     t.notes.append(TINYGRAD_NA)
     return t
 

@@ -1,19 +1,22 @@
 """Measurements for asynchronous and incremental checkpoints, on real training loops (torch MLPs).
 
 ``bench_async`` times the training-loop stall per checkpoint: a cycle is ``steps_between`` SGD steps followed by a
-save; ``tinylearn.bench.measure`` (rounds with the modes interleaved, median over rounds) gives the cycle time with
-no save, with a synchronous save (tinylearn ``save`` + ``wait``, ``torch.save``) and with an asynchronous one
-(``AsyncCheckpointer``, torch DCP ``async_save``). Stall = cycle time minus the no-save cycle time: it includes the
-copy, any back-pressure wait and the writer thread's competition for the CPU. ``delta_bytes`` measures what a delta
-checkpoint writes for fine-tuning (a few layers train) vs Adam on every layer; ``xor_activation_ratios`` the XOR-diff
-compression of real activations.
+save; rounds with the modes interleaved time every step and every save call with no save, with a synchronous save
+(tinylearn ``save`` with ``synchronous=True``, ``torch.save``) and with an asynchronous one (``AsyncCheckpointer``,
+torch DCP ``async_save``). Stall = median time in the save call + the sum over step positions of the median extra
+step time vs no checkpoint: the copy, any back-pressure wait, and the slower steps while the writer thread competes
+for the CPU (crc32, copying into the page cache). On a box whose cores are busy the last part dominates: async hides
+the fsync and disk latency, not CPU work. ``delta_bytes`` measures what a delta checkpoint writes for fine-tuning (a
+few layers train) vs Adam on every layer; ``xor_activation_ratios`` the XOR-diff compression of real activations.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from ..bench import measure
 from ..bench.table import Row
 from .async_ckpt import AsyncCheckpointer
 from .incremental import DeltaCheckpointer, xor_ratio
@@ -60,15 +62,27 @@ def _trainer(model: Any, opt: Any, batch: int = 16, seed: int = 0) -> Callable[[
 def bench_async(
     size_mb: float = 16.0,
     *,
-    steps_between: int = 4,
+    steps_between: int = 12,
     repeat: int = 3,
+    cycles: int = 3,
     root: str | os.PathLike[str] | None = None,
     fsync: bool = True,
     dcp: bool = True,
 ) -> list[Row]:
-    """Stall per checkpoint of a ~``size_mb`` MiB MLP's state: rows (case, impl, median_ms, note, extra)."""
+    """Stall per checkpoint of a ~``size_mb`` MiB MLP's state: rows (case, impl, median_ms, note, extra).
+
+    ``repeat`` rounds, the modes interleaved (rotated) in each: one untimed cycle (its write overlaps the timed ones,
+    the steady state), then ``cycles`` timed cycles of ``steps_between`` SGD steps + a save, every step and the save
+    timed on their own. Stall of a mode = median time in the save call + the sum over step positions of (median step
+    time in that mode - median step time with no checkpoint): the training loop's extra time per checkpoint, the
+    writer's competition for the CPU included. Medians per step position keep a step hit by unrelated load on a busy
+    box out of the estimate (a difference of whole-cycle times does not).
+    """
     import torch
 
+    for name, v in (("steps_between", steps_between), ("repeat", repeat), ("cycles", cycles)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tmp = tempfile.TemporaryDirectory(dir=root)
@@ -80,14 +94,18 @@ def bench_async(
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         counter = iter(range(1, 1 << 30))
 
-        def cycle(save: Callable[[int], None] | None) -> Callable[[], None]:
-            def run() -> None:
-                for _ in range(steps_between):
-                    train()
-                if save is not None:
-                    save(next(counter))
-
-            return run
+        def cycle(save: Callable[[int], None] | None) -> list[float]:
+            """Times of the steps and of the save (0 without one), in seconds."""
+            out = []
+            for _ in range(steps_between):
+                t0 = time.perf_counter()
+                train()
+                out.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            if save is not None:
+                save(next(counter))
+            out.append(time.perf_counter() - t0)
+            return out
 
         def state() -> dict[str, Any]:
             return {k: v for k, v in model.state_dict().items()}
@@ -123,15 +141,25 @@ def bench_async(
         ]
         if dcp:
             modes.append(("torch DCP async_save", dcp_save))
-        samples: dict[str, list[float]] = {name: [] for name, _ in modes}
-        for r in range(repeat):  # rounds, modes interleaved (rotated): load drift hits every mode alike
-            for name, save in modes[r % len(modes) :] + modes[: r % len(modes)]:
-                # measure's untimed first call saves too: its write overlaps the timed cycles (the steady state)
-                samples[name].append(measure(cycle(save), warmup=0, repeat=2, warmup_s=0.0).median)
-                async_ck.wait()  # outside the timing: the next mode starts with an idle writer
-                while futures:
-                    futures.pop().result()
-        med = {name: statistics.median(v) for name, v in samples.items()}
+        samples: dict[str, list[list[float]]] = {name: [] for name, _ in modes}
+        for _ in range(2):
+            cycle(None)  # warm-up: allocator, autograd
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            for r in range(repeat):  # rounds, modes interleaved (rotated): load drift hits every mode alike
+                for name, save in modes[r % len(modes) :] + modes[: r % len(modes)]:
+                    cycle(save)  # untimed: its write overlaps the timed cycles (the steady state)
+                    samples[name].extend(cycle(save) for _ in range(cycles))
+                    async_ck.wait()  # outside the timing: the next mode starts with an idle writer
+                    while futures:
+                        futures.pop().result()
+        finally:
+            if gc_was:
+                gc.enable()
+        per_step = {name: np.median(np.array(v), axis=0) for name, v in samples.items()}  # [steps..., save]
+        base_steps = per_step["no checkpoint"][:steps_between]
+        med = {name: statistics.median(sum(c) for c in v) for name, v in samples.items()}
         rows = [Row("train cycle", name, med[name] * 1e3, note=f"{steps_between} SGD steps + save") for name in med]
         observed = {
             "tinylearn sync": statistics.median(s["stall_s"] for s in sync_ck.stats),
@@ -141,8 +169,15 @@ def bench_async(
         for name in med:
             if name == "no checkpoint":
                 continue
-            stall = max(med[name] - med["no checkpoint"], 0.0)
-            extra = {"state_mb": nbytes / 2**20, "observed_stall_ms": observed.get(name, float("nan")) * 1e3}
+            in_save = float(per_step[name][-1])
+            after = float(np.sum(per_step[name][:steps_between] - base_steps))
+            stall = max(in_save + after, 0.0)
+            extra = {
+                "state_mb": nbytes / 2**20,
+                "observed_stall_ms": observed.get(name, float("nan")) * 1e3,
+                "in_save_ms": in_save * 1e3,
+                "steps_slowdown_ms": after * 1e3,
+            }
             if name == "tinylearn async":
                 extra["write_ms"] = writes * 1e3
                 extra["copy_ms"] = statistics.median(s["copy_s"] for s in async_ck.stats) * 1e3
