@@ -17,12 +17,12 @@ N = 1000
 
 @pytest.mark.slow
 def test_thousand_connections_with_faults_leak_no_blocks() -> None:
-    eng = build_engine("tiny", max_num_seqs=8, max_num_batched_tokens=128)
-    app = create_app(eng, max_waiting=32)
+    eng = build_engine("tiny", max_num_seqs=4, max_num_batched_tokens=128)
+    app = create_app(eng, max_waiting=8)  # 12 in flight at most: the burst must overflow
     t0 = time.perf_counter()
     with serve_in_thread(app) as url:
         s = loadgen.run_load(url, n_requests=N, rate=float("inf"), max_concurrency=N, seed=7,
-                             prompt_len=("uniform", 4, 24), output_len=("uniform", 4, 16),
+                             prompt_len=("uniform", 4, 24), output_len=("uniform", 32, 64),
                              malformed_frac=0.2, disconnect_frac=0.1, duration_s=40, timeout_s=40)  # fmt: skip
         srv = app.state.server
         deadline = time.monotonic() + 15
