@@ -54,6 +54,13 @@ def test_offline_table_rows_and_same_tokens() -> None:
             continue
         assert r.median_ms > 0 and r.extra["wall s"] > 0 and r.extra["out tok/s"] > 0, r
         assert r.ratio is not None and r.ratio > 0 and r.extra["tok/s x static"] > 0, r
+        for k in ("TTFT", "TPOT", "e2e"):  # per-request latencies of every row, static's included
+            assert 0 < r.extra[f"{k} p50 ms"] <= r.extra[f"{k} p99 ms"], (k, r)
+        # a request's first token comes before its end, which comes within the run's wall time
+        assert (
+            r.extra["TTFT p50 ms"] < r.extra["e2e p50 ms"] and r.extra["e2e p99 ms"] <= r.extra["wall s"] * 1e3 * 1.01
+        )
+        assert 0 <= r.extra["goodput req/s"] <= TINY["n_requests"] / r.extra["wall s"] * 1.01, r
         if r.impl != bench.BASELINE:  # the same greedy tokens as static batching, request by request
             assert r.extra["same tokens"] == f"{TINY['n_requests']}/{TINY['n_requests']}", r
             assert r.extra["steps"] > 0
@@ -77,9 +84,18 @@ def test_online_table_rows() -> None:
         assert r.extra["ok"] == f"{TINY['online_n']}/{TINY['online_n']}", r  # every request answered 200
         assert r.median_ms > 0 and r.extra["TTFT p50 ms"] > 0 and r.extra["TTFT p99 ms"] >= r.extra["TTFT p50 ms"]
         assert r.extra["TPOT p50 ms"] > 0 and r.extra["out tok/s"] > 0 and r.extra["goodput req/s"] >= 0
+        assert r.extra["e2e p99 ms"] >= r.median_ms
     off, on = table.rows[1], table.rows[2]
     assert off.extra["prefix hit rate"] == 0 and on.extra["prefix hit rate"] > 0
     assert on.extra["TTFT p50 x off"] > 0 and on.ratio is not None
+
+
+def test_latency_summary_by_hand() -> None:
+    t = [dict(ttft_s=0.1, e2e_s=0.5, n=5), dict(ttft_s=0.3, e2e_s=0.3, n=1), dict(ttft_s=0.2, e2e_s=1.2, n=3)]
+    s = bench.latency_summary(t, wall_s=2.0, slo_ttft_s=0.25, slo_tpot_s=0.2)
+    # TPOT: 0.4 / 4 = 0.1 s and 1.0 / 2 = 0.5 s (the 1-token request has none); SLO met by request 1 only
+    assert s["TTFT p50 ms"] == pytest.approx(200) and s["e2e p50 ms"] == pytest.approx(500)
+    assert s["TPOT p50 ms"] == pytest.approx(300) and s["goodput req/s"] == pytest.approx(0.5)
 
 
 def test_workload_is_seeded() -> None:

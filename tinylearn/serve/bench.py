@@ -14,7 +14,11 @@ Everything runs in this process on one model: ``tiny_model(0)``'s shape with lea
                            preemption        a KV pool too small for the batch (``num_blocks``): recompute vs swap
                          and, on a shared-prefix variant (one common system prompt + a short suffix each), static vs
                          the engine with prefix caching off and on. Columns: median wall ms of ``repeat`` runs after
-                         one warm-up run, output tok/s, tok/s relative to static on the same workload, engine steps,
+                         one warm-up run, output tok/s, tok/s relative to static on the same workload, the
+                         per-request latencies of the last run with every request arriving at t=0 (TTFT, TPOT and
+                         end-to-end p50 / p99; static: a token's time is when ``generate``'s streamer received its
+                         step, a request ends at its OWN last token -- the view most favourable to static), goodput
+                         (requests/s meeting the SLO TTFT <= ``slo_ttft_s`` and TPOT <= ``slo_tpot_s``), engine steps,
                          preemptions, prefix hit rate, and how many requests got exactly the static baseline's
                          greedy tokens (the same weights, so every engine row must match: batching, chunking,
                          caching and preemption change speed, never tokens). tinygrad: n/a, it has no serving
@@ -63,10 +67,10 @@ def sizes(full: bool = False) -> dict[str, Any]:
     if full:
         return dict(n_requests=128, prompt_len=(32, 192), output_len=(32, 96), prefix_len=384, suffix_len=(8, 24),
                     batch_size=8, repeat=5, num_blocks=48, online_n=96, rates=(16.0, 48.0),
-                    duration_s=60.0, threads=1)  # fmt: skip
+                    duration_s=60.0, threads=1, slo_ttft_s=2.0, slo_tpot_s=0.05)  # fmt: skip
     return dict(n_requests=40, prompt_len=(16, 96), output_len=(16, 64), prefix_len=384, suffix_len=(8, 32),
                 batch_size=8, repeat=3, num_blocks=24, online_n=48, rates=(8.0, 24.0), duration_s=20.0,
-                threads=1)  # fmt: skip
+                threads=1, slo_ttft_s=0.5, slo_tpot_s=0.05)  # fmt: skip
 
 
 def workload(kind: str, n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], prefix_len: int = 0,
@@ -76,12 +80,30 @@ def workload(kind: str, n: int, prompt_len: tuple[int, int], output_len: tuple[i
                          prefix_len=prefix_len, seed=seed, max_context=TINY_CONFIG.max_seq_len)  # fmt: skip
 
 
-def static_generate(hf_model: Any, reqs: list[dict[str, Any]], batch_size: int) -> list[list[int]]:
+class _StepClock:
+    """A transformers streamer that only timestamps: ``generate`` calls put() with the prompt, then once per step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def static_generate(
+    hf_model: Any, reqs: list[dict[str, Any]], batch_size: int, timings: list[dict[str, float]] | None = None
+) -> list[list[int]]:
     """Static batching with transformers: batches of ``batch_size`` in arrival order, left padding + attention mask,
-    greedy ``generate`` for the batch's longest output; returns each request's own ``max_tokens`` tokens."""
+    greedy ``generate`` for the batch's longest output; returns each request's own ``max_tokens`` tokens.
+    ``timings`` (a list) receives per request {"ttft_s", "e2e_s", "n"} from the call's start: the time of its
+    batch's first generated step and of its own last token (a streamer timestamps every step)."""
     import torch
 
     out: list[list[int]] = []
+    t0 = time.perf_counter()
     with torch.no_grad():
         for i in range(0, len(reqs), batch_size):
             batch = reqs[i : i + batch_size]
@@ -89,9 +111,39 @@ def static_generate(hf_model: Any, reqs: list[dict[str, Any]], batch_size: int) 
             ids = torch.tensor([[0] * (width - len(r["prompt"])) + r["prompt"] for r in batch])
             mask = torch.tensor([[0] * (width - len(r["prompt"])) + [1] * len(r["prompt"]) for r in batch])
             new = max(r["max_tokens"] for r in batch)
-            gen = hf_model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+            clock = _StepClock() if timings is not None else None
+            gen = hf_model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                                    streamer=clock)  # fmt: skip
             out += [gen[j, width : width + r["max_tokens"]].tolist() for j, r in enumerate(batch)]
+            if clock is not None:
+                steps = clock.times[1:]  # [0] is the prompt
+                for r in batch:
+                    timings.append(dict(ttft_s=steps[0] - t0, e2e_s=steps[r["max_tokens"] - 1] - t0, n=r["max_tokens"]))
     return out
+
+
+def engine_timings(outs: list[Any]) -> list[dict[str, float]]:
+    """Per request {"ttft_s", "e2e_s", "n"} from the engine's RequestOutput metrics (from each one's arrival)."""
+    res = []
+    for o in outs:
+        m = o.metrics
+        res.append(dict(ttft_s=m["first_token_s"] - m["arrival_s"], e2e_s=m["finish_s"] - m["arrival_s"],
+                        n=len(o.token_ids)))  # fmt: skip
+    return res
+
+
+def latency_summary(timings: list[dict[str, float]], wall_s: float, slo_ttft_s: float, slo_tpot_s: float) -> dict:
+    """TTFT / TPOT / e2e p50 and p99 (ms) and goodput (requests/s meeting both SLOs over ``wall_s``)."""
+    ttft = np.array([t["ttft_s"] for t in timings])
+    e2e = np.array([t["e2e_s"] for t in timings])
+    n = np.array([t["n"] for t in timings])
+    tpot = np.where(n > 1, (e2e - ttft) / np.maximum(n - 1, 1), 0.0)
+    good = int(np.sum((ttft <= slo_ttft_s) & (tpot <= slo_tpot_s)))
+    res: dict[str, Any] = {}
+    for name, x in (("TTFT", ttft), ("TPOT", tpot[n > 1] if (n > 1).any() else tpot), ("e2e", e2e)):
+        res[f"{name} p50 ms"], res[f"{name} p99 ms"] = (float(v) * 1e3 for v in np.percentile(x, [50, 99]))
+    res["goodput req/s"] = good / wall_s
+    return res
 
 
 def engine_generate(model: TinyGPT, reqs: list[dict[str, Any]], **engine_kw: Any) -> tuple[list[list[int]], Engine]:
@@ -99,6 +151,7 @@ def engine_generate(model: TinyGPT, reqs: list[dict[str, Any]], **engine_kw: Any
     engine = Engine(model, **engine_kw)
     params = [SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True) for r in reqs]
     outs = engine.generate([r["prompt"] for r in reqs], params)
+    engine.last_outputs = outs  # the final RequestOutputs (their metrics give the latencies)
     return [o.token_ids for o in outs], engine
 
 
@@ -157,11 +210,14 @@ def _offline_table(sz: dict[str, Any], progress: Callable[[str], None] | None) -
         (f"shared prefix {sz['prefix_len']} + suffix U{sz['suffix_len']}, {n} req",
          workload("shared-prefix", n, sz["suffix_len"], sz["output_len"], sz["prefix_len"]), shared_configs),
     ]  # fmt: skip
+    slo = (sz["slo_ttft_s"], sz["slo_tpot_s"])
     for case, reqs, configs in cases:
         useful = sum(r["max_tokens"] for r in reqs)
-        times, ref = _timed(lambda reqs=reqs: static_generate(hf, reqs, bsz), rep)
+        timings: list[dict[str, float]] = []
+        times, ref = _timed(lambda reqs=reqs, tm=timings: static_generate(hf, reqs, bsz, tm.clear() or tm), rep)
+        lat = latency_summary(timings, times[-1], *slo)
         table.add(_row(case, BASELINE, times, useful, f"batches of {bsz}, left padding, "
-                       f"torch threads {torch.get_num_threads()}", **{"tok/s x static": 1.0}))  # fmt: skip
+                       f"torch threads {torch.get_num_threads()}", **{"tok/s x static": 1.0}, **lat))  # fmt: skip
         static_wall = float(np.median(times))
         if progress:
             progress(f"{case} / {BASELINE}")
@@ -169,7 +225,8 @@ def _offline_table(sz: dict[str, Any], progress: Callable[[str], None] | None) -
             times, (toks, eng) = _timed(lambda reqs=reqs, kw=kw: engine_generate(model, reqs, **common, **kw), rep)
             st = eng.stats()
             same = sum(a == b for a, b in zip(toks, ref))
-            table.add(_row(case, impl, times, useful, note, **{
+            lat = latency_summary(engine_timings(eng.last_outputs), times[-1], *slo)
+            table.add(_row(case, impl, times, useful, note, **lat, **{
                 "tok/s x static": static_wall / float(np.median(times)), "steps": st["num_steps"],
                 "preemptions": st["preemptions_recompute"] + st["preemptions_swap"],
                 "prefix hit rate": st["prefix_hit_rate"], "same tokens": f"{same}/{len(reqs)}"}))  # fmt: skip
@@ -180,6 +237,10 @@ def _offline_table(sz: dict[str, Any], progress: Callable[[str], None] | None) -
     table.notes.append(
         "static = transformers GPT2LMHeadModel.generate on the same weights (to_hf_gpt2); 'same tokens' counts the "
         "requests whose greedy tokens equal static's; wall = median of the timed runs after one warm-up run"
+    )
+    table.notes.append(
+        f"latencies: the last timed run, all requests arriving at t=0; goodput = requests/s with TTFT <= "
+        f"{slo[0] * 1e3:g} ms and TPOT <= {slo[1] * 1e3:g} ms"
     )
     table.compute_ratios()
     return table
@@ -204,7 +265,8 @@ def _online_row(case: str, impl: str, s: dict[str, Any], note: str) -> Row:
     ttft, tpot = s["ttft_s"], s["tpot_s"]
     return Row(case, impl, ms(s["e2e_s"]["p50"]), note=note, extra={
         "TTFT p50 ms": ms(ttft["p50"]), "TTFT p99 ms": ms(ttft["p99"]), "TPOT p50 ms": ms(tpot["p50"]),
-        "TPOT p99 ms": ms(tpot["p99"]), "out tok/s": s["output_tok_s"], "goodput req/s": s["goodput_req_s"],
+        "TPOT p99 ms": ms(tpot["p99"]), "e2e p99 ms": ms(s["e2e_s"]["p99"]), "out tok/s": s["output_tok_s"],
+        "goodput req/s": s["goodput_req_s"],
         "ok": f"{s['n_ok']}/{s['n_requests']}", "prefix hit rate": s["engine"]["prefix_hit_rate"]})  # fmt: skip
 
 
@@ -218,7 +280,7 @@ def online_table(full: bool = False, progress: Callable[[str], None] | None = No
 def _online_table(sz: dict[str, Any], progress: Callable[[str], None] | None) -> Table:
     model = bench_model()
     n, dur = sz["online_n"], sz["duration_s"]
-    slo_ttft, slo_tpot = 0.5, 0.05
+    slo_ttft, slo_tpot = sz["slo_ttft_s"], sz["slo_tpot_s"]
     table = Table(f"serving: online (live server, loopback, Poisson arrivals, SLO TTFT <= {slo_ttft * 1e3:.0f} ms "
                   f"and TPOT <= {slo_tpot * 1e3:.0f} ms)", baseline="prefix caching off")  # fmt: skip
     budget = max(256, sz["prompt_len"][1], sz["prefix_len"] + sz["suffix_len"][1])
