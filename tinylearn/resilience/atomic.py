@@ -5,6 +5,11 @@ filesystem (POSIX rename(2)), the file's bytes are on disk before the rename (``
 itself is on disk before the call returns (``fsync`` of the directory). A writer killed at any byte leaves only a
 ``.tmp-*`` file, which readers ignore and ``remove_stale_temps`` deletes.
 
+**Crash points** (fault drills): ``set_crash_point(fn)`` makes every ``atomic_write`` of this process call
+``fn(event, path, nbytes)`` before each step -- ``"open"`` (the temporary file), ``"write"`` (after each chunk, with
+the bytes so far), ``"fsync"``, ``"rename"`` (before ``os.replace``), ``"fsync_dir"`` -- so a drill can SIGKILL the
+writer at any point of a save sequence (faults.torn_sequence_drill). None (the default) calls nothing.
+
 Errors name what failed: a full disk (ENOSPC) or a file-size limit (EFBIG, ``RLIMIT_FSIZE``) becomes ``DiskFull``
 with the path and the byte count, the temporary file is removed, and the old file (if any) is untouched.
 """
@@ -17,10 +22,26 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 TMP_PREFIX = ".tmp-"
+_crash_point: Callable[[str, Path, int], None] | None = None
+
+
+def set_crash_point(fn: Callable[[str, Path, int], None] | None) -> Callable[[str, Path, int], None] | None:
+    """Install ``fn(event, path, nbytes)``, called before each step of every ``atomic_write`` in this process (see the
+    module docstring); None removes it. Returns the previous one. For fault drills in a child process."""
+    global _crash_point
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn: expected a callable or None, got {type(fn).__name__}")
+    old, _crash_point = _crash_point, fn
+    return old
+
+
+def _point(event: str, path: Path, nbytes: int) -> None:
+    if _crash_point is not None:
+        _crash_point(event, path, nbytes)
 
 
 class CheckpointError(RuntimeError):
@@ -85,15 +106,20 @@ def atomic_write(
     # a write past RLIMIT_FSIZE raises SIGXFSZ (default: kill); ignored, the write fails with EFBIG instead
     old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN) if _main_thread() else None
     try:
+        _point("open", tmp, 0)
         with open(tmp, "wb") as f:
             for chunk in _chunks(data):
                 f.write(chunk)
                 written += len(chunk) if not isinstance(chunk, memoryview) else chunk.nbytes
+                _point("write", tmp, written)
             f.flush()
             if fsync:
+                _point("fsync", tmp, written)
                 os.fsync(f.fileno())
+        _point("rename", path, written)
         os.replace(tmp, path)
         if fsync:
+            _point("fsync_dir", path.parent, written)
             fsync_dir(path.parent)
     except OSError as e:
         _unlink_quiet(tmp)
