@@ -64,20 +64,55 @@ def test_finetune_gpt_matches_peft() -> None:
     for ours, theirs in (("tinylearn LoRA", bench.LORA_BASELINE), ("tinylearn full FT", "torch full FT")):
         assert runs[ours]["final_loss"] == pytest.approx(runs[theirs]["final_loss"], rel=1e-4, abs=1e-5), ours
     assert runs["tinylearn LoRA"]["final_loss"] < np.log(TINY_GPT["vocab"]) + 0.5  # near-uniform start, finite
+    assert all(run["test_acc"] is None for run in runs.values())  # a language model: loss only
     with pytest.raises(ValueError, match="task"):
-        bench.finetune_runs(**TINY, task="cnn")
+        bench.finetune_runs(**TINY, task="rnn")
+
+
+def test_finetune_cnn_matches_peft_and_reports_accuracy() -> None:
+    """The digits CNN (LoRA on its Linear): tinylearn and torch + peft reach the same loss and test accuracy from
+    the same weights and batches; full fine-tuning trains the convs too; every digits run reports test accuracy."""
+    runs = bench.finetune_runs(**TINY, task="cnn")
+    r = TINY["r"]
+    assert runs["tinylearn LoRA"]["trainable"] == runs["tinylearn QLoRA"]["trainable"] == r * (128 + 10)
+    assert runs[bench.LORA_BASELINE]["peft_trainable"] == r * (128 + 10)
+    n_full = 16 * 9 + 16 + 32 * 16 * 9 + 32 + 128 * 10 + 10
+    assert runs["tinylearn full FT"]["trainable"] == runs["torch full FT"]["trainable"] == n_full
+    n_test = len(bench.digits()[2])
+    for ours, theirs in (("tinylearn LoRA", bench.LORA_BASELINE), ("tinylearn full FT", "torch full FT")):
+        assert runs[ours]["final_loss"] == pytest.approx(runs[theirs]["final_loss"], rel=1e-4, abs=1e-5), ours
+        assert abs(runs[ours]["test_acc"] - runs[theirs]["test_acc"]) <= 2 / n_test, ours  # argmax ties at most
+    for name, run in runs.items():
+        assert 0.1 < run["test_acc"] <= 1.0, name  # pretrained 30 steps: well above chance
+    # the test accuracy is the model's, measured: it matches a recount on the trained tinylearn model
+    import tinylearn as tl
+
+    _, _, Xte, yte = bench.digits_images()
+    with tl.no_grad():
+        pred = runs["tinylearn QLoRA"]["model"](tl.Tensor(Xte)).data.argmax(-1)
+    assert runs["tinylearn QLoRA"]["test_acc"] == pytest.approx(float((pred == yte).mean()))
 
 
 def test_finetune_table_rows() -> None:
     t = bench.finetune_table(repeat=2, **TINY)
-    assert len(t.cases()) == 2 and t.impls() == IMPLS + ["tinygrad"]
+    assert len(t.cases()) == 3 and t.impls() == IMPLS + ["tinygrad"]
     for case in t.cases():
         for impl in IMPLS:
             row = t.get(case, impl)
             assert row.median_ms > 0 and row.ratio > 0 and row.extra["trainable"] > 0 and row.extra["state MB"] > 0
             assert np.isfinite(row.extra["final loss"]) and row.extra["final loss"] > 0
+            acc = row.extra["test acc"]
+            assert (acc is None) == case.startswith("TinyGPT") and (acc is None or 0 < acc <= 1)
             assert (row.peak_mb is not None and row.peak_mb > 0) == impl.startswith("tinylearn")
         assert t.get(case, "tinygrad").note.startswith("n/a")
+    goals = [n for n in t.notes if n.startswith("goal LoRA step")]
+    assert [n.split(": ")[1] for n in goals] == [
+        "digits MLP 64-32-32-10",
+        "digits CNN conv16-conv32-fc",
+        "TinyGPT d32 L1 T8",
+    ]
+    for case, note in zip(t.cases(), goals, strict=True):  # the printed ratio is the table's
+        assert f"{t.get(case, 'tinylearn LoRA').ratio:.3f}x" in note
 
 
 def test_qlora_tables() -> None:
