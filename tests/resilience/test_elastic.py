@@ -119,3 +119,22 @@ def test_torn_and_unloadable_newer_dirs(tmp_path: Path) -> None:
     assert rep.resumed_from == 1 and rep.checkpoints == [3, 5]
     assert [p.name.startswith("unloadable_step_00000003") for p in tmp_path.glob("unloadable_*")] == [True]
     assert latest_checkpoint(tmp_path).name == "step_00000005"
+
+
+def test_memory_budget_of_run(tmp_path: Path) -> None:
+    from tinylearn.resilience.elastic import available_memory, check_fits
+
+    m = _model()
+    run(_step_fn(m), m, ckpt_dir=tmp_path, steps=2, interval=1)
+    need = check_fits(m.state_dict(), latest_checkpoint(tmp_path), 1, 0, None)
+    assert need == sum(p.numel() * 4 for p in m.parameters())
+    with pytest.raises(ValueError, match=rf"max_bytes_per_rank: rank 0 of world_size=1 needs {need} bytes"):
+        run(_step_fn(m), m, ckpt_dir=tmp_path, steps=4, interval=1, max_bytes_per_rank=need - 1)
+    assert latest_checkpoint(tmp_path).name == "step_00000001"  # nothing run, nothing written
+    avail = available_memory()
+    assert avail is None or avail > need  # "auto" (the default) uses it: this tiny state fits
+    rep = run(_step_fn(m), m, ckpt_dir=tmp_path, steps=4, interval=1)
+    assert rep.resumed_from == 1 and rep.steps_run == 2
+    for bad in (-1, "lots", 2.5):
+        with pytest.raises(ValueError, match="max_bytes_per_rank: expected 'auto', an int >= 0 or None"):
+            run(_step_fn(m), m, ckpt_dir=tmp_path, steps=4, max_bytes_per_rank=bad)  # type: ignore[arg-type]

@@ -76,3 +76,38 @@ def test_bad_input() -> None:
         DDPState(m, m)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="produced twice"):
         MultiState(DDPState(m, opt), DDPState(m, opt)).to_checkpoint()
+
+
+def test_world_too_small_for_zero3_is_named(tmp_path: Path) -> None:
+    """ZeRO-3 saved at 2 ranks: each rank holds half the state. Resuming at 1 rank with a budget that holds a half
+    but not the whole is a ValueError naming max_bytes_per_rank on every rank, before anything is read; at 2 ranks
+    the same budget resumes."""
+    launch(ew.memory_check_job, 2, str(tmp_path), 2, None, timeout_s=60)  # checkpoints at steps 0 and 1
+    half = launch(ew.memory_check_job, 2, str(tmp_path), 2, None, timeout_s=60)
+    needs = [r["need"] for r in half]
+    assert needs[0] and needs[1] and all(r["error"] is None and r["resumed_from"] == 1 for r in half)
+    budget = max(needs) + 8
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one = launch(ew.memory_check_job, 1, str(tmp_path), 4, budget, timeout_s=60)[0]
+    assert one["need"] > budget and one["need"] >= sum(needs) - 64, one  # the whole state (minus ceil padding)
+    assert one["error"] is not None and "max_bytes_per_rank" in one["error"] and "world_size=1" in one["error"]
+    assert f"needs {one['need']} bytes" in one["error"] and f"max_bytes_per_rank={budget}" in one["error"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing read into the model, nothing written
+    two = launch(ew.memory_check_job, 2, str(tmp_path), 4, budget, timeout_s=60)
+    assert all(r["error"] is None and r["resumed_from"] == 1 for r in two), two
+
+
+def test_ddp_state_budget(tmp_path: Path) -> None:
+    m, opt = _ddp(0)
+    save_sharded(DDPState(m, opt).to_checkpoint(), tmp_path, step=0)
+    need = DDPState(m, opt).bytes_needed(tmp_path)
+    assert need == sum(p.numel() * 4 for p in m.parameters()) * 3  # params + Adam's two moments, fp32
+    m2, opt2 = _ddp(1)
+    w = m2.weight.detach().clone()
+    with pytest.raises(ValueError, match=rf"max_bytes_per_rank: rank 0 of world_size=1 needs {need} bytes"):
+        DDPState(m2, opt2, max_bytes_per_rank=need - 1).from_checkpoint(tmp_path)
+    assert torch.equal(m2.weight, w)  # nothing installed
+    DDPState(m2, opt2, max_bytes_per_rank=need).from_checkpoint(tmp_path)
+    assert torch.equal(m2.weight, m.weight)
+    with pytest.raises(ValueError, match="max_bytes_per_rank: expected an int >= 0 or None, got -1"):
+        DDPState(m, opt, max_bytes_per_rank=-1)

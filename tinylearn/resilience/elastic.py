@@ -20,7 +20,10 @@ keep the data order independent of the world size, checkpoint at the Young/Daly 
    agree on (C, step time) by a MAX all-reduce, so they checkpoint at the same steps. An int interval checkpoints
    after every step t with (t + 1) % I == 0 (absolute, so a resumed run checkpoints where the first one did). The
    last step is always checkpointed.
-4. **Failures.** A peer that dies makes the survivors' next collective fail within the group timeout; the error
+4. **Memory.** Before a resume every rank checks that its part of the checkpoint under the current layout fits
+   ``max_bytes_per_rank`` (default: the machine's available memory over its local ranks): a world too small for
+   the state -- ZeRO-3 saved at 8 ranks, restarted on 1 -- is a ValueError naming the argument and the bytes.
+5. **Failures.** A peer that dies makes the survivors' next collective fail within the group timeout; the error
    names this rank, the operation and the cause (``dist.group.peer_failure``). torchrun's agent then restarts the
    group (``--max-restarts``), possibly with fewer ranks, and step 1 resumes.
 """
@@ -48,7 +51,7 @@ from ..dist.group import peer_failure
 from ..parallel.checkpoint_interval import young_daly_interval
 from ..parallel.zero_sharding import shard_bounds
 from .atomic import CheckpointError
-from .sharded import latest_checkpoint, load_sharded, read_manifest, save_sharded, step_dir
+from .sharded import bytes_per_rank, latest_checkpoint, load_sharded, read_manifest, save_sharded, step_dir
 
 DEFAULT_MTBF_S = 3600.0  # assumed when interval="auto" and no mtbf_s is given: one failure per hour of the job
 
@@ -155,6 +158,9 @@ class TensorState:
     def to_checkpoint(self) -> dict[str, Any]:
         return {k: v.detach().clone() for k, v in self.tensors.items()}
 
+    def bytes_needed(self, path: str | Path) -> int:
+        return bytes_per_rank(path, keys=[k for k in self.tensors if k in read_manifest(path)["tensors"]])
+
     def from_checkpoint(self, path: str | Path) -> None:
         tpl = {k: v.detach() for k, v in self.tensors.items()}
         got = load_sharded(path, template=tpl, keys=list(self.tensors))
@@ -176,6 +182,57 @@ def as_state(state: Any) -> Any:
         f"state: expected an object with to_checkpoint()/from_checkpoint(path) (ZeroState, DDPState, ...), an "
         f"nn.Module or a mapping of tensors, got {type(state).__name__}"
     )
+
+
+# ------------------------------------------------------------------------------------------------- memory
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give without swapping (``MemAvailable`` of /proc/meminfo; else free
+    physical pages from ``sysconf``); None when neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _memory_budget(max_bytes_per_rank: Any) -> tuple[int | None, str]:
+    """(bytes, where they come from) for run's ``max_bytes_per_rank``: "auto" = available memory / local ranks."""
+    if max_bytes_per_rank is None:
+        return None, "no limit"
+    if max_bytes_per_rank == "auto":
+        avail = available_memory()
+        if avail is None:
+            return None, "no limit (available memory unknown)"
+        local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        n = int(local) if local.isdigit() and int(local) > 0 else 1
+        return avail // n, f"'auto': {avail} bytes available on this machine / {n} local rank(s)"
+    if not is_int(max_bytes_per_rank) or int(max_bytes_per_rank) < 0:
+        raise ValueError(f"max_bytes_per_rank: expected 'auto', an int >= 0 or None, got {max_bytes_per_rank!r}")
+    return int(max_bytes_per_rank), "given"
+
+
+def check_fits(state: Any, path: str | Path, world_size: int, rank: int, max_bytes_per_rank: Any = "auto") -> int:
+    """The bytes of checkpoint ``path`` that ``state`` holds on rank ``rank`` of ``world_size`` (its
+    ``bytes_needed``, else the default dim-0 split of every sharded tensor); ValueError naming
+    ``max_bytes_per_rank``, the world size and the bytes when they exceed the budget -- before anything is read."""
+    budget, why = _memory_budget(max_bytes_per_rank)
+    if hasattr(state, "bytes_needed"):
+        need = int(state.bytes_needed(path))
+    else:
+        need = bytes_per_rank(path, world_size=world_size, rank=rank)
+    if budget is not None and need > budget:
+        raise ValueError(
+            f"max_bytes_per_rank: rank {rank} of world_size={world_size} needs {need} bytes to hold its part of "
+            f"the checkpoint {path}, more than max_bytes_per_rank={budget} ({why}); restart with more ranks, a "
+            "layout that shards more of the state (ZeRO-3), or a larger max_bytes_per_rank"
+        )
+    return need
 
 
 # ------------------------------------------------------------------------------------------------- the loop
@@ -215,18 +272,23 @@ def run(
     keep: int | None = 2,
     fsync: bool = True,
     meta: dict[str, Any] | None = None,
+    max_bytes_per_rank: int | str | None = "auto",
 ) -> RunReport:
     """Run steps ``start .. steps-1`` of ``train_step(step, state)`` (see the module docstring), resuming from
     ``latest_checkpoint(ckpt_dir)``. ``state``: an object with ``to_checkpoint() -> dict`` (for ``save_sharded``)
     and ``from_checkpoint(path)`` (``ZeroState``, ``DDPState``, ``MultiState`` in ``zero_state``), or a mapping of
     replicated tensors. ``keep``: committed checkpoints kept (older ones are deleted by rank 0; None keeps all).
-    ``train_step`` may return a loss (recorded in the report). Returns this rank's ``RunReport``."""
+    ``train_step`` may return a loss (recorded in the report). ``max_bytes_per_rank``: before a resume, the bytes
+    this rank would hold (``check_fits``) must fit -- "auto": the machine's available memory / LOCAL_WORLD_SIZE, an
+    int, or None (no check); a world too small for the state is a ValueError naming it, before anything is read.
+    Returns this rank's ``RunReport``."""
     t_entry = time.perf_counter()
     start_wall = time.time()
     root = _check_args(steps, interval, mtbf_s, ckpt_dir, keep)
     if not callable(train_step):
         raise TypeError(f"train_step: expected a callable (step, state) -> loss, got {type(train_step).__name__}")
     st = as_state(state)
+    _memory_budget(max_bytes_per_rank)  # bad input fails before any collective
     steps = int(steps)
     world, rank = ensure_group(timeout_s)
     if group is not None:
@@ -261,6 +323,18 @@ def run(
     rep = RunReport(rank, world, None if saved < 0 else saved, saved + 1, 0, start_wall=start_wall)
     if saved >= 0:
         t0 = time.perf_counter()
+        try:
+            check_fits(st, step_dir(root, saved), world, rank, max_bytes_per_rank)
+            err = None
+        except ValueError as e:
+            err = e
+        if _agree([0.0 if err is None else 1.0], group, "the memory check", rank)[0] > 0 or err is not None:
+            if err is not None:
+                raise err
+            raise ValueError(
+                f"max_bytes_per_rank: another rank of world_size={world} cannot hold its part of the checkpoint "
+                f"{step_dir(root, saved)} (its error names the bytes); rank {rank} stops too"
+            )
         st.from_checkpoint(step_dir(root, saved))
         rep.load_s = time.perf_counter() - t0
     if saved + 1 >= steps:

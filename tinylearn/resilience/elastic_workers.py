@@ -101,3 +101,37 @@ def peer_death_job(root: str, die_step: int) -> str:
         (Path(root) / f"rank{rank}_error.txt").write_text(str(e))
         return str(e)
     return "no error"
+
+
+def memory_check_job(root: str, steps: int, max_bytes_per_rank: int | str | None) -> dict[str, Any]:
+    """ZeRO-3 under ``run`` at this world size with ``max_bytes_per_rank``: {"need": this rank's bytes of the newest
+    checkpoint (or None), "error": the ValueError's message or None, "resumed_from": ...}."""
+    from .elastic import check_fits
+    from .sharded import latest_checkpoint
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = tiny_mlp(0, DIMS)
+    opt = ZeroOptimizer(model, torch.optim.Adam, stage=3, lr=1e-2)
+    state = ZeroState(opt)
+
+    def step_fn(step: int, _st: Any) -> None:
+        _train_step(model, opt, step, world, rank)
+
+    latest = latest_checkpoint(root)
+    need = None if latest is None else check_fits(state, latest, world, rank, None)
+    try:
+        rep = run(step_fn, state, ckpt_dir=root, steps=steps, interval=1, timeout_s=20,
+                  max_bytes_per_rank=max_bytes_per_rank)  # fmt: skip
+    except ValueError as e:
+        opt.remove_hooks()
+        return {"need": need, "error": str(e), "resumed_from": None}
+    opt.remove_hooks()
+    return {"need": need, "error": None, "resumed_from": rep.resumed_from}
+
+
+def _train_step(model: nn.Module, opt: ZeroOptimizer, step: int, world: int, rank: int) -> None:
+    x, y = global_batch(step, 8, DIMS[0], DIMS[-1])
+    rows = local_rows(8, world, rank)
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+    opt.step()

@@ -53,6 +53,7 @@ from .manifest import (
 __all__ = [
     "AsyncSave",
     "Shard",
+    "bytes_per_rank",
     "latest_checkpoint",
     "list_checkpoints",
     "load_sharded",
@@ -398,6 +399,50 @@ def _assemble(rd: _Reader, key: str, t: dict[str, Any], offsets: tuple, shape: t
     return out
 
 
+def _boxes(
+    d: Path,
+    tensors: dict[str, Any],
+    world_size: int | None,
+    rank: int | None,
+    template: Mapping[str, Any] | None,
+    keys: list[str] | None,
+) -> dict[str, tuple]:
+    wanted = list(tensors) if keys is None else keys
+    boxes = {}
+    for k in wanted:
+        if k not in tensors:
+            raise CheckpointError(f"keys: {k!r} is not in the checkpoint {d}")
+        t = tensors[k]
+        if world_size is not None and t["sharded"]:
+            boxes[k] = _box_for(k, t, world_size, rank, template)
+        else:
+            boxes[k] = ((0,) * len(t["shape"]), tuple(t["shape"]))
+    return boxes
+
+
+def _box_bytes(tensors: dict[str, Any], boxes: dict[str, tuple]) -> int:
+    return sum(math.prod(s) * np.dtype(tensors[k]["dtype"]).itemsize for k, (_, s) in boxes.items())
+
+
+def bytes_per_rank(
+    path: str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    rank: int = 0,
+    template: Mapping[str, Any] | None = None,
+    keys: list[str] | None = None,
+) -> int:
+    """Bytes of tensors rank ``rank`` holds after ``load_sharded(path, world_size=..., rank=..., template=...,
+    keys=...)`` (the same boxes; nothing is read but the manifest)."""
+    d = Path(path)
+    tensors = read_manifest(d)["tensors"]
+    if world_size is not None and (not is_int(world_size) or int(world_size) < 1):
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if world_size is not None and (not is_int(rank) or not 0 <= int(rank) < int(world_size)):
+        raise ValueError(f"rank: expected an int in [0, world_size={world_size}), got {rank!r}")
+    return _box_bytes(tensors, _boxes(d, tensors, world_size, rank, template, keys))
+
+
 def load_sharded(
     path: str | os.PathLike[str],
     *,
@@ -439,18 +484,11 @@ def load_sharded(
             if k in tensors and not isinstance(v, (Shard, tuple, list)):
                 a = to_numpy(v, f"template[{k!r}]")
                 _check_same(k, tensors[k], a.shape, a.dtype)
-    wanted = list(tensors) if keys is None else keys
-    boxes = {}
-    for k in wanted:
-        if k not in tensors:
-            raise CheckpointError(f"keys: {k!r} is not in the checkpoint {d}")
-        t = tensors[k]
-        if world_size is not None and t["sharded"]:
-            boxes[k] = _box_for(k, t, world_size, rank, template)
-        else:
-            boxes[k] = ((0,) * len(t["shape"]), tuple(t["shape"]))
+    if max_bytes_per_rank is not None and (not is_int(max_bytes_per_rank) or int(max_bytes_per_rank) < 0):
+        raise ValueError(f"max_bytes_per_rank: expected an int >= 0 or None, got {max_bytes_per_rank!r}")
+    boxes = _boxes(d, tensors, world_size, rank, template, keys)
     if max_bytes_per_rank is not None:
-        need = sum(math.prod(s) * np.dtype(tensors[k]["dtype"]).itemsize for k, (_, s) in boxes.items())
+        need = _box_bytes(tensors, boxes)
         if need > max_bytes_per_rank:
             raise ValueError(
                 f"max_bytes_per_rank: rank {rank} of world_size={world_size} needs {need} bytes of tensors, "

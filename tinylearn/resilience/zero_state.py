@@ -31,7 +31,7 @@ import torch
 from ..parallel.zero import ZeroOptimizer
 from ..parallel.zero_sharding import shard_bounds
 from .atomic import CheckpointError
-from .sharded import Shard, load_sharded
+from .sharded import Shard, bytes_per_rank, load_sharded
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float16, torch.float32, torch.float64, torch.int64)}
 
@@ -125,9 +125,12 @@ def _tensor_keys(path: Path) -> list[str]:
     return list(read_manifest(path)["tensors"])
 
 
-def load_zero_state(opt: ZeroOptimizer, path: str | Path, prefix: str = "zero.") -> None:
+def load_zero_state(
+    opt: ZeroOptimizer, path: str | Path, prefix: str = "zero.", max_bytes_per_rank: int | None = None
+) -> None:
     """Install the state saved by ``zero_shards`` (any world size) into ``opt`` (this world size: collective-free,
-    each rank reads its own boxes). Raises CheckpointError naming the key for a checkpoint of another model."""
+    each rank reads its own boxes). Raises CheckpointError naming the key for a checkpoint of another model, and
+    ValueError naming ``max_bytes_per_rank`` when this rank's boxes exceed it (checked before anything is read)."""
     if not isinstance(opt, ZeroOptimizer):
         raise TypeError(f"opt: expected a ZeroOptimizer, got {type(opt).__name__}")
     path = Path(path)
@@ -136,7 +139,9 @@ def load_zero_state(opt: ZeroOptimizer, path: str | Path, prefix: str = "zero.")
         if f"{prefix}param.{i}" not in names:
             raise CheckpointError(f"{prefix}param.{i}: not in the checkpoint {path} (a checkpoint of another model)")
     tpl = _zero_template(opt, names, prefix)
-    got = load_sharded(path, world_size=opt.world_size, rank=opt.rank, template=tpl)
+    got = load_sharded(
+        path, world_size=opt.world_size, rank=opt.rank, template=tpl, max_bytes_per_rank=max_bytes_per_rank
+    )
     if got.get(f"{prefix}stage") not in (None, 1, 2, 3):
         raise CheckpointError(f"{prefix}stage: unexpected value {got.get(f'{prefix}stage')!r}")
     opt.zero_grad()
@@ -199,9 +204,14 @@ def ddp_shards(
 
 
 def load_ddp_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path, prefix: str = "ddp."
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: str | Path,
+    prefix: str = "ddp.",
+    max_bytes_per_rank: int | None = None,
 ) -> None:
-    """Read whole parameters and optimizer state (saved by ``ddp_shards`` at any world size) into every rank."""
+    """Read whole parameters and optimizer state (saved by ``ddp_shards`` at any world size) into every rank;
+    ValueError naming ``max_bytes_per_rank`` when they exceed it (checked before anything is read)."""
     path = Path(path)
     params = list(model.parameters())
     names = [k for k in _tensor_keys(path) if k.startswith(prefix)]
@@ -216,7 +226,7 @@ def load_ddp_state(
             raise CheckpointError(f"{key!r}: the checkpoint has more parameters than the model ({len(params)})")
         dt = params[i].detach().numpy().dtype
         tpl[key] = Shard(np.empty(params[i].numel(), dtype=dt), (0,), (params[i].numel(),))
-    got = load_sharded(path, world_size=1, rank=0, template=tpl)
+    got = load_sharded(path, world_size=1, rank=0, template=tpl, max_bytes_per_rank=max_bytes_per_rank)
     with torch.no_grad():
         for i, p in enumerate(params):
             p.copy_(torch.from_numpy(np.array(got[f"{prefix}param.{i}"].data)).view(p.shape))
@@ -232,32 +242,52 @@ def load_ddp_state(
 
 
 # ----------------------------------------------------------------------------------------------------- adapters
-class ZeroState:
-    """``tl.resilience.run``'s view of a ZeroOptimizer: ``to_checkpoint()`` / ``from_checkpoint(path)``."""
+def _budget(v: Any) -> int | None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ValueError(f"max_bytes_per_rank: expected an int >= 0 or None, got {v!r}")
+    return v
 
-    def __init__(self, opt: ZeroOptimizer, prefix: str = "zero.") -> None:
+
+class ZeroState:
+    """``tl.resilience.run``'s view of a ZeroOptimizer: ``to_checkpoint()`` / ``from_checkpoint(path)``;
+    ``bytes_needed(path)``: the bytes this rank's boxes take at its world size. ``max_bytes_per_rank``: a load that
+    needs more raises ValueError naming it (None: no limit here; ``run`` checks its own default)."""
+
+    def __init__(self, opt: ZeroOptimizer, prefix: str = "zero.", max_bytes_per_rank: int | None = None) -> None:
         if not isinstance(opt, ZeroOptimizer):
             raise TypeError(f"opt: expected a ZeroOptimizer, got {type(opt).__name__}")
-        self.opt, self.prefix = opt, prefix
+        self.opt, self.prefix, self.max_bytes_per_rank = opt, prefix, _budget(max_bytes_per_rank)
 
     def to_checkpoint(self) -> dict[str, Any]:
         return zero_shards(self.opt, self.prefix)
 
+    def bytes_needed(self, path: str | Path) -> int:
+        names = [k for k in _tensor_keys(Path(path)) if k.startswith(self.prefix)]
+        tpl = _zero_template(self.opt, names, self.prefix)
+        return bytes_per_rank(path, world_size=self.opt.world_size, rank=self.opt.rank, template=tpl, keys=names)
+
     def from_checkpoint(self, path: str | Path) -> None:
-        load_zero_state(self.opt, path, self.prefix)
+        load_zero_state(self.opt, path, self.prefix, self.max_bytes_per_rank)
 
 
 class DDPState:
-    """A data-parallel model and its (replicated) torch optimizer for ``tl.resilience.run``."""
+    """A data-parallel model and its (replicated) torch optimizer for ``tl.resilience.run``; every rank holds the
+    whole state, so ``bytes_needed`` does not shrink with the world size. ``max_bytes_per_rank`` as ZeroState's."""
 
     def __init__(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any = None, prefix: str = "ddp."
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        group: Any = None,
+        prefix: str = "ddp.",
+        max_bytes_per_rank: int | None = None,
     ):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.model, self.optimizer, self.group, self.prefix = model, optimizer, group, prefix
+        self.max_bytes_per_rank = _budget(max_bytes_per_rank)
 
     def _world(self) -> tuple[int, int]:
         import torch.distributed as dist
@@ -270,8 +300,11 @@ class DDPState:
         n, r = self._world()
         return ddp_shards(self.model, self.optimizer, n, r, self.prefix)
 
+    def bytes_needed(self, path: str | Path) -> int:
+        return bytes_per_rank(path, keys=[k for k in _tensor_keys(Path(path)) if k.startswith(self.prefix)])
+
     def from_checkpoint(self, path: str | Path) -> None:
-        load_ddp_state(self.model, self.optimizer, path, self.prefix)
+        load_ddp_state(self.model, self.optimizer, path, self.prefix, self.max_bytes_per_rank)
 
 
 class MultiState:
@@ -289,6 +322,10 @@ class MultiState:
                 raise ValueError(f"states: key {sorted(clash)[0]!r} is produced twice (use distinct prefixes)")
             out.update(part)
         return out
+
+    def bytes_needed(self, path: str | Path) -> int:
+        """The states' needs together (a state without ``bytes_needed`` counts 0)."""
+        return sum(int(s.bytes_needed(path)) for s in self.states if hasattr(s, "bytes_needed"))
 
     def from_checkpoint(self, path: str | Path) -> None:
         for s in self.states:
