@@ -138,3 +138,19 @@ def test_memory_budget_of_run(tmp_path: Path) -> None:
     for bad in (-1, "lots", 2.5):
         with pytest.raises(ValueError, match="max_bytes_per_rank: expected 'auto', an int >= 0 or None"):
             run(_step_fn(m), m, ckpt_dir=tmp_path, steps=4, max_bytes_per_rank=bad)  # type: ignore[arg-type]
+
+
+def test_auto_interval_agreed_by_two_ranks(tmp_path: Path) -> None:
+    """Two processes (gloo on 127.0.0.1, bounded timeouts) with interval="auto": rank 1's checkpoint is slower by a
+    sleep, yet both ranks hold the same measured C (the MAX all-reduce: at least the sleep), the same step time and
+    Young/Daly interval, and checkpoint after the same steps."""
+    delay = 0.05
+    mtbf = 0.02  # I* = sqrt(2 C MTBF) of a few steps: checkpoints inside the run, not only the first and last
+    r0, r1 = launch(ew.auto_interval_job, 2, str(tmp_path), 16, mtbf, delay, timeout_s=90)
+    assert r0 == r1, (r0, r1)  # the same costs, step time, interval and checkpoint steps on both ranks
+    assert all(c >= delay for c in r0["costs"])  # rank 0 holds rank 1's (larger) cost: the MAX
+    assert r0["step_s"] >= delay / 10  # and rank 1's slower step time
+    assert r0["interval_s"] == pytest.approx(young_daly_interval(1 / mtbf, r0["costs"][0]))
+    assert r0["interval_steps"] == max(1, round(r0["interval_s"] / r0["step_s"]))
+    assert r0["checkpoints"][0] == 0 and r0["checkpoints"][-1] == 15  # C measured after step 0; the last step
+    assert [s for s, _, why in list_checkpoints(tmp_path) if why == "ok"] == r0["checkpoints"][-2:]  # keep=2

@@ -135,3 +135,57 @@ def _train_step(model: nn.Module, opt: ZeroOptimizer, step: int, world: int, ran
     opt.zero_grad()
     nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
     opt.step()
+
+
+class _SlowOnRank:
+    """A replicated model's state whose ``to_checkpoint`` sleeps ``delay_s`` on one rank: that rank's checkpoint
+    cost C is larger, so the ranks only checkpoint together if they agree on C."""
+
+    def __init__(self, model: nn.Module, slow_rank: int, delay_s: float) -> None:
+        from .elastic import TensorState
+
+        self.inner, self.slow_rank, self.delay_s = TensorState(model.state_dict()), slow_rank, delay_s
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        import time
+
+        if dist.get_rank() == self.slow_rank:
+            time.sleep(self.delay_s)
+        return self.inner.to_checkpoint()
+
+    def from_checkpoint(self, path: Any) -> None:
+        self.inner.from_checkpoint(path)
+
+
+def auto_interval_job(root: str, steps: int, mtbf_s: float, delay_s: float) -> dict[str, Any]:
+    """``run(interval="auto")`` on every rank; rank 1's checkpoint and steps are slower. Returns this rank's
+    checkpoints, costs, step time and interval."""
+    import time
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = tiny_mlp(0, DIMS)
+
+    def step_fn(step: int, _st: Any) -> float:
+        if rank == 1:
+            time.sleep(delay_s / 10)
+        x, y = global_batch(step, 8, DIMS[0], DIMS[-1])
+        rows = local_rows(8, world, rank)
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                g = p.grad.clone()
+                dist.all_reduce(g)
+                p -= 0.05 * g / world
+        return float(loss.detach())
+
+    rep = run(step_fn, _SlowOnRank(model, 1, delay_s), ckpt_dir=root, steps=steps, interval="auto", mtbf_s=mtbf_s,
+              timeout_s=20)  # fmt: skip
+    return {
+        "checkpoints": rep.checkpoints,
+        "costs": rep.checkpoint_costs,
+        "step_s": rep.step_s,
+        "interval_s": rep.interval_s,
+        "interval_steps": rep.interval_steps,
+    }
