@@ -59,12 +59,15 @@ from tinylearn.compress.distill import (
 )
 from tinylearn.compress.grad_compress import PowerSGD, bytes_sent, train_data_parallel
 from tinylearn.compress.lora import (
+    add_adapter,
     apply_lora,
+    load_lora_state_dict,
     lora_layers,
     lora_state_dict,
     merge_lora,
     trainable_parameters,
     unmerge_lora,
+    use_adapters,
 )
 from tinylearn.compress.lora_adapt import (
     GatedLoRA,
@@ -571,6 +574,38 @@ print(f"weight memory for {NA} adapters: A/B factors {bytes_adapters} B, merged 
 assert bytes_merged == 16 * bytes_adapters  # d^2 vs 2 r d numbers per adapter: 256 / (2 * 8) = 16
 assert R3 * (D3 + D3) / (D3 * D3) == 0.0625  # adapter MACs per row relative to the base GEMM's
 
+# %% [markdown]
+# `MultiLoRALinear` is one layer in numpy, for inference. The same selection at the **model** level, with autograd:
+# `apply_lora` gives every targeted Linear its first adapter ("default"), `add_adapter(model, name, r, alpha)` adds
+# more on the one frozen base, and inside `with use_adapters(model, ids):` row $n$ of each adapted layer's input runs
+# adapter `ids[n]` (None: base only) by the grouped method in tinylearn autograd, so a mixed batch can also *train*:
+# each adapter receives exactly the gradient its own rows give it. Checked below against peft's mixed batch and
+# against one adapter's rows run alone.
+
+# %%
+mm3 = apply_lora(tl.nn.Sequential(copy.deepcopy(base3)), ["0"], r=R3, alpha=16)
+for k, (a_k, b_k, _) in adapters.items():
+    if k != "ad0":
+        add_adapter(mm3, k, r=R3, alpha=16)
+    ad_k = mm3[0].adapter("default" if k == "ad0" else k)
+    ad_k.lora_A.data[:], ad_k.lora_B.data[:] = a_k, b_k
+ids_m = ["default" if a == "ad0" else a for a in ids3]
+x3g = tl.Tensor(x3, requires_grad=True)
+with use_adapters(mm3, ids_m):
+    y_mm = mm3(x3g)
+(y_mm * y_mm).sum().backward()  # one backward through the mixed batch
+rows1 = [i for i, a in enumerate(ids3) if a == "ad1"]
+g_mixed = mm3[0].adapter("ad1").lora_B.grad.data.copy()
+mm3.zero_grad()
+with use_adapters(mm3, "ad1"):
+    y1 = mm3(tl.Tensor(x3[rows1]))
+(y1 * y1).sum().backward()  # ad1's rows alone
+err_peft = float(np.abs(y_mm.data - y_peft).max())
+err_g = float(np.abs(g_mixed - mm3[0].adapter("ad1").lora_B.grad.data).max() / np.abs(g_mixed).max())
+print(f"model-level mixed batch vs peft's: max |diff| {err_peft:.1e}; ad1's B gradient vs its rows alone: {err_g:.1e}")
+assert np.allclose(y_mm.data, y_peft, rtol=1e-5, atol=1e-5) and err_g < 1e-5
+assert x3g.grad is not None and np.abs(g_mixed).max() > 0
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 cmp3 = Comparison(f"{NROWS} rows, {NA} adapters, d={D3}, r={R3}", baseline="torch+peft mixed", repeat=15 if FULL else 9)
@@ -1072,6 +1107,43 @@ assert acc_qlora > acc_nf4 + 0.05
 # The NF4 base costs well under 0.3× the fp32 weight bytes (asserted ≤ 0.3; about 0.13× at 4.127 bits) and changes
 # accuracy by less than 3 points; training only the 5.6k LoRA parameters on top of the frozen 4-bit weights lifts
 # the under-trained base by more than 5 points (asserted), the head and biases untouched.
+
+# %% [markdown]
+# **The adapter API on a QLoRA model.** `lora_state_dict`, the peft export, the parameter report and merging all
+# take the QLoRA model as they take a LoRA one. The report counts the NF4 weights as frozen parameters of the model
+# (peft counts a 4-bit weight's elements too). Merging is different: $W + sBA$ is not on the NF4 grid, so merging
+# into the 4-bit codes would re-quantize (lossy, and not undoable). `merge_lora` therefore refuses, and
+# `merge_lora(model, dequantize=True)` merges into the dequantized fp32 weight instead (what peft dequantizes into
+# before it re-quantizes). The LoRA branch can also run in bf16 ("LoRA in bf16 on top" of the paper) with
+# `apply_qlora(..., lora_dtype="bfloat16")` (`tl.autocast("bfloat16")` does the same to it, and to every other
+# Linear); its parameters stay fp32 masters (a bf16 weight would lose Adam updates smaller than $2^{-8}$ of its size).
+
+# %%
+sd_q = lora_state_dict(qmodel)
+tp_q = trainable_parameters(qmodel)
+print("adapter state dict:", {k: tuple(v.shape) for k, v in sd_q.items()})
+print(f"peft keys: {len(to_peft_state_dict(qmodel))}; trainable {tp_q['trainable']} of {tp_q['total']} "
+      f"({tp_q['nf4_frozen']} of them NF4, frozen)")  # fmt: skip
+assert list(sd_q) == ["0.lora_A", "0.lora_B", "2.lora_A", "2.lora_B"] and len(to_peft_state_dict(qmodel)) == 4
+assert (
+    tp_q["nf4_frozen"] == 64 * 256 + 256 * 128
+    and tp_q["total"] == sum(p.data.size for p in base.parameters()) + tp_q["trainable"]
+)
+try:
+    merge_lora(qmodel)
+    refused = False
+except RuntimeError as e:
+    refused = "dequantize=True" in str(e)
+qm = merge_lora(clone(qmodel), dequantize=True)
+q_bf = load_lora_state_dict(apply_qlora(clone(base), ["0", "2"], r=8, alpha=16, lora_dtype="bfloat16"), sd_q)
+xq = tl.Tensor(Xte[:200])
+with no_grad():
+    y_q, y_m, y_bf = qmodel(xq).data, qm(xq).data, q_bf(xq).data
+err_merge, err_bf = float(np.abs(y_m - y_q).max()), float(np.abs(y_bf - y_q).max() / np.abs(y_q).max())
+print(f"merge into NF4 refused: {refused}; dequantized merge vs QLoRA output: max |diff| {err_merge:.1e}; "
+      f"bf16 LoRA branch vs fp32 (max |diff| / max |y|): {err_bf:.1e}")  # fmt: skip
+assert refused and np.allclose(y_m, y_q, rtol=1e-4, atol=1e-4)
+assert 0 < err_bf < 1e-2 and y_bf.dtype == np.float32
 
 # %% [markdown]
 # ## 6. Distillation: soft targets, the T² factor, students over seeds, progressive chains, schedule search [Q40] [Q204]
@@ -1794,7 +1866,9 @@ assert all(m.bytes_of(m.dp(int(b))) <= b for b in budgets)
 #   points of full fine-tuning with under 14 % of the trainable parameters; the base stays intact; identical to
 #   peft's outputs, gradients and merged weights, adapters round-trip bit-exactly.
 # - **Many adapters, one base [Q245]**: share the base GEMM and add per-row low-rank terms, grouped by adapter
-#   (SGMV) or gathered (BGMV); merged weights cost a full matrix per adapter. Cache: differential encoding against a
+#   (SGMV) or gathered (BGMV); merged weights cost a full matrix per adapter. At the model level (`add_adapter`,
+#   `use_adapters`) the grouped form runs in autograd, so one mixed batch also trains every adapter on its own rows
+#   (matches peft's mixed batch). Cache: differential encoding against a
 #   similar stored adapter (sparse replacements, lossless), a SimHash index of $\Delta W$ to find that reference, LRU
 #   loading within a byte budget — on the synthetic trace the same budget gave a hit rate more than 10 points higher.
 # - **Gated LoRA [Q195]**: label inputs by the base model's loss, train a tiny gate (BCE) to predict "hard", run the

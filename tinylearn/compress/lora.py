@@ -241,10 +241,14 @@ class LoRALinear(AdapterLayerMixin, Module):
 
 
 def lora_layers(model: Module) -> list[tuple[str, Module]]:
-    """(dotted name, layer) for every adapter layer in ``model``: LoRALinear and QLoRALinear."""
-    from .qlora import QLoRALinear
+    """(dotted name, layer) for every adapter layer in ``model``: LoRALinear and QLoRALinear (both are
+    AdapterLayerMixin; qlora.py imports this module, so the test is on the shared base)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, AdapterLayerMixin)]
 
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear | QLoRALinear)]
+
+def _is_nf4(layer: Module) -> bool:
+    """A QLoRALinear (its base is NF4 codes), told without importing qlora.py (which imports this module)."""
+    return isinstance(layer, AdapterLayerMixin) and hasattr(layer, "weight_nf4")
 
 
 def _require_layers(model: Any, what: str) -> list[tuple[str, Module]]:
@@ -311,13 +315,11 @@ def trainable_parameters(model: Module) -> dict[str, Any]:
     "nf4_frozen": #elements held as NF4 codes}. A QLoRALinear's base weight is no Parameter (packed codes and
     scales), but it is part of the model: its elements count in "total" as frozen ones (peft counts a 4-bit
     weight's elements the same way)."""
-    from .qlora import qlora_layers
-
     total = trainable = 0
     for p in model.parameters():
         total += p.data.size
         trainable += p.data.size if p.requires_grad else 0
-    nf4 = sum(m.weight_nf4.numel for _, m in qlora_layers(model))
+    nf4 = sum(m.weight_nf4.numel for _, m in lora_layers(model) if _is_nf4(m))
     total += nf4
     return {"trainable": trainable, "total": total, "fraction": trainable / total if total else 0.0,
             "nf4_frozen": nf4}  # fmt: skip
@@ -372,10 +374,8 @@ def merge_lora(model: Module, adapter: str = "default", dequantize: bool = False
     could not restore the codes): RuntimeError unless ``dequantize=True``, which replaces each QLoRALinear in place
     by a LoRALinear on its dequantized fp32 weight (sharing the adapter Parameters) and merges there. Every layer is
     checked before any is changed."""
-    from .qlora import QLoRALinear
-
     layers = _adapter_layers(model, adapter, "merge_lora")
-    q = [n for n, m in layers if isinstance(m, QLoRALinear)]
+    q = [n for n, m in layers if _is_nf4(m)]
     if q and not dequantize:
         raise RuntimeError(
             f"merge_lora: layers {q} have an NF4 base weight; merging would re-quantize W + scaling B A (lossy, "
@@ -385,7 +385,7 @@ def merge_lora(model: Module, adapter: str = "default", dequantize: bool = False
         if m.merged:
             raise RuntimeError(f"merge_lora: layer {n!r} is already merged (call unmerge_lora first)")
     for n, m in layers:
-        if isinstance(m, QLoRALinear):
+        if _is_nf4(m):
             m = m.to_lora_linear()
             parent_name, _, child = n.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, m)
