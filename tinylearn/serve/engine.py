@@ -125,7 +125,7 @@ class Engine:
         self.preemption = _choice("preemption", preemption, PREEMPTION)
         self.enable_prefix_caching = _bool("enable_prefix_caching", enable_prefix_caching)
         self.chunked_prefill = _bool("chunked_prefill", chunked_prefill)
-        kv_dtype = _choice("kv_dtype", kv_dtype, ("float32", "int8"))
+        kv_dtype = _choice("kv_dtype", kv_dtype, ("float32", "int8", "fp8_e4m3"))
         self.max_waiting = _int_arg("max_waiting", max_waiting, 1, optional=True)
         if tokenizer is not None and not all(hasattr(tokenizer, a) for a in ("encode", "decode")):
             raise TypeError(f"tokenizer: expected an object with encode/decode, got {type(tokenizer).__name__}")
