@@ -47,5 +47,16 @@ def test_erasure_table_rows() -> None:
     whats = {r.case for r in t.rows}
     assert {"encode k=4 r=2", "decode 2 lost", "protect files r=2", "repair 2 files"} <= whats
     assert all(r.median_ms > 0 and r.gbps > 0 for r in t.rows)
+    shard = (1 << 16) // 4
+    files = {(r.case, r.impl): r.extra for r in t.rows if "files" in r.case}
+    ec = next(i for c, i in files if c == "protect files r=2" and i != "replication")
+    # bytes: r parity files of one shard each vs r copies of all k files; a repair writes the r lost files either way
+    assert files[("protect files r=2", ec)]["bytes_written"] == 2 * shard
+    assert files[("protect files r=2", "replication")]["bytes_written"] == 2 * 4 * shard
+    assert files[("repair 2 files", ec)]["bytes_read"] == 4 * shard  # k surviving shards are decoded
+    assert files[("repair 2 files", "replication")]["bytes_read"] == 2 * shard  # the replicas of the lost files
+    assert all(files[(c, "replication")]["time_vs_erasure_coding"] > 0 for c in ("protect files r=2", "repair 2 files"))
+    peer = [r for r in t.rows if r.impl.startswith("PeerReplicator")]
+    assert len(peer) == 1 and peer[0].median_ms > 0 and peer[0].extra["bytes_sent_per_rank"] == shard
     # r parity files of k: r/k extra bytes; r full replicas: r x the data
     assert "erasure coding stores 50% extra, replication 200%" in " ".join(t.notes)

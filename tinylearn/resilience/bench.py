@@ -12,7 +12,9 @@ Four tables, every timing through the shared harness (warm-up, median of repeats
                        issue 43: the async stall <= 10 % of a synchronous save's; a note gives the measured ratio and
                        whether the goal was met (reported, not asserted: it depends on a free core for the writer).
     erasure coding     Reed–Solomon encode / decode throughput (C++ split-nibble kernel vs numpy) and the file-level
-                       protect / repair; the notes give the storage overhead of r parity files vs r full replicas.
+                       protect / repair beside replication: r full copies of every file and their restore (time,
+                       bytes written / read), and PeerReplicator's in-memory copy to a neighbour (2 processes);
+                       the notes give the storage overhead of r parity files vs r full replicas.
     recovery           torchrun kill-and-resume (2 ranks, rank 1 SIGKILLed mid-step): kill -> first step after the
                        restart, and its parts; the measured checkpoint cost C.
 
@@ -37,9 +39,10 @@ def sizes(full: bool = False) -> dict[str, Any]:
     """Default (or full) sizes; every key can be overridden in the table functions."""
     if full:
         return dict(save_bytes=(1 << 20, 16 << 20, 64 << 20), save_repeat=7, async_mb=64.0, async_repeat=5,
-                    async_steps=24, ec_bytes=32 << 20, ec_k=8, ec_r=3, ec_repeat=7, recovery_repeats=3)  # fmt: skip
+                    async_steps=24, ec_bytes=32 << 20, ec_k=8, ec_r=3, ec_repeat=7, ec_peer=True,
+                    recovery_repeats=3)  # fmt: skip
     return dict(save_bytes=(1 << 20, 16 << 20), save_repeat=3, async_mb=8.0, async_repeat=3, async_steps=24,
-                ec_bytes=8 << 20, ec_k=4, ec_r=2, ec_repeat=5, recovery_repeats=1)  # fmt: skip
+                ec_bytes=8 << 20, ec_k=4, ec_r=2, ec_repeat=5, ec_peer=True, recovery_repeats=1)  # fmt: skip
 
 
 def _say(progress: Callable[[str], None] | None, msg: str) -> None:
@@ -81,20 +84,47 @@ def erasure_table(full: bool = False, progress: Callable[[str], None] | None = N
     s = {**sizes(full), **kw}
     _say(progress, "resilience: erasure coding")
     n, k, r = s["ec_bytes"], s["ec_k"], s["ec_r"]
-    t = Table(f"Reed-Solomon k={k} r={r} over {n / 2**20:g} MiB", baseline="numpy")
+    t = Table(f"Reed-Solomon k={k} r={r} over {n / 2**20:g} MiB vs replication", baseline="numpy")
     rows = bench_erasure(n, k=k, r=r, repeat=s["ec_repeat"])
     base = {row["what"]: row["seconds"] for row in rows if row["backend"] == "numpy"}
+    ec_files = {
+        row["what"]: row["seconds"] for row in rows if "bytes_written" in row and row["backend"] != "replication"
+    }
     for row in rows:
         ratio = row["seconds"] / base[row["what"]] if row["what"] in base else None
+        extra = {key: row[key] for key in ("bytes_written", "bytes_read") if key in row}
+        if row["backend"] == "replication" and row["what"] in ec_files:
+            extra["time_vs_erasure_coding"] = row["seconds"] / ec_files[row["what"]]
         t.add(Row(row["what"], row["backend"], row["seconds"] * 1e3, ratio=ratio, gbps=row["MB_s"] / 1e3,
-                  note="GB/s of data"))  # fmt: skip
+                  note="GB/s of data", extra=extra))  # fmt: skip
+    if s["ec_peer"]:
+        t.add(_peer_row(-(-n // k), s["ec_repeat"]))
     for o in overhead_rows(n, k, tuple(range(1, r + 1))):
         t.notes.append(
             f"survive {o['tolerated']} lost file(s): erasure coding stores {o['ec_overhead']:.0%} extra, "
             f"replication {o['replication_overhead']:.0%}"
         )
+    t.notes.append(
+        "file rows: bytes_written / bytes_read per protect or repair; replication = r full copies of every file "
+        "(atomic_write, fsync, as protect writes parity); a repair by replication copies the lost files back"
+    )
     t.notes.append(TINYGRAD_NA)
     return t
+
+
+def _peer_row(shard_bytes: int, repeat: int) -> Row:
+    """In-memory peer replication (PeerReplicator's ring, 2 processes over gloo): one rank's shard to its
+    neighbour, median seconds of an exchange (process start-up not included)."""
+    from ..dist.launch import launch
+    from .replication_workers import replicate_timed
+
+    res = launch(replicate_timed, 2, shard_bytes, repeat, timeout_s=120)
+    if not all(r["held_ok"] for r in res):
+        raise RuntimeError("peer replication: a rank holds bytes that are not its neighbour's shard")
+    sec = max(r["seconds"] for r in res)
+    return Row(f"replicate 1 shard to a peer ({shard_bytes / 2**20:.2g} MiB)", "PeerReplicator (gloo, 2 ranks)",
+               sec * 1e3, gbps=shard_bytes / sec / 1e9, note="GB/s of shard; host memory, no storage",
+               extra={"bytes_sent_per_rank": shard_bytes})  # fmt: skip
 
 
 def recovery_table(full: bool = False, progress: Callable[[str], None] | None = None, **kw: Any) -> Table:

@@ -184,7 +184,8 @@ def bench_erasure(
     """Throughput rows {what, backend, MB_s, seconds} (median of ``repeat`` after warm-up, tinylearn.bench.measure):
     encode r parity shards of k data shards holding ``nbytes`` in all, decode with r data shards lost, and with
     ``files`` the file-level protect / repair (r rank files deleted) in a temporary directory (cpp if available,
-    includes reads, CRCs, fsync)."""
+    includes reads, CRCs, fsync) and, as backend "replication", the same protection by r full copies of every file
+    and the restore of the r lost files from their copies; file rows carry bytes_written (and bytes_read)."""
     from .. import backends as _b
     from ..bench import measure
 
@@ -207,18 +208,42 @@ def bench_erasure(
         b = "cpp" if _b.C_available("resilience") else "numpy"
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
-            for i, a in enumerate(data):
-                (d / f"rank{i:05d}.bin").write_bytes(a.tobytes())
+            names = [f"rank{i:05d}.bin" for i in range(k)]
+            for name, a in zip(names, data, strict=True):
+                (d / name).write_bytes(a.tobytes())
             t0 = time.perf_counter()
             protect(d, r, backend=b)
             tp = time.perf_counter() - t0
-            for i in range(r):
-                (d / f"rank{i:05d}.bin").unlink()
+            for name in names[:r]:
+                (d / name).unlink()
             t0 = time.perf_counter()
             rebuilt = repair(d, backend=b)
             tr = time.perf_counter() - t0
             if len(rebuilt) != r:
                 raise RuntimeError(f"bench_erasure: repair rebuilt {len(rebuilt)} files, expected {r}")
-        rows.append({"what": f"protect files r={r}", "backend": b, "MB_s": mb / tp, "seconds": tp})
-        rows.append({"what": f"repair {r} files", "backend": b, "MB_s": mb / tr, "seconds": tr})
+            # replication to survive the same r lost files: r full copies of every file (written as protect
+            # writes its parity: atomic_write, fsync), and a restore copies a lost file's replica back
+            rep = d / "replicas"
+            rep.mkdir()
+            t0 = time.perf_counter()
+            for j in range(r):
+                for name in names:
+                    atomic_write(rep / f"{name}.{j}", (d / name).read_bytes())
+            tc = time.perf_counter() - t0
+            for name in names[:r]:
+                (d / name).unlink()
+            t0 = time.perf_counter()
+            for name in names[:r]:
+                atomic_write(d / name, (rep / f"{name}.0").read_bytes())
+            tx = time.perf_counter() - t0
+            if any((d / n).read_bytes() != a.tobytes() for n, a in zip(names[:r], data, strict=False)):
+                raise RuntimeError("bench_erasure: a restored replica differs from the file")
+        rows.append({"what": f"protect files r={r}", "backend": b, "MB_s": mb / tp, "seconds": tp,
+                     "bytes_written": r * size})  # fmt: skip
+        rows.append({"what": f"repair {r} files", "backend": b, "MB_s": mb / tr, "seconds": tr,
+                     "bytes_written": r * size, "bytes_read": k * size})  # fmt: skip
+        rows.append({"what": f"protect files r={r}", "backend": "replication", "MB_s": mb / tc, "seconds": tc,
+                     "bytes_written": r * k * size})  # fmt: skip
+        rows.append({"what": f"repair {r} files", "backend": "replication", "MB_s": mb / tx, "seconds": tx,
+                     "bytes_written": r * size, "bytes_read": r * size})  # fmt: skip
     return rows

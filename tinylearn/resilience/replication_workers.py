@@ -82,3 +82,25 @@ def replicate_with_dead_peer(dead_rank: int, timeout_s: float) -> int:
         os._exit(7)
     PeerReplicator(timeout_s=timeout_s).replicate(b"x" * 100)
     return dist.get_rank()
+
+
+def replicate_timed(nbytes: int, repeat: int = 5, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Every rank replicates an ``nbytes`` shard to its ring neighbour ``repeat`` times (after one warm-up): the
+    median seconds of one exchange on this rank, the bytes it sent and whether the copy it holds is its
+    neighbour's shard (crc32)."""
+    import statistics
+
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = np.random.default_rng(1000 + rank).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+    rep = PeerReplicator(timeout_s=timeout_s)
+    rep.replicate(mine)
+    times = []
+    for _ in range(repeat):
+        dist.barrier()
+        t0 = time.perf_counter()
+        rep.replicate(mine)
+        times.append(time.perf_counter() - t0)
+    prev = np.random.default_rng(1000 + (rank - 1) % world).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+    return {"seconds": statistics.median(times), "bytes_sent": nbytes, "held_ok": rep.held == prev}
