@@ -301,11 +301,16 @@ plt.show()
 assert sum(same) >= N_REQ - 1
 # static batching computes every batch member until the batch's longest request ends: the slots it wastes
 slots = sum(BATCH * max(out_lens[i : i + BATCH]) for i in range(0, N_REQ, BATCH))
+speedup = co["tok_s"] / st["tok_s"]
 print(f"static batching: {1 - useful / slots:.0%} of its decode slots produce nothing; "
-      f"continuous / static throughput: {co['tok_s'] / st['tok_s']:.2f}x")  # fmt: skip
+      f"continuous / static throughput: {speedup:.2f}x (issue goal >= 2x: {'met' if speedup >= 2 else 'NOT met'} "
+      f"in this run), TPOT p99 {co['tpot_p99'] / st['tpot_p99']:.2f}x static's")  # fmt: skip
 assert 1 - useful / slots > 0.25  # this workload's arithmetic (output lengths 8-96, batches of 8)
-# continuous batching delivers more useful tokens per second than static batching of the same width
-assert co["tok_s"] > st["tok_s"]
+# continuous batching delivers well over static batching's useful tokens per second (goal >= 2x: measured 2.2x on a
+# quiet machine, 1.5-1.6x with two other processes loading the two cores; the asserted margin is > 1.3x)
+assert speedup > 1.3, speedup
+# ... at no worse a per-token latency (the goal's "equal p99 TPOT"; measured lower, asserted within 1.25x under load)
+assert co["tpot_p99"] <= 1.25 * st["tpot_p99"], (co["tpot_p99"], st["tpot_p99"])
 
 # %% [markdown]
 # Reading the numbers: on this workload static batching leaves over a quarter of its decode slots idle (a finished
@@ -358,8 +363,11 @@ assert stats_on["prefix_hit_tokens"] == (N_PC - 1) * SYS
 assert stats_on["prefix_queried_tokens"] == N_PC * (SYS + Q)
 assert abs(stats_on["prefix_hit_rate"] - (N_PC - 1) * SYS / (N_PC * (SYS + Q))) < 1e-12
 assert pcs[False][0][1]["prefix_hit_tokens"] == 0
-# computing 24 tokens instead of 280 cuts the time to first token several-fold (goal >= 3x; > 2x asserted)
-assert ttft[False] > 2 * ttft[True]
+cut = ttft[False] / ttft[True]
+print(f"issue goal: prefix caching cuts TTFT p50 >= 3x: {'met' if cut >= 3 else 'NOT met'} ({cut:.1f}x)")
+# computing 24 tokens instead of 280 cuts the time to first token several-fold (goal >= 3x; the asserted margin,
+# > 2.5x, holds under load from other processes: both sides are measured interleaved in the same run)
+assert cut > 2.5, cut
 fig, ax = plt.subplots(figsize=(6, 3))
 for c, rs in pcs.items():
     ax.plot(range(1, N_PC + 1), np.array(rs[0][0]) * 1e3, "o-", label=f"prefix caching {'on' if c else 'off'}")
@@ -435,8 +443,8 @@ plt.show()
 # prefilled again later — its prefix may still be a cache hit) or by *swap* (copy its blocks to a host store, here a
 # `TieredKVStore`; copy them back when blocks free up: exact bytes, no recompute). Swap moves $2 \times$ the KV bytes
 # over the host link; recompute spends a prefill. Low-bit blocks shrink the problem itself: INT8 codes with one fp32
-# scale per (token, head) take $(d_h + 4)/(4 d_h)$ of fp32's bytes. (Token-priority eviction and re-expansion inside
-# one sequence are notebook 09 §4.) Below: 16 requests that together need about 4x the pool.
+# scale per (token, head) take $(d_h + 4)/(4 d_h)$ of fp32's bytes. Token-priority eviction bounds one long sequence
+# (end of this section; its re-expansion is notebook 09 §4). Below: 16 requests that together need about 4x the pool.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -491,7 +499,7 @@ assert swp["swapped_blocks_out"] == swp["swapped_blocks_in"] > 0
 # both cost tens of microseconds. On a GPU the trade is priced by PCIe bandwidth for swap ($2 \times$ the sequence's KV
 # bytes) against the prefill FLOPs for recompute: recompute wins for short sequences, swap for long ones.
 #
-# **INT8 KV blocks.** The same pool size in bytes holds more tokens when blocks are INT8:
+# **INT8 and FP8 KV blocks.** The same pool size in bytes holds more tokens when blocks are INT8 or FP8 (E4M3):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -509,6 +517,49 @@ agree = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x
 print(f"greedy tokens identical to fp32 KV before the first divergence: {agree} (of 16)")
 # int8 K/V perturbs the logits slightly: most requests' greedy continuations start identical
 assert np.median(agree) >= 4
+# FP8 (E4M3) blocks: the same bytes as int8 (a code per value + a scale per (token, head)), but 3 mantissa bits
+# give a relative error up to 2^-4 per value where int8's per-row grid is finer for rows of similar magnitudes
+e_f8 = Engine(model, enable_prefix_caching=False, kv_dtype="fp8_e4m3")
+t_f8 = [o.token_ids for o in e_f8.generate(q_prompts, sp16)]
+agree_f8 = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(t32, t_f8)]
+print(f"fp8_e4m3 KV: {e_f8.bm.cache.stats()['bytes_per_token']:.0f} bytes per token; greedy tokens identical to fp32 "
+      f"KV before the first divergence: {agree_f8} (of 16)")  # fmt: skip
+assert e_f8.bm.cache.stats()["bytes_per_token"] == b8
+assert sum(agree_f8) <= sum(agree)  # on these rows int8 keeps closer to fp32 than E4M3 does
+
+# %% [markdown]
+# **Token-priority eviction for a long context [Q107].** Preemption evicts whole sequences; a single long context can
+# instead drop its *least useful tokens*. With `Engine(..., kv_token_budget=B, kv_evict_recent=R)`, after a step a
+# sequence holding more than B tokens of K/V keeps its last R tokens and, up to B − block_size, the tokens its latest
+# query attends to most (summed over layers and heads: H2O's heavy hitters, the policy of notebook 09 §4), and
+# `PagedKVCache.evict_tokens` re-packs them into fewer blocks, freeing the rest. Positions keep counting the dropped
+# tokens. The outputs become **approximate** from the first eviction on (attention no longer sees the dropped
+# tokens); what is exact is the memory bound. A 400-token prompt (prefilled in one step) generating 48 tokens under a
+# budget of 96 tokens:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+long_prompt = np.random.default_rng(23).integers(0, 256, 400).tolist()
+sp48 = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+exact = Engine(model, enable_prefix_caching=False, max_num_batched_tokens=512).generate([long_prompt], sp48)[0]
+exact = exact.token_ids
+ev = Engine(model, enable_prefix_caching=False, max_num_batched_tokens=512, kv_token_budget=96, kv_evict_recent=32)
+rid = ev.add_request(long_prompt, sp48)
+held = []
+while ev.has_unfinished():
+    outs = ev.step()
+    if rid in ev.seqs:
+        held.append((len(ev.kv_positions(rid)), ev.stats()["kv_blocks_used"]))
+    done = [o for o in outs if o.finished]
+approx = done[0].token_ids
+same = next((i for i, (a, b) in enumerate(zip(exact, approx)) if a != b), len(exact))
+print(f"KV tokens held after each step: max {max(h for h, _ in held)} (budget 96; without eviction up to "
+      f"{len(long_prompt) + 48}); blocks in use: max {max(b for _, b in held)} of the {-(-448 // 16)} the full "
+      f"context needs; {ev.stats()['kv_evicted_tokens']} tokens evicted in all")  # fmt: skip
+print(f"greedy tokens equal to the exact run for the first {same} of 48 (approximate after the first eviction)")
+assert max(h for h, _ in held) <= 96 and max(b for _, b in held) <= 96 // 16
+assert ev.stats()["kv_evicted_tokens"] >= 400 + 47 - 96 and ev.stats()["kv_blocks_used"] == 0  # 447 computed
+assert same >= 1  # the whole prompt was prefilled in one step, before any eviction: the first token is exact
 
 # %%
 tmp = tempfile.TemporaryDirectory()  # every file of sections 6-8 lives here; removed at the end of section 8
@@ -931,6 +982,57 @@ for state_name, state in (("idle", idle), ("busy", busy)):
 assert [decisions["idle", n] for n in (32, 256, 480)] == [True, True, False]
 assert not any(decisions["busy", n] for n in (32, 256, 480))
 assert "TTFT" in ac.admit(480, idle)[1].split(":")[0] and "TTFT" in ac.admit(32, busy)[1].split(":")[0]
+
+# %% [markdown]
+# **The same controller inside the engine, and a KV budget.** `Engine(..., admission=ac)` asks the controller at
+# every `add_request` with the engine's live state (`engine_state()`: running decodes, their KV tokens, the prefill
+# tokens queued ahead, the budget) and raises `AdmissionRejected` (reason "slo", the model's numbers in the message;
+# the server answers 503 + `Retry-After`). A burst of 32-token prompts: each admitted one adds 32 tokens to the queue
+# ahead, so the 9th would need a third 128-token prefill step — more than the 256-token prompt's two steps the SLO
+# was set from — and is refused, whatever this machine's speed. `kv_budget_blocks=B` admits a request only if its
+# *worst-case* KV (prompt + max_tokens, in blocks) fits B minus the claims of the requests already admitted
+# (reason "kv_budget", the server answers 429 + `Retry-After`): admitted requests can always grow to their end, so
+# nothing is ever preempted — against a free-for-all on the same 64-block pool, which preempts.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tinylearn.serve import AdmissionRejected  # noqa: E402
+
+eng_slo = Engine(gpt, max_num_batched_tokens=128, admission=ac)
+burst_ok, refusal = 0, None
+for _ in range(12):
+    try:
+        eng_slo.add_request(list(range(1, 33)), SamplingParams(temperature=0, max_tokens=4))
+        burst_ok += 1
+    except AdmissionRejected as err:
+        refusal = refusal or err
+print(f"burst of 12 x 32-token prompts: {burst_ok} admitted; first refusal ({refusal.reason}): {str(refusal)[:150]}...")
+assert burst_ok == 8 and refusal.reason == "slo" and eng_slo.stats()["rejected_slo"] == 4
+
+
+def kv_budget_run(budget: int | None) -> dict:
+    """8 requests (prompt 150 + 100 tokens = 16 blocks each) on a 64-block pool, re-sent after each refusal."""
+    e = Engine(gpt, num_blocks=64, enable_prefix_caching=False, kv_budget_blocks=budget)
+    todo = [np.random.default_rng(k).integers(0, 256, 150).tolist() for k in range(8)]
+    while todo or e.has_unfinished():
+        while todo:
+            try:
+                e.add_request(todo[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+                todo.pop(0)
+            except AdmissionRejected:
+                break  # retry after the next step (a client would wait Retry-After)
+        e.step()
+    return e.stats()
+
+
+with limited_threads(1, torch=True):
+    kv_runs = {"no KV budget": kv_budget_run(None), "kv_budget_blocks=64": kv_budget_run(64)}
+for name, st in kv_runs.items():
+    print(f"{name:20s} preemptions {st['preemptions_recompute']:2d}, refusals {st['rejected_kv_budget']:2d}, "
+          f"steps {st['num_steps']}")  # fmt: skip
+assert kv_runs["no KV budget"]["preemptions_recompute"] > 0 and kv_runs["no KV budget"]["rejected_kv_budget"] == 0
+assert kv_runs["kv_budget_blocks=64"]["preemptions_recompute"] == 0
+assert kv_runs["kv_budget_blocks=64"]["rejected_kv_budget"] > 0
 
 # %% [markdown]
 # **SLO scheduling [Q106] [Q133].** One burst of 20 requests arrives at once: 4 long prompts (300-400 tokens, loose
@@ -1627,10 +1729,13 @@ for name, s in LOADS.items():
           f"{s['ttft_s']['p50'] * 1e3:6.1f}/{s['ttft_s']['p99'] * 1e3:6.1f} ms  TPOT p50/p99 "
           f"{s['tpot_s']['p50'] * 1e3:5.2f}/{s['tpot_s']['p99'] * 1e3:5.2f} ms")  # fmt: skip
 off, on = LOADS["shared prefix, caching off"], LOADS["shared prefix, caching on"]
-print(f"shared-prefix TTFT p50: caching cuts it {off['ttft_s']['p50'] / on['ttft_s']['p50']:.1f}x")
+http_cut = off["ttft_s"]["p50"] / on["ttft_s"]["p50"]
+print(f"shared-prefix TTFT p50 over HTTP: caching cuts it {http_cut:.1f}x (the >= 3x goal is met inside the engine, "
+      f"section 3; over HTTP it is {'met' if http_cut >= 3 else 'NOT met'} -- see the reading below)")  # fmt: skip
 assert all(s["n_ok"] == s["n_requests"] for s in LOADS.values())  # at 20 req/s nothing is shed or lost
 assert all(s["ttft_s"]["p99"] >= s["ttft_s"]["p50"] > 0 for s in LOADS.values())
-assert on["ttft_s"]["p50"] < off["ttft_s"]["p50"]
+# what holds over HTTP: caching lowers the client-measured median TTFT (by less than the engine's cut, see below)
+assert 1.0 < http_cut < cut, (http_cut, cut)
 fig, ax = plt.subplots(1, 2, figsize=(12, 3.5))
 names = list(LOADS)
 for i, (k, lab) in enumerate((("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
@@ -1642,10 +1747,48 @@ for i, (k, lab) in enumerate((("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
 plt.show()
 
 # %% [markdown]
+# **Throughput and p99 latency against offered load.** The same server (prefix caching on, 16 running slots) under the
+# random workload at offered rates from 10 to 640 requests/s, 32 requests each (kept short: a few seconds in all).
+# At low rates the server keeps up and throughput is the offered load; as the rate grows, the batch fills and the
+# throughput rises to what the engine and the HTTP path can deliver, while the p99 latencies grow with the queue.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+RATES = (10.0, 40.0, 160.0, 640.0)
+curve = {}
+with limited_threads(1, torch=True):
+    app = create_app(build_engine("tiny", max_num_seqs=16), max_waiting=256)
+    with serve_in_thread(app) as url:
+        load(url, n_requests=4, rate=float("inf"), seed=9, output_len=("uniform", 8, 32), duration_s=10)  # warm-up
+        for rate in RATES:
+            curve[rate] = load(url, n_requests=32, rate=rate, seed=4, output_len=("uniform", 8, 32), duration_s=20)
+print(" offered req/s  served req/s  out tok/s  TTFT p99 ms  TPOT p99 ms  e2e p50 ms  e2e p99 ms")
+for rate, c in curve.items():
+    print(f"{rate:14.0f}  {c['throughput_req_s']:12.1f}  {c['output_tok_s']:9.0f}  {c['ttft_s']['p99'] * 1e3:11.1f}  "
+          f"{c['tpot_s']['p99'] * 1e3:11.2f}  {c['e2e_s']['p50'] * 1e3:10.1f}  "
+          f"{c['e2e_s']['p99'] * 1e3:10.1f}")  # fmt: skip
+lo, hi = curve[RATES[0]], curve[RATES[-1]]
+assert all(c["n_ok"] == 32 for c in curve.values())  # the queue (256) is never full: every request is served
+# at 10 req/s throughput is the offered load; a burst fills the batch: several times more tokens per second ...
+assert hi["output_tok_s"] > 3 * lo["output_tok_s"], (lo["output_tok_s"], hi["output_tok_s"])
+# ... and at 640 req/s the last of 32 requests queue behind 16 running ones: its latency exceeds a lone request's
+assert hi["e2e_s"]["p99"] > 1.5 * lo["e2e_s"]["p50"], (lo["e2e_s"]["p50"], hi["e2e_s"]["p99"])
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.5))
+ax[0].plot(RATES, [c["output_tok_s"] for c in curve.values()], "o-")
+ax[0].set(xscale="log", xlabel="offered load (requests/s)", ylabel="output tokens/s", title="throughput")
+for k, lab in (("ttft_s", "TTFT p99"), ("e2e_s", "end-to-end p99")):
+    ax[1].plot(RATES, [c[k]["p99"] * 1e3 for c in curve.values()], "o-", label=lab)
+ax[1].set(xscale="log", xlabel="offered load (requests/s)", ylabel="ms", title="p99 latency (client-measured)")
+ax[1].legend()
+plt.show()
+
+# %% [markdown]
 # **Overload and faults.** The same server with 4 running slots and a waiting queue of 4 receives 64 requests at
 # once, a fifth of them malformed JSON and a fifth disconnecting after their first token: it must answer every
 # malformed one with 400, shed what does not fit the queue with 429 + `Retry-After`, serve the rest, and end (after a
-# bounded wait for the engine to notice the disconnects) with no request running and no KV block in use.
+# bounded wait for the engine to notice the disconnects) with no request running and no KV block in use. (The test
+# suite runs the same fault run at 1,000 requests on up to 1,000 concurrent loopback connections:
+# `tests/serve/test_serve_fault_load.py`.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1679,12 +1822,15 @@ assert http.get("429") == counts["429"] and http.get("400", 0) >= counts["400"]
 
 # %% [markdown]
 # Reading the load test: at 20 requests/s every request is served; prefix caching lowers the shared-prefix workload's
-# median TTFT here too, but by less than inside the engine (section 3), because a client-measured TTFT also holds the
-# HTTP round trip, JSON parsing, tokenization, the wait for the engine thread's next step and the first SSE chunk, and
-# the server shares this process and its two cores with the load generator. Under the burst, the queue bound does its
-# job: malformed requests get 400, what does not fit gets 429 with `Retry-After`, the rest are served, disconnected
-# clients' requests are aborted, and afterwards no request runs and no KV block is in use; the server's own
-# `/metrics` counters match the status codes the client received.
+# median TTFT here too, but by less than inside the engine (section 3): **the issue's ≥ 3× TTFT goal is met inside the
+# engine, not reliably over HTTP on this machine** (the printed ratio; 1.9-2.9× in the runs so far), because a
+# client-measured TTFT also holds costs caching cannot cut — the HTTP round trip, JSON parsing, tokenization, the
+# wait for the engine thread's next step (other requests' decode steps run in it) and the first SSE chunk — and the
+# server shares this process and its two cores with the load generator. What the assert checks over HTTP is the
+# direction (caching lowers the median TTFT) and that the cut is smaller than the engine's. Under the burst, the
+# queue bound does its job: malformed requests get 400, what does not fit gets 429 with `Retry-After`, the rest are
+# served, disconnected clients' requests are aborted, and afterwards no request runs and no KV block is in use; the
+# server's own `/metrics` counters match the status codes the client received.
 
 # %% [markdown]
 # ## Recap (interview answers)
@@ -1703,7 +1849,9 @@ assert http.get("429") == counts["429"] and http.get("400", 0) >= counts["400"]
 # - **Preemption and KV pressure [Q107]**: when blocks run out mid-decode, evict whole sequences (last in policy order)
 #   by recompute (free; prefill prompt + generated again later) or swap (copy blocks to host, copy back); both exact.
 #   Recompute costs FLOPs, swap costs $2\times$ the KV bytes over the host link. INT8 blocks with a per-(token, head)
-#   scale take $(d_h+4)/(4d_h)$ of fp32's bytes; token-priority eviction inside a sequence is notebook 09 §4.
+#   scale take $(d_h+4)/(4d_h)$ of fp32's bytes. Inside one long sequence, token-priority eviction
+#   (`kv_token_budget`) keeps the recent window + the heavy hitters of the latest query and frees the rest: a hard
+#   memory bound, approximate outputs (re-expansion: notebook 09 §4).
 # - **A serving API**: OpenAI-compatible routes, SSE streaming, 400 naming the field, 429 + Retry-After from a bounded
 #   queue (shed load, never an unbounded backlog), 503 while draining on SIGTERM, aborts on disconnect that free KV
 #   blocks at once, Prometheus metrics (queue depth, KV usage, hit rate, TTFT/TPOT histograms).
@@ -1729,7 +1877,9 @@ assert http.get("429") == counts["429"] and http.get("400", 0) >= counts["400"]
 #   while the current request runs: cold loads on the critical path 48 → 25 → 11 for k = 0, 1, 2.
 # - **Latency prediction and control [Q259]**: log each step's features and duration, fit a non-negative linear
 #   step-cost model (fixed cost + per prefill token + per decode token + per KV token), check it on held-out steps,
-#   derive TTFT/TPOT from the token budget and the queue, and admit a request only if both predicted SLOs hold.
+#   derive TTFT/TPOT from the token budget and the queue, and admit a request only if both predicted SLOs hold —
+#   in the engine (`admission=`), from its live state; with a KV budget (`kv_budget_blocks`) a request is admitted
+#   only if its worst-case KV fits, so nothing admitted is ever preempted (rejections: 503 / 429 + Retry-After).
 # - **SLO-aware scheduling [Q106] [Q133]**: order the queues by deadline (EDF) or prompt length (SPF) inside a
 #   continuous-batching engine with a token budget; EDF minimises deadline misses (12 → 0 vs FCFS), SPF minimises
 #   mean TTFT (12.9 → 4.45 steps); admission control keeps the load where the deadlines are feasible.
