@@ -111,3 +111,88 @@ def test_ddp_state_budget(tmp_path: Path) -> None:
     assert torch.equal(m2.weight, m.weight)
     with pytest.raises(ValueError, match="max_bytes_per_rank: expected an int >= 0 or None, got -1"):
         DDPState(m, opt, max_bytes_per_rank=-1)
+
+
+def test_tensor_parallel_state_any_layout(tmp_path: Path) -> None:
+    """TP shards saved by 2 ranks (q/k/v/fc1 row blocks, o/fc2 column blocks, replicated biases by rank 0) load into
+    the dense model (TP 2 -> 1) bitwise equal to the unsharded reference; a dense checkpoint loads into TP 2
+    (full -> row/column blocks) and gives the reference's output."""
+    from tinylearn.resilience.parallel_state import TPState, load_tp_state, tp_shards
+    from tinylearn.testing import assert_close
+
+    out_tp = launch(ew.tp_save_job, 2, str(tmp_path / "tp2"), 0, timeout_s=60)[0]
+    man = read_manifest(tmp_path / "tp2")
+    q, o, ob = (man["tensors"][k] for k in ("attn.q.weight", "attn.o.weight", "attn.o.bias"))
+    assert q["shape"] == [8, 8] and [c["offsets"] for c in q["chunks"]] == [[0, 0], [4, 0]]  # rows: axis 0
+    assert o["shape"] == [8, 8] and [c["offsets"] for c in o["chunks"]] == [[0, 0], [0, 4]]  # columns: axis 1
+    assert not ob["sharded"] and len(ob["chunks"]) == 1  # the row layer's bias is replicated: rank 0 wrote it
+    axes = man["objects"]
+    assert axes["split_axis.attn.q.weight"] == 0 and axes["split_axis.mlp.fc2.weight"] == 1
+    assert axes["split_axis.mlp.fc2.bias"] is None
+
+    ref = ew.DenseBlock(0)
+    dense = ew.DenseBlock(1)  # another init: the load overwrites every parameter
+    load_tp_state(dense, tmp_path / "tp2")
+    for (k, a), b in zip(ref.state_dict().items(), dense.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    with torch.no_grad():
+        want = ref(ew.block_input())
+    assert_close(out_tp, want, "float32")
+    assert TPState(dense).bytes_needed(tmp_path / "tp2") == sum(p.numel() * 4 for p in ref.parameters())
+
+    save_sharded(tp_shards(ref), tmp_path / "dense", step=0)  # a dense checkpoint: whole tensors
+    got = launch(ew.tp_load_job, 2, str(tmp_path / "dense"), 1, timeout_s=60)
+    for r, res in enumerate(got):
+        assert_close(res["out"], want, "float32")
+        p = res["params"]
+        assert torch.equal(p["attn.q.weight"], ref.attn.q.weight[4 * r : 4 * r + 4])  # row block of rank r
+        assert torch.equal(p["mlp.fc2.weight"], ref.mlp.fc2.weight[:, 8 * r : 8 * r + 8])  # column block
+        assert torch.equal(p["mlp.fc2.bias"], ref.mlp.fc2.bias)
+
+
+def test_tensor_parallel_state_bad_checkpoint(tmp_path: Path) -> None:
+    from tinylearn.resilience.parallel_state import load_tp_state, tp_shards
+
+    save_sharded(tp_shards(ew.DenseBlock(0)), tmp_path / "a", step=0)
+    with pytest.raises(CheckpointError, match=r"'attn.q.weight'.*global shape \(8, 8\).*\(16, 16\)"):
+        load_tp_state(ew.DenseBlock(0, embed=16, ffn=32), tmp_path / "a")
+    with pytest.raises(CheckpointError, match="'x.attn.q.weight': not in the checkpoint"):
+        load_tp_state(ew.DenseBlock(0), tmp_path / "a", prefix="x.")
+
+
+def test_pipeline_stages_any_split(tmp_path: Path) -> None:
+    """A 7-layer Sequential saved by 2 stages ([0, 4), [4, 7), each its own layers under global indices) loads
+    into 1 stage and into 3 stages ([0, 2), [2, 5), [5, 7)) bitwise; the layout is in the keys."""
+    from tinylearn.resilience.parallel_state import PipelineStageState, load_pp_state
+
+    def model(seed: int) -> torch.nn.Sequential:
+        torch.manual_seed(seed)
+        layers: list[torch.nn.Module] = []
+        for i in range(4):
+            layers.append(torch.nn.Linear(6 + i, 7 + i))
+            if i < 3:
+                layers.append(torch.nn.ReLU())
+        return torch.nn.Sequential(*layers)
+
+    ref = model(0)
+    for r, (lo, hi) in enumerate([(0, 4), (4, 7)]):
+        save_sharded(PipelineStageState(ref[lo:hi], lo).to_checkpoint(), tmp_path, rank=r, world_size=2, step=0)
+    man = read_manifest(tmp_path)
+    assert set(man["tensors"]) == {f"{i}.{w}" for i in (0, 2, 4, 6) for w in ("weight", "bias")}
+    assert [c["file"] for c in man["tensors"]["4.weight"]["chunks"]] == ["rank00001.bin"]  # stage 1 wrote it
+
+    whole = model(1)
+    load_pp_state(whole, tmp_path, 0)
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), whole.parameters(), strict=True))
+    x = torch.randn(3, 6)
+    for lo, hi in [(0, 2), (2, 5), (5, 7)]:
+        stage = model(2)[lo:hi]
+        st = PipelineStageState(stage, lo)
+        assert st.bytes_needed(tmp_path) == sum(p.numel() * 4 for p in ref[lo:hi].parameters())
+        st.from_checkpoint(tmp_path)
+        with torch.no_grad():
+            assert torch.equal(stage(x if lo == 0 else ref[:lo](x)), ref[:hi](x))
+    with pytest.raises(CheckpointError, match="'5.weight': not in the checkpoint"):
+        load_pp_state(model(0)[4:7], tmp_path, 5)  # a wrong offset
+    with pytest.raises(ValueError, match="first_layer: expected an int >= 0"):
+        PipelineStageState(ref, -1)

@@ -11,8 +11,9 @@
                                 cpp_src/resilience_gf256.cpp); protect / repair a checkpoint's files (ec_files.py);
                                 in-memory peer replication (replication.py)
     elastic training            run(): resume from the last checkpoint at any world size, Young/Daly interval with C
-                                measured (elastic.py); ZeRO / DDP state as shards (zero_state.py); the torchrun
-                                kill-and-resume drill (drills.py)
+                                measured (elastic.py); ZeRO / DDP state as shards (zero_state.py); tensor-parallel
+                                layers and pipeline stages as shards, loadable into another layout
+                                (parallel_state.py); the torchrun kill-and-resume drill (drills.py)
     failure schedules           failure math (failure_math.py), stragglers and bounded staleness (stragglers.py),
                                 pipeline replay after a stage failure (pipeline_replay.py), risk-triggered migration
                                 (risk.py), redundant execution under a budget (redundancy.py)
@@ -39,6 +40,7 @@ _MODULES = {
     "incremental": ("DeltaCheckpointer", "compact", "XorChain", "xor_delta", "xor_apply"),
     "tier_log": ("TieredShard",),
     "elastic": ("run", "RunReport", "global_batch", "ensure_group"),
+    "parallel_state": ("TPState", "PipelineStageState", "tp_shards", "load_tp_state", "pp_shards", "load_pp_state"),
     "zero_state": ("ZeroState", "DDPState", "MultiState", "zero_shards", "load_zero_state", "ddp_shards",
                    "load_ddp_state"),
     "drills": ("live_vs_restart",),

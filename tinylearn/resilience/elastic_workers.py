@@ -189,3 +189,58 @@ def auto_interval_job(root: str, steps: int, mtbf_s: float, delay_s: float) -> d
         "interval_s": rep.interval_s,
         "interval_steps": rep.interval_steps,
     }
+
+
+# ------------------------------------------------------------------------------------------ tensor-parallel state
+class DenseBlock(nn.Module):
+    """A transformer-ish block of the dense reference modules (attention q/k/v/o + MLP fc1/fc2)."""
+
+    def __init__(self, seed: int, embed: int = 8, heads: int = 2, ffn: int = 16) -> None:
+        from ..parallel.tensor_parallel import DenseMLP, DenseSelfAttention
+
+        super().__init__()
+        torch.manual_seed(seed)
+        self.attn, self.mlp = DenseSelfAttention(embed, heads), DenseMLP(embed, ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+class ParallelBlock(nn.Module):
+    """``DenseBlock`` split over the TP ranks (heads and the MLP's hidden units): the same parameter names."""
+
+    def __init__(self, dense: DenseBlock) -> None:
+        from ..parallel.tensor_parallel import ParallelMLP, ParallelSelfAttention
+
+        super().__init__()
+        self.attn, self.mlp = ParallelSelfAttention(dense.attn), ParallelMLP(dense.mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+def block_input(seed: int = 7) -> torch.Tensor:
+    return torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def tp_save_job(root: str, seed: int) -> torch.Tensor:
+    """Every TP rank saves its shards of ``ParallelBlock(DenseBlock(seed))``; returns the block's output."""
+    from .parallel_state import tp_shards
+
+    par = ParallelBlock(DenseBlock(seed))
+    save_sharded(tp_shards(par), root, step=0)
+    with torch.no_grad():
+        return par(block_input())
+
+
+def tp_load_job(root: str, seed: int) -> dict[str, Any]:
+    """A TP block built from another seed loads ``root`` (any TP size or dense); its output and local parameters."""
+    from .parallel_state import load_tp_state
+
+    par = ParallelBlock(DenseBlock(seed))
+    load_tp_state(par, root)
+    with torch.no_grad():
+        out = par(block_input())
+    return {"out": out, "params": {k: v.detach().clone() for k, v in par.state_dict().items()}}

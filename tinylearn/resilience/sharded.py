@@ -399,24 +399,16 @@ def _assemble(rd: _Reader, key: str, t: dict[str, Any], offsets: tuple, shape: t
     return out
 
 
-def _boxes(
-    d: Path,
-    tensors: dict[str, Any],
-    world_size: int | None,
-    rank: int | None,
-    template: Mapping[str, Any] | None,
-    keys: list[str] | None,
-) -> dict[str, tuple]:
-    wanted = list(tensors) if keys is None else keys
+def _boxes(d: Path, tensors: dict, world_size: int | None, rank: Any, template: Any, keys: Any) -> dict[str, tuple]:
     boxes = {}
-    for k in wanted:
+    for k in list(tensors) if keys is None else keys:
         if k not in tensors:
             raise CheckpointError(f"keys: {k!r} is not in the checkpoint {d}")
         t = tensors[k]
-        if world_size is not None and t["sharded"]:
-            boxes[k] = _box_for(k, t, world_size, rank, template)
-        else:
-            boxes[k] = ((0,) * len(t["shape"]), tuple(t["shape"]))
+        sharded = world_size is not None and t["sharded"]
+        boxes[k] = (
+            _box_for(k, t, world_size, rank, template) if sharded else ((0,) * len(t["shape"]), tuple(t["shape"]))
+        )
     return boxes
 
 
@@ -434,13 +426,12 @@ def bytes_per_rank(
 ) -> int:
     """Bytes of tensors rank ``rank`` holds after ``load_sharded(path, world_size=..., rank=..., template=...,
     keys=...)`` (the same boxes; nothing is read but the manifest)."""
-    d = Path(path)
-    tensors = read_manifest(d)["tensors"]
     if world_size is not None and (not is_int(world_size) or int(world_size) < 1):
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
     if world_size is not None and (not is_int(rank) or not 0 <= int(rank) < int(world_size)):
         raise ValueError(f"rank: expected an int in [0, world_size={world_size}), got {rank!r}")
-    return _box_bytes(tensors, _boxes(d, tensors, world_size, rank, template, keys))
+    tensors = read_manifest(Path(path))["tensors"]
+    return _box_bytes(tensors, _boxes(Path(path), tensors, world_size, rank, template, keys))
 
 
 def load_sharded(
