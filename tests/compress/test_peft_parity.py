@@ -142,3 +142,101 @@ def test_gradcheck_fp64():
     x = tl.Tensor(rng.standard_normal((3, 5)), requires_grad=True)
     assert tl.autograd.gradcheck(lambda x, a, b: layer(x), [x, layer.lora_A, layer.lora_B])
     assert layer.lora_A.dtype == np.float64
+
+
+def _torch_cnn(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 6, (3, 2), stride=2, padding=(1, 0)),
+        torch.nn.Flatten(),
+        torch.nn.Linear(6 * 4 * 3, 5),
+    )
+
+
+def _tl_cnn(tm):
+    m = tl.nn.Sequential(
+        tl.nn.Conv2d(3, 8, 3, padding=1),
+        tl.nn.ReLU(),
+        tl.nn.Conv2d(8, 6, (3, 2), stride=2, padding=(1, 0)),
+        tl.nn.Flatten(),
+        tl.nn.Linear(6 * 4 * 3, 5),
+    )
+    m.load_state_dict({k: v.detach().numpy().copy() for k, v in tm.state_dict().items()})
+    return m
+
+
+def test_conv_lora_matches_peft():
+    """LoRAConv2d (the im2col view: A [r, in*kh*kw] as a conv, B as a 1x1 conv) against peft's LoRA Conv2d: forward,
+    A/B and input gradients, merge_and_unload vs merge_lora, the adapter round-trip in peft's 4-D layout."""
+    from tinylearn.compress.lora import LoRAConv2d, unmerge_lora
+
+    tm = _torch_cnn()
+    targets = ["0", "2", "4"]
+    model = apply_lora(_tl_cnn(tm), targets, r=3, alpha=6)
+    assert [type(m).__name__ for _, m in lora_layers(model)] == ["LoRAConv2d", "LoRAConv2d", "LoRALinear"]
+    assert model[2].lora_A.shape == (3, 8 * 3 * 2) and model[2].lora_B.shape == (6, 3)
+    pm = peft_wrap(tm, targets, r=3, alpha=6)
+    from_peft_state_dict(model, pm.state_dict())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 8, 7)).astype(np.float32)
+    gout = rng.standard_normal((4, 5)).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    yp = pm(xt)
+    (yp * torch.from_numpy(gout)).sum().backward()
+    xg = tl.Tensor(x, requires_grad=True)
+    y = model(xg)
+    (y * tl.Tensor(gout)).sum().backward()
+    np.testing.assert_allclose(y.data, yp.detach().numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(xg.grad.data, xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+    pg = {k: v.grad.numpy() for k, v in pm.named_parameters() if v.requires_grad}
+    for n, m in lora_layers(model):
+        for ab in ("lora_A", "lora_B"):
+            theirs = pg[f"base_model.model.{n}.{ab}.default.weight"]
+            np.testing.assert_allclose(getattr(m, ab).grad.data, theirs.reshape(getattr(m, ab).shape),
+                                       rtol=RTOL, atol=ATOL, err_msg=f"{n}.{ab}")  # fmt: skip
+    exported = to_peft_state_dict(model)
+    assert exported["base_model.model.2.lora_A.default.weight"].shape == (3, 8, 3, 2)
+    assert exported["base_model.model.2.lora_B.default.weight"].shape == (6, 3, 1, 1)
+    for k, v in exported.items():
+        np.testing.assert_array_equal(v, pm.state_dict()[k].numpy())
+    with torch.no_grad():
+        y_unmerged = pm(torch.from_numpy(x)).numpy()
+        merged_t = pm.merge_and_unload()
+    merge_lora(model)
+    with tl.no_grad():
+        y_merged = model(tl.Tensor(x)).data
+    np.testing.assert_allclose(
+        model[2].base_layer.weight.data, merged_t[2].weight.detach().numpy(), rtol=RTOL, atol=1e-6
+    )
+    np.testing.assert_allclose(y_merged, y_unmerged, rtol=RTOL, atol=ATOL)
+    unmerge_lora(model)
+    w0 = _torch_cnn()[0].weight.detach().numpy()  # tm itself was merged in place by merge_and_unload
+    np.testing.assert_allclose(model[0].base_layer.weight.data, w0, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="groups=1"):
+        LoRAConv2d(tl.nn.Conv2d(4, 4, 3, groups=2), r=2, alpha=4)
+    with pytest.raises(ValueError, match="im2col"):
+        apply_lora(_tl_cnn(tm), ["0"], r=28, alpha=4)  # 3 * 3 * 3 = 27 < 28
+
+
+def test_conv_lora_dilated_merge_is_exact():
+    """With dilation the adapter's A conv must use the base conv's dilation for B.A to be the update of W (peft
+    0.21's LoRA Conv2d builds lora_A without it, so its merged and unmerged outputs differ there; no parity test).
+    tinylearn: the merged conv equals the two-branch forward, and the branch equals a conv with scaling B.A."""
+    from tinylearn.compress.lora import unmerge_lora
+
+    tl.manual_seed(0)
+    model = apply_lora(tl.nn.Sequential(tl.nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=1, dilation=(2, 3))),
+                       ["0"], r=2, alpha=3)  # fmt: skip
+    layer = model[0]
+    layer.lora_B.data[:] = np.random.default_rng(1).standard_normal(layer.lora_B.shape).astype(np.float32)
+    x = tl.Tensor(np.random.default_rng(2).standard_normal((2, 3, 9, 11)).astype(np.float32))
+    y = model(x).data
+    delta = layer.delta_weight().reshape(layer.base_layer.weight.shape)
+    branch = tl.nn.functional.conv2d(x, tl.Tensor(delta), None, (1, 2), 1, (2, 3)).data
+    np.testing.assert_allclose(y - layer.base_layer(x).data, branch, rtol=RTOL, atol=ATOL)
+    merge_lora(model)
+    np.testing.assert_allclose(model(x).data, y, rtol=RTOL, atol=ATOL)
+    unmerge_lora(model)
+    np.testing.assert_allclose(model(x).data, y, rtol=RTOL, atol=ATOL)

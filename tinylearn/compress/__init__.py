@@ -21,6 +21,7 @@ from .._lazy import lazy_exports
 
 _EXPORTS = {
     "LoRALinear": "lora",
+    "LoRAConv2d": "lora",
     "apply_lora": "lora",
     "merge_lora": "lora",
     "unmerge_lora": "lora",

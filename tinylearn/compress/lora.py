@@ -8,6 +8,8 @@ optimizer state. Initialisation is peft's default: A kaiming-uniform with a = sq
 so the wrapped model starts exactly at the base model and the first step only moves B.
 
     LoRALinear(base, r, alpha, dropout)   wraps a Linear; ``base`` keeps its Parameters (frozen by apply_lora)
+    LoRAConv2d(base, r, alpha, dropout)   the same on a Conv2d through its im2col view (apply_lora wraps Conv2d
+                                          targets with it): A [r, in*kh*kw] runs as a conv, B [out, r] as a 1x1 conv
     merge() / unmerge()                   W += scaling B.A (inference: zero extra latency) / W -= scaling B.A;
                                           merging twice or unmerging an unmerged layer raises RuntimeError
     apply_lora(model, target_modules, r, alpha)   replaces matching Linear submodules in place (a name matches
@@ -51,7 +53,7 @@ from ..autograd.factory import cat
 from ..autograd.tensor import Tensor
 from ..nn import functional as F
 from ..nn import init
-from ..nn.layers import Linear
+from ..nn.layers import Conv2d, Linear
 from ..nn.layers_extra import ModuleDict
 from ..nn.module import Module
 from ..nn.parameter import Parameter
@@ -223,14 +225,14 @@ class LoRALinear(AdapterLayerMixin, Module):
                 f"merge: this LoRALinear is already merged (adapter {self.merged_adapter!r}; call unmerge() first)"
             )
         w = self.base_layer.weight
-        w.data = w.data + self.delta_weight(adapter).astype(w.data.dtype)
+        w.data = w.data + self.delta_weight(adapter).astype(w.data.dtype).reshape(w.shape)
         self.merged, self.merged_adapter, self.active = True, adapter, adapter
 
     def unmerge(self) -> None:
         if not self.merged:
             raise RuntimeError("unmerge: this LoRALinear is not merged")
         w = self.base_layer.weight
-        w.data = w.data - self.delta_weight(self.merged_adapter or self.DEFAULT).astype(w.data.dtype)
+        w.data = w.data - self.delta_weight(self.merged_adapter or self.DEFAULT).astype(w.data.dtype).reshape(w.shape)
         self.merged, self.merged_adapter = False, None
 
     def extra_repr(self) -> str:
@@ -238,6 +240,60 @@ class LoRALinear(AdapterLayerMixin, Module):
             f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, alpha={self.alpha}, "
             f"dropout={self.dropout_p}, merged={self.merged}"
         )
+
+
+class LoRAConv2d(LoRALinear):
+    """LoRA on a ``Conv2d`` through its im2col view (groups=1, zero padding).
+
+    A convolution multiplies im2col columns [in * kh * kw, L] by W viewed as a matrix [out, in * kh * kw], so its
+    update is the same low-rank B [out, r] @ A [r, in * kh * kw] as a Linear's: lora_A / lora_B keep that 2-D shape
+    (rank checked against min(in * kh * kw, out)), merge() adds scaling * B @ A reshaped to [out, in, kh, kw]. The
+    forward never builds that product: A runs as an r-channel convolution with W's kernel size, stride, padding and
+    dilation, B as a 1x1 convolution -- peft's LoRA Conv2d layout (lora_A Conv2d(in, r, k), lora_B Conv2d(r, out,
+    1)), whose [r, in, kh, kw] / [out, r, 1, 1] weights are these arrays reshaped (peft_compat converts)."""
+
+    def __init__(self, base: Conv2d, r: int, alpha: float, dropout: float = 0.0) -> None:
+        Module.__init__(self)
+        if not isinstance(base, Conv2d):
+            raise TypeError(f"base: expected a tinylearn.nn.Conv2d, got {type(base).__name__}")
+        if base.groups != 1 or base.padding_mode != "zeros":
+            raise ValueError(
+                f"base: LoRAConv2d needs groups=1 and padding_mode='zeros', got groups={base.groups}, "
+                f"padding_mode={base.padding_mode!r}"
+            )
+        view = _Im2colView(base.in_channels * int(np.prod(base.kernel_size)), base.out_channels)
+        _check_rank(r, view.in_features, view.out_features, " (the im2col view [out, in*kh*kw])")
+        self.base_layer = base
+        init_adapter(self, view, r, alpha, dropout, base.weight.data.dtype)
+        self.merged = False
+        self.merged_adapter: str | None = None
+        self.disabled = False
+        self._init_selection()
+
+    def peft_shapes(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """peft's lora_A / lora_B weight shapes for rank r: [r, in, kh, kw], [out, r, 1, 1]."""
+        b = self.base_layer
+        return (r, b.in_channels, *b.kernel_size), (b.out_channels, r, 1, 1)
+
+    def _branch(self, h: Tensor, ad: Module) -> Tensor:
+        b = self.base_layer
+        a4, b4 = self.peft_shapes(ad.r)
+        z = F.conv2d(h, ad.lora_A.reshape(*a4), None, b.stride, b.padding, b.dilation)
+        return F.conv2d(z, ad.lora_B.reshape(*b4)) * ad.scaling
+
+    def extra_repr(self) -> str:
+        b = self.base_layer
+        return (
+            f"{b.in_channels}, {b.out_channels}, kernel_size={b.kernel_size}, r={self.r}, alpha={self.alpha}, "
+            f"dropout={self.dropout_p}, merged={self.merged}"
+        )
+
+
+class _Im2colView:
+    """in_features / out_features of a Conv2d's weight as the im2col matrix (what init_adapter reads)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        self.in_features, self.out_features = in_features, out_features
 
 
 def lora_layers(model: Module) -> list[tuple[str, Module]]:
@@ -267,6 +323,10 @@ def _linear_names(model: Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, Linear)]
 
 
+def _conv_names(model: Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, Conv2d)]
+
+
 def _matches(name: str, targets: Iterable[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
@@ -287,23 +347,32 @@ def check_targets(model: Any, target_modules: Any, alpha: Any, dropout: Any) -> 
 def apply_lora(
     model: Module, target_modules: Iterable[str], r: int = 8, alpha: float = 8.0, dropout: float = 0.0
 ) -> Module:
-    """Wrap every Linear whose dotted name equals or ends with ``"." + target`` in a LoRALinear; freeze the rest."""
+    """Wrap every Linear (in a LoRALinear) and Conv2d (in a LoRAConv2d, groups=1) whose dotted name equals or ends
+    with ``"." + target``; freeze the rest."""
     targets = check_targets(model, target_modules, alpha, dropout)
     inside_lora = {n + ".base_layer" for n, _ in lora_layers(model)}
-    hits = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear) and n and n not in inside_lora]
+    hits = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear | Conv2d) and n and n not in inside_lora]
     hits = [(n, m) for n, m in hits if _matches(n, targets)]
     if not hits:
         raise ValueError(
-            f"target_modules: {targets} match no Linear module; Linear modules in the model: {_linear_names(model)}"
+            f"target_modules: {targets} match no Linear or Conv2d module; Linear modules in the model: "
+            f"{_linear_names(model)}, Conv2d modules: {_conv_names(model)}"
         )
-    for n, m in hits:  # validate every rank before modifying anything
-        _check_rank(r, m.in_features, m.out_features, f" for {n!r} ({m.out_features}x{m.in_features})")
+    for n, m in hits:  # validate every rank (and conv) before modifying anything
+        if isinstance(m, Conv2d):
+            if m.groups != 1 or m.padding_mode != "zeros":
+                raise ValueError(f"target_modules: Conv2d {n!r} has groups={m.groups} / padding_mode="
+                                 f"{m.padding_mode!r}; LoRA needs groups=1 and zero padding")  # fmt: skip
+            k = m.in_channels * int(np.prod(m.kernel_size))
+            _check_rank(r, k, m.out_channels, f" for {n!r} (im2col view {m.out_channels}x{k})")
+        else:
+            _check_rank(r, m.in_features, m.out_features, f" for {n!r} ({m.out_features}x{m.in_features})")
     for p in model.parameters():
         p.requires_grad = False
     for n, m in hits:
         parent_name, _, child = n.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRALinear(m, r, alpha, dropout))
+        setattr(parent, child, (LoRAConv2d if isinstance(m, Conv2d) else LoRALinear)(m, r, alpha, dropout))
     for _, layer in lora_layers(model):
         layer.lora_A.requires_grad = True
         layer.lora_B.requires_grad = True

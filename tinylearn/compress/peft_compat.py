@@ -11,9 +11,12 @@ adapter name ("...lora_A.weight"); ``from_peft_state_dict`` accepts both spellin
 arrays (to_peft) or are read from anything numpy can convert, torch tensors included (from_peft). peft is never
 imported here; ``tests/compress/test_peft_parity.py`` checks forward, gradients and merging against it.
 
-QLoRA models (QLoRALinear layers) export and import their adapters the same way (peft keeps a 4-bit layer's adapter
-under the same names). Their base weight is NF4 codes: ``with_base=True`` refuses them (peft's file would hold a
-bitsandbytes Params4bit with its quant_state, a format not written here). ``adapter``: which tinylearn adapter
+LoRAConv2d layers keep A / B as the im2col matrices [r, in*kh*kw] / [out, r]; peft's Conv2d adapters hold them as
+[r, in, kh, kw] / [out, r, 1, 1]: the conversion reshapes (same element order).
+
+QLoRA models (QLoRALinear layers) export and import their adapters the same way (peft keeps a 4-bit layer's
+adapter under the same names). Their base weight is NF4 codes: ``with_base=True`` refuses them (peft's file would
+hold a bitsandbytes Params4bit with its quant_state, a format not written here). ``adapter``: which tinylearn adapter
 (``add_adapter``) to export / import; ``adapter_name``: the name peft's keys carry.
 """
 
@@ -62,8 +65,12 @@ def to_peft_state_dict(
     for n, layer in layers:
         p = PREFIX + n
         ad = layer.adapter(adapter)
-        out[f"{p}.lora_A.{adapter_name}.weight"] = ad.lora_A.data.copy()
-        out[f"{p}.lora_B.{adapter_name}.weight"] = ad.lora_B.data.copy()
+        a, b = ad.lora_A.data.copy(), ad.lora_B.data.copy()
+        if hasattr(layer, "peft_shapes"):  # LoRAConv2d: peft's Conv2d weights [r, in, kh, kw] / [out, r, 1, 1]
+            sa, sb = layer.peft_shapes(ad.r)
+            a, b = a.reshape(sa), b.reshape(sb)
+        out[f"{p}.lora_A.{adapter_name}.weight"] = a
+        out[f"{p}.lora_B.{adapter_name}.weight"] = b
         if with_base:
             if layer.merged:
                 raise RuntimeError(f"to_peft_state_dict: layer {n!r} is merged; unmerge it to export base weights")
@@ -97,7 +104,10 @@ def from_peft_state_dict(
         layer = by_name[path]
         if layer.merged:
             raise RuntimeError(f"from_peft_state_dict: layer {path!r} is merged; unmerge it first")
-        p = getattr(layer.adapter(adapter), ab)
+        ad = layer.adapter(adapter)
+        p = getattr(ad, ab)
+        if hasattr(layer, "peft_shapes") and arr.shape == layer.peft_shapes(ad.r)[ab == "lora_B"]:
+            arr = arr.reshape(p.shape)  # peft's conv layout -> the im2col view
         if arr.shape != p.shape:
             raise ValueError(f"sd[{k!r}]: shape {arr.shape} does not match the adapter's {p.shape}")
         np.copyto(p.data, arr, casting="unsafe")
