@@ -2,8 +2,8 @@
 // one query token per sequence of a ragged batch attends over that sequence's cached K/V, read in place from the
 // PagedKVCache arena through its block table (vLLM's PagedAttention decode kernel, on the CPU).
 //
-//   paged_decode(q [B, Hq, D] f32, data [NB, L, 2, bs, H, D] f32|i8 (any byte strides, D contiguous),
-//                scales [NB, L, 2, bs, H] f32 or None (int8 only), block_tables [B, MB] i32, lens [B] i32,
+//   paged_decode(q [B, Hq, D] f32, data [NB, L, 2, bs, H, D] f32|i8|u8 (any byte strides, D contiguous),
+//                scales [NB, L, 2, bs, H] f32 or None (int8 / fp8 only), block_tables [B, MB] i32, lens [B] i32,
 //                layer, path="auto") -> out [B, Hq, D] f32
 //
 // One work item per (sequence, KV head): its G = Hq / H query heads (GQA) share every K/V row it reads, so each
@@ -13,12 +13,17 @@
 //   s_t = (q / sqrt(D)) . k_t    m' = max(m, max_t s_t)    p_t = e^(s_t - m')    l = l e^(m - m') + sum p_t
 //   acc = acc e^(m - m') + sum_t p_t v_t    ...    out = acc / l
 // int8 caches are dequantized inside the loops (x = code * scale per (token, head)): the scale multiplies the dot
-// product (s_t = scale_t (q . code_t)) and the softmax weight (p_t scale_t), fp32 accumulation throughout.
+// product (s_t = scale_t (q . code_t)) and the softmax weight (p_t scale_t), fp32 accumulation throughout. uint8
+// data holds FP8 E4M3 codes (PagedKVCache dtype "fp8_e4m3": the OCP "fn" format, bias 7, no infinities, S.1111.111
+// NaN) with the same per-(token, head) scales; a code is widened through a 256-entry table (x = table[code] * scale),
+// a gather of 8 codes per AVX2 load.
 // Paths: AVX2+FMA (8 lanes; four query heads per pass over a K/V row) or portable scalar, chosen per call by
 // tl::cpu_has (TINYLEARN_CPU_FEATURES=scalar forces scalar; path="scalar"/"avx2" names one, ValueError if it
 // cannot run). OpenMP over the (sequence, KV head) items when there is enough work (pd_kGrain).
 // Measured (B=1, Hq 8, Hkv 2, D 64, one thread, 2-core AMD EPYC, busy): S=128 15 us, S=1024 90 us for the kernel,
 // +8 us through paged_attention_batch; torch SDPA on contiguous K/V 30-50 / 160-250 us, the numpy loop 0.43 / 3.3 ms.
+#include <array>
+
 #include "kernels_math.h"
 
 namespace py = pybind11;
@@ -87,6 +92,27 @@ inline void pd_finish(const PdItem& it, int64_t G, int64_t D) {
   }
 }
 
+// Element types of the cache: float, int8_t, and PdFp8 (an E4M3 code); pd_f widens one element to float.
+struct PdFp8 {
+  uint8_t code;
+};
+inline const float* pd_fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) {
+      const int e = (c >> 3) & 15, m = c & 7;  // 4 exponent bits (bias 7), 3 mantissa bits
+      float mag = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);  // subnormal: m 2^-9
+      if (e == 15 && m == 7) mag = std::numeric_limits<float>::quiet_NaN();
+      t[size_t(c)] = (c & 0x80) ? -mag : mag;
+    }
+    return t;
+  }();
+  return table.data();
+}
+inline float pd_f(float x) { return x; }
+inline float pd_f(int8_t x) { return float(x); }
+inline float pd_f(PdFp8 x) { return pd_fp8_table()[x.code]; }
+
 inline void pd_start(const PdItem& it, int64_t G, int64_t D) {
   for (int64_t g = 0; g < G; ++g) it.m[g] = pd_kNegInf, it.l[g] = 0.0f;
   std::fill(it.acc, it.acc + G * D, 0.0f);
@@ -109,7 +135,7 @@ void pd_item_scalar(const PdGeom& geo, const PdItem& it) {
       for (int64_t g = 0; g < G; ++g) {
         const float* q = it.q + g * D;
         float dot = 0.0f;
-        for (int64_t d = 0; d < D; ++d) dot += q[d] * float(k[d]);
+        for (int64_t d = 0; d < D; ++d) dot += q[d] * pd_f(k[d]);
         it.s[g * pd_kChunk + t] = dot * ksc[t];
       }
     }
@@ -125,7 +151,7 @@ void pd_item_scalar(const PdGeom& geo, const PdItem& it) {
       for (int64_t g = 0; g < G; ++g) {
         const float w = it.s[g * pd_kChunk + t];
         float* a = it.acc + g * D;
-        for (int64_t d = 0; d < D; ++d) a[d] += w * float(v[d]);
+        for (int64_t d = 0; d < D; ++d) a[d] += w * pd_f(v[d]);
       }
     }
   }
@@ -138,6 +164,10 @@ void pd_item_scalar(const PdGeom& geo, const PdItem& it) {
 inline __m256 pd_load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 pd_load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 pd_load8(const PdFp8* p) {
+  const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_i32gather_ps(pd_fp8_table(), idx, 4);
 }
 
 template <typename T>
@@ -172,7 +202,7 @@ void pd_item_avx2(const PdGeom& geo, const PdItem& it) {
         }
         float dot[4] = {vm::avx2::hsum(a0), vm::avx2::hsum(a1), vm::avx2::hsum(a2), vm::avx2::hsum(a3)};
         for (int64_t d = D8; d < D; ++d)
-          for (int j = 0; j < 4; ++j) dot[j] += q[j][d] * float(k[d]);
+          for (int j = 0; j < 4; ++j) dot[j] += q[j][d] * pd_f(k[d]);
         for (int j = 0; j < 4 && g0 + j < G; ++j) it.s[(g0 + j) * pd_kChunk + t] = dot[j] * ksc[t];
       }
     }
@@ -216,7 +246,7 @@ void pd_item_avx2(const PdGeom& geo, const PdItem& it) {
       for (int64_t d = D8; d < D; ++d)
         for (int j = 0; j < ng; ++j) {
           float sum = it.acc[(g0 + j) * D + d];
-          for (int64_t t = 0; t < c; ++t) sum += w[j][t] * float(v0[t * rs + d]);
+          for (int64_t t = 0; t < c; ++t) sum += w[j][t] * pd_f(v0[t * rs + d]);
           it.acc[(g0 + j) * D + d] = sum;
         }
     }
@@ -247,8 +277,10 @@ py::array_t<float> paged_decode(py::array_t<float, py::array::c_style | py::arra
   need_ndim(block_tables, 2, pd_kFn, "block_tables");
   need_ndim(lens, 1, pd_kFn, "lens");
   const bool is_i8 = data.dtype().is(py::dtype::of<int8_t>());
-  if (!is_i8 && !data.dtype().is(py::dtype::of<float>()))
-    pd_fail("data: expected float32 or int8, got dtype " + std::string(py::str(data.dtype())));
+  const bool is_fp8 = data.dtype().is(py::dtype::of<uint8_t>());  // E4M3 codes
+  const bool quantized = is_i8 || is_fp8;
+  if (!quantized && !data.dtype().is(py::dtype::of<float>()))
+    pd_fail("data: expected float32, int8 or uint8 (FP8 E4M3 codes), got dtype " + std::string(py::str(data.dtype())));
   const int64_t B = q.shape(0), Hq = q.shape(1), D = q.shape(2);
   const int64_t NB = data.shape(0), L = data.shape(1), bs = data.shape(3), H = data.shape(4);
   if (data.shape(2) != 2 || data.shape(5) != D || H < 1 || bs < 1)
@@ -262,10 +294,11 @@ py::array_t<float> paged_decode(py::array_t<float, py::array::c_style | py::arra
   if (layer < 0 || layer >= L)
     pd_fail("layer: must be in [0, " + std::to_string(L) + "), got " + std::to_string(layer));
   PdGeom geo{static_cast<const char*>(data.data()), nullptr, {}, {}, layer, bs, D, Hq / H};
-  pd_strides(data, geo.ds, 5, is_i8 ? 1 : 4, "data");
+  pd_strides(data, geo.ds, 5, quantized ? 1 : 4, "data");
   py::array_t<float> sc_arr;
-  if (is_i8) {
-    if (scales.is_none()) pd_fail("scales: an int8 cache needs its float32 scales, got None");
+  if (quantized) {
+    if (scales.is_none())
+      pd_fail(std::string("scales: an ") + (is_i8 ? "int8" : "fp8") + " cache needs its float32 scales, got None");
     sc_arr = py::array_t<float>::ensure(scales);
     if (!sc_arr || sc_arr.ndim() != 5 || sc_arr.shape(0) != NB || sc_arr.shape(1) != L || sc_arr.shape(2) != 2 ||
         sc_arr.shape(3) != bs || sc_arr.shape(4) != H)
@@ -294,8 +327,9 @@ py::array_t<float> paged_decode(py::array_t<float, py::array::c_style | py::arra
   }
   const vm::Isa isa = vm::parse_isa(path, pd_kFn);
   const bool simd = isa != vm::Isa::scalar;
-  auto item_fn = is_i8 ? (simd ? &pd_item_avx2<int8_t> : &pd_item_scalar<int8_t>)
-                       : (simd ? &pd_item_avx2<float> : &pd_item_scalar<float>);
+  auto item_fn = is_i8    ? (simd ? &pd_item_avx2<int8_t> : &pd_item_scalar<int8_t>)
+                 : is_fp8 ? (simd ? &pd_item_avx2<PdFp8> : &pd_item_scalar<PdFp8>)
+                          : (simd ? &pd_item_avx2<float> : &pd_item_scalar<float>);
 
   py::array_t<float> out({B, Hq, D});
   std::vector<float> qs(static_cast<size_t>(B * Hq * D));

@@ -1,6 +1,6 @@
 """The C++ paged-attention decode kernel (cpp_src/inference_paged_decode.cpp) behind paged_attention(_batch):
 cpp (simd and scalar) against the numpy block loop and torch SDPA on the gathered K/V, ragged batches, GQA/MHA,
-float32/int8 caches, shared (forked) blocks, the forced scalar path, and bad input."""
+float32/int8/fp8 (E4M3) caches, shared (forked) blocks, the forced scalar path, and bad input."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def torch_decode(q: np.ndarray, cache: PagedKVCache, seq_ids: list[int], layer: 
     return torch.stack(out).numpy()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "int8", "fp8_e4m3"])
 @pytest.mark.parametrize(("hq", "hkv"), [(8, 2), (4, 4), (6, 1)])
 @pytest.mark.parametrize("version", ["simd", "scalar"])
 def test_cpp_matches_numpy_and_torch(dtype: str, hq: int, hkv: int, version: str) -> None:
@@ -138,7 +138,7 @@ def test_bad_input_raises_naming_the_argument() -> None:
         (dict(scales=np.ones((4, 2, 2, BS, 2), np.float32)), "scales: a float32 cache has no scales"),
         (dict(q=np.zeros((1, 3, D), np.float32)), "q: Hq must be a positive multiple"),
         (dict(data=cache._data[..., :8]), "data: expected \\[num_blocks"),
-        (dict(data=cache._data.astype(np.float64)), "data: expected float32 or int8"),
+        (dict(data=cache._data.astype(np.float64)), "data: expected float32, int8 or uint8"),
     ]
     for change, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -146,3 +146,28 @@ def test_bad_input_raises_naming_the_argument() -> None:
     i8, i8_ids = ragged_cache(2, "int8", lens=(5,))
     with pytest.raises(ValueError, match="scales: an int8 cache needs"):
         kernel(q[:1], i8._data, None, np.array([i8.block_table(i8_ids[0])], np.int32), np.array([5], np.int32), 0)
+    f8, f8_ids = ragged_cache(2, "fp8_e4m3", lens=(5,))
+    with pytest.raises(ValueError, match="scales: an fp8 cache needs"):
+        kernel(q[:1], f8._data, None, np.array([f8.block_table(f8_ids[0])], np.int32), np.array([5], np.int32), 0)
+
+
+@pytest.mark.parametrize("version", ["simd", "scalar"])
+def test_fp8_codes_are_widened_exactly(version: str) -> None:
+    """Every one of the 254 finite E4M3 codes as a K/V element (one key and one value row per code, scale 1): the
+    cache decodes them to torch's float8_e4m3fn values (asserted bit for bit), and the kernel, which widens the
+    codes through its own 256-entry table, gives the numpy reference's output on them."""
+    cache = PagedKVCache(1, 1, 8, num_blocks=40, block_size=BS, dtype="fp8_e4m3")
+    sid = cache.new_sequence()
+    cache.append(sid, 0, np.zeros((254, 1, 8), np.float32), np.zeros((254, 1, 8), np.float32))
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)  # drop the two NaN codes
+    table = np.array(cache.block_table(sid))
+    slots = np.arange(254)
+    vals = torch.from_numpy(codes.copy()).view(torch.float8_e4m3fn).float().numpy()
+    for kv in (0, 1):
+        cache._data[table[slots // BS], 0, kv, slots % BS, 0, :] = codes[:, None]
+        cache._scale[table[slots // BS], 0, kv, slots % BS, 0] = 1.0
+    k, v = cache.gather(sid, 0)
+    assert np.array_equal(k[:, 0, 0], vals) and np.array_equal(v[:, 0, 0], vals)
+    q = np.full((1, 1, 8), 1e-3, np.float32)  # small q: softmax weights stay in range over the +-448 keys
+    got = paged_attention_batch(q, cache, [sid], 0, backend="cpp", version=version)
+    assert_close(got, paged_attention_batch(q, cache, [sid], 0, backend="numpy"), np.float32)

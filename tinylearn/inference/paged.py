@@ -66,8 +66,8 @@ def paged_attention_batch(
     """A ragged batch of decode queries: q [B, Hq, D], query b attends over the cached tokens of ``seq_ids[b]``
     (each its own length) in ``layer`` -> [B, Hq, D] float32. Registered as ``inference.paged_attention``:
     "numpy" (the per-block loop, the reference) and "cpp" (cpp_src/inference_paged_decode.cpp: block-table gather
-    fused with the online softmax, int8 dequantized in the kernel; versions "simd" -- AVX2 where the CPU and
-    TINYLEARN_CPU_FEATURES allow it -- and "scalar")."""
+    fused with the online softmax, int8 and fp8 (E4M3) dequantized in the kernel; versions "simd" -- AVX2 where the
+    CPU and TINYLEARN_CPU_FEATURES allow it -- and "scalar")."""
     _check_cache(cache)
     qa = _q_float32(q)
     h, d = cache.n_kv_heads, cache.head_dim
