@@ -27,12 +27,8 @@ partially filled block.
 INT8 mode stores each token's K and V per head as int8 codes with one float32 scale per (token, head):
 scale = max|x| / 127 over head_dim, code = round(x / scale). Bytes per token: fp32 2*L*H*D*4;
 int8 2*L*H*(D + 4) (codes + scales) -- ``stats()['bytes_per_token']`` reports exactly this.
-FP8 mode (dtype "fp8_e4m3") has the same layout and bytes with E4M3 codes (``tinylearn.quant.fp8``, round to
-nearest even, bit-exact with torch's float8_e4m3fn) instead of int8 ones: scale = max|x| / 448 per (token, head),
-code = e4m3(x / scale): a relative error of at most 2^-4 per element (large values) instead of int8's absolute
-max|x| / 254, so on rows of similar magnitudes it is the less accurate of the two. The C++ paged-decode kernel
-reads int8 and fp32 blocks only (it raises on an fp8 cache): use ``paged_attention_batch(..., backend="numpy")``
-(it reads through ``iter_blocks``, which dequantizes) or ``gather``.
+FP8 ("fp8_e4m3"): the same layout, E4M3 codes (tinylearn.quant.fp8), scale = max|x| / 448, relative error <= 2^-4;
+the C++ paged-decode kernel refuses fp8 blocks (use ``paged_attention_batch(..., backend="numpy")`` or ``gather``).
 The pure arithmetic (block count, token -> (block, slot), int8 codec, eviction policy) is in
 ``tinylearn.inference.paged_math``; the attention that reads the block tables in ``tinylearn.inference.paged``.
 """
@@ -51,25 +47,6 @@ from .checks import token_list
 from .paged_math import blocks_needed, dequantize_int8, locate, quantize_int8
 
 _DTYPES = {"float32": np.float32, "int8": np.int8, "fp8_e4m3": np.uint8}
-_QUANTIZED = ("int8", "fp8_e4m3")
-_FP8_MAX = 448.0  # the largest finite E4M3 value
-
-
-def quantize_fp8_e4m3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [T, H, D] float32 -> (E4M3 codes uint8 [T, H, D], scales float32 [T, H]): scale = max|x| / 448 per
-    (token, head) (1 where the row is all zeros), codes = e4m3(x / scale) with round to nearest even."""
-    from ..quant.fp8 import fp8_encode  # lazily: tinylearn.quant is only needed by fp8 caches
-
-    amax = np.abs(x).max(axis=-1)
-    scale = np.where(amax > 0, amax / np.float32(_FP8_MAX), 1.0).astype(np.float32)
-    return fp8_encode(x / scale[..., None], "e4m3", saturate=True), scale
-
-
-def dequantize_fp8_e4m3(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float32 values of E4M3 ``codes`` [..., D] times their per-row ``scale`` [...]."""
-    from ..quant.fp8 import fp8_decode
-
-    return fp8_decode(codes, "e4m3") * scale[..., None]
 
 
 def _pos_int(name: str, v: Any) -> int:
@@ -109,7 +86,7 @@ class PagedKVCache:
         L, bs, H, D = self.n_layers, self.block_size, self.n_kv_heads, self.head_dim  # noqa: N806
         elem = np.dtype(_DTYPES[dtype]).itemsize
         self.data_bytes = 2 * L * bs * H * D * elem
-        self.scale_bytes = 2 * L * bs * H * 4 if dtype in _QUANTIZED else 0
+        self.scale_bytes = 2 * L * bs * H * 4 if dtype != "float32" else 0
         self.bytes_per_block = self.data_bytes + self.scale_bytes
         scale_off = align_up(self.data_bytes, 16)
         self.slot_bytes = align_up(scale_off + self.scale_bytes, 64)  # arena stride of one block (alignment pad)
@@ -123,7 +100,7 @@ class PagedKVCache:
         raw = self.allocator.arena[:cap].reshape(self.num_blocks, self.slot_bytes)
         self._data = raw[:, : self.data_bytes].view(_DTYPES[dtype]).reshape(self.num_blocks, L, 2, bs, H, D)
         self._scale = None
-        if dtype in _QUANTIZED:
+        if dtype != "float32":  # int8 / fp8 codes + one scale per (token, head)
             self._scale = raw[:, scale_off : scale_off + self.scale_bytes].view(np.float32)
             self._scale = self._scale.reshape(self.num_blocks, L, 2, bs, H)
             assert np.shares_memory(self._scale, self.allocator.arena)
@@ -383,17 +360,20 @@ class PagedKVCache:
         if self._scale is None:
             return x.astype(np.float32, copy=True)
         if self.dtype == "fp8_e4m3":
-            return dequantize_fp8_e4m3(x, self._scale[blk, layer, j, slot])
+            from ..quant.fp8 import fp8_decode  # lazily: only fp8 caches need tinylearn.quant
+
+            return fp8_decode(x, "e4m3") * self._scale[blk, layer, j, slot][..., None]
         return dequantize_int8(x, self._scale[blk, layer, j, slot])
 
     def encode_kv(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(codes, scales) of K or V rows [T, H, D] in this cache's quantized dtype (int8 or fp8_e4m3): what
-        ``append`` stores, for writers that fill the arena themselves (the serving engine's runner)."""
-        if self.dtype == "fp8_e4m3":
-            return quantize_fp8_e4m3(np.asarray(x, dtype=np.float32))
-        if self.dtype == "int8":
+        """(codes, scales [T, H]) of K or V rows [T, H, D] in this quantized cache's dtype: what ``append`` stores."""
+        if self.dtype != "fp8_e4m3":
             return quantize_int8(x)
-        raise ValueError(f"dtype: encode_kv is for a quantized cache (int8 or fp8_e4m3), this one is {self.dtype}")
+        from ..quant.fp8 import fp8_encode
+
+        amax = np.abs(np.asarray(x, dtype=np.float32)).max(axis=-1)
+        scale = np.where(amax > 0, amax / np.float32(448.0), 1.0).astype(np.float32)
+        return fp8_encode(x / scale[..., None], "e4m3", saturate=True), scale
 
     def gather(self, seq_id: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(k, v) float32 [S, n_kv_heads, head_dim]: the layer's S cached tokens in order (dequantized)."""
