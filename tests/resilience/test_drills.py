@@ -72,3 +72,26 @@ def test_bad_arguments() -> None:
         drills.main(["--ckpt", "c", "--out", "o", "--steps", "0"])
     with pytest.raises(ValueError, match="--kill-rank and --kill-step"):
         drills.main([*base, "--kill-rank", "1"])
+
+
+@pytest.mark.slow
+def test_node_lost_under_two_torchrun_agents(tmp_path: Path) -> None:
+    """torchrun's own elastic agent: two agents (--nnodes=1:2 --nproc-per-node=1, c10d rendezvous on 127.0.0.1,
+    --max-restarts=3), one per "node". At step 3 agent B and its worker are SIGKILLed (a lost node); agent A's
+    worker fails its next collective, A restarts it, re-rendezvouses alone (world size 1) and the run resumes from
+    the step-1 checkpoint -- ending bitwise where 2 ranks up to the checkpoint and 1 rank from there end. Bounded:
+    both agents are killed after 120 s."""
+    import json
+
+    argv = drills.drill_argv(tmp_path / "ckpt", tmp_path / "out.npz", STEPS, ALL, INTERVAL)
+    r = drills.torchrun_two_agents([*argv, "--lose-node-step", str(KILL)], drills.free_port(), timeout_s=120)
+    assert r["rc_a"] == 0, r["out_a"][-4000:]
+    assert r["rc_b"] == -9, r["out_b"][-2000:]  # agent B died by SIGKILL: nothing on that node restarted
+    assert "node lost at step 3" in r["out_b"] and "rank 0/1 attempt 1" in r["out_a"]
+    rep = json.loads((tmp_path / "out.npz.json").read_text())
+    assert rep["restart_count"] == 1 and rep["world_size"] == 1 and rep["resumed_from"] == 1
+    assert rep["kill_to_first_step_s"] > 0
+    ref = tmp_path / "ref"
+    launch(drills.drill_job, 2, drills.drill_argv(ref / "ckpt", ref / "a.npz", 2, ALL, INTERVAL), timeout_s=60)
+    launch(drills.drill_job, 1, drills.drill_argv(ref / "ckpt", ref / "b.npz", STEPS, ALL, INTERVAL), timeout_s=60)
+    assert drills.bitwise_equal(drills.load_params(tmp_path / "out.npz"), drills.load_params(ref / "b.npz"))

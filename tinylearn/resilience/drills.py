@@ -18,6 +18,11 @@ whole-job failure: rerun with a different ``--nproc-per-node`` to shrink or grow
 parameters (``FILE``, npz) and ``FILE.json``: the RunReport, the restart count and the recovery time
 (first step done after the restart - the killed rank's timestamp).
 
+**A lost node under torchrun's own agent** (``torchrun_two_agents``): two agents, one worker each, in one elastic
+job (``--nnodes=1:2 --rdzv-backend=c10d``, agent A hosting the rendezvous store); with ``--lose-node-step K`` agent
+B's worker SIGKILLs its agent and itself at step K. A's worker fails its next collective, A's agent restarts it
+and re-rendezvouses without B (min one node), and the run resumes at world size 1 from the last checkpoint.
+
 ``live_vs_restart`` [Q134]: shrink a running ZeRO-1 job 2 -> 1 rank with ``parallel.reshard.reshard_zero`` (no
 restart: state moves over point-to-point messages) vs save + restart + load from a checkpoint, timed on processes of
 ``tl.dist.launch``; both continue bitwise alike.
@@ -50,6 +55,7 @@ from .manifest import step_dir
 from .zero_state import DDPState, MultiState, ZeroState, load_zero_state, zero_shards
 
 MODES = ("ddp", "zero1", "zero2", "zero3")
+NODE_LOST_ENV = "TINYLEARN_DRILL_NODE_LOST"
 DIMS = (8, 16, 16, 4)
 ROWS = 8
 LR = 1e-2
@@ -62,6 +68,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--kill-rank", type=int, default=None, help="rank that SIGKILLs itself (-1: every rank)")
     ap.add_argument("--kill-step", type=int, default=None)
+    ap.add_argument(
+        "--lose-node-step",
+        type=int,
+        default=None,
+        help=f"at this step a worker whose environment has {NODE_LOST_ENV}=1 SIGKILLs its torchrun agent, then itself",
+    )
     ap.add_argument("--mode", default="ddp", help=f"comma-separated subset of {','.join(MODES)}")
     ap.add_argument("--interval", default="2", help="checkpoint every I steps, or 'auto' (Young/Daly)")
     ap.add_argument("--mtbf-s", type=float, default=None)
@@ -85,6 +97,7 @@ class _Trainer:
 
     def __init__(self, modes: list[str], world: int, rank: int, kill: tuple[int, int] | None, out: str) -> None:
         self.modes, self.world, self.rank, self.kill, self.out = modes, world, rank, kill, out
+        self.lose_node: int | None = None
         self.models: dict[str, nn.Module] = {}
         self.opts: dict[str, Any] = {}
         states = []
@@ -102,7 +115,22 @@ class _Trainer:
     def marker(self, rank: int) -> Path:
         return Path(f"{self.out}.killed.rank{rank}")
 
+    def _maybe_lose_node(self, step: int) -> None:
+        if self.lose_node != step or os.environ.get(NODE_LOST_ENV) != "1":
+            return
+        m = Path(f"{self.out}.killed.node")
+        if m.exists():
+            return
+        atomic_write(m, json.dumps({"t_kill": time.time(), "step": step, "rank": self.rank}).encode())
+        print(
+            f"[drill] rank {self.rank}: node lost at step {step} (agent {os.getppid()} and worker SIGKILLed)",
+            flush=True,
+        )
+        os.kill(os.getppid(), signal.SIGKILL)  # the torchrun agent of this node: it cannot restart anything
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def _maybe_die(self, step: int) -> None:
+        self._maybe_lose_node(step)
         if self.kill is None or step != self.kill[1] or self.kill[0] not in (-1, self.rank):
             return
         m = self.marker(self.rank)
@@ -171,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     kill = None if args.kill_rank is None else (args.kill_rank, args.kill_step)
     tr = _Trainer(args.modes, world, rank, kill, args.out)
+    tr.lose_node = args.lose_node_step
     built_wall = time.time()
     print(f"[drill] rank {rank}/{world} attempt {restart}: modes {args.modes}", flush=True)
     rep = run(tr, tr.state, ckpt_dir=args.ckpt, steps=args.steps, interval=args.interval, mtbf_s=args.mtbf_s)
@@ -238,6 +267,65 @@ def torchrun(
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL, errors="replace"
     )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def torchrun_two_agents(argv: list[str], port: int, max_restarts: int = 3, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Two torchrun agents (two "nodes" on this machine) in one elastic job: ``--nnodes=1:2 --nproc-per-node=1
+    --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT``; agent A hosts the rendezvous store, agent B's worker gets
+    ``TINYLEARN_DRILL_NODE_LOST=1`` (with ``--lose-node-step K`` in ``argv`` it kills agent B and itself at step K).
+    A's agent must then re-rendezvous alone (min 1 node; keep-alive 1 s x 2 so the dead node is dropped fast) and
+    its worker resume at world size 1. Both agents are bounded by ``timeout_s``; returns {rc_a, rc_b, out_a,
+    out_b, elapsed_s}."""
+    exe = Path(sys.executable).with_name("torchrun")
+    conf = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=60"
+
+    def cmd(host: bool) -> list[str]:
+        return [
+            str(exe) if exe.exists() else "torchrun",
+            "--nnodes=1:2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{int(port)}",
+            f"--rdzv-conf=is_host={int(host)},{conf}",
+            "--rdzv-id=tinylearn-drill",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.1",
+            "-m",
+            "tinylearn.resilience.drills",
+            *argv,
+        ]
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop(NODE_LOST_ENV, None)
+    t0 = time.monotonic()
+    kw: dict[str, Any] = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    a = subprocess.Popen(cmd(True), env=env, errors="replace", start_new_session=True, **kw)
+    time.sleep(0.2)  # A binds the store first; B, a client, retries its connection until it is up
+    b = subprocess.Popen(cmd(False), env={**env, NODE_LOST_ENV: "1"}, errors="replace", start_new_session=True, **kw)
+    outs: dict[str, Any] = {}
+    for name, p in (("a", a), ("b", b)):
+        try:
+            out, _ = p.communicate(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the agent's session: its workers too
+            out, _ = p.communicate()
+            out += f"\n[drill] agent {name} killed after the {timeout_s} s bound"
+        outs[f"rc_{name}"], outs[f"out_{name}"] = p.returncode, out
+    for p in (a, b):  # a worker an agent left behind (B's agent died by SIGKILL): end its session
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    outs["elapsed_s"] = time.monotonic() - t0
+    return outs
 
 
 def load_params(out: str | Path) -> dict[str, np.ndarray]:
