@@ -315,6 +315,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     kw = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks")}
     kw.update(policy=args.policy, preemption=args.preemption, enable_prefix_caching=not args.no_prefix_caching)
+    kw.update(kv_budget_blocks=args.kv_budget_blocks, kv_dtype=args.kv_dtype)
     try:
         run_server(
             args.model,
@@ -373,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--policy", default="fcfs")
     s.add_argument("--preemption", default="recompute", choices=("recompute", "swap"))
     s.add_argument("--no-prefix-caching", action="store_true")
+    s.add_argument("--kv-budget-blocks", type=_positive_int, default=None,
+                   help="admit a request only if its worst-case KV blocks fit this budget (else 429)")  # fmt: skip
+    s.add_argument("--kv-dtype", default="float32", choices=("float32", "int8", "fp8_e4m3"), help="KV block storage")
     s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for in-flight requests")
     s.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)

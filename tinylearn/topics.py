@@ -433,6 +433,10 @@ TOPICS: tuple[Topic, ...] = (
             "test_serve_beams",
             "test_serve_parallel_choice",
             "test_serve_bench",
+            "test_serve_admission",
+            "test_serve_token_eviction",
+            "test_serve_fault_load",
+            "test_serve_fp8_kv",
         ),
         "tinylearn.serve.bench",
         aliases=("serving", "llm_serving"),
@@ -674,6 +678,8 @@ def sanitizer_tests() -> list[str]:
 # exercise it through the public API
 INDIRECTLY_TESTED: dict[str, str] = {
     "tinylearn.nn.sparse_attention_bench": "bench_sparse: tests/longctx/test_longctx_bench.py (the block-sparse table)",
+    "tinylearn.serve.engine_control": "Engine admission (kv_budget_blocks, AdmissionController) and token-priority "
+    "eviction: tests/serve/test_serve_admission.py, test_serve_token_eviction.py",
     "tinylearn._lazy": "the lazy names of tinylearn.serve and tinylearn.compress: every test importing from them",
     "tinylearn.autograd.methods": "Tensor methods: tests/autograd/test_autograd.py, test_ops_breadth.py",
     "tinylearn.autograd.methods_breadth": "Tensor methods: tests/autograd/test_ops_breadth.py",

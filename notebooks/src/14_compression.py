@@ -59,7 +59,6 @@ from tinylearn.compress.distill import (
 )
 from tinylearn.compress.grad_compress import PowerSGD, bytes_sent, train_data_parallel
 from tinylearn.compress.lora import (
-    add_adapter,
     apply_lora,
     load_lora_state_dict,
     lora_layers,
@@ -67,7 +66,6 @@ from tinylearn.compress.lora import (
     merge_lora,
     trainable_parameters,
     unmerge_lora,
-    use_adapters,
 )
 from tinylearn.compress.lora_adapt import (
     GatedLoRA,
@@ -77,6 +75,7 @@ from tinylearn.compress.lora_adapt import (
     resize_rank,
     set_lora_enabled,
 )
+from tinylearn.compress.lora_named import add_adapter, use_adapters
 from tinylearn.compress.lowrank import (
     LowRankLinear,
     count_params,

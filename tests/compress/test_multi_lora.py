@@ -164,7 +164,8 @@ def test_bench_multi_lora_runs_and_checks_agreement():
 
 
 def _multi_model(qlora: bool = False, seed: int = 0) -> tl.nn.Module:
-    from tinylearn.compress.lora import add_adapter, apply_lora, lora_layers
+    from tinylearn.compress.lora import apply_lora, lora_layers
+    from tinylearn.compress.lora_named import add_adapter
     from tinylearn.compress.qlora import apply_qlora
 
     tl.manual_seed(seed)
@@ -191,7 +192,8 @@ def _rows_alone(model, x: np.ndarray, g: np.ndarray, merged: bool):
     summed gradients of every adapter parameter and of x."""
     import copy
 
-    from tinylearn.compress.lora import merge_lora, use_adapters
+    from tinylearn.compress.lora import merge_lora
+    from tinylearn.compress.lora_named import use_adapters
 
     ys, grads, gx = [], {}, []
     for i, a in enumerate(IDS):
@@ -215,7 +217,7 @@ def _rows_alone(model, x: np.ndarray, g: np.ndarray, merged: bool):
 
 @pytest.mark.parametrize("qlora", [False, True])
 def test_per_request_adapters_match_each_request_alone(qlora: bool) -> None:
-    from tinylearn.compress.lora import adapter_names, use_adapters
+    from tinylearn.compress.lora_named import adapter_names, use_adapters
 
     model = _multi_model(qlora)
     assert adapter_names(model) == ["default", "a", "b"]
@@ -247,7 +249,7 @@ def test_per_request_adapters_match_each_request_alone(qlora: bool) -> None:
 
 
 def test_per_request_adapters_sequence_input_and_errors() -> None:
-    from tinylearn.compress.lora import add_adapter, use_adapters
+    from tinylearn.compress.lora_named import add_adapter, use_adapters
 
     model = _multi_model()
     x = np.random.default_rng(4).standard_normal((3, 5, 16)).astype(np.float32)  # [requests, tokens, features]

@@ -45,6 +45,16 @@ from .._threads import limited_threads
 from ..bench import Comparison, Table
 from ..bench.table import Row
 from ..bench.timing import measure
+from .bench_models import (  # noqa: F401  (bench.digits & co: the names this module held)
+    CNN_TARGETS,
+    digits,
+    digits_images,
+    tl_cnn,
+    tl_mlp,
+    token_data,
+    torch_cnn,
+    torch_mlp,
+)
 
 LORA_BASELINE = "torch + peft LoRA"
 TINYGRAD_NA = "n/a: tinygrad has no LoRA / peft (no adapter layers, no NF4)"
@@ -61,94 +71,6 @@ def sizes(full: bool = False) -> dict[str, Any]:
     return dict(hidden=512, batch=64, steps=20, repeat=7, r=8, alpha=16.0, mm=(64, 512, 512),
                 energies=(0.5, 0.6, 0.7, 0.8, 0.9), train_epochs=3, seeds=(0, 1, 2), distill_epochs=100,
                 gpt=dict(vocab=64, d_model=64, n_layers=2, seq=32, n_seq=64, batch=8))  # fmt: skip
-
-
-def digits(n_train: int = 1300) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """sklearn digits flattened to [N, 64] float32, a fixed permutation split (train, test)."""
-    from ..data import load_digits
-
-    X, y = load_digits()
-    X = X.reshape(len(X), -1).astype(np.float32)
-    idx = np.random.default_rng(0).permutation(len(X))
-    X, y = X[idx], y[idx]
-    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
-
-
-def torch_mlp(hidden: int, seed: int = 0, pretrain_steps: int = 30) -> Any:
-    """torch MLP 64 -> hidden -> hidden -> 10, seeded, pretrained ``pretrain_steps`` SGD steps on digits."""
-    import torch
-
-    torch.manual_seed(seed)
-    tm = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
-                             torch.nn.ReLU(), torch.nn.Linear(hidden, 10))  # fmt: skip
-    X, y, _, _ = digits()
-    opt = torch.optim.SGD(tm.parameters(), lr=0.05)
-    for i in range(pretrain_steps):
-        b = slice((i * 64) % 1216, (i * 64) % 1216 + 64)
-        loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(X[b])), torch.from_numpy(y[b]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return tm
-
-
-def tl_mlp(tm: Any) -> Any:
-    """The tinylearn twin of ``torch_mlp`` holding the same weights."""
-    from .. import nn
-
-    h = tm[0].out_features
-    m = nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
-    m.load_state_dict({k: v.detach().numpy().copy() for k, v in tm.state_dict().items()})
-    return m
-
-
-CNN_TARGETS = ["fc"]
-
-
-def torch_cnn(seed: int = 0, pretrain_steps: int = 60, lr: float = 0.1) -> Any:
-    """torch twin of ``tl.nn.models.DigitsCNN(c1=16, c2=32, batch_norm=False)`` (same parameter names), seeded and
-    pretrained ``pretrain_steps`` SGD steps (batch 64, ``lr``) on the digits train split (about 65% test accuracy:
-    room for the fine-tuning runs to show a difference)."""
-    import torch
-
-    class TorchDigitsCNN(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.features = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-                                                torch.nn.MaxPool2d(2), torch.nn.Conv2d(16, 32, 3, padding=1),
-                                                torch.nn.ReLU(), torch.nn.MaxPool2d(2))  # fmt: skip
-            self.flatten = torch.nn.Flatten()
-            self.fc = torch.nn.Linear(32 * 2 * 2, 10)
-
-        def forward(self, x: Any) -> Any:
-            return self.fc(self.flatten(self.features(x)))
-
-    torch.manual_seed(seed)
-    tm = TorchDigitsCNN()
-    X, y, _, _ = digits_images()
-    opt = torch.optim.SGD(tm.parameters(), lr=lr)
-    for i in range(pretrain_steps):
-        b = slice((i * 64) % 1216, (i * 64) % 1216 + 64)
-        loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(X[b])), torch.from_numpy(y[b]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return tm
-
-
-def tl_cnn(tm: Any) -> Any:
-    """The tinylearn ``DigitsCNN`` holding ``torch_cnn``'s weights."""
-    from ..nn.models import DigitsCNN
-
-    m = DigitsCNN(16, 32, batch_norm=False)
-    m.load_state_dict({k: v.detach().numpy().copy() for k, v in tm.state_dict().items()})
-    return m
-
-
-def digits_images() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``digits()`` as [N, 1, 8, 8] images (the same split)."""
-    X, y, Xte, yte = digits()
-    return X.reshape(-1, 1, 8, 8), y, Xte.reshape(-1, 1, 8, 8), yte
 
 
 def _batches(steps: int, batch: int, n: int) -> list[np.ndarray]:
@@ -244,18 +166,6 @@ def _torch_run(model: Any, X: np.ndarray, y: np.ndarray, batches: list[np.ndarra
     state += sum(v.numel() * v.element_size() for st in opt.state.values() for k, v in st.items() if k != "step")
     return {"step": step, "final_loss": final, "test_acc": acc, "trainable": sum(p.numel() for p in params),
             "state": state, "model": model}  # fmt: skip
-
-
-def token_data(vocab: int, n_seq: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, next tokens) [n_seq, seq] int64 from a seeded random bigram chain (each token has 4 likely
-    successors): something a language model can learn in a few steps."""
-    rng = np.random.default_rng(seed)
-    succ = rng.integers(0, vocab, (vocab, 4))
-    toks = np.empty((n_seq, seq + 1), np.int64)
-    toks[:, 0] = rng.integers(0, vocab, n_seq)
-    for t in range(seq):
-        toks[:, t + 1] = succ[toks[:, t], rng.integers(0, 4, n_seq)]
-    return toks[:, :-1].copy(), toks[:, 1:].copy()
 
 
 def _task(task: str, hidden: int, gpt: dict[str, int]) -> tuple[Any, Callable[[Any], Any], list[str], Any, Any, Any]:

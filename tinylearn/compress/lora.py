@@ -18,9 +18,7 @@ so the wrapped model starts exactly at the base model and the first step only mo
     lora_state_dict / load_lora_state_dict        only the adapter tensors ("<path>.lora_A", "<path>.lora_B")
     trainable_parameters(model)           {"trainable", "total", "fraction", "nf4_frozen"} (NF4 base weights of
                                           QLoRALinear layers count as frozen parameters: they are the model's)
-    add_adapter(model, name, r, alpha)    a further named adapter on every LoRA layer (the first one is "default",
-                                          at lora_A / lora_B as peft keeps it); use_adapters(model, ids) selects
-                                          one adapter for the whole batch or one per batch row [Q245]
+    add_adapter / use_adapters            named adapters on one base, one per batch row (lora_named.py) [Q245]
 
 Every function here that walks a model's adapters (``lora_layers``) finds LoRALinear and QLoRALinear (qlora.py)
 alike: state dicts, peft export / import and the parameter report work on QLoRA models unchanged. Merging into an
@@ -29,7 +27,8 @@ grid), so ``QLoRALinear.merge()`` raises and ``merge_lora(model, dequantize=True
 QLoRALinear becomes a LoRALinear on its dequantized fp32 weight (what peft dequantizes into before it re-quantizes)
 and is merged there; ``unmerge_lora`` then restores that fp32 weight.
 
-Per-request adapters (multi-LoRA serving, autograd-capable): inside ``with use_adapters(model, ["a", "b", None]):``
+Per-request adapters (multi-LoRA serving, autograd-capable; the model-level functions are in lora_named.py):
+inside ``with use_adapters(model, ["a", "b", None]):``
 row n of every adapted layer's input (dim 0: a request; [B, T, in] inputs keep a request's tokens together) gets
 adapter ids[n] (None: the base only). Rows are grouped per adapter, each group runs its own (x A^T) B^T, and the
 groups are put back in row order by an integer-array gather, so the cost is N r (in + out) MACs over the base GEMM
@@ -43,8 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -470,63 +468,3 @@ def unmerge_lora(model: Module) -> Module:
     for _, layer in layers:
         layer.unmerge()
     return model
-
-
-def add_adapter(
-    model: Module, name: str, r: int = 8, alpha: float = 8.0, target_modules: Iterable[str] | None = None
-) -> Module:
-    """Add adapter ``name`` (A kaiming-uniform, B = 0, trainable) to every LoRA / QLoRA layer of ``model`` (or to
-    those whose dotted name matches ``target_modules``). The base stays shared and frozen; select adapters with
-    ``use_adapters``. Every layer is validated before any is changed."""
-    layers = _require_layers(model, "add_adapter")
-    if target_modules is not None:
-        targets = check_targets(model, target_modules, alpha, 0.0)
-        layers = [(n, m) for n, m in layers if _matches(n, targets)]
-        if not layers:
-            raise ValueError(
-                f"target_modules: {targets} match no adapter layer; adapter layers: "
-                f"{[n for n, _ in lora_layers(model)]}"
-            )
-    _check_alpha(alpha)
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"name: expected an identifier-like adapter name, got {name!r}")
-    for n, m in layers:
-        if name in m.adapter_names():
-            raise ValueError(f"name: adapter {name!r} already exists on layer {n!r}")
-        _check_rank(r, m.in_features, m.out_features, f" for {n!r} ({m.out_features}x{m.in_features})")
-    for _, m in layers:
-        ad = m.add_adapter(name, r, alpha)
-        ad.lora_A.requires_grad = True
-        ad.lora_B.requires_grad = True
-    return model
-
-
-def adapter_names(model: Module) -> list[str]:
-    """Every adapter name on any adapter layer of ``model``, "default" first."""
-    names: dict[str, None] = {}
-    for _, m in _require_layers(model, "adapter_names"):
-        names.update(dict.fromkeys(m.adapter_names()))
-    return list(names)
-
-
-@contextmanager
-def use_adapters(model: Module, ids: str | Sequence[str | None] | None) -> Iterator[Module]:
-    """Select adapters for the forwards inside the block: a name (every row), None (base only) or one name / None
-    per batch row (dim 0 of each adapter layer's input; a [B, T, in] input keeps a request's tokens together).
-    Layers that lack a selected adapter run their base for those rows. Restores the previous selection on exit.
-    Gradients flow as usual (the rows of adapter a reach a's lora_A / lora_B only)."""
-    layers = _require_layers(model, "use_adapters")
-    known = adapter_names(model)
-    per_row = not (ids is None or isinstance(ids, str))
-    sel = list(ids) if per_row else [ids]
-    for i, a in enumerate(sel):
-        if a is not None and a not in known:
-            raise KeyError(f"ids[{i}]: unknown adapter {a!r}; adapters in the model: {known}")
-    saved = [(m.active, m.row_ids) for _, m in layers]
-    for _, m in layers:
-        m.active, m.row_ids = (None, sel) if per_row else (sel[0], None)
-    try:
-        yield model
-    finally:
-        for (_, m), (a, r) in zip(layers, saved, strict=True):
-            m.active, m.row_ids = a, r

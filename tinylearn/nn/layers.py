@@ -157,7 +157,8 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x: Tensor) -> Tensor:
-        return x.gelu(self.approximate)
+        # F.gelu: the registered fused kernel (C++ where built) for float32/64; Tensor.gelu is the numpy/scipy op
+        return F.gelu(x, approximate=self.approximate)
 
 
 class Sigmoid(Module):

@@ -9,8 +9,8 @@ at positions [start, start + t), or one decode token (t = 1). All N scheduled to
                 q, k rotated by each token's own position (RoPE, rotate-half, as the model's Rope op)
                 K/V of all N tokens scattered into the paged arena in one indexed write (int8 / fp8: codes + scales)
                 attention per sequence:
-                  decode tokens   one ``paged_attention_batch`` call (the C++ ragged kernel over block tables;
-                                  with FP8 blocks, which it does not read, the gather path below)
+                  decode tokens   one ``paged_attention_batch`` call (the C++ ragged kernel over block tables,
+                                  fp32 / int8 / FP8 blocks read in place)
                   prefill chunks  q [t] against the sequence's gathered K/V [start + t], causal mask offset by start
                 x = x + o_proj(attn);  x = x + mlp(ln2(x))                      N rows at once
     logits = lm_head(ln_f(x[rows])) only for the rows whose next token is sampled (a chunk that does not reach
@@ -84,7 +84,6 @@ class ModelRunner:
         c = model.config
         self.h, self.hkv, self.hd, self.g = c.n_heads, c.kv_heads, c.head_dim, c.group
         self.forward_calls = 0
-        self.fp8 = cache.dtype == "fp8_e4m3"
         self.capture: set[int] = set()  # cache ids whose last query per layer is kept (token-priority eviction)
         self.last_q: dict[int, dict[int, np.ndarray]] = {}
 
@@ -112,8 +111,7 @@ class ModelRunner:
         dec = [i for i, it in enumerate(items) if len(it.tokens) == 1]
         dec_rows = offs[dec] if dec else None
         dec_ids = [items[i].cache_id for i in dec]
-        # the C++ paged-decode kernel reads fp32 / int8 blocks: an fp8 cache's decode rows take the gather path
-        pre = [i for i, it in enumerate(items) if len(it.tokens) > 1 or self.fp8]
+        pre = [i for i, it in enumerate(items) if len(it.tokens) > 1]
         rope = m._rope
         if rope is not None:
             cos, sin = rope[0][pos][:, None, :], rope[1][pos][:, None, :]
@@ -136,7 +134,7 @@ class ModelRunner:
             for s, it in zip(seqs, items):
                 s.lens[layer] = it.start + len(it.tokens)
             out = np.empty((n, self.h, self.hd), dtype=np.float32)
-            if dec and not self.fp8:
+            if dec:  # the C++ paged-decode kernel reads fp32, int8 and fp8 blocks in place
                 out[dec_rows] = paged_attention_batch(q[dec_rows], cache, dec_ids, layer)
             for i in pre:
                 kg, vg = cache.gather(items[i].cache_id, layer)
