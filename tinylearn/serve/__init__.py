@@ -3,7 +3,8 @@
     Engine (engine.py)          continuous batching: one scheduler step = choose requests (scheduler.py), allocate
                                 paged KV blocks with prefix caching (block_manager.py), one ragged batched forward of
                                 prefill chunks + decode tokens (runner.py), sample, stream; preemption by swap or
-                                recompute; KV tiers behind the arena (tiering.py)
+                                recompute; KV tiers behind the arena (tiering.py); a delta-compressed host tier
+                                for swapped blocks (delta_tier.py: keyframe + thresholded token deltas)
     SamplingParams, RequestOutput, EngineFull, AdmissionRejected (types.py); ByteTokenizer (tokenizer.py)
     server (server.py)          FastAPI app: /v1/completions, /v1/chat/completions (SSE), /v1/models, /health,
                                 /metrics; 400 naming the field, 429/503 with Retry-After; `tinylearn serve`
@@ -28,6 +29,7 @@ _EXPORTS = {
     "AdmissionRejected": "types",
     "ByteTokenizer": "tokenizer",
     "TieredKVStore": "tiering",
+    "DeltaKVStore": "delta_tier",
     "StepCostModel": "latency",
     "AdmissionController": "latency",
     "create_app": "server",
