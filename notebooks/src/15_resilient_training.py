@@ -231,6 +231,27 @@ print(full["error"], "|", full["message"])
 assert full["error"] == "DiskFull" and "EFBIG" in full["message"] and latest_checkpoint(tmp / "full").name.endswith("1")
 
 # %% [markdown]
+# A save is more than one file. For 2 ranks it is rank 0's data file (open, every write, fsync, rename, directory
+# fsync), rank 0's index, the same for rank 1, then the manifest; the asynchronous writer (`AsyncCheckpointer`, its
+# writer thread) and the delta writer (`DeltaCheckpointer`) write a data file then their manifest / index.
+# `faults.torn_sequence_drill` SIGKILLs the writer at one chosen event of that sequence (`atomic.set_crash_point`
+# stops the child there); below, at *every* event, for each writer: before the commit record's rename the previous
+# checkpoint loads bitwise, after it the complete new one -- never a mix.
+
+# %%
+seq = {}
+for w in faults.SEQUENCE_WRITERS:
+    events = faults.sequence_events(w, tmp / "seq" / w)
+    runs = [faults.torn_sequence_drill(tmp / "seq" / w, w, kill_at=k, events=events) for k in range(1, len(events) + 1)]
+    seq[w] = runs
+    loaded = "".join(str(r["loaded_step"]) for r in runs)
+    print(f"{w:14s} {len(events):2d} kill points, commit record renamed at #{runs[0]['commit_at']}: loaded {loaded}")
+    assert all(r["killed"] and r["equal"] and r["loaded_step"] == r["expected_step"] for r in runs)
+    assert {r["loaded_step"] for r in runs} == {1, 2}
+files = {name for _, name, _ in faults.sequence_events("sharded", tmp / "seq" / "sharded")}
+assert {"rank00000.bin", "rank00000.json", "rank00001.bin", "rank00001.json", "manifest.json"} <= files
+
+# %% [markdown]
 # ## 5. Save / load time: tinylearn vs torch.save vs torch DCP
 #
 # **Answer.** For one process the three write the same bytes (within a few KiB of index); what differs is the
@@ -266,46 +287,59 @@ print("tinygrad:", "checked" if ok else why)
 # %% [markdown]
 # ## 6. Asynchronous checkpoints: the training loop pays for a copy [Q120]
 #
-# **Answer.** `save` copies the state to host memory (the only time the loop is blocked), hands the copy to one
+# **Answer.** `save` copies the state to host memory (the only time `save` itself blocks), hands the copy to one
 # writer thread and returns; the writer writes the data file and commits with a manifest written last. A bounded
 # queue (`max_pending`) gives back-pressure: if the writer is still busy with earlier snapshots, `save` waits (that
 # wait is reported), so host memory never holds more than `max_pending + 1` copies.
 #
-# Below: a torch MLP with 16 MiB of parameters trains with SGD; every 6 steps it checkpoints. The stall per save is
-# the cycle time (6 steps + save, median of `tinylearn.bench.measure`) minus the cycle time without a save; the
-# *observed* stall is how long `save` itself blocked. Timings depend on the machine and its load.
+# Below: a torch MLP with 8 MiB of parameters trains with SGD; every 24 steps it checkpoints (a long enough interval
+# for the writer to usually finish between saves, as in real training where I is minutes; when it does not,
+# `save` waits for it -- the `backpressure_wait_ms` column -- and that wait is part of the stall).
+# **What the goal measures**: the training loop's extra time per checkpoint -- the time spent in the save call plus
+# how much slower the steps after it run while the writer works -- divided by the same for a synchronous save.
+# `bench_async` times every step and every save call; the stall is the median save-call time plus the sum over step
+# positions of (median step time in that mode - median step time without checkpoints), so a step hit by unrelated
+# load does not count. Timings depend on the machine and its load.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-rows = bench_async(16.0, steps_between=6, repeat=2)
+rows = bench_async(8.0, steps_between=24, repeat=3, cycles=3)
 stall = {r.impl: r for r in rows if r.case.startswith("stall")}
 for r in rows:
     extra = {k: round(v, 1) for k, v in r.extra.items()}
     print(f"{r.case:24s} {r.impl:22s} {r.median_ms:8.1f} ms  {extra}")
 obs_sync = stall["tinylearn sync"].extra["observed_stall_ms"]
 obs_async = stall["tinylearn async"].extra["observed_stall_ms"]
+ratio = stall_ratio(rows)
 print(
-    f"observed stall: sync {obs_sync:.1f} ms, async {obs_async:.1f} ms ({obs_async / obs_sync:.0%} of sync); "
-    f"loop-time stall ratio async/sync {stall_ratio(rows):.2f}"
+    f"save() blocked: sync {obs_sync:.1f} ms, async {obs_async:.1f} ms ({obs_async / obs_sync:.0%} of sync); "
+    f"training-loop stall async/sync {ratio:.2f} (goal <= 0.10: {'met' if ratio <= 0.10 else 'not met'} here)"
 )
-assert obs_async < obs_sync  # save() returns after the copy; the synchronous save also writes and fsyncs
+# the caller pays for the copy only; the synchronous save also checksums, writes and fsyncs (a margin for a fast disk)
+assert obs_async < 0.25 * obs_sync
+assert stall["tinylearn async"].extra["copy_ms"] <= obs_async  # save()'s time is the copy (+ any back-pressure)
 fig, ax = plt.subplots(figsize=(7, 2.8))
 names = list(stall)
-ax.barh(names, [stall[n].median_ms for n in names], label="loop-time stall (cycle - no-save cycle)")
+ax.barh(names, [stall[n].median_ms for n in names], label="loop-time stall (in save + slower steps after it)")
 ax.barh(["tinylearn sync", "tinylearn async"], [obs_sync, obs_async], height=0.35, label="save() blocked")
-ax.set_xlabel("ms per checkpoint (16 MiB state)")
+ax.set_xlabel("ms per checkpoint (8 MiB state)")
 ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The writer thread still uses CPU (crc32, copies into the page cache) and disk: on a machine with an idle core it
-# hides behind the next steps; on a loaded two-core box it competes with training, so the loop-time stall can be far
-# above `save`'s own blocking time (measured on this project's shared 2-core box: about the synchronous stall, for
-# torch DCP's `async_save` as well). Async hides the *waiting* (fsync, disk latency), not CPU work a busy core must
-# do. torch DCP's `async_save` works here single-process (it warns that no process group is initialised) and
-# follows the same recipe (stage to CPU, write in a thread); `torch.save` is synchronous. tinygrad has `safe_save`
-# only: no asynchronous or incremental checkpointing.
+# `save()`'s own measurement (`observed_stall_ms`) is the copy to host memory -- under a quarter of the synchronous
+# save's (asserted with a margin: how long the synchronous fsync waits depends on the disk; the cell prints the
+# fraction this run saw against the 10 % goal). The training-loop stall is more than that copy: the loop's time in
+# the save call (`in_save_ms`) can exceed it on a busy box, and the writer thread still uses CPU (crc32, copying
+# into the page cache) while the next steps run (`steps_slowdown_ms`). With an idle core that work overlaps the
+# training and the loop stall can come down to the copy; on this project's shared 2-core box other processes keep both
+# cores busy, so the writer competes with the training thread and the loop-stall ratio -- printed against the
+# issue's 10 % goal, here and in `tinylearn bench resilience` -- moves with the load (it is not asserted). The
+# writer does not hold the GIL while it works: crc32, write and fsync release it. Async hides the *waiting* (fsync,
+# disk latency), not CPU work a busy core must do; torch DCP's `async_save` follows the same recipe (stage to CPU,
+# write in a thread; it warns that no process group is initialised). `torch.save` is synchronous. tinygrad has
+# `safe_save` only: no asynchronous or incremental checkpointing.
 
 # %%
 ok, why = tinygrad_status()
