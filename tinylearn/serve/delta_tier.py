@@ -22,8 +22,9 @@ after a +0.0 has a zero delta, so the delta rule alone would return +0.0); a sli
 (kv_delta needs finite values). Raw slices, patched entries and fallback rows are counted in ``stats()``.
 
 Bytes: ``delta_stats``'s accounting (a keyframe row D * itemsize; a delta row 2 + kept * (itemsize + index bytes));
-a patched entry itemsize + 4 (uint32 index); a raw slice its nbytes. ``stats()`` reports the blocks held now and, cumulatively over every ``put``, the raw and
-stored bytes, their ratio, the fraction of delta-row entries kept, and the largest reconstruction error measured.
+a patched entry itemsize + 4 (uint32 index); a raw slice its nbytes. ``stats()`` reports the blocks held now and,
+cumulatively over every ``put``, the raw and stored bytes, their ratio, the fraction of delta-row entries kept, and
+the largest reconstruction error measured.
 Only float blocks (the fp32 engine) are accepted: int8/fp8 engines swap raw slot bytes, which have no token axis.
 """
 
