@@ -437,10 +437,11 @@ TOPICS: tuple[Topic, ...] = (
             "test_serve_token_eviction",
             "test_serve_fault_load",
             "test_serve_fp8_kv",
+            "test_serve_delta_tier",
         ),
         "tinylearn.serve.bench",
         aliases=("serving", "llm_serving"),
-        questions="106, 107, 113, 124, 133, 143, 162, 183, 189, 193, 198, 203, 220, 224, 244, 259, 261",
+        questions="106, 107, 113, 124, 133, 137, 143, 162, 183, 189, 193, 198, 203, 220, 224, 244, 259, 261",
         # the engine reaches C++ through the paged-attention decode kernel and the GEMMs of TinyGPT's layers
         sanitize=("test_serve_engine", "test_serve_block_manager"),
         path_independent=("test_serve_tiering", "test_serve_journal", "test_serve_prewarm"),

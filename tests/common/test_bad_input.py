@@ -202,7 +202,7 @@ _CSETUP = (
 )
 
 _SSETUP = (
-    "from tinylearn.serve import Engine, SamplingParams, TieredKVStore\n"
+    "from tinylearn.serve import DeltaKVStore, Engine, SamplingParams, TieredKVStore\n"
     "from tinylearn.serve import checkpoint, latency, loadgen, server\n"
     "m = checkpoint.tiny_model(0)"
 )
@@ -905,6 +905,8 @@ CASES: dict[str, list[tuple]] = {
         ("add_request-too-long", "Engine(m).add_request(list(range(256)) * 3)", TV, "prompt", _SSETUP),
         ("TieredKVStore-no-fast", "TieredKVStore((2, 2), fast_blocks=0)", TV, "fast_blocks", _SSETUP),
         ("TieredKVStore-disk-no-path", "TieredKVStore((2, 2), fast_blocks=1, disk_blocks=2)", TV, "disk_path", _SSETUP),
+        ("DeltaKVStore-neg-threshold", "DeltaKVStore(-0.1)", TV, "threshold", _SSETUP),
+        ("DeltaKVStore-keyframe", "DeltaKVStore(0.0, keyframe_every=0)", TV, "keyframe_every", _SSETUP),
         (
             "load_model-missing",
             "checkpoint.load_model('/nonexistent/x.safetensors')",
