@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -203,3 +206,21 @@ def test_torch_version_counters_skip_frozen_layers(tmp_path):
     out = load_async(tmp_path)
     np.testing.assert_array_equal(out["0.weight"], model[0].weight.detach().numpy())
     assert not np.array_equal(out["2.weight"], model[2].weight.detach().numpy())  # saved before the last step
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
+def test_idle_writer_waits_under_sched_batch(tmp_path):
+    """The writer thread waits for work under SCHED_BATCH (woken by save(), it does not preempt the caller) and
+    the caller's own policy is untouched."""
+    ck = AsyncCheckpointer(tmp_path)
+    try:
+        ck.save({"a": np.arange(1000.0)}, 1)
+        ck.wait()
+        deadline = time.monotonic() + 5
+        while os.sched_getscheduler(ck._writer_tid) != os.SCHED_BATCH and time.monotonic() < deadline:
+            time.sleep(0.01)  # the writer re-enters its wait right after the write
+        assert os.sched_getscheduler(ck._writer_tid) == os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        ck.close()
+    np.testing.assert_array_equal(load_async(tmp_path)["a"], np.arange(1000.0))

@@ -19,6 +19,14 @@ copied and not written: the new manifest references the older file. Keys without
 the writer, which skips the write when the digest is unchanged (the copy is still paid). Every ``full_every``-th
 checkpoint writes everything, so old files stop being referenced and ``prune`` can delete them.
 
+**Scheduling** (Linux): the writer thread waits for work under ``SCHED_BATCH`` and writes under the normal policy.
+A thread woken from ``SCHED_BATCH`` does not preempt the thread that woke it, so ``save`` hands the snapshot over
+and returns without losing its core to the writer -- on a box whose cores are all busy, a normal-policy writer woken
+by ``save`` took the core and the training thread waited behind it and the other runnable tasks (measured on the
+shared 2-core box: the training loop spent a median 3-7.5 ms in ``save`` for an 8 MiB state, 0.5-0.6 ms with the
+writer waiting under ``SCHED_BATCH``). Writing under ``SCHED_BATCH`` as well was worse: the writer, disfavoured by
+the scheduler, was descheduled while holding the GIL and the training steps waited for it. Elsewhere: unchanged.
+
 **Errors** in the writer thread are never lost: the writer drops snapshots queued after a failed one (they may
 reference files that failed to appear), and the next ``save``/``wait``/``close`` raises the error; the next save
 then compares versions against the last successful checkpoint again.
@@ -147,6 +155,7 @@ class AsyncCheckpointer:
         self._closed = False
         self._seq = self._drop_upto = 0
         self._thread: threading.Thread | None = None
+        self._writer_tid: int | None = None  # the writer thread's native id (Linux scheduling, tests)
         if not synchronous:
             self._thread = threading.Thread(target=self._writer, name="tl-async-ckpt", daemon=True)
             self._thread.start()
@@ -255,8 +264,11 @@ class AsyncCheckpointer:
 
     # -- writer side ---------------------------------------------------------------------------------------------
     def _writer(self) -> None:
+        self._writer_tid = threading.get_native_id()
         while True:
+            _set_batch_policy(True)  # woken by save(): do not preempt it (see the module docstring)
             snap = self._q.get()
+            _set_batch_policy(False)
             if snap is None:
                 return
             try:
@@ -341,6 +353,17 @@ class AsyncCheckpointer:
                 shutil.rmtree(d)
                 gone.append(d)
         return gone
+
+
+def _set_batch_policy(batch: bool) -> None:
+    """The calling thread's scheduling policy: SCHED_BATCH (``batch``) or SCHED_OTHER; Linux only, else a no-op (as
+    is a refusal: the writer then keeps the normal policy)."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH if batch else os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
 
 
 def _committed_steps(root: Path) -> list[int]:
