@@ -336,10 +336,11 @@ plt.show()
 # training and the loop stall can come down to the copy; on this project's shared 2-core box other processes keep both
 # cores busy, so the writer competes with the training thread and the loop-stall ratio -- printed against the
 # issue's 10 % goal, here and in `tinylearn bench resilience` -- moves with the load (it is not asserted). The
-# writer does not hold the GIL while it works: crc32, write and fsync release it. Async hides the *waiting* (fsync,
-# disk latency), not CPU work a busy core must do; torch DCP's `async_save` follows the same recipe (stage to CPU,
-# write in a thread; it warns that no process group is initialised). `torch.save` is synchronous. tinygrad has
-# `safe_save` only: no asynchronous or incremental checkpointing.
+# writer does not hold the GIL while it works: crc32, write and fsync release it. It waits for work under Linux's
+# `SCHED_BATCH` policy, so that waking it does not take the core from the training thread that called `save`.
+# Async hides the *waiting* (fsync, disk latency), not CPU work a busy core must do; torch DCP's `async_save` follows
+# the same recipe (stage to CPU, write in a thread; it warns that no process group is initialised). `torch.save` is
+# synchronous. tinygrad has `safe_save` only: no asynchronous or incremental checkpointing.
 
 # %%
 ok, why = tinygrad_status()
