@@ -6,29 +6,12 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+from _serve_models import make_model, prompts
 
-from tinylearn.inference import TinyGPT
 from tinylearn.serve.engine import Engine
 from tinylearn.serve.latency import AdmissionController, StepCostModel
 from tinylearn.serve.server import build_engine, create_app, serve_in_thread
 from tinylearn.serve.types import AdmissionRejected, EngineFull, SamplingParams
-
-
-def make_model(seed: int = 0) -> TinyGPT:
-    """A small TinyGPT with seeded, spread-out weights (logits far from ties), as in test_serve_engine."""
-    m = TinyGPT(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=96)
-    rng = np.random.default_rng(seed)
-    for name, p in m.named_parameters():
-        if name.endswith("weight") and p.data.ndim == 1:
-            p.data[...] = 1 + 0.1 * rng.standard_normal(p.shape)
-        else:
-            p.data[...] = (0.3 if p.data.ndim == 2 else 0.1) * rng.standard_normal(p.shape)
-    return m
-
-
-def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40, vocab: int = 64) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(0, vocab, int(k))] for k in rng.integers(lo, hi, n)]
 
 
 def test_kv_budget_claims_reject_and_release() -> None:

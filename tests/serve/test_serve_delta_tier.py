@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import _serve_models
 import numpy as np
 import pytest
 
@@ -20,15 +21,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 def make_model(seed: int = 0) -> TinyGPT:
-    """A small GQA TinyGPT with seeded, spread-out weights (logits far from ties), as in test_serve_engine."""
-    m = TinyGPT(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=96, n_kv_heads=2)
-    rng = np.random.default_rng(seed)
-    for name, p in m.named_parameters():
-        if name.endswith("weight") and p.data.ndim == 1:
-            p.data[...] = 1 + 0.1 * rng.standard_normal(p.shape)
-        else:
-            p.data[...] = (0.3 if p.data.ndim == 2 else 0.1) * rng.standard_normal(p.shape)
-    return m
+    return _serve_models.make_model(seed, n_kv_heads=2)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +30,7 @@ def model() -> TinyGPT:
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(0, 64, int(k))] for k in rng.integers(10, 30, n)]
+    return _serve_models.prompts(n, seed, lo=10, hi=30)
 
 
 def test_threshold_zero_round_trip_through_engine_preemption(model: TinyGPT) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _serve_models import make_model, prompts
 
 from tinylearn.inference import TinyGPT, generate
 from tinylearn.serve.engine import Engine
@@ -19,23 +20,6 @@ CFGS = {
     "gqa": dict(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=96, n_kv_heads=2),
     "abs_pos": dict(vocab_size=64, d_model=32, n_heads=2, n_layers=2, max_seq_len=96, rope=False),
 }
-
-
-def make_model(seed: int = 0, **cfg: object) -> TinyGPT:
-    """A TinyGPT with seeded, spread-out weights (logits far from ties)."""
-    m = TinyGPT(**{**CFGS["mha"], **cfg})
-    rng = np.random.default_rng(seed)
-    for name, p in m.named_parameters():
-        if name.endswith("weight") and p.data.ndim == 1:  # LayerNorm gain
-            p.data[...] = 1 + 0.1 * rng.standard_normal(p.shape)
-        else:
-            p.data[...] = (0.3 if p.data.ndim == 2 else 0.1) * rng.standard_normal(p.shape)
-    return m
-
-
-def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40, vocab: int = 64) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(0, vocab, int(k))] for k in rng.integers(lo, hi, n)]
 
 
 def tokens(outs: list) -> list[list[int]]:

@@ -3,6 +3,7 @@ engine on fp8 blocks (invariants, swap restores the exact bytes, greedy tokens c
 
 from __future__ import annotations
 
+import _serve_models
 import numpy as np
 import pytest
 import torch
@@ -15,15 +16,7 @@ from tinylearn.serve.types import SamplingParams
 
 
 def make_model(seed: int = 0) -> TinyGPT:
-    """A small TinyGPT with seeded, spread-out weights (logits far from ties), as in test_serve_engine."""
-    m = TinyGPT(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=96, n_kv_heads=2)
-    rng = np.random.default_rng(seed)
-    for name, p in m.named_parameters():
-        if name.endswith("weight") and p.data.ndim == 1:
-            p.data[...] = 1 + 0.1 * rng.standard_normal(p.shape)
-        else:
-            p.data[...] = (0.3 if p.data.ndim == 2 else 0.1) * rng.standard_normal(p.shape)
-    return m
+    return _serve_models.make_model(seed, n_kv_heads=2)
 
 
 def test_fp8_cache_matches_torch_float8_and_int8_bytes() -> None:

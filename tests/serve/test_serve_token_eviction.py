@@ -4,6 +4,7 @@ first eviction and approximate after it (documented; here only bounded, never as
 
 from __future__ import annotations
 
+import _serve_models
 import numpy as np
 import pytest
 
@@ -14,15 +15,7 @@ from tinylearn.serve.types import SamplingParams
 
 
 def make_model(seed: int = 0, **cfg: object) -> TinyGPT:
-    """A small TinyGPT with seeded, spread-out weights (logits far from ties), as in test_serve_engine."""
-    m = TinyGPT(**{**dict(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=160), **cfg})
-    rng = np.random.default_rng(seed)
-    for name, p in m.named_parameters():
-        if name.endswith("weight") and p.data.ndim == 1:
-            p.data[...] = 1 + 0.1 * rng.standard_normal(p.shape)
-        else:
-            p.data[...] = (0.3 if p.data.ndim == 2 else 0.1) * rng.standard_normal(p.shape)
-    return m
+    return _serve_models.make_model(seed, **{"max_seq_len": 160, **cfg})
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
