@@ -28,14 +28,7 @@ def torch_mlp(hidden: int, seed: int = 0, pretrain_steps: int = 30) -> Any:
     tm = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
                              torch.nn.ReLU(), torch.nn.Linear(hidden, 10))  # fmt: skip
     X, y, _, _ = digits()
-    opt = torch.optim.SGD(tm.parameters(), lr=0.05)
-    for i in range(pretrain_steps):
-        b = slice((i * 64) % 1216, (i * 64) % 1216 + 64)
-        loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(X[b])), torch.from_numpy(y[b]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return tm
+    return _pretrain(tm, X, y, pretrain_steps, 0.05)
 
 
 def tl_mlp(tm: Any) -> Any:
@@ -72,14 +65,7 @@ def torch_cnn(seed: int = 0, pretrain_steps: int = 60, lr: float = 0.1) -> Any:
     torch.manual_seed(seed)
     tm = TorchDigitsCNN()
     X, y, _, _ = digits_images()
-    opt = torch.optim.SGD(tm.parameters(), lr=lr)
-    for i in range(pretrain_steps):
-        b = slice((i * 64) % 1216, (i * 64) % 1216 + 64)
-        loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(X[b])), torch.from_numpy(y[b]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return tm
+    return _pretrain(tm, X, y, pretrain_steps, lr)
 
 
 def tl_cnn(tm: Any) -> Any:
@@ -107,3 +93,17 @@ def token_data(vocab: int, n_seq: int, seq: int, seed: int = 0) -> tuple[np.ndar
     for t in range(seq):
         toks[:, t + 1] = succ[toks[:, t], rng.integers(0, 4, n_seq)]
     return toks[:, :-1].copy(), toks[:, 1:].copy()
+
+
+def _pretrain(tm: Any, X: np.ndarray, y: np.ndarray, steps: int, lr: float) -> Any:
+    """``steps`` SGD steps (batch 64, cycling through the first 1216 rows) of cross-entropy on (X, y); returns tm."""
+    import torch
+
+    opt = torch.optim.SGD(tm.parameters(), lr=lr)
+    for i in range(steps):
+        b = slice((i * 64) % 1216, (i * 64) % 1216 + 64)
+        loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(X[b])), torch.from_numpy(y[b]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return tm
