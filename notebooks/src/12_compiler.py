@@ -373,7 +373,12 @@ with limited_threads(1, torch=True):
 print(
     f"GELU*sigmoid+res fwd+bwd on 256x1024: eager {t_eager:.2f} ms, compiled {t_comp:.2f} ms ({t_eager / t_comp:.1f}x)"
 )
-assert t_comp < t_eager  # 2 fused kernels instead of ~12 numpy passes and their temporaries
+# 2 fused kernels instead of ~12 numpy passes and their temporaries: faster where AVX-512 is used (measured ~1.7x on
+# this Zen 4). The generated code is compiled for the CPU path TINYLEARN_CPU_FEATURES names, and the element-wise
+# numpy passes it replaces are not slow (sigmoid is one exp and a division): on the forced AVX2 path the fused pair
+# measured about eager's time (0.97 vs 1.05 ms), on the forced scalar path (no SIMD in the generated loops) 1.2x
+# slower, so there the claim is only bounded (within 1.5x of eager)
+assert t_comp < t_eager if avx512 else t_comp < 1.5 * t_eager, (t_comp, t_eager)
 
 # %% [markdown]
 # ## 7. Guards, recompilation, dynamic shapes, and a pattern-hash kernel cache [Q206] [Q237] [Q108] [Q215]

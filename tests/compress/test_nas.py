@@ -51,6 +51,8 @@ def test_objective_terms(ev):
     assert ev(a) is r and ev.calls == calls + 1  # cached, still counted
 
 
+# the chosen architecture is measured end to end against the latency budget: run alone (make test's serial pass)
+@pytest.mark.timing
 def test_search_front_and_choice(ev):
     n = 20
     evo, rnd = [], []

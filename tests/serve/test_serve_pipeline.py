@@ -54,6 +54,8 @@ def test_outputs_equal_sequential_in_order_with_parallel_workers():
     assert st["service_s"][1] > st["service_s"][0]  # the sleeping stage is measured heavier
 
 
+# stage service times are measured and decide whether the plan moves a worker: run alone (serial timing pass)
+@pytest.mark.timing
 def test_real_workload_pipeline_and_rebalance(model):
     tok = ByteTokenizer()
     stages = demo_stages(model, tok, seq_len=48, feat_dim=256)
