@@ -149,8 +149,14 @@ def test_concurrent_get_put_with_prefetch_keeps_blocks_exact(tmp_path):
     assert len(s) == len(latest)
     for key, version in latest.items():
         assert same(s.get(key), val(key, version)), key
-    st = s.stats()
-    assert st["prefetched"] > 0 and st["demotions"] > 0
+    assert s.stats()["demotions"] > 0  # up to 18 live keys in 4 fast blocks
+    # whether the concurrent prefetches above found a key outside "fast" depends on thread timing (a CI run saw none):
+    # prefetch one that is known to be in a slower tier, then it is counted and promoted
+    slow = next(k for k in latest if s.tier_of(k) != "fast")
+    s.prefetch([slow])
+    assert s.wait_prefetch(timeout=30.0)
+    assert s.stats()["prefetched"] > 0 and s.tier_of(slow) == "fast"
+    assert same(s.get(slow), val(slow, latest[slow]))
     s.close()
 
 
