@@ -581,6 +581,7 @@ assert sm_sa.trace[0] > sm_sa.trace[-1]
 
 
 # %%
+# stable-output: MODEL arithmetic (device latency/energy tables, a seeded RNG), no timing or BLAS
 sm_layers = []
 for sm_i in range(sm_cfg.n_layers):
     sm_ops = [o for o in sm_he.gpt_graph(sm_cfg, 4, 512) if o.name.startswith(f"L{sm_i}.")]
