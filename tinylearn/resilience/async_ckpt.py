@@ -34,13 +34,13 @@ then compares versions against the last successful checkpoint again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
 import shutil
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,12 +49,12 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, atomic_write, read_commit_record
+from .async_writer import ALIGN, FORMAT, MANIFEST, ProcessWriter, WriterDied, _layout, decode_error, write_checkpoint  # noqa: F401,E501
+from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, read_commit_record
 from .manifest import step_dir  # the same step_NNNNNNNN directory names as save_sharded
 
-FORMAT = "tinylearn.async/1"
-MANIFEST = "manifest.json"
-ALIGN = 64  # tensors start at 64-byte offsets in data.bin
+WRITERS = ("process", "thread")
+DEFAULT_WRITER = "process"
 
 
 def to_host(value: Any) -> np.ndarray | None:
@@ -72,6 +72,27 @@ def to_host(value: Any) -> np.ndarray | None:
             return t.to("cpu", copy=True).contiguous().numpy()
     if mod.startswith("tinylearn") and isinstance(getattr(value, "data", None), np.ndarray):
         return np.array(value.data, copy=True, order="C")
+    return None
+
+
+def host_view(value: Any) -> np.ndarray | None:
+    """A numpy view (no copy when the value is already in host memory) of a numpy / torch / tl tensor; None when
+    ``value`` is not a tensor. The process writer copies it into shared memory itself."""
+    if isinstance(value, np.ndarray):
+        return value
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            if t.dtype == torch.bfloat16:
+                raise TypeError("bfloat16 tensors are not supported: numpy has no bfloat16; cast first")
+            if t.device.type != "cpu":
+                t = t.to("cpu")
+            return t.resolve_conj().resolve_neg().numpy()
+    if mod.startswith("tinylearn") and isinstance(getattr(value, "data", None), np.ndarray):
+        return value.data
     return None
 
 
@@ -100,10 +121,6 @@ def torch_versions(state: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(v._version) for k, v in flatten(state).items() if isinstance(v, torch.Tensor)}
 
 
-def _digest(a: np.ndarray) -> str:
-    return hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
-
-
 @dataclass
 class _Snapshot:
     step: int
@@ -118,7 +135,8 @@ class _Snapshot:
 
 
 class AsyncCheckpointer:
-    """Snapshot to host memory in ``save``, write in one background thread; see the module docstring."""
+    """Snapshot to host memory in ``save``, write in the background (a writer process or thread); see the module
+    docstring. ``writer``: "process" (shared-memory snapshots, one writer process) or "thread"."""
 
     def __init__(
         self,
@@ -128,14 +146,18 @@ class AsyncCheckpointer:
         full_every: int = 8,
         fsync: bool = True,
         synchronous: bool = False,
+        writer: str = DEFAULT_WRITER,
     ) -> None:
         if not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1, got {full_every!r}")
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {WRITERS}, got {writer!r}")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_pending, self.full_every, self.fsync, self.synchronous = max_pending, full_every, fsync, synchronous
+        self.writer = writer
         self.stats: list[dict[str, Any]] = []  # one dict per save: step, wait_s, copy_s, stall_s, write_s, ...
         self._committed: dict[str, dict[str, Any]] = {}  # key -> manifest entry of the last successful checkpoint
         self._submitted: dict[str, int | None] = {}  # key -> version in the last submitted snapshot
@@ -156,9 +178,19 @@ class AsyncCheckpointer:
         self._seq = self._drop_upto = 0
         self._thread: threading.Thread | None = None
         self._writer_tid: int | None = None  # the writer thread's native id (Linux scheduling, tests)
-        if not synchronous:
+        self._pw: ProcessWriter | None = None
+        if not synchronous and writer == "thread":
             self._thread = threading.Thread(target=self._writer, name="tl-async-ckpt", daemon=True)
             self._thread.start()
+        elif not synchronous:
+            self._pw = ProcessWriter(self.root, fsync=fsync, full_every=full_every, max_pending=max_pending)
+            self._pw.start(self._committed)
+            self._finalizer = weakref.finalize(self, self._pw.close)  # never closed: stop the child at GC / exit
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid (None with the thread writer, or before a restarted writer's first save)."""
+        return None if self._pw is None else self._pw.pid
 
     # -- caller side ---------------------------------------------------------------------------------------------
     def save(
@@ -177,43 +209,60 @@ class AsyncCheckpointer:
         step = int(step)
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"step {step} is not newer than the last checkpoint step {self._last_step}")
+        pw = self._pw
         t0 = time.perf_counter()
-        self._slots.acquire()  # back-pressure: at most max_pending snapshots in flight
+        if pw is not None:
+            self._poll(self.max_pending)  # back-pressure: at most max_pending snapshots in flight
+        else:
+            self._slots.acquire()
         t1 = time.perf_counter()
+        release = self._slots.release if pw is None else _nothing
         try:
             self._raise_error()
         except BaseException:
-            self._slots.release()
+            release()
             raise
+        if pw is not None and pw.proc is None:
+            pw.start(self._committed)  # the writer died (that error was raised): a new one, resuming from disk
         flat = flatten(state)
         full = self._since_full + 1 >= self.full_every
         arrays, vers, objects = {}, {}, {}
+        host = to_host if pw is None else host_view  # the process writer copies into shared memory below
         for k, v in flat.items():
             ver = None if versions is None else versions.get(k)
             if ver is not None and (isinstance(ver, bool) or not isinstance(ver, (int, np.integer))):
-                self._slots.release()
+                release()
                 raise TypeError(f"versions[{k!r}] must be an int, got {ver!r}")
             unchanged = ver is not None and not full and k in self._committed and self._submitted.get(k) == ver
             if unchanged:
                 vers[k] = int(ver)
                 continue
-            host = to_host(v)
-            if host is None:
+            a = host(v)
+            if a is None:
                 objects[k] = v
                 continue
-            arrays[k], vers[k] = host, None if ver is None else int(ver)
+            arrays[k], vers[k] = a, None if ver is None else int(ver)
+        since = 0 if full else self._since_full + 1
+        if pw is not None:
+            msg, slot = self._copy_to_shared(pw, arrays, vers, objects, meta, step, full, since)
         t2 = time.perf_counter()
         stat = {"step": step, "wait_s": t1 - t0, "copy_s": t2 - t1, "stall_s": t2 - t0, "full": full, "t_snap": t1}
         stat["copied_bytes"] = int(sum(a.nbytes for a in arrays.values()))
-        since = 0 if full else self._since_full + 1
-        snap = _Snapshot(step, arrays, vers, objects, full, since, dict(meta or {}), stat=stat)
-        if self.synchronous:
+        if pw is not None:
+            try:
+                pw.submit(msg, stat, slot)
+            except WriterDied as e:
+                self._died(e)
+                self._raise_error()
+        elif self.synchronous:
+            snap = _Snapshot(step, arrays, vers, objects, full, since, dict(meta or {}), stat=stat)
             try:
                 self._write(snap)
             finally:
                 self._slots.release()
             stat["stall_s"] = time.perf_counter() - t0
         else:
+            snap = _Snapshot(step, arrays, vers, objects, full, since, dict(meta or {}), stat=stat)
             with self._lock:  # check-and-submit atomically: a failure after this drops the snapshot (seq <= drop)
                 failed = self._error is not None
                 if not failed:
@@ -227,16 +276,51 @@ class AsyncCheckpointer:
         self.stats.append(stat)
         return stat
 
+    def _copy_to_shared(
+        self,
+        pw: ProcessWriter,
+        arrays: dict[str, np.ndarray],
+        vers: dict[str, int | None],
+        objects: dict[str, Any],
+        meta: Mapping[str, Any] | None,
+        step: int,
+        full: bool,
+        since: int,
+    ) -> tuple[dict[str, Any], int | None]:
+        """Copy the changed arrays into a free shared-memory buffer; the message for the writer process."""
+        offs, total = _layout([a.nbytes for a in arrays.values()])
+        layout: dict[str, tuple[int, int, str, list[int]]] = {}
+        slot = None
+        if arrays:
+            slot, buf = pw.buffer_for(total)
+            end = 0
+            for (k, a), off in zip(arrays.items(), offs, strict=True):
+                if off > end:  # the 64-byte alignment gap: zeros, as in data.bin (the writer may write the buffer)
+                    buf.mm[end:off] = bytes(off - end)
+                if a.nbytes:
+                    np.copyto(np.ndarray(a.shape, a.dtype, buffer=buf.mm, offset=off), a, casting="no")
+                layout[k] = (off, a.nbytes, a.dtype.str, list(a.shape))
+                end = off + a.nbytes
+        msg: dict[str, Any] = {"step": step, "versions": vers, "arrays": layout, "full": full, "since_full": since}
+        try:  # the manifest's JSON part; a value JSON cannot hold fails the write, as in the writer thread
+            msg["json"] = json.dumps({"objects": objects, "meta": dict(meta or {})})
+        except (TypeError, ValueError) as e:
+            msg["fail"] = e
+        return msg, slot
+
     def wait(self) -> None:
         """Block until every queued snapshot is written; raise the writer's error if one failed."""
-        for _ in range(self.max_pending):
-            self._slots.acquire()
-        for _ in range(self.max_pending):
-            self._slots.release()
+        if self._pw is not None:
+            self._poll(1)
+        else:
+            for _ in range(self.max_pending):
+                self._slots.acquire()
+            for _ in range(self.max_pending):
+                self._slots.release()
         self._raise_error()
 
     def close(self) -> None:
-        """Finish pending writes, stop the writer thread, raise a pending error."""
+        """Finish pending writes, stop the writer (thread or process), raise a pending error."""
         if self._closed:
             return
         try:
@@ -246,6 +330,8 @@ class AsyncCheckpointer:
             if self._thread is not None:
                 self._q.put(None)
                 self._thread.join()
+            if self._pw is not None:
+                self._finalizer()  # ProcessWriter.close, once
 
     def __enter__(self) -> AsyncCheckpointer:
         return self
@@ -257,12 +343,47 @@ class AsyncCheckpointer:
         with self._lock:
             err, self._error = self._error, None
         if err is not None:
+            if self._pw is not None:
+                self._pw.epoch += 1  # snapshots submitted before now are dropped by the writer (they may reference
+                # the failed one's files); later ones are written
             # compare the next save's versions against what is really on disk
             self._submitted = {k: e.get("version") for k, e in self._committed.items()}
             self._last_step = max((s for s in _committed_steps(self.root)), default=None)
+            if isinstance(err, WriterDied):
+                raise err
             raise CheckpointError(f"{self.root}: an asynchronous checkpoint write failed: {err!r}") from err
 
-    # -- writer side ---------------------------------------------------------------------------------------------
+    # -- the writer process's replies ----------------------------------------------------------------------------
+    def _poll(self, below: int | None) -> None:
+        """Handle the writer process's replies; with ``below``, wait until fewer than that are in flight."""
+        assert self._pw is not None
+        died = self._pw.poll(below, self._on_reply)
+        if died is not None:
+            self._died(died)
+
+    def _on_reply(self, reply: dict[str, Any], stat: dict[str, Any]) -> None:
+        stat.update(reply["stat"])
+        if reply.get("dropped"):
+            stat["dropped"] = True
+        elif "error" in reply:
+            err = decode_error(reply, self.writer_pid)
+            stat["error"] = repr(err)
+            with self._lock:
+                self._error = err
+        else:
+            self._committed = reply["entries"]
+
+    def _died(self, err: WriterDied) -> None:
+        """The writer process is gone: the next call raises ``err``; the next save starts a new writer, which
+        references what is on disk (the dead one may have committed a checkpoint it did not report)."""
+        with self._lock:
+            if self._error is not None and hasattr(err, "add_note"):
+                err.add_note(f"an earlier write had failed: {self._error!r}")
+            self._error = err
+        latest = latest_async_checkpoint(self.root)
+        self._committed = dict(read_async_manifest(latest)["tensors"]) if latest is not None else {}
+
+    # -- writer thread -------------------------------------------------------------------------------------------
     def _writer(self) -> None:
         self._writer_tid = threading.get_native_id()
         while True:
@@ -287,52 +408,16 @@ class AsyncCheckpointer:
                 self._slots.release()
 
     def _write(self, snap: _Snapshot) -> None:
-        t0 = time.perf_counter()
-        d = step_dir(self.root, snap.step)
-        d.mkdir(parents=True, exist_ok=True)
-        entries, parts, offset, nwritten = {}, [], 0, 0
-        rel = f"{d.name}/data.bin"
-        for k, ver in snap.versions.items():
-            old = self._committed.get(k)
-            a = snap.arrays.get(k)
-            if a is None:  # version unchanged: reference the older file
-                if old is None:
-                    raise CheckpointError(f"key {k!r}: not copied but absent from the last checkpoint")
-                entries[k] = old
-                continue
-            dig = _digest(a) if ver is None and self.full_every > 1 else None  # every save full: no need
-            if dig is not None and not snap.full and old is not None and old.get("blake2b") == dig:
-                if old["dtype"] == a.dtype.str and tuple(old["shape"]) == a.shape:
-                    entries[k] = old
-                    continue
-            buf = memoryview(a.reshape(-1)).cast("B") if a.size else memoryview(b"")
-            pad = -offset % ALIGN
-            if pad:
-                parts.append(bytes(pad))
-                offset += pad
-            e = {"file": rel, "offset": offset, "dtype": a.dtype.str, "shape": list(a.shape), "nbytes": a.nbytes}
-            e.update(version=ver, crc32=zlib.crc32(buf))
-            if dig is not None:
-                e["blake2b"] = dig
-            entries[k] = e
-            parts.append(buf)
-            offset += a.nbytes
-            nwritten += 1
-        written = atomic_write(self.root / rel, parts, fsync=self.fsync) if nwritten else 0
-        man = {
-            "format": FORMAT,
-            "step": snap.step,
-            "full": snap.full,
-            "since_full": snap.since_full,
-            "meta": snap.meta,
-            "objects": snap.objects,
-            "tensors": entries,
+        arrays = {
+            k: (memoryview(a.reshape(-1)).cast("B") if a.size else memoryview(b""), a.dtype.str, a.shape)
+            for k, a in snap.arrays.items()
         }
-        atomic_write(d / MANIFEST, json.dumps(man, indent=1).encode(), fsync=self.fsync)  # the commit, last
+        entries, stat = write_checkpoint(
+            self.root, snap.step, snap.versions, arrays, snap.objects, snap.meta, snap.full, snap.since_full,
+            self._committed, fsync=self.fsync, full_every=self.full_every,
+        )  # fmt: skip
         self._committed = entries
-        t1 = time.perf_counter()
-        snap.stat.update(write_s=t1 - t0, t_done=t1, bytes_written=written, keys_written=nwritten)
-        snap.stat["keys_referenced"] = len(entries) - nwritten
+        snap.stat.update(stat)
 
     def prune(self, keep_last: int = 2) -> list[Path]:
         """Delete checkpoint directories older than the newest ``keep_last`` whose files no kept manifest
@@ -353,6 +438,10 @@ class AsyncCheckpointer:
                 shutil.rmtree(d)
                 gone.append(d)
         return gone
+
+
+def _nothing() -> None:
+    pass
 
 
 def _set_batch_policy(batch: bool) -> None:

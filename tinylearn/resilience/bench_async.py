@@ -25,8 +25,11 @@ from typing import Any
 import numpy as np
 
 from ..bench.table import Row
-from .async_ckpt import AsyncCheckpointer
+from .async_ckpt import DEFAULT_WRITER, WRITERS, AsyncCheckpointer
 from .incremental import DeltaCheckpointer, xor_ratio
+
+# the row of each asynchronous writer: the default one (AsyncCheckpointer's ``writer``) is "tinylearn async"
+ASYNC_ROWS = {w: "tinylearn async" if w == DEFAULT_WRITER else f"tinylearn async ({w})" for w in WRITERS}
 
 
 def mlp(size_mb: float, width: int = 1024, seed: int = 0) -> Any:
@@ -68,6 +71,7 @@ def bench_async(
     root: str | os.PathLike[str] | None = None,
     fsync: bool = True,
     dcp: bool = True,
+    writers: tuple[str, ...] = WRITERS,
 ) -> list[Row]:
     """Stall per checkpoint of a ~``size_mb`` MiB MLP's state: rows (case, impl, median_ms, note, extra).
 
@@ -80,6 +84,8 @@ def bench_async(
     """
     import torch
 
+    if not writers or any(w not in WRITERS for w in writers) or len(set(writers)) != len(writers):
+        raise ValueError(f"writers must be distinct names from {WRITERS}, got {writers!r}")
     for name, v in (("steps_between", steps_between), ("repeat", repeat), ("cycles", cycles)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -111,7 +117,10 @@ def bench_async(
             return {k: v for k, v in model.state_dict().items()}
 
         sync_ck = AsyncCheckpointer(base / "sync", synchronous=True, full_every=1, fsync=fsync)
-        async_ck = AsyncCheckpointer(base / "async", max_pending=1, full_every=1, fsync=fsync)
+        async_cks = {  # the default writer is the "tinylearn async" row
+            ASYNC_ROWS[w]: AsyncCheckpointer(base / f"async_{w}", max_pending=1, full_every=1, fsync=fsync, writer=w)
+            for w in writers
+        }
 
         def torch_save(step: int) -> None:
             f = base / f"torch_{step}.pt"
@@ -137,8 +146,9 @@ def bench_async(
             ("no checkpoint", None),
             ("torch", torch_save),
             ("tinylearn sync", lambda s: sync_ck.save(state(), s)),
-            ("tinylearn async", lambda s: async_ck.save(state(), s)),
         ]
+        for name, ck in async_cks.items():
+            modes.append((name, lambda s, ck=ck: ck.save(state(), s)))
         if dcp:
             modes.append(("torch DCP async_save", dcp_save))
         samples: dict[str, list[list[float]]] = {name: [] for name, _ in modes}
@@ -151,7 +161,8 @@ def bench_async(
                 for name, save in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     cycle(save)  # untimed: its write overlaps the timed cycles (the steady state)
                     samples[name].extend(cycle(save) for _ in range(cycles))
-                    async_ck.wait()  # outside the timing: the next mode starts with an idle writer
+                    for ck in async_cks.values():
+                        ck.wait()  # outside the timing: the next mode starts with an idle writer
                     while futures:
                         futures.pop().result()
         finally:
@@ -161,11 +172,8 @@ def bench_async(
         base_steps = per_step["no checkpoint"][:steps_between]
         med = {name: statistics.median(sum(c) for c in v) for name, v in samples.items()}
         rows = [Row("train cycle", name, med[name] * 1e3, note=f"{steps_between} SGD steps + save") for name in med]
-        observed = {
-            "tinylearn sync": statistics.median(s["stall_s"] for s in sync_ck.stats),
-            "tinylearn async": statistics.median(s["stall_s"] for s in async_ck.stats),
-        }
-        writes = statistics.median(s["write_s"] for s in async_ck.stats)
+        observed = {name: statistics.median(s["stall_s"] for s in ck.stats) for name, ck in async_cks.items()}
+        observed["tinylearn sync"] = statistics.median(s["stall_s"] for s in sync_ck.stats)
         for name in med:
             if name == "no checkpoint":
                 continue
@@ -178,13 +186,16 @@ def bench_async(
                 "in_save_ms": in_save * 1e3,
                 "steps_slowdown_ms": after * 1e3,
             }
-            if name == "tinylearn async":
-                extra["write_ms"] = writes * 1e3
-                extra["copy_ms"] = statistics.median(s["copy_s"] for s in async_ck.stats) * 1e3
-                extra["backpressure_wait_ms"] = statistics.median(s["wait_s"] for s in async_ck.stats) * 1e3
+            if name in async_cks:
+                st = async_cks[name].stats
+                extra["write_ms"] = statistics.median(s["write_s"] for s in st) * 1e3
+                extra["write_cpu_ms"] = statistics.median(s["write_cpu_s"] for s in st) * 1e3
+                extra["copy_ms"] = statistics.median(s["copy_s"] for s in st) * 1e3
+                extra["backpressure_wait_ms"] = statistics.median(s["wait_s"] for s in st) * 1e3
             rows.append(Row(f"stall per save ({nbytes / 2**20:.0f} MiB)", name, stall * 1e3, extra=extra))
         sync_ck.close()
-        async_ck.close()
+        for ck in async_cks.values():
+            ck.close()
         return rows
     finally:
         torch.set_num_threads(threads)

@@ -1,0 +1,512 @@
+"""The writers of ``AsyncCheckpointer`` (async_ckpt.py): one function that writes a snapshot, and the writer process.
+
+``write_checkpoint`` writes one snapshot -- the changed tensors into ``step_XXXXXXXX/data.bin`` (64-byte aligned,
+crc32 each) with ``atomic_write``, then ``manifest.json`` last. The writer thread (``writer="thread"``) and the
+writer process (``writer="process"``) both call it, so the on-disk format is the same byte for byte.
+
+**The writer process** (``ProcessWriter`` on the caller's side, ``child_main`` in the child): one long-lived child
+started with ``subprocess`` (``python -m tinylearn.resilience.async_writer FD``: a fresh interpreter that imports
+numpy and this package's standard-library-only checkpoint modules, never torch; no ``fork`` of a process whose
+torch/OpenMP threads may hold locks, and no re-import of the caller's ``__main__`` as multiprocessing's "spawn"
+does). It talks over a Unix socket pair (``multiprocessing.connection.Connection`` framing). ``save`` copies the
+changed tensors into a **shared-memory buffer** (a file in ``/dev/shm`` mapped by both processes, ``MAP_POPULATE``d
+when created) and sends a small message: the step, ``key -> (offset, nbytes, dtype, shape)``, the versions and the
+manifest's objects as JSON. A pool of ``max_pending`` buffers is reused (a snapshot is copied only after a slot is
+free, so ``max_pending`` suffice); a buffer too small for a grown state is replaced by a larger one (1/8 headroom),
+so steady-state saves write into pages that are already mapped -- no page faults in the copy. The child maps each
+buffer read-only once, checksums and writes straight from it, and replies ``(write_s, bytes, entries | error)``.
+
+The caller reads the replies in ``save``/``wait``/``close`` (no thread on the caller's side); a blocking wait polls
+the socket with a 50 ms timeout and checks that the child is alive, so a writer that died (SIGKILL, OOM) raises
+``WriterDied`` naming its pid and exit code instead of hanging; the next ``save`` starts a new writer, which resumes
+from the newest manifest on disk. An error in the child is pickled back (its traceback added as a note) and raised
+by the next call, as with the thread; the child drops every snapshot of the failed *epoch* (those submitted before
+the caller saw the error). A child whose caller died (its socket reads EOF) unlinks the buffers and exits.
+
+**Priority**: the child waits for work under ``SCHED_BATCH`` and writes under the normal policy (``policy="batch"``,
+the default): woken by ``save``, it does not preempt the training thread. See async_ckpt.py for the measurements.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import mmap
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+import zlib
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .atomic import TMP_PREFIX, CheckpointError, DiskFull, _point, atomic_write, fsync_dir
+from .manifest import step_dir
+
+FORMAT = "tinylearn.async/1"
+MANIFEST = "manifest.json"
+ALIGN = 64  # tensors start at 64-byte offsets in data.bin (and in the shared-memory buffers)
+POLL_S = 0.05  # a blocking wait checks the child's liveness this often
+POLICIES = ("normal", "batch", "idle", "nice")
+DEFAULT_POLICY = "batch"  # the writer process's scheduling (see set_policy); bench_async measures the others
+
+# one array of a snapshot: its bytes, dtype string (numpy's ``dtype.str``) and shape
+ArrayBytes = tuple[memoryview, str, tuple[int, ...]]
+
+
+class WriterDied(CheckpointError):
+    """The writer process exited (killed, crashed) while snapshots were pending; the message names pid and code."""
+
+
+def write_checkpoint(
+    root: Path,
+    step: int,
+    versions: dict[str, int | None],
+    arrays: dict[str, ArrayBytes],
+    objects: dict[str, Any],
+    meta: dict[str, Any],
+    full: bool,
+    since_full: int,
+    committed: dict[str, dict[str, Any]],
+    *,
+    fsync: bool,
+    full_every: int,
+    direct: tuple[memoryview, dict[str, int]] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Write one snapshot; return (the manifest's tensor entries, stats). ``committed``: the entries of the last
+    successful checkpoint (unchanged keys reference them). Keys with version None are hashed (blake2b) unless every
+    checkpoint is full; an unchanged digest references the older file.
+
+    ``direct`` = (buffer, {key: offset in it}): the arrays lie in one page-aligned buffer at 64-byte aligned offsets
+    with zeroed gaps. When every written key sits at the same offset in the buffer as in ``data.bin`` (nothing was
+    skipped by its digest), the file is the buffer's first bytes and is written from it with ``O_DIRECT``
+    (``write_direct``); otherwise, and without ``direct``, through the page cache (``atomic_write``)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    d = step_dir(root, step)
+    d.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, dict[str, Any]] = {}
+    parts: list[bytes | memoryview] = []
+    offset = nwritten = 0
+    rel = f"{d.name}/data.bin"
+    for k, ver in versions.items():
+        old = committed.get(k)
+        a = arrays.get(k)
+        if a is None:  # version unchanged: reference the older file
+            if old is None:
+                raise CheckpointError(f"key {k!r}: not copied but absent from the last checkpoint")
+            entries[k] = old
+            continue
+        buf, dtype, shape = a
+        dig = hashlib.blake2b(buf, digest_size=16).hexdigest() if ver is None and full_every > 1 else None
+        if dig is not None and not full and old is not None and old.get("blake2b") == dig:
+            if old["dtype"] == dtype and tuple(old["shape"]) == tuple(shape):
+                entries[k] = old
+                continue
+        pad = -offset % ALIGN
+        if pad:
+            parts.append(bytes(pad))
+            offset += pad
+        e = {"file": rel, "offset": offset, "dtype": dtype, "shape": list(shape), "nbytes": buf.nbytes}
+        e.update(version=ver, crc32=zlib.crc32(buf))
+        if dig is not None:
+            e["blake2b"] = dig
+        entries[k] = e
+        parts.append(buf)
+        offset += buf.nbytes
+        nwritten += 1
+    same = direct is not None and all(
+        e["file"] != rel or direct[1].get(k) == e["offset"] for k, e in entries.items()
+    )  # fmt: skip
+    if not nwritten:
+        written, how = 0, "none"
+    elif same and direct is not None and _direct_ok(root):
+        written, how = write_direct(root / rel, direct[0], offset, fsync=fsync), "direct"
+    else:
+        written, how = atomic_write(root / rel, parts, fsync=fsync), "buffered"
+    del parts  # release the views of the snapshot's memory
+    man = {
+        "format": FORMAT,
+        "step": step,
+        "full": full,
+        "since_full": since_full,
+        "meta": meta,
+        "objects": objects,
+        "tensors": entries,
+    }
+    atomic_write(d / MANIFEST, json.dumps(man, indent=1).encode(), fsync=fsync)  # the commit, last
+    t1 = time.perf_counter()
+    stat = {"write_s": t1 - t0, "t_done": t1, "bytes_written": written, "keys_written": nwritten}
+    stat["write_cpu_s"] = time.thread_time() - c0  # the writer's CPU time (user + kernel) for this snapshot
+    stat["data_write"] = how
+    stat["keys_referenced"] = len(entries) - nwritten
+    return entries, stat
+
+
+_DIRECT_BLOCK = 4096  # O_DIRECT: buffer address, length and file offset multiples of the logical block size
+_direct_refused: set[str] = set()  # directories whose filesystem refused O_DIRECT (tmpfs): buffered from then on
+
+
+def _direct_ok(root: Path) -> bool:
+    return hasattr(os, "O_DIRECT") and os.fspath(root) not in _direct_refused
+
+
+def write_direct(path: Path, buf: memoryview, nbytes: int, *, fsync: bool = True) -> int:
+    """``atomic_write`` of ``buf[:nbytes]`` with ``O_DIRECT``: the device reads the (page-aligned) buffer itself,
+    no page-cache copy (the length is rounded up to 4 KiB and the file truncated back to ``nbytes``). Same crash
+    consistency: a temporary name, fsync (the file's size and the disk's cache), rename, fsync of the directory.
+    A filesystem that refuses O_DIRECT (EINVAL at open: tmpfs) gets ``atomic_write`` instead, now and later."""
+    if nbytes > buf.nbytes:
+        raise ValueError(f"nbytes {nbytes} exceeds the buffer's {buf.nbytes} bytes")
+    padded = min(-(-nbytes // _DIRECT_BLOCK) * _DIRECT_BLOCK, buf.nbytes)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.direct")
+    try:
+        _point("open", tmp, 0)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        _direct_refused.add(os.fspath(path.parent.parent))
+        return atomic_write(path, buf[:nbytes], fsync=fsync)
+    written = 0
+    try:
+        try:
+            while written < padded:
+                written += os.write(fd, buf[written:padded])
+            os.ftruncate(fd, nbytes)
+            _point("write", tmp, nbytes)
+            if fsync:
+                _point("fsync", tmp, nbytes)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        _point("rename", path, nbytes)
+        os.replace(tmp, path)
+        if fsync:
+            _point("fsync_dir", path.parent, nbytes)
+            fsync_dir(path.parent)
+    except OSError as e:
+        _unlink_quiet(os.fspath(tmp))
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise DiskFull(f"{os.fspath(path)}: {errno.errorcode.get(e.errno, e.errno)} after {written} bytes") from e
+        raise
+    except BaseException:
+        _unlink_quiet(os.fspath(tmp))
+        raise
+    return nbytes
+
+
+def set_policy(policy: str) -> None:
+    """The calling thread's scheduling: "normal" (SCHED_OTHER), "batch" (SCHED_BATCH), "idle" (SCHED_IDLE) or
+    "nice" (SCHED_OTHER at nice 19). Linux only, else (and on a refusal) a no-op."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    pol = {"batch": os.SCHED_BATCH, "idle": getattr(os, "SCHED_IDLE", os.SCHED_BATCH)}.get(policy, os.SCHED_OTHER)
+    try:
+        os.sched_setscheduler(0, pol, os.sched_param(0))
+        if policy == "nice":
+            os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except OSError:
+        pass
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else _tempdir()
+
+
+def _tempdir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _ShmBuffer:
+    """A shared-memory file (``/dev/shm``) mapped read-write, its pages populated at creation."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(mmap.PAGESIZE, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self.path = os.path.join(_shm_dir(), f"tl-async-ckpt-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, self.size)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.mm = mmap.mmap(fd, self.size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            _unlink_quiet(self.path)
+            raise
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        _unlink_quiet(self.path)
+        try:
+            self.mm.close()
+        except BufferError:  # a view still exists somewhere: the mapping goes when it does
+            pass
+
+
+def _layout(sizes: list[int]) -> tuple[list[int], int]:
+    """64-byte aligned offsets of consecutive arrays of ``sizes`` bytes, and the total."""
+    offs, off = [], 0
+    for n in sizes:
+        off += -off % ALIGN
+        offs.append(off)
+        off += n
+    return offs, off
+
+
+class ProcessWriter:
+    """The caller's side of the writer process: shared-memory buffers, the socket, the replies in flight."""
+
+    def __init__(
+        self, root: Path, *, fsync: bool, full_every: int, max_pending: int, policy: str | None = None
+    ) -> None:
+        policy = DEFAULT_POLICY if policy is None else policy
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.root, self.fsync, self.full_every, self.policy = root, fsync, full_every, policy
+        self.max_pending = max_pending
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conn: Connection | None = None
+        self.pool: list[_ShmBuffer | None] = [None] * max_pending
+        self.busy = [False] * max_pending
+        self.inflight: dict[int, tuple[dict[str, Any], int | None]] = {}  # seq -> (stat, buffer slot)
+        self.epoch = 0
+        self.seq = 0
+
+    # -- process lifetime ----------------------------------------------------------------------------------------
+    def start(self, committed: dict[str, dict[str, Any]]) -> None:
+        """Start the child (a fresh interpreter); it resumes from ``committed`` (the last successful checkpoint)."""
+        parent, child = socket.socketpair()
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tinylearn.resilience.async_writer", str(child.fileno())],
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        init = {"root": str(self.root), "fsync": self.fsync, "full_every": self.full_every, "policy": self.policy}
+        self.conn.send({**init, "committed": committed})
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the child (after the writes it has: call ``drain`` first) and free the buffers."""
+        try:
+            if self.proc is not None and self.proc.poll() is None and self.conn is not None:
+                try:
+                    self.conn.send(None)
+                except OSError:
+                    pass
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+            self.proc, self.conn = None, None
+            for b in self.pool:
+                if b is not None:
+                    b.close()
+            self.pool = [None] * self.max_pending
+            self.busy = [False] * self.max_pending
+
+    def _died(self) -> WriterDied:
+        """The child is gone: forget what was in flight (marked dropped), free the buffers, return the error."""
+        proc = self.proc
+        rc = None
+        if proc is not None:
+            try:
+                rc = proc.wait(5.0)
+            except subprocess.TimeoutExpired:  # its socket broke but it lives on: end it
+                proc.kill()
+                rc = proc.wait()
+        how = f"killed by signal {-rc}" if rc is not None and rc < 0 else f"exit code {rc}"
+        pending = sorted(s["step"] for s, _ in self.inflight.values())
+        for stat, _ in self.inflight.values():
+            stat["dropped"] = True
+        self.inflight.clear()
+        pid = proc.pid if proc is not None else None
+        self.proc = None  # close() below must not talk to it
+        self.close()
+        return WriterDied(
+            f"{self.root}: the checkpoint writer process (pid {pid}) died ({how}, exit code {rc}); "
+            f"snapshots of steps {pending} may not have been written; the next save starts a new writer"
+        )
+
+    # -- snapshots -----------------------------------------------------------------------------------------------
+    def buffer_for(self, nbytes: int) -> tuple[int, _ShmBuffer]:
+        """A free buffer slot of >= ``nbytes`` bytes (replaced by a larger one when too small)."""
+        free = [i for i in range(self.max_pending) if not self.busy[i]]
+        if not free:
+            raise RuntimeError("no free snapshot buffer: a slot must be acquired before the copy")
+        fits = [i for i in free if self.pool[i] is not None and self.pool[i].size >= nbytes]  # type: ignore[union-attr]
+        if fits:
+            i = min(fits, key=lambda j: self.pool[j].size)  # type: ignore[union-attr]
+        else:
+            i = free[0]
+            if self.pool[i] is not None:
+                self.pool[i].close()  # type: ignore[union-attr]
+                self.pool[i] = None
+            self.pool[i] = _ShmBuffer(nbytes + nbytes // 8)
+        return i, self.pool[i]  # type: ignore[return-value]
+
+    def submit(self, msg: dict[str, Any], stat: dict[str, Any], slot: int | None) -> None:
+        """Send one snapshot (its arrays already copied into buffer ``slot``). Raises WriterDied if the child is
+        gone (the snapshot is then not in flight)."""
+        self.seq += 1
+        msg.update(seq=self.seq, epoch=self.epoch)
+        if slot is not None:
+            b = self.pool[slot]
+            msg["buf"] = (slot, b.path, b.size)  # type: ignore[union-attr]
+            self.busy[slot] = True
+        self.inflight[self.seq] = (stat, slot)
+        try:
+            assert self.conn is not None
+            self.conn.send(msg)
+        except OSError:
+            raise self._died() from None
+
+    def poll(self, block_until_below: int | None, on_reply: Any) -> WriterDied | None:
+        """Read the replies that are there; with ``block_until_below`` = n, wait until fewer than n snapshots are
+        in flight. ``on_reply(reply, stat)`` handles each. Returns WriterDied when the child is gone."""
+        while self.inflight:
+            must_wait = block_until_below is not None and len(self.inflight) >= block_until_below
+            assert self.conn is not None and self.proc is not None
+            try:
+                ready = self.conn.poll(POLL_S if must_wait else 0)
+                if not ready:
+                    if self.proc.poll() is not None and not self.conn.poll(0):
+                        return self._died()
+                    if not must_wait:
+                        return None
+                    continue
+                reply = self.conn.recv()
+            except (OSError, EOFError):
+                return self._died()
+            stat, slot = self.inflight.pop(reply["seq"])
+            if slot is not None:
+                self.busy[slot] = False
+            on_reply(reply, stat)
+        return None
+
+
+# -- the child -----------------------------------------------------------------------------------------------------
+def child_main(fd: int) -> None:
+    """The writer process: receive snapshots, write them (``write_checkpoint``), reply; exit on None or EOF."""
+    conn = Connection(fd)
+    try:
+        init = conn.recv()
+    except EOFError:
+        return
+    root, fsync, full_every = Path(init["root"]), init["fsync"], init["full_every"]
+    committed: dict[str, dict[str, Any]] = init["committed"]
+    policy = init["policy"]
+    maps: dict[int, tuple[str, mmap.mmap]] = {}  # buffer slot -> (path, read-only mapping)
+    failed_epoch: int | None = None
+    orphaned = False
+    while True:
+        set_policy(policy)  # wait for work under it (woken by save: no preemption of the training thread)
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            orphaned = True  # the caller died without close(): nobody else will unlink the buffers
+            break
+        if policy == "batch":
+            set_policy("normal")
+        if msg is None:
+            break
+        reply: dict[str, Any] = {"seq": msg["seq"], "stat": {}}
+        if msg["epoch"] == failed_epoch:  # submitted before the caller saw the failure: may reference its files
+            reply["dropped"] = True
+            conn.send(reply)
+            continue
+        try:
+            if "fail" in msg:
+                raise msg["fail"]
+            arrays: dict[str, ArrayBytes] = {}
+            direct = None
+            if msg.get("buf") is not None:
+                slot, path, size = msg["buf"]
+                if slot not in maps or maps[slot][0] != path:
+                    if slot in maps:
+                        _close_map(maps.pop(slot)[1])
+                    with open(path, "rb") as f:
+                        maps[slot] = (path, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ))
+                view = memoryview(maps[slot][1])
+                for k, (off, n, dtype, shape) in msg["arrays"].items():
+                    arrays[k] = (view[off : off + n], dtype, tuple(shape))
+                direct = (view, {k: a[0] for k, a in msg["arrays"].items()})
+            extra = json.loads(msg["json"])
+            entries, stat = write_checkpoint(
+                root, msg["step"], msg["versions"], arrays, extra["objects"], extra["meta"], msg["full"],
+                msg["since_full"], committed, fsync=fsync, full_every=full_every, direct=direct,
+            )  # fmt: skip
+            arrays.clear()
+            view = direct = None  # type: ignore[assignment]
+            committed = entries
+            reply.update(stat=stat, entries=entries)
+        except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
+            failed_epoch = msg["epoch"]
+            reply["error"] = _picklable(e)
+            reply["traceback"] = traceback.format_exc()
+        try:
+            conn.send(reply)
+        except OSError:
+            orphaned = True
+            break
+    for path, mm in maps.values():
+        if orphaned:
+            _unlink_quiet(path)
+        _close_map(mm)
+
+
+def _close_map(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass
+
+
+def _picklable(e: BaseException) -> bytes:
+    try:
+        data = pickle.dumps(e)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - an exception that does not survive pickling: its repr does
+        return pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+
+
+def decode_error(reply: dict[str, Any], pid: int | None) -> BaseException:
+    """The child's exception from a reply, its traceback attached as a note."""
+    err: BaseException = pickle.loads(reply["error"])
+    if hasattr(err, "add_note"):
+        err.add_note(f"in the checkpoint writer process (pid {pid}):\n{reply.get('traceback', '')}")
+    return err
+
+
+if __name__ == "__main__":
+    child_main(int(sys.argv[1]))
