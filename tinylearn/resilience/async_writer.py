@@ -35,9 +35,11 @@ import json
 import mmap
 import os
 import pickle
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -46,6 +48,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from . import atomic
 from .atomic import TMP_PREFIX, CheckpointError, DiskFull, _point, atomic_write, fsync_dir
 from .manifest import step_dir
 
@@ -53,8 +56,8 @@ FORMAT = "tinylearn.async/1"
 MANIFEST = "manifest.json"
 ALIGN = 64  # tensors start at 64-byte offsets in data.bin (and in the shared-memory buffers)
 POLL_S = 0.05  # a blocking wait checks the child's liveness this often
-POLICIES = ("normal", "batch", "idle", "nice")
-DEFAULT_POLICY = "batch"  # the writer process's scheduling (see set_policy); bench_async measures the others
+POLICIES = ("normal", "batch", "idle")  # the writer process's scheduling while it writes (it waits under "batch")
+DEFAULT_POLICY = "batch"
 
 # one array of a snapshot: its bytes, dtype string (numpy's ``dtype.str``) and shape
 ArrayBytes = tuple[memoryview, str, tuple[int, ...]]
@@ -201,20 +204,30 @@ def write_direct(path: Path, buf: memoryview, nbytes: int, *, fsync: bool = True
     return nbytes
 
 
-def set_policy(policy: str) -> None:
-    """The calling thread's scheduling: "normal" (SCHED_OTHER), "batch" (SCHED_BATCH), "idle" (SCHED_IDLE) or
-    "nice" (SCHED_OTHER at nice 19). Linux only, else (and on a refusal) a no-op."""
+def set_policy(policy: str, pid: int = 0) -> bool:
+    """Scheduling of thread ``pid`` (0: the caller): "normal" (SCHED_OTHER), "batch" (SCHED_BATCH: no wake-up
+    preemption of the running task) or "idle" (SCHED_IDLE: runs when a core has nothing else to run). Linux only;
+    returns False where unsupported or refused."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if not hasattr(os, "SCHED_BATCH"):
-        return
+        return False
     pol = {"batch": os.SCHED_BATCH, "idle": getattr(os, "SCHED_IDLE", os.SCHED_BATCH)}.get(policy, os.SCHED_OTHER)
     try:
-        os.sched_setscheduler(0, pol, os.sched_param(0))
-        if policy == "nice":
-            os.setpriority(os.PRIO_PROCESS, 0, 19)
+        os.sched_setscheduler(pid, pol, os.sched_param(0))
     except OSError:
-        pass
+        return False
+    return True
+
+
+def _idle_reversible() -> bool:
+    """Whether this process may leave SCHED_IDLE again (root, or RLIMIT_NICE allows nice 0), tried in a
+    throwaway thread (the policy is per thread)."""
+    ok = []
+    t = threading.Thread(target=lambda: ok.append(set_policy("idle") and set_policy("normal")))
+    t.start()
+    t.join()
+    return bool(ok and ok[0])
 
 
 def _shm_dir() -> str:
@@ -305,6 +318,7 @@ class ProcessWriter:
             child.close()
         self.conn = Connection(parent.detach())
         init = {"root": str(self.root), "fsync": self.fsync, "full_every": self.full_every, "policy": self.policy}
+        init["crash_points"] = atomic._crash_point is not None  # a fault drill: forward them (see _forward_point)
         self.conn.send({**init, "committed": committed})
 
     @property
@@ -390,28 +404,52 @@ class ProcessWriter:
         except OSError:
             raise self._died() from None
 
+    def _forward_point(self, point: tuple[str, str, int]) -> None:
+        """A crash point of the child's atomic writes, run here (a drill's hook SIGKILLs this process: the child
+        then reads EOF and exits at once, as if killed at the same point). The child waits for the answer."""
+        answer: dict[str, Any] = {"ack": True}
+        try:
+            atomic._point(point[0], Path(point[1]), point[2])
+        except Exception as e:  # noqa: BLE001 - the child raises it in its write
+            answer["raise"] = f"{type(e).__name__}: {e}"
+        assert self.conn is not None
+        self.conn.send(answer)
+
+    def boost(self) -> bool:
+        """Let the writer run under the normal policy until its current snapshot is written."""
+        return self.proc is not None and set_policy("normal", self.proc.pid)
+
     def poll(self, block_until_below: int | None, on_reply: Any) -> WriterDied | None:
         """Read the replies that are there; with ``block_until_below`` = n, wait until fewer than n snapshots are
         in flight. ``on_reply(reply, stat)`` handles each. Returns WriterDied when the child is gone."""
-        while self.inflight:
+        boosted = False
+        while True:
+            if not self.inflight:  # nothing pending: still report a writer that died idle
+                alive = self.proc is None or self.proc.poll() is None
+                return None if alive else self._died()
             must_wait = block_until_below is not None and len(self.inflight) >= block_until_below
             assert self.conn is not None and self.proc is not None
+            if must_wait and self.policy == "idle" and not boosted:
+                boosted = self.boost()  # the caller waits for the writer: it may not wait for idle cores
             try:
                 ready = self.conn.poll(POLL_S if must_wait else 0)
                 if not ready:
+                    boosted = False  # re-assert after each timeout (the child resets its policy per snapshot)
                     if self.proc.poll() is not None and not self.conn.poll(0):
                         return self._died()
                     if not must_wait:
                         return None
                     continue
                 reply = self.conn.recv()
+                if "point" in reply:
+                    self._forward_point(reply["point"])
+                    continue
             except (OSError, EOFError):
                 return self._died()
             stat, slot = self.inflight.pop(reply["seq"])
             if slot is not None:
                 self.busy[slot] = False
             on_reply(reply, stat)
-        return None
 
 
 # -- the child -----------------------------------------------------------------------------------------------------
@@ -425,18 +463,51 @@ def child_main(fd: int) -> None:
     root, fsync, full_every = Path(init["root"]), init["fsync"], init["full_every"]
     committed: dict[str, dict[str, Any]] = init["committed"]
     policy = init["policy"]
+    if policy == "idle" and not _idle_reversible():
+        policy = "normal"  # a writer stuck in SCHED_IDLE could starve while the caller waits for it
     maps: dict[int, tuple[str, mmap.mmap]] = {}  # buffer slot -> (path, read-only mapping)
     failed_epoch: int | None = None
     orphaned = False
+    inbox: queue.Queue[Any] = queue.Queue()
+    acks: queue.Queue[Any] = queue.Queue()  # answers to forwarded crash points
+    eof = object()
+
+    def reader() -> None:
+        """Receive messages as they come, so the caller's send never waits for a write to finish (a caller blocked
+        in send while the writer is blocked sending it a reply would deadlock)."""
+        set_policy("batch")  # woken by save() under SCHED_BATCH: the training thread keeps its core
+        while True:
+            try:
+                m = conn.recv()
+            except (EOFError, OSError):
+                acks.put(eof)
+                inbox.put(eof)
+                return
+            (acks if isinstance(m, dict) and "ack" in m else inbox).put(m)
+            if m is None:
+                return
+
+    threading.Thread(target=reader, name="tl-async-ckpt-reader", daemon=True).start()
+    if init.get("crash_points"):
+
+        def forward(event: str, path: Path, n: int) -> None:
+            conn.send({"point": (event, os.fspath(path), int(n))})
+            answer = acks.get()
+            if answer is eof:  # the caller died at this point (a drill's SIGKILL): so does the writer
+                for buf_path, _ in maps.values():
+                    _unlink_quiet(buf_path)
+                os._exit(1)
+            if "raise" in answer:
+                raise CheckpointError(f"crash point {event}: {answer['raise']}")
+
+        atomic.set_crash_point(forward)
     while True:
-        set_policy(policy)  # wait for work under it (woken by save: no preemption of the training thread)
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
+        set_policy("batch")
+        msg = inbox.get()
+        if msg is eof:
             orphaned = True  # the caller died without close(): nobody else will unlink the buffers
             break
-        if policy == "batch":
-            set_policy("normal")
+        set_policy(policy)  # write under it (the caller raises a waited-for "idle" writer to "normal": boost())
         if msg is None:
             break
         reply: dict[str, Any] = {"seq": msg["seq"], "stat": {}}
@@ -468,6 +539,7 @@ def child_main(fd: int) -> None:
             arrays.clear()
             view = direct = None  # type: ignore[assignment]
             committed = entries
+            stat["policy"] = policy
             reply.update(stat=stat, entries=entries)
         except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
             failed_epoch = msg["epoch"]

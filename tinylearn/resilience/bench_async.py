@@ -101,15 +101,17 @@ def bench_async(
         counter = iter(range(1, 1 << 30))
 
         def cycle(save: Callable[[int], None] | None) -> list[float]:
-            """Times of the steps and of the save (0 without one), in seconds."""
-            out = []
+            """Times of [the save (0 without one), each step after it, the wait for the write to finish], in s."""
+            t0 = time.perf_counter()
+            if save is not None:
+                save(next(counter))
+            out = [time.perf_counter() - t0]
             for _ in range(steps_between):
                 t0 = time.perf_counter()
                 train()
                 out.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            if save is not None:
-                save(next(counter))
+            drain()  # the rest of the write: the next save would wait for it (back-pressure), so it counts
             out.append(time.perf_counter() - t0)
             return out
 
@@ -151,40 +153,47 @@ def bench_async(
             modes.append((name, lambda s, ck=ck: ck.save(state(), s)))
         if dcp:
             modes.append(("torch DCP async_save", dcp_save))
+
+        def drain() -> None:
+            for ck in async_cks.values():
+                ck.wait()
+            while futures:
+                futures.pop().result()
+
         samples: dict[str, list[list[float]]] = {name: [] for name, _ in modes}
         for _ in range(2):
             cycle(None)  # warm-up: allocator, autograd
+        for _, save in modes:
+            cycle(save)  # untimed: the first save of each mode allocates (buffers, files, DCP's planner)
         gc_was = gc.isenabled()
         gc.disable()
         try:
-            for r in range(repeat):  # rounds, modes interleaved (rotated): load drift hits every mode alike
+            for r in range(repeat * cycles):  # modes interleaved cycle by cycle, rotated: load drift hits all alike
                 for name, save in modes[r % len(modes) :] + modes[: r % len(modes)]:
-                    cycle(save)  # untimed: its write overlaps the timed cycles (the steady state)
-                    samples[name].extend(cycle(save) for _ in range(cycles))
-                    for ck in async_cks.values():
-                        ck.wait()  # outside the timing: the next mode starts with an idle writer
-                    while futures:
-                        futures.pop().result()
+                    samples[name].append(cycle(save))
         finally:
             if gc_was:
                 gc.enable()
-        per_step = {name: np.median(np.array(v), axis=0) for name, v in samples.items()}  # [steps..., save]
-        base_steps = per_step["no checkpoint"][:steps_between]
+        per_step = {name: np.median(np.array(v), axis=0) for name, v in samples.items()}  # [save, steps..., drain]
+        base_steps = per_step["no checkpoint"][1 : steps_between + 1]
         med = {name: statistics.median(sum(c) for c in v) for name, v in samples.items()}
-        rows = [Row("train cycle", name, med[name] * 1e3, note=f"{steps_between} SGD steps + save") for name in med]
+        note = f"save + {steps_between} SGD steps + the rest of the write"
+        rows = [Row("train cycle", name, med[name] * 1e3, note=note) for name in med]
         observed = {name: statistics.median(s["stall_s"] for s in ck.stats) for name, ck in async_cks.items()}
         observed["tinylearn sync"] = statistics.median(s["stall_s"] for s in sync_ck.stats)
         for name in med:
             if name == "no checkpoint":
                 continue
-            in_save = float(per_step[name][-1])
-            after = float(np.sum(per_step[name][:steps_between] - base_steps))
-            stall = max(in_save + after, 0.0)
+            in_save = float(per_step[name][0])
+            after = float(np.sum(per_step[name][1 : steps_between + 1] - base_steps))
+            tail = float(per_step[name][-1])
+            stall = max(in_save + after + tail, 0.0)
             extra = {
                 "state_mb": nbytes / 2**20,
                 "observed_stall_ms": observed.get(name, float("nan")) * 1e3,
                 "in_save_ms": in_save * 1e3,
                 "steps_slowdown_ms": after * 1e3,
+                "write_tail_ms": tail * 1e3,
             }
             if name in async_cks:
                 st = async_cks[name].stats
