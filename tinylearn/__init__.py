@@ -16,6 +16,11 @@ loaded is asked to re-read the variable and restart its idle workers (``tinylear
 ``tinylearn.cpu.numeric_paths()`` and ``python -m tinylearn info`` report the value in effect. Set the variable
 yourself (e.g. ``OPENBLAS_THREAD_TIMEOUT=28``) to keep OpenBLAS's default.
 
+Importing tinylearn also sets ``GOMP_SPINCOUNT=10000`` (unless set, and only if libgomp is not loaded yet: import
+tinylearn before torch): libgomp's workers then spin ~0.1-0.3 ms after a parallel region instead of milliseconds, so
+they stop competing with the BLAS call that often follows (``tinylearn._omp_spin``; ``python -m tinylearn info``
+says whether it applied).
+
 Importing tinylearn also raises glibc's mmap and trim thresholds (``tinylearn._malloc_tuning``: freed arrays stay in
 the heap for the next step instead of page-faulting in again; up to 64 MiB of freed memory stays resident).
 ``TINYLEARN_MALLOC=default`` keeps glibc's defaults.
@@ -31,11 +36,12 @@ from typing import Any
 if "TRITON_INTERPRET" not in os.environ and not any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/dxg")):
     os.environ["TRITON_INTERPRET"] = "1"
 
-from . import _blas_timeout, _malloc_tuning  # noqa: E402  (standard library only)
+from . import _blas_timeout, _malloc_tuning, _omp_spin  # noqa: E402  (standard library only)
 
 _NUMPY_LOADED_FIRST = "numpy" in sys.modules  # then OpenBLAS already read its environment
 _blas_timeout.shorten(_NUMPY_LOADED_FIRST)
 _malloc_tuning.tune()
+_omp_spin.apply()
 
 __version__ = "0.1.0"
 

@@ -292,6 +292,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 f"{b['num_threads']} threads ({Path(str(b['filepath'])).name})"
             )
         print(f"BLAS spin  workers busy-wait {cpu.blas_thread_timeout()} after a call")
+        print(f"OMP spin   {cpu.omp_spin_count()}")
         print(f"malloc     {cpu.malloc_settings()}")
         simd = cpu.numpy_simd()
         print(f"numpy SIMD dispatch targets: {' '.join(simd['dispatch']) or 'baseline only'}")

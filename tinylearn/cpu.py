@@ -126,6 +126,13 @@ def blas_thread_timeout() -> str:
     return f"2^{n} cycles (OPENBLAS_THREAD_TIMEOUT={v}{tail})"
 
 
+def omp_spin_count() -> str:
+    """How long libgomp's workers busy-wait after a parallel region in this process (``tinylearn._omp_spin``)."""
+    from tinylearn import _omp_spin
+
+    return _omp_spin.status()
+
+
 _SPIN_PROBE = """
 import sys, time
 import numpy as np
@@ -165,6 +172,37 @@ def _probe(name: str, code: str, import_tinylearn: bool, arg: int, env: dict[str
     if p.returncode:
         raise RuntimeError(f"{name}: the probe process failed:\n{p.stderr[-2000:]}")
     return float(p.stdout.strip())
+
+
+_OMP_SPIN_PROBE = """
+import ctypes, sys, time
+import numpy as np
+if sys.argv[1] == "0":
+    ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)  # loaded first, as `import torch` does: default spin
+import tinylearn
+from tinylearn.backends import load_C
+gemm = load_C("gemm")
+a = np.random.default_rng(0).random((256, 256), dtype=np.float32)
+fractions = []
+for _ in range(int(sys.argv[2])):
+    gemm.matmul(a, a, "parallel", threads=2)  # one OpenMP parallel region
+    c0, w0 = time.process_time(), time.perf_counter()
+    time.sleep(0.05)  # the only Python thread sleeps: CPU time now is an OpenMP worker spinning
+    fractions.append((time.process_time() - c0) / (time.perf_counter() - w0))
+print(sorted(fractions)[len(fractions) // 2])
+"""
+
+
+def openmp_spin(import_tinylearn_first: bool, repeats: int = 5) -> float:
+    """Measured: the share of a core a fresh process burns while its only Python thread sleeps 50 ms right after
+    one of tinylearn's OpenMP kernels (a 2-thread GEMM; median of ``repeats``). ``import_tinylearn_first=False``
+    loads libgomp before tinylearn, as ``import torch`` first does, so libgomp keeps its default spin (~300,000
+    iterations: milliseconds); ``True``: tinylearn set ``GOMP_SPINCOUNT`` first (``tinylearn._omp_spin``). The
+    environment is this one without ``GOMP_SPINCOUNT``/``OMP_WAIT_POLICY``."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats: must be a positive int, got {repeats!r}")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    return _probe("openmp_spin", _OMP_SPIN_PROBE, import_tinylearn_first, repeats, env)
 
 
 _FAULT_PROBE = """
@@ -211,6 +249,7 @@ def numeric_paths() -> dict[str, Any]:
         "torch_capability": torch_capability(),
         "blas": blas_info(),
         "blas_thread_timeout": blas_thread_timeout(),
+        "omp_spin": omp_spin_count(),
         "malloc": malloc_settings(),
         "numpy_simd": numpy_simd(),
     }

@@ -458,7 +458,7 @@ if sr_has_vector:
 # log time, `evolution` breeds tournament winners, `tpe` is optuna's Parzen-estimator sampler, `model` the learned
 # XGBoost cost model (its mechanism and accuracy are the cost-model section's).
 #
-# **Answer.** With 40 trials out of 72 configurations (on this Zen 4) the guided searchers (anneal, evolution, TPE,
+# **Answer.** With 40 trials out of 72 configurations (on this Zen 5 EPYC) the guided searchers (anneal, evolution, TPE,
 # the cost model) end within a few percent of the exhaustive best (the printed ratios; asserted: at least one within
 # 10 %). Random is
 # a strong baseline here because many points are near-best along the blocking knobs, and whether grid does well

@@ -169,6 +169,47 @@ def test_numpy_imported_first_no_longer_leaves_openblas_workers_spinning():
         cpu.openblas_spin(True, threads=0)
 
 
+def _omp_status_after(code: str, preset: str | None) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    if preset is not None:
+        env["GOMP_SPINCOUNT"] = preset
+    probe = code + "; import os, tinylearn.cpu as c; print(os.environ.get('GOMP_SPINCOUNT')); print(c.omp_spin_count())"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    env_line, text = out.stdout.splitlines()
+    return env_line, text
+
+
+@pytest.mark.parametrize(
+    "code, preset, want_env, want_text",
+    [
+        ("import tinylearn", None, "10000", "GOMP_SPINCOUNT=10000 (set by tinylearn before libgomp loaded)"),
+        ("import tinylearn", "77", "77", "GOMP_SPINCOUNT=77 (set by the user)"),  # a user's value wins
+        # libgomp loaded first (what `import torch` does): too late, said and not pretended
+        ("import ctypes; ctypes.CDLL('libgomp.so.1'); import tinylearn", None, "None", "libgomp default (~300000"),
+    ],
+)
+def test_openmp_spin_count_is_set_before_libgomp_loads(code, preset, want_env, want_text):
+    env_line, text = _omp_status_after(code, preset)
+    assert env_line == want_env
+    assert text.startswith(want_text), text
+    if want_env == "None":
+        assert "libgomp" in text and "was loaded before tinylearn" in text
+
+
+@pytest.mark.timing
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an OpenMP worker")
+def test_openmp_workers_stop_spinning_soon_after_a_kernel():
+    # the CPU a process burns while its only Python thread sleeps 50 ms right after a 2-thread tinylearn GEMM: with
+    # libgomp's default spin (loaded before tinylearn) a worker spins ~7 ms (0.14 of the sleep, quiet box); after
+    # tinylearn set GOMP_SPINCOUNT=10000 first, ~0.3 ms
+    before, after = cpu.openmp_spin(import_tinylearn_first=False), cpu.openmp_spin(import_tinylearn_first=True)
+    assert before > 0.03, before
+    assert after < before / 3, (before, after)
+    with pytest.raises(ValueError, match="repeats: must be a positive int, got 0"):
+        cpu.openmp_spin(True, repeats=0)
+
+
 _MALLOC_USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
 
 

@@ -26,7 +26,7 @@ the double over blocks adds nothing measurable. Summing in double throughout (th
 vector width (float -> double conversions) for no accuracy the tolerance (rtol 1e-5) needs. A non-vectorised
 loop (unrolled or short) keeps the plain double accumulator. Kept row buffers (``loops.keep_rule``) come from a
 per-thread scratch (``tl_scratch``: grown on demand, freed at thread exit), so a parallel row loop needs no
-allocation per row. Measured (1 thread, AMD EPYC Zen 4, [2048, 2048] fp32 softmax kernel): 4.8 ms with two
+allocation per row. Measured (1 thread, AMD EPYC Zen 5, [2048, 2048] fp32 softmax kernel): 4.8 ms with two
 exps per element and double sums, 3.0 ms with the row buffer and blocked float sums (torch 3.1, torch.compile 3.2).
 
 float32 ``exp``/``erf``/``tanh`` are inline branch-free polynomials (``MATH32``, from cpp_src/vec_math.h, <= 3
