@@ -68,7 +68,7 @@ def test_greedy_by_breadth_places_the_widest_step_first() -> None:
 
 def test_plan_best_reaches_the_lower_bound_on_a_recorded_training_trace() -> None:
     """Two SGD steps of the digits CNN, every numpy allocation recorded (notebook 07 §6): greedy by breadth meets the
-    liveness bound (within 5%) on every numeric path; greedy by size need not (1.12x on the AVX-512 path of a Zen 5 EPYC,
+    liveness bound (within 5%) on every numeric path; greedy by size need not (1.12x on the AVX-512 path of a Zen 5,
     equal to breadth on the forced-scalar one: the trace's allocation order differs)."""
     from tinylearn.memory.workload import training_trace
 

@@ -44,7 +44,7 @@ def real_jobs() -> list[tuple[float, Job]]:
     """(arrival s, job): the notebook's §1 set -- a long 1-core job, a 2-core gang job, a digits-CNN training job and
     two short jobs, all at t = 0 but the last (0.1 s): more work than cores, so the order matters."""
     # work well above a worker's start-up (~0.1-0.2 s of interpreter and imports), so the order decides the JCTs
-    # even on a busy machine; est_step_s is each kind's measured step time on a Zen 5 EPYC (the gang: 2 threads), rounded;
+    # even on a busy machine; est_step_s is each kind's measured step time on a Zen 5 (the gang: 2 threads), rounded;
     # the gang multiplies 192x192 matrices: at 96 its 2-thread BLAS barriers stalled for seconds next to other load
     return [
         (0.0, Job("long", 150, est_step_s=0.006, size=128)),
