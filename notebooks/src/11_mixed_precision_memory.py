@@ -1121,7 +1121,7 @@ assert all((r.median_ms is not None) != r.note.startswith("n/a") for r in gt.row
 # scalar one (asserted: more than 4x; the printed share of the FMA peak is its roofline position), and the parallel
 # default stays within 3x of numpy's fp32 sgemm (OpenBLAS) on the fastest runs (asserted; the printed medians move a
 # lot between runs on a shared 2-core box). Where the CPU has AVX512_BF16 the dpbf16 row runs and is asserted faster
-# than the widening rung by more than 1.3x (two k per `vdpbf16ps`; measured ~2.2x on this Zen 5, where it matches torch's
+# than the widening rung by more than 1.3x (two k per `vdpbf16ps`; ~2.2x on this Zen 5, where it matches torch's
 # oneDNN bf16 GEMM), and the parallel default uses it; elsewhere the row says n/a. torch's bf16 GEMM without
 # AVX512_BF16/AMX is many times slower than its fp32 one (asserted there: more than 2x), and tinygrad's CPU backend
 # cannot compile bf16 with this clang (the row says so).
