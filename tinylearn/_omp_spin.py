@@ -6,11 +6,16 @@ generates and torch's intra-op threads all use the one libgomp of the process (t
 ``libgomp.so.1``; whichever copy loads first serves both). numpy's OpenBLAS has its own worker threads, so on a
 small machine a GEMM that follows an OpenMP kernel shares a core with a spinning OpenMP worker for milliseconds:
 measured on 2 cores, ``tl.compile``'s MLP block (extern GEMM, fused bias+GELU, extern GEMM, fused residual)
-ran 5.4 ms per call with the default spin and 2.5-3.0 ms with ``GOMP_SPINCOUNT`` at 3,000-20,000 (eager torch
+ran 5.4 ms per call with the default spin and 2.4-3.0 ms with ``GOMP_SPINCOUNT`` at 1,000-20,000 (eager torch
 2.5 ms either way). ``OMP_WAIT_POLICY=passive`` (no spin at all) made torch's small ops pay a futex wake-up each.
 
-``SPINCOUNT`` (10,000 iterations, ~0.1-0.3 ms) keeps back-to-back kernels' workers awake and lets them sleep before
-a BLAS call of any size needs the core.
+``SPINCOUNT`` = 1,000 iterations (~35 us here; the default spins ~7 ms: 0.14 of a core through a 50 ms sleep after
+one 2-thread kernel, 0.003-0.005 with 1,000, ``cpu.openmp_spin``) keeps back-to-back kernels' workers awake and lets
+them sleep before a BLAS call of any size needs the core. It matters most on a **busy** machine: when another
+process holds one of the 2 cores, the team's worker spinning at the end of a region holds the only core its master
+needs, so every parallel region costs the whole spin -- measured, a [512, 128] softmax under load: 8.0 ms per call
+with the default, 4.3 / 1.0 / 0.51 / 0.18 / 0.086 ms at 100,000 / 20,000 / 10,000 / 3,000 / 1,000 (0.021 ms on
+a quiet box in every case); torch's ops pay the same (a GELU chain: 24 ms per call with the default under load).
 
 libgomp reads the variable once, when it loads, and exports no way to change it later:
 
@@ -27,7 +32,7 @@ from __future__ import annotations
 import os
 
 VAR = "GOMP_SPINCOUNT"
-SPINCOUNT = "10000"
+SPINCOUNT = "1000"
 _status: list[str] = []
 
 

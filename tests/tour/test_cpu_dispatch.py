@@ -183,7 +183,7 @@ def _omp_status_after(code: str, preset: str | None) -> tuple[str, str]:
 @pytest.mark.parametrize(
     "code, preset, want_env, want_text",
     [
-        ("import tinylearn", None, "10000", "GOMP_SPINCOUNT=10000 (set by tinylearn before libgomp loaded)"),
+        ("import tinylearn", None, "1000", "GOMP_SPINCOUNT=1000 (set by tinylearn before libgomp loaded)"),
         ("import tinylearn", "77", "77", "GOMP_SPINCOUNT=77 (set by the user)"),  # a user's value wins
         # libgomp loaded first (what `import torch` does): too late, said and not pretended
         ("import ctypes; ctypes.CDLL('libgomp.so.1'); import tinylearn", None, "None", "libgomp default (~300000"),
@@ -202,7 +202,7 @@ def test_openmp_spin_count_is_set_before_libgomp_loads(code, preset, want_env, w
 def test_openmp_workers_stop_spinning_soon_after_a_kernel():
     # the CPU a process burns while its only Python thread sleeps 50 ms right after a 2-thread tinylearn GEMM: with
     # libgomp's default spin (loaded before tinylearn) a worker spins ~7 ms (0.14 of the sleep, quiet box); after
-    # tinylearn set GOMP_SPINCOUNT=10000 first, ~0.3 ms
+    # tinylearn set GOMP_SPINCOUNT=1000 first, ~0.2 ms
     before, after = cpu.openmp_spin(import_tinylearn_first=False), cpu.openmp_spin(import_tinylearn_first=True)
     assert before > 0.03, before
     assert after < before / 3, (before, after)
