@@ -340,6 +340,17 @@ def test_writer_killed_with_snapshots_in_flight_never_hangs(tmp_path):
     assert latest_async_checkpoint(tmp_path) in (None, step_dir(tmp_path, 1))
 
 
+def test_many_keys_large_messages_do_not_deadlock(tmp_path):
+    """Messages and replies larger than the socket buffers (thousands of keys), two snapshots in flight."""
+    st = {f"k{i}": np.full(3, i, np.int32) for i in range(6000)}
+    with AsyncCheckpointer(tmp_path, writer="process", max_pending=2, full_every=1) as ck:
+        for step in range(1, 4):
+            st["k0"] = st["k0"] + 1
+            ck.save(st, step, meta={"note": "x" * 300_000})
+    out = load_async(tmp_path)
+    assert out["k5999"].tolist() == [5999] * 3 and out["k0"].tolist() == [3] * 3
+
+
 def test_write_direct_falls_back_where_o_direct_is_refused(tmp_path):
     """O_DIRECT needs an aligned buffer; tmpfs (/dev/shm) refuses it at open: the page-cache path instead."""
     import mmap

@@ -29,6 +29,7 @@ the default): woken by ``save``, it does not preempt the training thread. See as
 
 from __future__ import annotations
 
+import collections
 import errno
 import hashlib
 import json
@@ -36,7 +37,9 @@ import mmap
 import os
 import pickle
 import queue
+import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -282,6 +285,71 @@ def _layout(sizes: list[int]) -> tuple[list[int], int]:
     return offs, off
 
 
+class _Channel:
+    """The caller's end of the socket pair, in ``multiprocessing.connection.Connection``'s framing (a big-endian
+    int32 length, or -1 and a uint64 one, then a pickle) as the child's ``Connection`` expects. Non-blocking: one
+    ``recv`` reads the replies that are there; a send that would block reads replies meanwhile, so a large message
+    (many keys) never deadlocks against a child blocked sending its reply."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.setblocking(False)
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
+        self.buf = bytearray()
+        self.msgs: collections.deque[Any] = collections.deque()
+
+    def send(self, obj: Any, alive: Any) -> None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        n = len(data)
+        head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+        view = memoryview(head + data)
+        while view.nbytes:
+            try:
+                view = view[self.sock.send(view) :]
+            except BlockingIOError:
+                self._fill()  # the child may be blocked sending us a reply
+                select.select([], [self.sock], [], POLL_S)
+                if not alive():
+                    raise BrokenPipeError(errno.EPIPE, "the writer process exited") from None
+
+    def _fill(self) -> None:
+        """Read what is there (EOFError at the end of the stream) and unpickle the complete messages."""
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                raise EOFError("the writer process closed its end")
+            self.buf += chunk
+            if len(chunk) < 1 << 16:
+                break
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack_from("!i", self.buf)
+            head = 4
+            if n == -1:
+                if len(self.buf) < 12:
+                    break
+                (n,) = struct.unpack_from("!Q", self.buf, 4)
+                head = 12
+            if len(self.buf) < head + n:
+                break
+            self.msgs.append(pickle.loads(memoryview(self.buf)[head : head + n]))
+            del self.buf[: head + n]
+
+    def get(self, timeout: float) -> Any:
+        """The next message, waiting up to ``timeout`` s; None when there is none."""
+        if not self.msgs:
+            self._fill()
+            if not self.msgs and timeout > 0 and self.poller.poll(timeout * 1e3):
+                self._fill()
+        return self.msgs.popleft() if self.msgs else None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class ProcessWriter:
     """The caller's side of the writer process: shared-memory buffers, the socket, the replies in flight."""
 
@@ -294,7 +362,7 @@ class ProcessWriter:
         self.root, self.fsync, self.full_every, self.policy = root, fsync, full_every, policy
         self.max_pending = max_pending
         self.proc: subprocess.Popen[bytes] | None = None
-        self.conn: Connection | None = None
+        self.conn: _Channel | None = None
         self.pool: list[_ShmBuffer | None] = [None] * max_pending
         self.busy = [False] * max_pending
         self.inflight: dict[int, tuple[dict[str, Any], int | None]] = {}  # seq -> (stat, buffer slot)
@@ -316,10 +384,10 @@ class ProcessWriter:
             )  # fmt: skip
         finally:
             child.close()
-        self.conn = Connection(parent.detach())
+        self.conn = _Channel(parent)
         init = {"root": str(self.root), "fsync": self.fsync, "full_every": self.full_every, "policy": self.policy}
         init["crash_points"] = atomic._crash_point is not None  # a fault drill: forward them (see _forward_point)
-        self.conn.send({**init, "committed": committed})
+        self.conn.send({**init, "committed": committed}, self._alive)
 
     @property
     def pid(self) -> int | None:
@@ -330,7 +398,7 @@ class ProcessWriter:
         try:
             if self.proc is not None and self.proc.poll() is None and self.conn is not None:
                 try:
-                    self.conn.send(None)
+                    self.conn.send(None, self._alive)
                 except OSError:
                     pass
                 try:
@@ -400,7 +468,7 @@ class ProcessWriter:
         self.inflight[self.seq] = (stat, slot)
         try:
             assert self.conn is not None
-            self.conn.send(msg)
+            self.conn.send(msg, self._alive)
         except OSError:
             raise self._died() from None
 
@@ -413,7 +481,10 @@ class ProcessWriter:
         except Exception as e:  # noqa: BLE001 - the child raises it in its write
             answer["raise"] = f"{type(e).__name__}: {e}"
         assert self.conn is not None
-        self.conn.send(answer)
+        self.conn.send(answer, self._alive)
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def boost(self) -> bool:
         """Let the writer run under the normal policy until its current snapshot is written."""
@@ -423,24 +494,24 @@ class ProcessWriter:
         """Read the replies that are there; with ``block_until_below`` = n, wait until fewer than n snapshots are
         in flight. ``on_reply(reply, stat)`` handles each. Returns WriterDied when the child is gone."""
         boosted = False
+        idle = not self.inflight
         while True:
-            if not self.inflight:  # nothing pending: still report a writer that died idle
-                alive = self.proc is None or self.proc.poll() is None
-                return None if alive else self._died()
+            if not self.inflight:  # nothing (more) pending; a writer that died idle is still reported
+                dead = idle and self.proc is not None and self.proc.poll() is not None
+                return self._died() if dead else None
             must_wait = block_until_below is not None and len(self.inflight) >= block_until_below
             assert self.conn is not None and self.proc is not None
             if must_wait and self.policy == "idle" and not boosted:
                 boosted = self.boost()  # the caller waits for the writer: it may not wait for idle cores
             try:
-                ready = self.conn.poll(POLL_S if must_wait else 0)
-                if not ready:
+                reply = self.conn.get(POLL_S if must_wait else 0)
+                if reply is None:
                     boosted = False  # re-assert after each timeout (the child resets its policy per snapshot)
-                    if self.proc.poll() is not None and not self.conn.poll(0):
+                    if must_wait and not self._alive() and self.conn.get(0) is None:
                         return self._died()
                     if not must_wait:
                         return None
                     continue
-                reply = self.conn.recv()
                 if "point" in reply:
                     self._forward_point(reply["point"])
                     continue
