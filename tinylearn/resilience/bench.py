@@ -6,11 +6,15 @@ Four tables, every timing through the shared harness (warm-up, median of repeats
     save / load        one process's state (four fp32 tensors): tinylearn ``save_sharded`` / ``load_sharded`` (with
                        and without fsync / crc) vs ``torch.save`` / ``torch.load`` vs torch DCP vs tinygrad's
                        ``safe_save`` / ``safe_load`` (bench_storage.py); bytes on disk in each save row's extra.
-    checkpoint stall   a training cycle (SGD steps + one save) of a torch MLP: no checkpoint, torch.save,
-                       tinylearn sync, tinylearn async, torch DCP ``async_save`` (bench_async.py). Stall = the training
-                       loop's extra time per checkpoint (in the save call + the slower steps after it). Goal of
-                       issue 43: the async stall <= 10 % of a synchronous save's; a note gives the measured ratio and
-                       whether the goal was met (reported, not asserted: it depends on a free core for the writer).
+    checkpoint stall   a training cycle (one save + SGD steps) of a torch MLP: no checkpoint, torch.save,
+                       tinylearn sync, tinylearn async (the writer process), tinylearn async (thread), torch DCP
+                       ``async_save`` (bench_async.py). Stall = the training loop's extra time per checkpoint (in the
+                       save call + the slower steps after it + the wait for the rest of the write). Goal of issue 43:
+                       the async stall <= 10 % of a synchronous save's; a note gives the measured ratio and whether
+                       the goal was met (reported, not asserted). Measured on the shared 2-core VM (8 MiB): 0.15-0.40
+                       with the writer process, 0.06-0.45 with the thread, the bench's noise (+-2 ms) as large as the
+                       goal; the remaining stall is the copy (~0.5 ms) and the writer's CPU (2.7-4 ms per save: crc32,
+                       O_DIRECT write, fsyncs) and cache traffic competing with training on busy cores.
     erasure coding     Reed–Solomon encode / decode throughput (C++ split-nibble kernel vs numpy) and the file-level
                        protect / repair beside replication: r full copies of every file and their restore (time,
                        bytes written / read), and PeerReplicator's in-memory copy to a neighbour (2 processes);
@@ -72,7 +76,8 @@ def stall_table(full: bool = False, progress: Callable[[str], None] | None = Non
     ratio = stall_ratio(rows)
     t.notes.append(
         f"goal: async stall <= 10% of the synchronous save's; measured {ratio:.0%} "
-        f"({'met' if ratio <= 0.10 else 'not met'} on this run: the writer needs a free core)"
+        f"({'met' if ratio <= 0.10 else 'not met'} on this run: the writer's CPU work competes with training on "
+        "busy cores)"
     )
     t.notes.append(TINYGRAD_NA)
     return t
