@@ -188,7 +188,7 @@ class Attention(Module):
         scores = (q.reshape(b, hkv, g * t, hd) @ k.transpose(-1, -2)) * (1.0 / np.sqrt(hd))
         if t > 1:
             scores = (scores.reshape(b, hkv, g, t, s) + Tensor(causal_mask(t, start))).reshape(b, hkv, g * t, s)
-        out = scores.softmax(-1) @ v  # [B, Hkv, g*T, hd]
+        out = F.softmax(scores, -1) @ v  # [B, Hkv, g*T, hd]; F.softmax: the C++ row kernel (the method: numpy)
         out = out.reshape(b, h, t, hd).transpose(1, 2).reshape(b, t, h * hd)
         return self.o_proj(out)
 
