@@ -233,7 +233,7 @@ assert full["error"] == "DiskFull" and "EFBIG" in full["message"] and latest_che
 # %% [markdown]
 # A save is more than one file. For 2 ranks it is rank 0's data file (open, every write, fsync, rename, directory
 # fsync), rank 0's index, the same for rank 1, then the manifest; the asynchronous writer (`AsyncCheckpointer`, its
-# writer thread) and the delta writer (`DeltaCheckpointer`) write a data file then their manifest / index.
+# writer process or thread) and the delta writer (`DeltaCheckpointer`) write a data file then their manifest / index.
 # `faults.torn_sequence_drill` SIGKILLs the writer at one chosen event of that sequence (`atomic.set_crash_point`
 # stops the child there); below, at *every* event, for each writer: before the commit record's rename the previous
 # checkpoint loads bitwise, after it the complete new one -- never a mix.
@@ -288,40 +288,49 @@ print("tinygrad:", "checked" if ok else why)
 # ## 6. Asynchronous checkpoints: the training loop pays for a copy [Q120]
 #
 # **Answer.** `save` copies the state to host memory (the only time `save` itself blocks), hands the copy to one
-# writer thread and returns; the writer writes the data file and commits with a manifest written last. A bounded
-# queue (`max_pending`) gives back-pressure: if the writer is still busy with earlier snapshots, `save` waits (that
-# wait is reported), so host memory never holds more than `max_pending + 1` copies.
+# writer and returns; the writer writes the data file and commits with a manifest written last. A bounded queue
+# (`max_pending`) gives back-pressure: if the writer is still busy with earlier snapshots, `save` waits (that wait is
+# reported), so host memory never holds more than `max_pending + 1` copies. Two writers, the same files byte for
+# byte: `writer="process"` (the default) copies into a reused shared-memory buffer and one long-lived writer process
+# checksums it and writes the data file straight from it with `O_DIRECT`; `writer="thread"` copies into fresh arrays
+# that a writer thread writes through the page cache.
 #
 # Below: a torch MLP with 8 MiB of parameters trains with SGD; every 24 steps it checkpoints (a long enough interval
-# for the writer to usually finish between saves, as in real training where I is minutes; when it does not,
-# `save` waits for it -- the `backpressure_wait_ms` column -- and that wait is part of the stall).
-# **What the goal measures**: the training loop's extra time per checkpoint -- the time spent in the save call plus
-# how much slower the steps after it run while the writer works -- divided by the same for a synchronous save.
-# `bench_async` times every step and every save call; the stall is the median save-call time plus the sum over step
-# positions of (median step time in that mode - median step time without checkpoints), so a step hit by unrelated
-# load does not count. Timings depend on the machine and its load.
+# for the writer to usually finish between saves, as in real training where I is minutes; when it does not, the
+# loop waits for it and that wait is part of the stall). **What the goal measures**: the training loop's extra time
+# per checkpoint -- the time in the save call, plus how much slower the steps after it run while the writer works,
+# plus any wait for the rest of the write -- divided by the same for a synchronous save. `bench_async` interleaves
+# the modes cycle by cycle and times every save call and every step; the stall is built from medians per step
+# position, so a step hit by unrelated load does not count. Timings depend on the machine and its load.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 rows = bench_async(8.0, steps_between=24, repeat=3, cycles=3)
 stall = {r.impl: r for r in rows if r.case.startswith("stall")}
+writers = {"process": "tinylearn async", "thread": "tinylearn async (thread)"}
 for r in rows:
     extra = {k: round(v, 1) for k, v in r.extra.items()}
-    print(f"{r.case:24s} {r.impl:22s} {r.median_ms:8.1f} ms  {extra}")
+    print(f"{r.case:24s} {r.impl:26s} {r.median_ms:8.1f} ms  {extra}")
+sync_ms = stall["tinylearn sync"].median_ms
 obs_sync = stall["tinylearn sync"].extra["observed_stall_ms"]
-obs_async = stall["tinylearn async"].extra["observed_stall_ms"]
-ratio = stall_ratio(rows)
-print(
-    f"save() blocked: sync {obs_sync:.1f} ms, async {obs_async:.1f} ms ({obs_async / obs_sync:.0%} of sync); "
-    f"training-loop stall async/sync {ratio:.2f} (goal <= 0.10: {'met' if ratio <= 0.10 else 'not met'} here)"
-)
-# the caller pays for the copy only; the synchronous save also checksums, writes and fsyncs (a margin for a fast disk)
-assert obs_async < 0.25 * obs_sync
-assert stall["tinylearn async"].extra["copy_ms"] <= obs_async  # save()'s time is the copy (+ any back-pressure)
-fig, ax = plt.subplots(figsize=(7, 2.8))
+for w, name in writers.items():
+    e = stall[name].extra
+    ratio = stall[name].median_ms / sync_ms
+    print(
+        f"{w:7s} writer: save() blocked {e['observed_stall_ms']:.2f} ms ({e['observed_stall_ms'] / obs_sync:.0%} of "
+        f"sync), writer CPU {e['write_cpu_ms']:.1f} ms/save; loop stall {stall[name].median_ms:.1f} ms = "
+        f"{ratio:.2f} of sync (goal <= 0.10: {'met' if ratio <= 0.10 else 'not met'} here)"
+    )
+    # the caller pays for the copy only; the synchronous save also checksums, writes and fsyncs (a margin for a
+    # fast disk and a loaded box)
+    assert e["observed_stall_ms"] < 0.25 * obs_sync
+    assert e["copy_ms"] <= e["observed_stall_ms"]  # save()'s time is the copy (+ any back-pressure, the message)
+assert stall_ratio(rows) == stall["tinylearn async"].median_ms / sync_ms  # the goal's ratio: the default writer
+fig, ax = plt.subplots(figsize=(7, 3.2))
 names = list(stall)
-ax.barh(names, [stall[n].median_ms for n in names], label="loop-time stall (in save + slower steps after it)")
-ax.barh(["tinylearn sync", "tinylearn async"], [obs_sync, obs_async], height=0.35, label="save() blocked")
+ax.barh(names, [stall[n].median_ms for n in names], label="loop-time stall (in save + slower steps + rest of write)")
+blocked = ["tinylearn sync", *writers.values()]
+ax.barh(blocked, [stall[n].extra["observed_stall_ms"] for n in blocked], height=0.35, label="save() blocked")
 ax.set_xlabel("ms per checkpoint (8 MiB state)")
 ax.legend(fontsize=8)
 plt.tight_layout()
@@ -329,18 +338,23 @@ plt.show()
 
 # %% [markdown]
 # `save()`'s own measurement (`observed_stall_ms`) is the copy to host memory -- under a quarter of the synchronous
-# save's (asserted with a margin: how long the synchronous fsync waits depends on the disk; the cell prints the
-# fraction this run saw against the 10 % goal). The training-loop stall is more than that copy: the loop's time in
-# the save call (`in_save_ms`) can exceed it on a busy box, and the writer thread still uses CPU (crc32, copying
-# into the page cache) while the next steps run (`steps_slowdown_ms`). With an idle core that work overlaps the
-# training and the loop stall can come down to the copy; on this project's shared 2-core box other processes keep both
-# cores busy, so the writer competes with the training thread and the loop-stall ratio -- printed against the
-# issue's 10 % goal, here and in `tinylearn bench resilience` -- moves with the load (it is not asserted). The
-# writer does not hold the GIL while it works: crc32, write and fsync release it. It waits for work under Linux's
-# `SCHED_BATCH` policy, so that waking it does not take the core from the training thread that called `save`.
-# Async hides the *waiting* (fsync, disk latency), not CPU work a busy core must do; torch DCP's `async_save` follows
-# the same recipe (stage to CPU, write in a thread; it warns that no process group is initialised). `torch.save` is
-# synchronous. tinygrad has `safe_save` only: no asynchronous or incremental checkpointing.
+# save's for both writers (asserted with a margin: how long the synchronous fsync waits depends on the disk; the
+# cell prints each writer's loop-stall fraction against the issue's 10 % goal, not asserted). The loop stall is
+# more than that copy: the writer still uses CPU and memory bandwidth while the next steps run
+# (`steps_slowdown_ms`). With a free core that work overlaps the training; on this project's shared 2-core box other
+# processes keep both cores busy, and the ratio moves with the load. Measured there: the writer *thread* spends
+# 15-18 ms of CPU per 8 MiB save (`write_cpu_ms`), nearly all of it the kernel's first touch of new page-cache pages
+# (the VM backs guest memory lazily), not the GIL (crc32, write and fsync release it); the writer *process* spends
+# 2.7-4 ms (crc32 1.2 ms, an `O_DIRECT` write from the shared buffer, four fsyncs). Both stall the loop alike with a
+# free core (about 2-3.5 ms vs 9-13 ms synchronous), and the process less on a loaded box; the 10 % goal (~1-2 ms)
+# is within the bench's noise (about ±2 ms) and was met in some runs, not others. Even a synchronous save slows the
+# steps after it by ~1 ms (its copies evict the weights from the caches) and the copy itself is ~0.5 ms -- the floor
+# of any copy-then-write checkpoint here. The writer waits for work under Linux's `SCHED_BATCH` policy, so that
+# waking it does not take the core from the training thread that called `save`; a writer process that dies makes
+# the next call raise an error naming its pid, never hang. Async hides the *waiting* (fsync, disk latency), not CPU
+# work a busy core must do; torch DCP's `async_save` follows the same recipe (stage to CPU, write in a thread; it
+# warns that no process group is initialised). `torch.save` is synchronous. tinygrad has `safe_save` only: no
+# asynchronous or incremental checkpointing.
 
 # %%
 ok, why = tinygrad_status()
@@ -953,10 +967,12 @@ print(f"tinygrad importable: {have_tinygrad} {why}".strip())
 #   leaves no manifest, so the previous step is loaded. A full disk is an error naming the path, nothing overwritten.
 # - Interoperability: `to_dcp` / `from_dcp` go through DCP's own `FileSystemWriter`/`Reader` (whole tensors and
 #   objects; not the manifest's meta or CRCs).
-# - **[Q120]** Asynchronous checkpoint = snapshot to host memory (the stall) + a writer thread + a bounded queue for
-#   back-pressure + a manifest written last; errors from the writer surface on the next save. Measured here:
-#   `save` blocked far less than a synchronous save of the same 16 MiB state. Version numbers (torch's `_version`
-#   for free) let a save copy and write only changed tensors and reference older files for the rest.
+# - **[Q120]** Asynchronous checkpoint = snapshot to host memory (the stall) + a writer process (shared-memory
+#   buffer, `O_DIRECT` write) or thread + a bounded queue for back-pressure + a manifest written last; errors from
+#   the writer (or its death) surface on the next call. Measured here: `save` blocked under a quarter of a
+#   synchronous save of the same 8 MiB state with either writer; the loop stall ratio is printed against the 10 %
+#   goal. Version numbers (torch's `_version` for free) let a save copy and write only changed tensors and reference
+#   older files for the rest.
 # - **Incremental checkpoints**: hashed fixed-size blocks, deltas + periodic full, compaction that never deletes
 #   what a live chain references. They pay for fine-tuning (a fraction of the bytes) and not for Adam on every layer
 #   (every block changes: a delta is a full checkpoint).
