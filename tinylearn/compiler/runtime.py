@@ -69,19 +69,51 @@ class KernelStep:
     backend: str = "numpy"
 
     def run(self, env: dict[Node, Any], out: list[np.ndarray | None] | None = None) -> None:
-        """``out``: per output, an arena slot (shaped like the kernel's output) to write into, or None (allocate)."""
+        """``out``: per output, an arena slot (shaped like the kernel's output) to write into, or None (allocate).
+
+        Column-major inputs: Linear's forward returns the [N, out] view of a C-contiguous [out, N] product (autograd/
+        linalg.py), and a copy to C order cost more than the kernel itself (measured in the compiled MLP block's
+        training step: ~1.2 ms per [512, 1024] GELU kernel vs 0.1 ms). A point-wise kernel whose buffers all cover
+        the whole domain in C order reads and writes every element at the same flat index, so when every input is
+        the same 2-D column-major array shape it runs on the transposes' memory as is, and its outputs are the
+        column-major views of what it wrote (the layout Linear's backward then keeps)."""
         dt = np.dtype(self.kernel.dtype)
-        arrays = [np.ascontiguousarray(env[n], dtype=dt) for n in self.inputs]
+        values = [env[n] for n in self.inputs]
+        if self._column_major(values):
+            arrays = [np.ascontiguousarray(v.T, dtype=dt).reshape(b.shape) for v, b in zip(values, self.kernel.inputs)]
+            outs = self._call(arrays, dt, out)
+            for node, o in zip(self.outputs, outs):
+                env[node] = np.asarray(o).reshape(node.shape[::-1]).T
+            return
+        arrays = [np.ascontiguousarray(v, dtype=dt) for v in values]
+        outs = self._call(arrays, dt, out)
+        for node, o in zip(self.outputs, outs):
+            env[node] = np.asarray(o).reshape(node.shape)
+
+    def _column_major(self, values: list[Any]) -> bool:
+        flat = self.__dict__.get("_flat")
+        if flat is None:
+            k = self.kernel
+            c_strides = tuple(int(np.prod(k.shape[i + 1 :])) for i in range(len(k.shape)))
+            flat = self.__dict__["_flat"] = bool(
+                k.reduce_dims == 0
+                and all(b.strides == c_strides for b in (*k.inputs, *k.outputs))
+                and len({n.shape for n in (*self.inputs, *self.outputs)}) == 1
+                and len(self.inputs[0].shape) == 2
+            )
+        return flat and all(
+            isinstance(v, np.ndarray) and v.ndim == 2 and v.flags.f_contiguous and not v.flags.c_contiguous
+            for v in values
+        )
+
+    def _call(self, arrays: list[np.ndarray], dt: np.dtype, out: list[np.ndarray | None] | None) -> list[Any]:
         if out is not None and any(o is not None for o in out):
             if hasattr(self.fn, "kernel"):  # a CompiledKernel: writes into the slots (fresh arrays for the rest)
                 full = [np.empty(b.shape, dt) if o is None else o for o, b in zip(out, self.kernel.outputs)]
-                outs = self.fn(*arrays, out=full)
-            else:  # another backend: compute, then copy into the planned slots
-                outs = [o if slot is None else _copy_into(slot, o) for o, slot in zip(self.fn(*arrays), out)]
-        else:
-            outs = self.fn(*arrays)
-        for node, o in zip(self.outputs, outs):
-            env[node] = np.asarray(o).reshape(node.shape)
+                return self.fn(*arrays, out=full)
+            # another backend: compute, then copy into the planned slots
+            return [o if slot is None else _copy_into(slot, o) for o, slot in zip(self.fn(*arrays), out)]
+        return self.fn(*arrays)
 
 
 def _copy_into(slot: np.ndarray, value: np.ndarray) -> np.ndarray:
