@@ -20,6 +20,7 @@ from tinylearn.resilience.async_ckpt import (
     step_dir,
     torch_versions,
 )
+from tinylearn.resilience.async_process import ProcessWriter
 from tinylearn.resilience.async_writer import WriterDied, write_direct
 from tinylearn.resilience.atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint
 
@@ -272,6 +273,7 @@ def test_both_writers_write_the_same_bytes(tmp_path):
 
 def test_process_buffers_grow_are_reused_and_removed(tmp_path):
     ck = AsyncCheckpointer(tmp_path, writer="process")
+    assert isinstance(ck._pw, ProcessWriter) and ck._pw.pool == [None]  # no buffer before the first save
     ck.save({"a": np.ones(10, np.float32)}, 1)
     ck.wait()
     small = ck._pw.pool[0]

@@ -15,7 +15,7 @@ write (temporary name, fsync, rename, fsync of the directory) and writes ``manif
 directory whose manifest exists is a checkpoint, so a crash mid-write leaves the previous checkpoint the newest valid
 one. Both writers call the same ``async_writer.write_checkpoint``: the files are the same, byte for byte.
 
-**Writers** (``writer=``). ``"process"`` (the default; async_writer.py): ``save`` copies into a reused shared-memory
+**Writers** (``writer=``). ``"process"`` (the default; async_process.py): ``save`` copies into a reused shared-memory
 buffer and sends a small message to one long-lived writer process (a fresh interpreter that never imports torch),
 which checksums the buffer and writes ``data.bin`` straight from it with ``O_DIRECT`` (no page-cache copy; buffered
 where the filesystem refuses it, e.g. tmpfs). ``"thread"``: ``save`` copies into fresh numpy arrays and a writer
@@ -59,7 +59,6 @@ it never hangs -- and the next save starts a new writer that references what is 
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -74,7 +73,9 @@ from typing import Any
 
 import numpy as np
 
-from .async_writer import ALIGN, FORMAT, MANIFEST, ProcessWriter, WriterDied, _layout, decode_error, write_checkpoint  # noqa: F401,E501
+from .async_process import ProcessWriter
+from .async_writer import ALIGN as ALIGN  # re-exported: the data.bin alignment
+from .async_writer import FORMAT, MANIFEST, WriterDied, decode_error, set_policy, write_checkpoint
 from .atomic import CheckpointError, CorruptCheckpoint, IncompleteCheckpoint, read_commit_record
 from .manifest import step_dir  # the same step_NNNNNNNN directory names as save_sharded
 
@@ -269,7 +270,7 @@ class AsyncCheckpointer:
             arrays[k], vers[k] = a, None if ver is None else int(ver)
         since = 0 if full else self._since_full + 1
         if pw is not None:
-            msg, slot = self._copy_to_shared(pw, arrays, vers, objects, meta, step, full, since)
+            msg, slot = pw.snapshot(arrays, vers, objects, meta, step, full, since)
         t2 = time.perf_counter()
         stat = {"step": step, "wait_s": t1 - t0, "copy_s": t2 - t1, "stall_s": t2 - t0, "full": full, "t_snap": t1}
         stat["copied_bytes"] = int(sum(a.nbytes for a in arrays.values()))
@@ -300,38 +301,6 @@ class AsyncCheckpointer:
         self._submitted, self._last_step, self._since_full = dict(vers), step, since
         self.stats.append(stat)
         return stat
-
-    def _copy_to_shared(
-        self,
-        pw: ProcessWriter,
-        arrays: dict[str, np.ndarray],
-        vers: dict[str, int | None],
-        objects: dict[str, Any],
-        meta: Mapping[str, Any] | None,
-        step: int,
-        full: bool,
-        since: int,
-    ) -> tuple[dict[str, Any], int | None]:
-        """Copy the changed arrays into a free shared-memory buffer; the message for the writer process."""
-        offs, total = _layout([a.nbytes for a in arrays.values()])
-        layout: dict[str, tuple[int, int, str, list[int]]] = {}
-        slot = None
-        if arrays:
-            slot, buf = pw.buffer_for(total)
-            end = 0
-            for (k, a), off in zip(arrays.items(), offs, strict=True):
-                if off > end:  # the 64-byte alignment gap: zeros, as in data.bin (the writer may write the buffer)
-                    buf.mm[end:off] = bytes(off - end)
-                if a.nbytes:
-                    np.copyto(np.ndarray(a.shape, a.dtype, buffer=buf.mm, offset=off), a, casting="no")
-                layout[k] = (off, a.nbytes, a.dtype.str, list(a.shape))
-                end = off + a.nbytes
-        msg: dict[str, Any] = {"step": step, "versions": vers, "arrays": layout, "full": full, "since_full": since}
-        try:  # the manifest's JSON part; a value JSON cannot hold fails the write, as in the writer thread
-            msg["json"] = json.dumps({"objects": objects, "meta": dict(meta or {})})
-        except (TypeError, ValueError) as e:
-            msg["fail"] = e
-        return msg, slot
 
     def wait(self) -> None:
         """Block until every queued snapshot is written; raise the writer's error if one failed."""
@@ -412,9 +381,9 @@ class AsyncCheckpointer:
     def _writer(self) -> None:
         self._writer_tid = threading.get_native_id()
         while True:
-            _set_batch_policy(True)  # woken by save(): do not preempt it (see the module docstring)
+            set_policy("batch")  # woken by save(): do not preempt it (see the module docstring)
             snap = self._q.get()
-            _set_batch_policy(False)
+            set_policy("normal")
             if snap is None:
                 return
             try:
@@ -467,17 +436,6 @@ class AsyncCheckpointer:
 
 def _nothing() -> None:
     pass
-
-
-def _set_batch_policy(batch: bool) -> None:
-    """The calling thread's scheduling policy: SCHED_BATCH (``batch``) or SCHED_OTHER; Linux only, else a no-op (as
-    is a refusal: the writer then keeps the normal policy)."""
-    if not hasattr(os, "SCHED_BATCH"):
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH if batch else os.SCHED_OTHER, os.sched_param(0))
-    except OSError:
-        pass
 
 
 def _committed_steps(root: Path) -> list[int]:
