@@ -341,15 +341,14 @@ plt.show()
 # save's for both writers (asserted with a margin: how long the synchronous fsync waits depends on the disk; the
 # cell prints each writer's loop-stall fraction against the issue's 10 % goal, not asserted). The loop stall is
 # more than that copy: the writer still uses CPU and memory bandwidth while the next steps run
-# (`steps_slowdown_ms`). With a free core that work overlaps the training; on this project's shared 2-core box other
-# processes keep both cores busy, and the ratio moves with the load. Measured there: the writer *thread* spends
-# 15-18 ms of CPU per 8 MiB save (`write_cpu_ms`), nearly all of it the kernel's first touch of new page-cache pages
-# (the VM backs guest memory lazily), not the GIL (crc32, write and fsync release it); the writer *process* spends
-# 2.7-4 ms (crc32 1.2 ms, an `O_DIRECT` write from the shared buffer, four fsyncs). Both stall the loop alike with a
-# free core (about 2-3.5 ms vs 9-13 ms synchronous), and the process less on a loaded box; the 10 % goal (~1-2 ms)
-# is within the bench's noise (about ±2 ms) and was met in some runs, not others. Even a synchronous save slows the
-# steps after it by ~1 ms (its copies evict the weights from the caches) and the copy itself is ~0.5 ms -- the floor
-# of any copy-then-write checkpoint here. The writer waits for work under Linux's `SCHED_BATCH` policy, so that
+# (`steps_slowdown_ms`; `write_cpu_ms` is the writer's CPU time per save). With a free core that work overlaps the
+# training; on this project's shared 2-core box other processes keep both cores busy, and the ratio moves with the
+# load. There, the writer *thread*'s CPU time was dominated by the kernel's first touch of new page-cache pages (the
+# VM backs guest memory lazily), not by the GIL (crc32, write and fsync release it); the writer *process* checksums
+# its shared buffer and writes the data file from it with `O_DIRECT`, bypassing the page cache. What each part
+# costs, and where the remaining stall goes (the copy, cache traffic, the fsyncs' journal commits), is measured in
+# the docstrings of `async_ckpt.py` and `bench_async.py`: the 10 % goal lies within that bench's noise on this box
+# and was met in some runs, not others. The writer waits for work under Linux's `SCHED_BATCH` policy, so that
 # waking it does not take the core from the training thread that called `save`; a writer process that dies makes
 # the next call raise an error naming its pid, never hang. Async hides the *waiting* (fsync, disk latency), not CPU
 # work a busy core must do; torch DCP's `async_save` follows the same recipe (stage to CPU, write in a thread; it
