@@ -15,20 +15,20 @@ write (temporary name, fsync, rename, fsync of the directory) and writes ``manif
 directory whose manifest exists is a checkpoint, so a crash mid-write leaves the previous checkpoint the newest valid
 one. Both writers call the same ``async_writer.write_checkpoint``: the files are the same, byte for byte.
 
-**Writers** (``writer=``). ``"process"`` (the default; async_process.py): ``save`` copies into a reused shared-memory
-buffer and sends a small message to one long-lived writer process (a fresh interpreter that never imports torch),
-which checksums the buffer and writes ``data.bin`` straight from it with ``O_DIRECT`` (no page-cache copy; buffered
-where the filesystem refuses it, e.g. tmpfs). ``"thread"``: ``save`` copies into fresh numpy arrays and a writer
-thread writes them through the page cache. Measured on this project's shared 2-core Zen 4 VM (8 MiB MLP state,
-``bench_async``): the thread's writes cost 15-18 ms of CPU per save, almost all of it the kernel's first touch of
-the new page-cache pages (this VM backs guest memory lazily: writing 8 MiB into a new file costs 19 ms of CPU, 1.2
-ms when the pages of a just-deleted file are reused), the process's 2.7-4 ms (crc32 1.2 ms, the O_DIRECT write and
-four fsyncs ~0.5 ms, the manifest). The GIL was not the cost: crc32, write and fsync release it. With a free core
-(load average ~1) the two stall the training loop alike: 2.3-3.6 ms (process) and 1.8-3.3 ms (thread) vs 9-13 ms for
-the synchronous save over three runs, within the bench's noise of about +-2 ms; with the box loaded (load average
-2.4-3) the process stalled less (3.9-5.4 ms vs 4.7-9.6 ms over 60 interleaved rounds) and it always takes 4x less
-CPU from the other processes. The process writer costs 0.1-0.2 ms more in ``save`` (the reply of the previous write,
-the message).
+**Writers** (``writer=``). ``"process"`` (the default; async_process.py): ``save`` copies into a reused
+shared-memory buffer and sends a small message to one long-lived writer process (a fresh interpreter that never
+imports torch), which checksums the buffer and writes ``data.bin`` straight from it with ``O_DIRECT`` (no page-cache
+copy; buffered where the filesystem refuses it, e.g. tmpfs). ``"thread"``: ``save`` copies into fresh numpy arrays
+and a writer thread writes them through the page cache. Measured on this project's shared 2-core Zen 4 VM (8 MiB MLP
+state, ``bench_async``): the thread's writes cost 5-18 ms of CPU per save (usually 15-18), almost all of it the
+kernel's first touch of the new page-cache pages (this VM backs guest memory lazily: writing 8 MiB into a new file
+costs 19 ms of CPU, 1.2 ms when the pages of a just-deleted file are reused), the process's 2.7-4 ms (crc32 1.2 ms,
+the O_DIRECT write and four fsyncs ~0.5 ms, the manifest). The GIL was not the cost: crc32, write and fsync release
+it. With a free core (load average ~1) the two stall the training loop alike: 2.3-3.6 ms (process) and 1.8-3.3 ms
+(thread) vs 9-13 ms for the synchronous save over three runs, within the bench's noise of about +-2 ms; with the box
+loaded (load average 2.4-3) the process stalled less (3.9-5.4 ms vs 4.7-9.6 ms over 60 interleaved rounds; in
+``bench_async`` at load 2.7, medians 2.9 vs 10.1 ms) and it always takes 4x less CPU from the other processes. The
+process writer costs 0.1-0.2 ms more in ``save`` (the reply of the previous write, the message).
 
 **Versions** [Q120]: ``save(state, step, versions={key: int})`` -- the caller bumps a key's version when that shard
 changes (a frozen layer never does). A key whose version equals the one of the last *successful* checkpoint is not

@@ -10,13 +10,22 @@ extra step time vs no checkpoint + the median wait for the rest of the write: th
 slower steps while the writer competes for the CPU and the caches (crc32, the write, the fsyncs). Async hides the
 fsync and disk latency, not CPU work: on a box whose cores are busy that competition is what is left.
 
-Measured on the shared 2-core Zen 4 VM, 8 MiB state, 24 steps between saves, three runs (median stall, ms; in
-``save`` / slower steps / rest of the write): synchronous save 21.5; process writer 4.6 (0.65 / 3.5 / 0.37);
-thread writer 3.4 (0.49 / 2.8 / 0.04); torch DCP ``async_save`` 14.5 -- at load averages 1.3-1.7 from other jobs,
-async/sync 0.15-0.40 (process) and 0.06-0.45 (thread): the bench's noise (+-2 ms) is as large as the 10 % goal
-(about 1-2 ms). The goal is met in some runs and not in others; ``bench_async`` reports, never asserts. Where the
-rest goes: the process writer's CPU per save is 2.7-4 ms (crc32 1.2 ms; the thread's 15-18 ms is page-cache first
-touch, see async_ckpt.py). Each part alone, run in a child process beside 24 training steps (24 x 10 rounds):
+Measured on the shared 2-core Zen 4 VM, 8 MiB state, 24 steps between saves, three runs at each load (median
+stall in ms, and in ``save`` / slower steps / rest of the write for the async writers):
+
+    load average (other jobs)     ~1.0                  1.3-1.7               2.7
+    synchronous save              9.1                   21.5                  14.9
+    writer process (default)      2.6 (0.62/1.7/0.20)   4.6 (0.65/3.5/0.37)   2.9 (0.62/2.1/0.12)
+    writer thread                 1.8 (0.46/1.3/0.04)   3.4 (0.49/2.8/0.04)   10.1 (0.50/9.6/0.04)
+    torch DCP async_save          4.2                   14.5                  11.9
+    async/sync, process | thread  0.18-0.39 | 0.14-0.36 0.15-0.40 | 0.06-0.45 0.16-0.19 | 0.12-0.68
+
+The bench's noise (+-2 ms) is as large as the 10 % goal (about 1-2 ms): the goal is met in some runs and not in
+others; ``bench_async`` reports, never asserts. And the synchronous baseline itself is mostly this VM's page-cache
+cost: a synchronous save written like the process writer's (copy to an aligned buffer, crc32, ``O_DIRECT``, the
+same fsyncs) takes 5.4-5.6 ms, against which 10 % (0.55 ms) is about the copy alone. Where the
+rest goes: the process writer's CPU per save is 2.7-4 ms (crc32 1.2 ms; the thread's 5-18 ms is mostly page-cache
+first touch, see async_ckpt.py). Each part alone, run in a child process beside 24 training steps (24 x 10 rounds):
 at load average ~1 they slowed the steps by -0.5..+0.5 ms in all (noise); at ~1.7, a 3 ms busy loop by 2.1 ms,
 crc32 of 8 MiB by 0.9, an O_DIRECT write by 0.3, the write + fsync (ext4's journal commit) by 4.2, all by 5.1.
 Even the synchronous save slows the steps after it by ~1 ms (its copies evict the weights from the caches), and
