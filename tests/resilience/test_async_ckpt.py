@@ -353,6 +353,28 @@ def test_many_keys_large_messages_do_not_deadlock(tmp_path):
     assert out["k5999"].tolist() == [5999] * 3 and out["k0"].tolist() == [3] * 3
 
 
+def test_writer_process_exits_and_removes_its_buffers_when_its_caller_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import os, numpy as np\n"
+        "from tinylearn.resilience.async_ckpt import AsyncCheckpointer\n"
+        f"ck = AsyncCheckpointer({str(tmp_path)!r})\n"
+        "ck.save({'a': np.ones(1000)}, 1); ck.wait()\n"
+        "print(ck.writer_pid, ck._pw.pool[0].path, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pid, path = out.stdout.split()
+    deadline = time.monotonic() + 20
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the orphaned writer reads EOF, unlinks its buffer and exits
+    assert not os.path.exists(path)
+    np.testing.assert_array_equal(load_async(tmp_path)["a"], np.ones(1000))
+
+
 def test_write_direct_falls_back_where_o_direct_is_refused(tmp_path):
     """O_DIRECT needs an aligned buffer; tmpfs (/dev/shm) refuses it at open: the page-cache path instead."""
     import mmap
