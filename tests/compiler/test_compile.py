@@ -154,7 +154,8 @@ def test_tinygpt_block_forward_backward_and_whole_model_break():
         c(x)
         got = c(x)
         ref = f(x)
-    assert c.stats["hits"] == 1 and len(c.graphs()[0].kernels()) >= 4
+    # fused: the two LayerNorms and the residual adds (attention is one extern op, the flash sdpa kernel)
+    assert c.stats["hits"] == 1 and len(c.graphs()[0].kernels()) >= 3
     np.testing.assert_allclose(got.data, ref.data, **F32)
     xg = _t(2, 8, 32, seed=1, rg=True)
     c(xg)

@@ -185,6 +185,13 @@ class Attention(Module):
         if t == 1:  # decode: no mask; the fused attention op (the C++ flash kernel where built), GQA as g query rows
             out = F.scaled_dot_product_attention(q.reshape(b, hkv, g, hd), k, v)
             return self.o_proj(out.reshape(b, 1, h * hd))
+        if start == 0 and not (q.requires_grad or k.requires_grad or v.requires_grad):
+            # inference prefill from position 0: causal attention over the t new tokens in one fused flash kernel
+            # (kernels.attention, the C++ kernel where built; GQA by repeating the kv heads) instead of five ops.
+            # Training keeps the explicit scores: their [B, H, T, T] activations are what notebook 11's memory
+            # estimator models and measures
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, T, hd]
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, h * hd))
         scores = (q.reshape(b, hkv, g * t, hd) @ k.transpose(-1, -2)) * (1.0 / np.sqrt(hd))
         if t > 1:
             scores = (scores.reshape(b, hkv, g, t, s) + Tensor(causal_mask(t, start))).reshape(b, hkv, g * t, s)
