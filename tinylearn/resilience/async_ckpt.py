@@ -298,6 +298,8 @@ class AsyncCheckpointer:
             if failed:
                 self._slots.release()
                 self._raise_error()
+        if not self.synchronous:
+            stat["stall_s"] = time.perf_counter() - t0  # the hand-over to the writer included
         self._submitted, self._last_step, self._since_full = dict(vers), step, since
         self.stats.append(stat)
         return stat
