@@ -4,8 +4,9 @@
                                 a manifest (shapes, dtypes, crc32) last; load reshards to any world size; atomic
                                 writes (atomic.py); torch DCP interop (dcp_compat.py); torn-write and disk-full
                                 drills (faults.py)
-    async and incremental       AsyncCheckpointer (async_ckpt.py): snapshot to host, a writer thread, versions so
-                                only changed shards are written; delta chains and XOR diffs (incremental.py); a shard
+    async and incremental       AsyncCheckpointer (async_ckpt.py, async_process.py): snapshot to host, a writer
+                                process (shared memory, O_DIRECT) or thread, versions so only changed shards are
+                                written; delta chains and XOR diffs (incremental.py); a shard
                                 migrating between tiers under live updates (tier_log.py)
     erasure coding              Reed-Solomon over GF(2^8) with a C++ split-nibble kernel (erasure.py,
                                 cpp_src/resilience_gf256.cpp); protect / repair a checkpoint's files (ec_files.py);

@@ -10,8 +10,9 @@ returns step 1 and loading it gives step 1's bytes. The child writes in small pi
 
 **Torn at any point of the save sequence** (``torn_sequence_drill``): a save is many steps -- for a 2-rank sharded
 checkpoint: rank 0's data file (open, every write, fsync, rename, directory fsync), rank 0's index, the same for
-rank 1, then the manifest; for ``AsyncCheckpointer`` (its writer thread) and ``DeltaCheckpointer``: the data file
-then the manifest / index. A child process (fork) installs ``atomic.set_crash_point`` and SIGKILLs *itself* when the
+rank 1, then the manifest; for ``AsyncCheckpointer`` (its writer process, crash points forwarded to the caller; or
+its thread) and ``DeltaCheckpointer``: the data file then the manifest / index. A child process (fork) installs
+``atomic.set_crash_point`` and SIGKILLs *itself* when the
 chosen event is reached (``os.kill(getpid(), SIGKILL)``: no handler, no ``finally``, no flush -- a kill at exactly
 that point, from any thread). A first child counts the events of the same save in a copy of the directory; the kill
 point is then drawn over all of them (or given). The checkpoint that loads must be step 1 bitwise when the kill
