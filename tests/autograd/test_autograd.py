@@ -621,7 +621,8 @@ def test_linear_relu_chain_vs_torch(threads, n, sizes, monkeypatch):
     tl_ws = [tuple(tl.Tensor(a, requires_grad=True) for a in wb) for wb in ws]
     x_grad = n != 128  # the MLP-benchmark-like case: the input needs no grad (layer 1 computes dW only)
     xt, xth = tl.Tensor(x, requires_grad=x_grad), torch.from_numpy(x.copy()).requires_grad_(x_grad)
-    with threadpool_limits(threads):
+    # the OpenBLAS orientation and pair paths (on an AVX-512 CPU gemm_route would take the C++ GEMM for 128 rows)
+    with threadpool_limits(threads), tl.backends.use("gemm.matmul", backend="numpy"):
         h, hth = xt, xth
         for k, ((w, b), (tw, tb)) in enumerate(zip(tl_ws, th_ws)):
             h, hth = F.linear(h, w, b), torch.nn.functional.linear(hth, tw, tb)

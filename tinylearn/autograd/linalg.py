@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backends
+from . import gemm_route
 from .blas_pair import matmul_rows_split, parallel_ok, run_pair
 from .errors import ShapeError
 from .function import Function, unbroadcast
@@ -97,7 +98,10 @@ class Linear(Function):
             if b is not None and bias is None:
                 out += b
             return out
-        if x.ndim == 2 and x.shape[0] <= w.shape[0]:
+        x2 = x.reshape(-1, x.shape[-1])
+        if gemm_route.use_cpp(x2, w.T):  # the C++ AVX-512 GEMM (gemm_route.py): C-contiguous [N, out]
+            out = gemm_route.mm(x2, w.T).reshape(x.shape[:-1] + (w.shape[0],))
+        elif x.ndim == 2 and x.shape[0] <= w.shape[0]:
             out = (w @ x.T).T  # [N, out] view of a C-contiguous [out, N] result; see the module docstring
         else:
             out = x @ w.T
@@ -124,7 +128,11 @@ class Linear(Function):
             # bias gradient: fp32 sums of the bf16 rows, rounded once (ml_dtypes' own bf16 sum is ~30x slower)
             gb = np.add.reduce(g2, axis=0, dtype=np.float32).astype(g2.dtype) if nb else None
             return gx, gw, gb
-        if nx and nw and parallel_ok(2.0 * n * o * i):  # dX and dW side by side, one thread each
+        cpp_x, cpp_w = nx and gemm_route.use_cpp(g2, w), nw and gemm_route.use_cpp(g2.T, x2)
+        if cpp_x or cpp_w:  # the C++ GEMM on every core for the products it is faster on (gemm_route.py)
+            gx = (gemm_route.mm(g2, w).reshape(x.shape[:-1] + (i,)) if cpp_x else g @ w) if nx else None
+            gw = (gemm_route.mm(g2.T, x2) if cpp_w else g2.T @ x2) if nw else None
+        elif nx and nw and parallel_ok(2.0 * n * o * i):  # dX and dW side by side, one thread each
             # dX's array is allocated here, on the calling thread (allocation tracking such as
             # tinylearn.memory.measure_peak follows this thread); the helper thread only fills it
             dt = np.result_type(g, w)

@@ -30,6 +30,7 @@ from ..nn import GELU, Embedding, LayerNorm, Linear, Module, ModuleList
 from ..nn import functional as F
 from .checks import int_arg
 from .config import GPTConfig
+from .rope import rope_kernel
 
 ROPE_BASE = 10000.0
 
@@ -63,16 +64,22 @@ class Rope(Function):
 
     @staticmethod
     def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        y = rope_kernel(x, cos, sin, False)
+        if y is not None:
+            return y
         h = x.shape[-1] // 2
         out = x * cos
         out[..., :h] -= x[..., h:] * sin[..., :h]
         out[..., h:] += x[..., :h] * sin[..., h:]
-        ctx.save_for_backward(cos, sin)
         return out
 
     @staticmethod
     def backward(ctx, g):
         cos, sin = ctx.saved_tensors
+        gx = rope_kernel(g, cos, sin, True)
+        if gx is not None:
+            return gx, None, None
         h = g.shape[-1] // 2
         u = g * sin
         gx = g * cos

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ...autograd import gemm_route
 from ...autograd import ops_elementwise as _ew
 from ...autograd.function import Function, unbroadcast
 from ..graph import Graph, Node
@@ -42,7 +43,8 @@ class LinearAct(Function):
     @staticmethod
     def forward(ctx, x, w, b=None, act="ReLU", approximate="none", transpose_w=True, act_cls=None):
         wt = w.T if transpose_w else w
-        z = x @ wt
+        x2 = x.reshape(-1, x.shape[-1])
+        z = gemm_route.mm(x2, wt).reshape(x.shape[:-1] + (wt.shape[1],)) if gemm_route.use_cpp(x2, wt) else x @ wt
         if b is not None:
             z = z + b
         # the activation op the traced graph had (nn.functional's GELU runs the C++ kernel; autograd's the numpy one)
@@ -58,9 +60,9 @@ class LinearAct(Function):
         x, w = ctx.saved_tensors
         gz = type(ctx.act_ctx).backward(ctx.act_ctx, g)
         wt = w.T if ctx.transpose_w else w
-        gx = gz @ wt.T
         g2, x2 = gz.reshape(-1, gz.shape[-1]), x.reshape(-1, x.shape[-1])
-        gw = g2.T @ x2 if ctx.transpose_w else x2.T @ g2
+        gx = gemm_route.mm(g2, wt.T).reshape(x.shape) if gemm_route.use_cpp(g2, wt.T) else gz @ wt.T
+        gw = gemm_route.mm(g2.T, x2) if ctx.transpose_w else gemm_route.mm(x2.T, g2)
         gb = unbroadcast(gz, ctx.bshape) if ctx.has_b else None
         return gx, gw, gb
 
