@@ -60,6 +60,27 @@ print(f"numpy only: {spin_numpy:.2f} of a core spinning while idle | numpy, then
 assert spin_numpy > 0.08 and spin_tl < 0.05  # the default spins; after import tinylearn nothing does
 
 # %% [markdown]
+# ### The other direction: OpenMP's spinning workers
+# tinylearn's C++ kernels, the code `tl.compile` generates and torch's intra-op threads share one libgomp, whose
+# workers busy-wait ~300,000 iterations (~7 ms here) after every parallel region. A numpy matmul that follows then
+# shares a core with a spinning worker; worse, on a **busy** machine (another process on one of the 2 cores) the
+# worker spinning at the end of a region holds the core its own master thread needs, so every parallel region costs
+# the whole spin (measured: a [512, 128] softmax 8 ms per call instead of 0.02 ms). `import tinylearn` sets
+# `GOMP_SPINCOUNT=1000` (~35 µs) — but libgomp reads it once, when it loads, and `import torch` loads it: **import
+# tinylearn before torch** in your own scripts (`tinylearn info` says whether it applied; this notebook imported
+# tinylearn first). Measured below in two fresh processes: the share of a core burned while the only Python thread
+# sleeps 50 ms right after one 2-thread tinylearn kernel, with libgomp loaded first (as `import torch` does) and
+# with tinylearn first.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings)
+print("this kernel:", cpu.omp_spin_count())
+omp_default, omp_tl = cpu.openmp_spin(import_tinylearn_first=False), cpu.openmp_spin(import_tinylearn_first=True)
+print(f"libgomp loaded first: {omp_default:.3f} of a core spinning while idle | tinylearn first: {omp_tl:.3f}")
+assert omp_default > 0.03 and omp_tl < omp_default / 3  # ~0.14 vs ~0.004 on a quiet box
+
+# %% [markdown]
 # ### A step's temporaries and page faults
 # A training step allocates and frees the same arrays every time. glibc serves requests of 128 KiB and more with a
 # fresh `mmap` until its adaptive threshold has risen past them, and returns the freed top of the heap to the OS
@@ -192,6 +213,9 @@ plt.show()
 # * *How to benchmark honestly?* Check correctness first, warm up, take the median of N, run every competitor in
 #   the same process on the same inputs, report ratios to a baseline, and never assert a speed claim that a loaded
 #   or different machine could flip.
+# * *Why is my op 100x slower on a busy laptop?* Thread pools spin after each parallel region; with more runnable
+#   threads than cores the spinner holds the core the next region needs. Short spins (`OPENBLAS_THREAD_TIMEOUT`,
+#   `GOMP_SPINCOUNT`, set by `import tinylearn`) or fewer threads than cores fix it (measured above).
 #
 # ## Exercises
 # The tour has none of its own. Start with `exercises/01_autodiff/stubs.py`, then run

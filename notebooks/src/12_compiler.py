@@ -204,7 +204,7 @@ eager_bytes, fused_bytes = 4 * N * (2 + 2 + 3), 4 * N * 3  # eager: gelu r+w, mu
 print(f"gelu*1.5+res on {N} floats: eager {eager_ms:.3f} ms, fused C++ {fused_ms:.3f} ms ({eager_ms / fused_ms:.1f}x)")
 print(f"bytes {eager_bytes / 2**20:.1f} MiB -> {fused_bytes / 2**20:.1f} MiB ({eager_bytes / fused_bytes:.1f}x)")
 # one pass instead of three, no temporaries (best runs: a loaded box spikes medians). Measured on the forced AVX2
-# path of this Zen 4 (TINYLEARN_CPU_FEATURES=avx2, as on an AVX2-only CPU): the generated kernel's GELU is compute
+# path of this Zen 5 EPYC (TINYLEARN_CPU_FEATURES=avx2, as on an AVX2-only CPU): the generated kernel's GELU is compute
 # bound there and the fused chain came out ~10% slower than eager, so the claim is asserted where AVX-512 is used
 # and only bounded (within 1.5x of eager) elsewhere
 from tinylearn import cpu  # noqa: E402
@@ -374,7 +374,7 @@ print(
     f"GELU*sigmoid+res fwd+bwd on 256x1024: eager {t_eager:.2f} ms, compiled {t_comp:.2f} ms ({t_eager / t_comp:.1f}x)"
 )
 # 2 fused kernels instead of ~12 numpy passes and their temporaries: faster where AVX-512 is used (measured ~1.7x on
-# this Zen 4). The generated code is compiled for the CPU path TINYLEARN_CPU_FEATURES names, and the element-wise
+# this Zen 5 EPYC). The generated code is compiled for the CPU path TINYLEARN_CPU_FEATURES names, and the element-wise
 # numpy passes it replaces are not slow (sigmoid is one exp and a division): on the forced AVX2 path the fused pair
 # measured about eager's time (0.97 vs 1.05 ms), on the forced scalar path (no SIMD in the generated loops) 1.2x
 # slower, so there the claim is only bounded (within 1.5x of eager)
