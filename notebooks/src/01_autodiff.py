@@ -498,7 +498,9 @@ if len(tables) > 1:
 # compare ratios, not absolute milliseconds.
 #
 # Where does the tinylearn step spend its time? cProfile over 20 steps ranks functions by their own time. The
-# GEMMs inside the `Linear` op (`linalg.py` forward/backward) and the optimizer update lead; graph bookkeeping
+# GEMMs inside the `Linear` op (`linalg.py` forward/backward; on an AVX-512 CPU the products with at least 128 rows
+# and columns run tinylearn's own C++ GEMM, `gemm_route.py` and its `gemm.matmul` call) and the optimizer update
+# lead; graph bookkeeping
 # (`apply`, `run_backward`, `_make`) is below them. The update is memory-bound, so `tl.optim` uses a fused
 # one-pass C++ kernel (`tinylearn._C.optim.sgd_step` / `adam_step`, one read and one write per element) when the
 # extension is built — `backend="numpy"` keeps the readable version.
@@ -507,10 +509,11 @@ if len(tables) > 1:
 # NBVAL_IGNORE_OUTPUT
 prof = profile_mlp_step(steps=20, top=10)
 print(prof)
-rows = [ln.split() for ln in prof.splitlines() if ln.strip()[:1].isdigit() and "(" in ln and len(ln.split()) >= 6]
+rows = [ln.split() for ln in prof.splitlines() if ln.strip()[:1].isdigit() and len(ln.split()) >= 6]
+rows = [r for r in rows if r[1] != "function"]  # the "N function calls ... in T seconds" header
 total_s = float(prof.split(" in ")[1].split()[0])
-hot = sum(float(r[1]) for r in rows if "linalg.py" in r[-1] or "optim" in r[-1])
-print(f"GEMMs (linalg.py) + optimizer update: {hot / total_s:.0%} of the profiled time")
+hot = sum(float(r[1]) for r in rows if any(f in r[-1] for f in ("linalg.py", "gemm_route.py", "matmul", "optim")))
+print(f"GEMMs (linalg.py, gemm_route.py) + optimizer update: {hot / total_s:.0%} of the profiled time")
 assert hot / total_s > 0.5
 
 # %% [markdown]
@@ -568,9 +571,10 @@ for r in phase_rows.values():
     assert all(0 < ms < 1e4 for fw in r.values() for ms in fw.values())  # every phase ran and was timed
 
 # %% [markdown]
-# The GEMM changes are structural too: the `[128, 784] -> [128, 512]` layer's output is column-major, and the
-# weight gradient is the same at 1 and 2 threads (at 2, when numpy's BLAS is OpenBLAS with its own thread pool,
-# each half of it is a one-thread GEMM).
+# The GEMM changes are structural too: on OpenBLAS (pinned below: on an AVX-512 CPU this layer would run the C++
+# GEMM instead, `tinylearn/autograd/gemm_route.py`) the `[128, 784] -> [128, 512]` layer's output is column-major,
+# and the weight gradient is the same at 1 and 2 threads (at 2, when numpy's BLAS is OpenBLAS with its own thread
+# pool, each half of it is a one-thread GEMM).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -578,12 +582,14 @@ from tinylearn.autograd import blas_pair  # noqa: E402
 
 lin_l1 = tl.nn.Linear(784, 512)
 x_l1 = tl.Tensor(rng.standard_normal((128, 784)).astype(np.float32))
-y_l1 = lin_l1(x_l1)
+openblas = tl.backends.use("gemm.matmul", backend="numpy")  # the OpenBLAS path this cell is about
+with openblas:
+    y_l1 = lin_l1(x_l1)
 print("output column-major:", y_l1.data.flags.f_contiguous, "| row-major:", y_l1.data.flags.c_contiguous)
 assert y_l1.data.flags.f_contiguous and not y_l1.data.flags.c_contiguous
 dw_by_threads = {}
 for n_threads in (1, 2):
-    with threadpool_limits(n_threads):
+    with threadpool_limits(n_threads), tl.backends.use("gemm.matmul", backend="numpy"):
         lin_l1.weight.grad = None
         lin_l1(x_l1).relu().sum().backward()
         dw_by_threads[n_threads] = lin_l1.weight.grad.data.copy()
