@@ -85,20 +85,8 @@ DEFAULT_WRITER = "process"
 
 def to_host(value: Any) -> np.ndarray | None:
     """A private host copy of a numpy / torch / tl tensor (None when ``value`` is not a tensor)."""
-    if isinstance(value, np.ndarray):
-        return np.array(value, copy=True, order="C")
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            t = value.detach()
-            if t.dtype == torch.bfloat16:
-                raise TypeError("bfloat16 tensors are not supported: numpy has no bfloat16; cast first")
-            return t.to("cpu", copy=True).contiguous().numpy()
-    if mod.startswith("tinylearn") and isinstance(getattr(value, "data", None), np.ndarray):
-        return np.array(value.data, copy=True, order="C")
-    return None
+    view = host_view(value)
+    return None if view is None else np.array(view, copy=True, order="C")
 
 
 def host_view(value: Any) -> np.ndarray | None:
