@@ -526,9 +526,7 @@ assert aacc["Hessian allocation"] > aacc["reversed (same bits)"] and aacc["Hessi
 # With k = 2 it is n + 3 > n + 1: two segments cost *more* than none. The earlier curve, params + grads +
 # act * (n/k + k), sat under every measurement because it dropped the last segment, the input, the gradient
 # into the rebuilt segment and W. Measured with `tl.memory.measure_peak` (every numpy allocation of the step
-# through a pooled caching allocator; the Linear GEMMs pinned to OpenBLAS: with tinylearn's C++ GEMM, which an
-# AVX-512 CPU takes for these 1024-row products, the measured checkpointed peaks come out 2-3.4% higher at k = 4-16,
-# not modelled yet) and predicted by the graph walk `tl.memory.estimate(checkpoint_segments=k)`:
+# through a pooled caching allocator) and predicted by the graph walk `tl.memory.estimate(checkpoint_segments=k)`:
 
 # %%
 nn = tl.nn
@@ -559,8 +557,7 @@ def ck_units(k, n=n_layers):  # layer outputs alive at the backward peak (see th
 
 ks = [1, 2, 4, 6, 8, 12, 16]
 tl.autograd.reset_recompute_count()
-with tl.backends.use("gemm.matmul", backend="numpy"):  # OpenBLAS: the path the formula below is fitted to
-    peaks = {k: measure_peak(ck_step(k)) for k in ks}
+peaks = {k: measure_peak(ck_step(k)) for k in ks}
 est6 = {
     k: estimate(ck_net_make(), (1024, 128), optimizer="sgd", checkpoint_segments=k if k > 1 else None,
                 loss=lambda o: o.sum())["peak"]
