@@ -320,6 +320,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_inference_more",
             "test_inference_hardening",
             "test_inference_rope",
+            "test_decode_fast",
         ),
         "tinylearn.inference.bench",
         ("inference*.cpp",),

@@ -28,6 +28,7 @@ import numpy as np
 from ..autograd import Function, Tensor, cat, no_grad
 from ..nn import GELU, Embedding, LayerNorm, Linear, Module, ModuleList
 from ..nn import functional as F
+from . import decode_fast
 from .checks import int_arg
 from .config import GPTConfig
 from .rope import rope_kernel
@@ -298,6 +299,8 @@ class TinyGPT(Module):
             start = cache.length
         if start + t > c.max_seq_len:
             raise ValueError(f"ids: {start} cached + {t} new tokens exceed max_seq_len={c.max_seq_len}")
+        if t == 1 and cache is not None and decode_fast.eligible(self):  # no graph: the ops' forwards directly
+            return decode_fast.step(self, ids, cache, start)
         x = self.tok_emb(ids)
         if not c.rope:
             x = x + self.pos_emb(np.arange(start, start + t))
