@@ -64,7 +64,10 @@ def test_real_workload_pipeline_and_rebalance(model):
         ref = _sequential(stages, texts)
         p = Pipeline(stages, queue_size=4)
         out = p.run(texts)
-        plan, log = p.rebalance(max_workers=4)
+        # 5 threads for 4 stages: the planner always has a worker to give the bottleneck, whatever the measured
+        # split (with 4, no merge fits when embed and decode measure within a tokenize of each other -- CI saw
+        # 17.0 vs 17.8 ms -- and the plan cannot change)
+        plan, log = p.rebalance(max_workers=5)
         p2 = Pipeline(stages, plan, queue_size=4)
         out2 = p2.run(texts)
     for a, b, c in zip(ref, out, out2):
@@ -72,7 +75,7 @@ def test_real_workload_pipeline_and_rebalance(model):
         np.testing.assert_array_equal(a["f"], c["f"])
     svc = p.stats()["service_s"]
     assert svc[1] > svc[0] and svc[2] > svc[0]  # numpy embed and the forward outweigh byte tokenization (MEASURED)
-    assert sum(g.workers for g in plan) <= 4 and log
+    assert sum(g.workers for g in plan) <= 5 and log
     assert bottleneck_s(plan, svc) < bottleneck_s(p.plan, svc)
     print(f"\n[Q189] before {p!r}: {p.stats()['throughput']:.0f} items/s; after {p2!r}: {p2.stats()['throughput']:.0f}")
 

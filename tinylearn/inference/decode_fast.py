@@ -48,8 +48,9 @@ def _plain(m: Any, cls: type) -> bool:
     return type(m) is cls and not m._forward_pre_hooks and not m._forward_hooks
 
 
-def eligible(model: Any) -> bool:
-    """Whether ``step`` gives exactly what the module path would (see the module docstring)."""
+def eligible(model: Any, classes: tuple[type, type, type]) -> bool:
+    """Whether ``step`` gives exactly what the module path would (see the module docstring); ``classes``: the
+    model's (Block, Attention, MLP) classes (model.py passes them: no import cycle)."""
     if _function._GradMode.enabled or _function._GradMode.anomaly:
         return False
     if _function._trace_hook is not None or _function._autocast_hook is not None or _function._profile_hook is not None:
@@ -60,13 +61,12 @@ def eligible(model: Any) -> bool:
         return False
     if not _plain(model.blocks, ModuleList):
         return False
-    from .model import MLP, Attention, Block
-
+    block_cls, attention_cls, mlp_cls = classes
     for blk in model.blocks:
-        if not (_plain(blk, Block) and _plain(blk.ln1, LayerNorm) and _plain(blk.ln2, LayerNorm)):
+        if not (_plain(blk, block_cls) and _plain(blk.ln1, LayerNorm) and _plain(blk.ln2, LayerNorm)):
             return False
         a, m = blk.attn, blk.mlp
-        if not (_plain(a, Attention) and _plain(m, MLP) and _plain(m.act, GELU)):
+        if not (_plain(a, attention_cls) and _plain(m, mlp_cls) and _plain(m.act, GELU)):
             return False
         if not all(_plain(lin, Linear) for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.fc, m.proj)):
             return False
@@ -84,10 +84,9 @@ def _layer_norm(ln: Any, x: np.ndarray) -> np.ndarray:
     return LayerNormFn.forward(_Ctx(), x, w, b, normalized_shape=ns, eps=ln.eps)
 
 
-def step(model: Any, ids: np.ndarray, cache: Any, start: int) -> Tensor:
-    """Logits [B, 1, V] of one new token per sequence after ``start`` cached ones; advances ``cache.length``."""
-    from .model import Rope
-
+def step(model: Any, ids: np.ndarray, cache: Any, start: int, rope: Any) -> Tensor:
+    """Logits [B, 1, V] of one new token per sequence after ``start`` cached ones; advances ``cache.length``.
+    ``rope``: the model's Rope Function (model.py passes it)."""
     c = model.config
     b, t = ids.shape
     h, hkv, hd, g = c.n_heads, c.kv_heads, c.head_dim, c.group
@@ -100,7 +99,7 @@ def step(model: Any, ids: np.ndarray, cache: Any, start: int) -> Tensor:
         q = _linear(att.q_proj, a).reshape(b, t, h, hd).transpose(0, 2, 1, 3)
         k = _linear(att.k_proj, a).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
         v = _linear(att.v_proj, a).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
-        q, k = Rope.forward(_Ctx(), q, cos, sin), Rope.forward(_Ctx(), k, cos, sin)
+        q, k = rope.forward(_Ctx(), q, cos, sin), rope.forward(_Ctx(), k, cos, sin)
         ka, va = cache.write(i, k, v)
         qg = _sh.Reshape.forward(_Ctx(), q, (b, hkv, g, hd))
         o = F.scaled_dot_product_attention(Tensor(qg), Tensor(ka), Tensor(va)).data  # as Attention's t == 1 branch
