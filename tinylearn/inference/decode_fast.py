@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd import function as _function
+from ..autograd import gemm_route
 from ..autograd import ops_elementwise as _ew
 from ..autograd import ops_shape as _sh
 from ..autograd.linalg import Linear as _LinearFn
@@ -48,33 +49,45 @@ def _plain(m: Any, cls: type) -> bool:
     return type(m) is cls and not m._forward_pre_hooks and not m._forward_hooks
 
 
-def eligible(model: Any, classes: tuple[type, type, type]) -> bool:
-    """Whether ``step`` gives exactly what the module path would (see the module docstring); ``classes``: the
-    model's (Block, Attention, MLP) classes (model.py passes them: no import cycle)."""
+def eligible(model: Any, classes: tuple[type, type, type]) -> tuple | None:
+    """The modules ``step`` runs, or None when the module path must run (see the module docstring); ``classes``:
+    the model's (Block, Attention, MLP) classes (model.py passes them: no import cycle). One walk per call: the
+    submodules are read from ``_modules`` directly (``Module.__getattr__`` costs ~0.5 us a lookup)."""
     if _function._GradMode.enabled or _function._GradMode.anomaly:
-        return False
+        return None
     if _function._trace_hook is not None or _function._autocast_hook is not None or _function._profile_hook is not None:
-        return False
+        return None
+    top = model.__dict__["_modules"]
+    emb, blocks, ln_f, head = top.get("tok_emb"), top.get("blocks"), top.get("ln_f"), top.get("lm_head")
     if model._rope is None or model._forward_pre_hooks or model._forward_hooks:
-        return False
-    if not (_plain(model.tok_emb, Embedding) and _plain(model.ln_f, LayerNorm) and _plain(model.lm_head, Linear)):
-        return False
-    if not _plain(model.blocks, ModuleList):
-        return False
+        return None
+    if not (_plain(emb, Embedding) and _plain(ln_f, LayerNorm) and _plain(head, Linear) and _plain(blocks, ModuleList)):
+        return None
     block_cls, attention_cls, mlp_cls = classes
-    for blk in model.blocks:
-        if not (_plain(blk, block_cls) and _plain(blk.ln1, LayerNorm) and _plain(blk.ln2, LayerNorm)):
-            return False
-        a, m = blk.attn, blk.mlp
-        if not (_plain(a, attention_cls) and _plain(m, mlp_cls) and _plain(m.act, GELU)):
-            return False
-        if not all(_plain(lin, Linear) for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.fc, m.proj)):
-            return False
-    return True
+    plan = []
+    for blk in blocks:
+        bm = blk.__dict__["_modules"] if type(blk) is block_cls else {}
+        a, m, ln1, ln2 = bm.get("attn"), bm.get("mlp"), bm.get("ln1"), bm.get("ln2")
+        if not (_plain(blk, block_cls) and _plain(ln1, LayerNorm) and _plain(ln2, LayerNorm)):
+            return None
+        if not (_plain(a, attention_cls) and _plain(m, mlp_cls)):
+            return None
+        am, mm = a.__dict__["_modules"], m.__dict__["_modules"]
+        lins = (am.get("q_proj"), am.get("k_proj"), am.get("v_proj"), am.get("o_proj"), mm.get("fc"), mm.get("proj"))
+        if not (all(_plain(lin, Linear) for lin in lins) and _plain(mm.get("act"), GELU)):
+            return None
+        plan.append((ln1, *lins, ln2, mm["act"]))
+    return emb, plan, ln_f, head
 
 
 def _linear(lin: Any, x: np.ndarray) -> np.ndarray:
-    return _LinearFn.forward(_Ctx(), x, lin.weight.data, None if lin.bias is None else lin.bias.data)
+    w, b = lin.weight.data, None if lin.bias is None else lin.bias.data
+    if x.ndim == 3 and x.dtype == w.dtype == np.float32 and x.shape[0] * x.shape[1] < gemm_route.MIN_M:
+        out = x @ w.T  # what Linear.forward computes for these operands (x 3-D, rows below the C++ GEMM's)
+        if b is not None:
+            out += b
+        return out
+    return _LinearFn.forward(_Ctx(), x, w, b)
 
 
 def _layer_norm(ln: Any, x: np.ndarray) -> np.ndarray:
@@ -84,29 +97,27 @@ def _layer_norm(ln: Any, x: np.ndarray) -> np.ndarray:
     return LayerNormFn.forward(_Ctx(), x, w, b, normalized_shape=ns, eps=ln.eps)
 
 
-def step(model: Any, ids: np.ndarray, cache: Any, start: int, rope: Any) -> Tensor:
+def step(model: Any, ids: np.ndarray, cache: Any, start: int, rope: Any, plan: tuple) -> Tensor:
     """Logits [B, 1, V] of one new token per sequence after ``start`` cached ones; advances ``cache.length``.
-    ``rope``: the model's Rope Function (model.py passes it)."""
+    ``rope``: the model's Rope Function; ``plan``: what ``eligible`` returned (model.py passes both)."""
     c = model.config
     b, t = ids.shape
     h, hkv, hd, g = c.n_heads, c.kv_heads, c.head_dim, c.group
-    x = EmbeddingFn.forward(_Ctx(), model.tok_emb.weight.data, ids)
+    emb, blocks, ln_f, head = plan
+    x = EmbeddingFn.forward(_Ctx(), emb.weight.data, ids)
     cos = np.asarray(model._rope[0][start : start + t], x.dtype)
     sin = np.asarray(model._rope[1][start : start + t], x.dtype)
-    for i, blk in enumerate(model.blocks):
-        att = blk.attn
-        a = _layer_norm(blk.ln1, x)
-        q = _linear(att.q_proj, a).reshape(b, t, h, hd).transpose(0, 2, 1, 3)
-        k = _linear(att.k_proj, a).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
-        v = _linear(att.v_proj, a).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
+    for i, (ln1, wq, wk, wv, wo, fc, proj, ln2, act) in enumerate(blocks):
+        a = _layer_norm(ln1, x)
+        q = _linear(wq, a).reshape(b, t, h, hd).transpose(0, 2, 1, 3)
+        k = _linear(wk, a).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
+        v = _linear(wv, a).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
         q, k = rope.forward(_Ctx(), q, cos, sin), rope.forward(_Ctx(), k, cos, sin)
         ka, va = cache.write(i, k, v)
         qg = _sh.Reshape.forward(_Ctx(), q, (b, hkv, g, hd))
         o = F.scaled_dot_product_attention(Tensor(qg), Tensor(ka), Tensor(va)).data  # as Attention's t == 1 branch
-        o = _linear(att.o_proj, o.reshape(b, 1, h * hd))
-        x = _ew.Add.forward(_Ctx(), x, o)
-        m = blk.mlp
-        f = _fused.GELU.forward(_Ctx(), _linear(m.fc, _layer_norm(blk.ln2, x)), approximate=m.act.approximate)
-        x = _ew.Add.forward(_Ctx(), x, _linear(m.proj, f))
+        x = _ew.Add.forward(_Ctx(), x, _linear(wo, o.reshape(b, 1, h * hd)))
+        f = _fused.GELU.forward(_Ctx(), _linear(fc, _layer_norm(ln2, x)), approximate=act.approximate)
+        x = _ew.Add.forward(_Ctx(), x, _linear(proj, f))
     cache.length = start + t
-    return Tensor(_linear(model.lm_head, _layer_norm(model.ln_f, x)))
+    return Tensor(_linear(head, _layer_norm(ln_f, x)))

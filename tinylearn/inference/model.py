@@ -299,8 +299,9 @@ class TinyGPT(Module):
             start = cache.length
         if start + t > c.max_seq_len:
             raise ValueError(f"ids: {start} cached + {t} new tokens exceed max_seq_len={c.max_seq_len}")
-        if t == 1 and cache is not None and decode_fast.eligible(self, (Block, Attention, MLP)):
-            return decode_fast.step(self, ids, cache, start, Rope)  # no graph: the ops' forwards directly
+        plan = decode_fast.eligible(self, (Block, Attention, MLP)) if t == 1 and cache is not None else None
+        if plan is not None:
+            return decode_fast.step(self, ids, cache, start, Rope, plan)  # no graph: the ops' forwards directly
         x = self.tok_emb(ids)
         if not c.rope:
             x = x + self.pos_emb(np.arange(start, start + t))
