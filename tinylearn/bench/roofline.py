@@ -279,9 +279,11 @@ def machine_peak() -> dict:
 @functools.cache
 def machine_roofs(threads: int | None = None) -> tuple[float, float]:
     """(peak GFLOP/s, STREAM GB/s) of this machine with ``threads`` threads (None: all), measured once per process:
-    the best BLAS SGEMM (``peak_gflops``) and STREAM triad, each with BLAS / OpenMP / torch capped at ``threads``."""
+    the best BLAS SGEMM (``peak_gflops``) and STREAM triad, each with BLAS / OpenMP / torch capped at ``threads``.
+    The triad is the best of 7 (~0.1 s): a bandwidth read low makes every roofline prediction from it too slow, and
+    notebook 05 asserts that unfused numpy ops run slower than predicted (a CI run once failed that on a best of 3)."""
     with limited_threads(threads, torch=True):
-        return peak_gflops(n=1024, repeat=3).gflops, stream_bandwidth(n=10_000_000, repeat=3)
+        return peak_gflops(n=1024, repeat=3).gflops, stream_bandwidth(n=10_000_000, repeat=7)
 
 
 def _positive(name: str, v: object, allow_zero: bool = False) -> float:
