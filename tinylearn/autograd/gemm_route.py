@@ -49,8 +49,11 @@ def use_cpp(a: np.ndarray, b: np.ndarray) -> bool:
     return pin is None or pin[0] in (None, "cpp")
 
 
+def cpp_mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` on the C++ GEMM, for a caller that has already asked ``use_cpp`` (C-contiguous result)."""
+    return _module().matmul(a, b, "parallel")
+
+
 def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` for 2-D arrays (any strides) on the GEMM ``use_cpp`` picks; the result is C-contiguous."""
-    if use_cpp(a, b):
-        return _module().matmul(a, b, "parallel")
-    return a @ b
+    """``a @ b`` for 2-D arrays (any strides) on the GEMM ``use_cpp`` picks."""
+    return cpp_mm(a, b) if use_cpp(a, b) else a @ b

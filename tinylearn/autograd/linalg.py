@@ -106,7 +106,7 @@ class Linear(Function):
             return out
         x2 = x.reshape(-1, x.shape[-1])
         if gemm_route.use_cpp(x2, w.T):  # the C++ AVX-512 GEMM (gemm_route.py): C-contiguous [N, out]
-            out = _shaped(gemm_route.mm(x2, w.T), x.shape[:-1] + (w.shape[0],))
+            out = _shaped(gemm_route.cpp_mm(x2, w.T), x.shape[:-1] + (w.shape[0],))
         elif x.ndim == 2 and x.shape[0] <= w.shape[0]:
             out = (w @ x.T).T  # [N, out] view of a C-contiguous [out, N] result; see the module docstring
         else:
@@ -136,8 +136,8 @@ class Linear(Function):
             return gx, gw, gb
         cpp_x, cpp_w = nx and gemm_route.use_cpp(g2, w), nw and gemm_route.use_cpp(g2.T, x2)
         if cpp_x or cpp_w:  # the C++ GEMM on every core for the products it is faster on (gemm_route.py)
-            gx = (_shaped(gemm_route.mm(g2, w), x.shape[:-1] + (i,)) if cpp_x else g @ w) if nx else None
-            gw = (gemm_route.mm(g2.T, x2) if cpp_w else g2.T @ x2) if nw else None
+            gx = (_shaped(gemm_route.cpp_mm(g2, w), x.shape[:-1] + (i,)) if cpp_x else g @ w) if nx else None
+            gw = (gemm_route.cpp_mm(g2.T, x2) if cpp_w else g2.T @ x2) if nw else None
         elif nx and nw and parallel_ok(2.0 * n * o * i):  # dX and dW side by side, one thread each
             # dX's array is allocated here, on the calling thread (allocation tracking such as
             # tinylearn.memory.measure_peak follows this thread); the helper thread only fills it

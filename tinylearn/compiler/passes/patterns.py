@@ -44,7 +44,7 @@ class LinearAct(Function):
     def forward(ctx, x, w, b=None, act="ReLU", approximate="none", transpose_w=True, act_cls=None):
         wt = w.T if transpose_w else w
         x2 = x.reshape(-1, x.shape[-1])
-        z = gemm_route.mm(x2, wt) if gemm_route.use_cpp(x2, wt) else x @ wt
+        z = gemm_route.cpp_mm(x2, wt) if gemm_route.use_cpp(x2, wt) else x @ wt
         z = z if z.shape == x.shape[:-1] + (wt.shape[1],) else z.reshape(x.shape[:-1] + (wt.shape[1],))
         if b is not None:
             z = z + b
@@ -62,7 +62,7 @@ class LinearAct(Function):
         gz = type(ctx.act_ctx).backward(ctx.act_ctx, g)
         wt = w.T if ctx.transpose_w else w
         g2, x2 = gz.reshape(-1, gz.shape[-1]), x.reshape(-1, x.shape[-1])
-        gx = gemm_route.mm(g2, wt.T) if gemm_route.use_cpp(g2, wt.T) else gz @ wt.T
+        gx = gemm_route.cpp_mm(g2, wt.T) if gemm_route.use_cpp(g2, wt.T) else gz @ wt.T
         gx = gx if gx.shape == x.shape else gx.reshape(x.shape)
         gw = gemm_route.mm(g2.T, x2) if ctx.transpose_w else gemm_route.mm(x2.T, g2)
         gb = unbroadcast(gz, ctx.bshape) if ctx.has_b else None
