@@ -194,9 +194,12 @@ def check_cells(cells: list[dict]) -> list[str]:
 
 def run_notebook(
     browser, server: LabServer, name: str, out_dir: Path, timeout_s: float, compare: bool = False
-) -> list[str]:
+) -> tuple[list[str], dict[str, float]]:
+    """Open, Run All, check: the problems found and the seconds of each phase (open, run, check)."""
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     problems: list[str] = []
+    phases: dict[str, float] = {}
+    t_open = time.time()
     try:
         # &reset: a fresh workspace, so the previous notebook (its kernel shut down) is not restored beside this one
         page.goto(server.url(f"lab/tree/{name}") + "&reset", wait_until="domcontentloaded", timeout=60_000)
@@ -206,13 +209,16 @@ def run_notebook(
             arg=name,
             timeout=120_000,
         )
-        page.evaluate(_RUN_ALL_JS)
         t0 = time.time()
+        phases["open"] = t0 - t_open
+        page.evaluate(_RUN_ALL_JS)
         while page.evaluate(_KERNEL_STATE_JS) not in ("idle",):
             if time.time() - t0 > timeout_s:
                 problems.append(f"kernel still busy after {timeout_s} s")
                 break
-            time.sleep(1)
+            time.sleep(0.2)
+        t_check = time.time()
+        phases["run"] = t_check - t0
         cells = page.evaluate(_COLLECT_JS)
         problems += check_cells(cells)
         if compare:
@@ -226,9 +232,10 @@ def run_notebook(
         )
         if n_img == 0:
             problems.append("no plot image rendered in the page")
-        time.sleep(0.5)
+        time.sleep(0.2)
         page.screenshot(path=str(out_dir / f"{Path(name).stem}.png"))
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        phases["check"] = time.time() - t_check
     except Exception as e:  # a driver error is a failure of this notebook, reported with its type
         problems.append(f"{type(e).__name__}: {str(e)[:300]}")
         try:
@@ -237,7 +244,7 @@ def run_notebook(
             pass
     finally:
         page.close()
-    return problems
+    return problems, phases
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                 browser = pw.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
                 for n in names:
                     t0 = time.time()
-                    probs = run_notebook(browser, server, n, out_dir, args.timeout_s, args.compare)
+                    probs, phases = run_notebook(browser, server, n, out_dir, args.timeout_s, args.compare)
                     status = "ok" if not probs else "FAIL"
-                    print(f"{status:4s} {n:40s} {time.time() - t0:6.1f} s", flush=True)
+                    split = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+                    print(f"{status:4s} {n:40s} {time.time() - t0:6.1f} s  ({split})", flush=True)
                     for p in probs:
                         print(f"       - {p}")
                     if probs:

@@ -67,10 +67,11 @@ assert spin_numpy > 0.08 and spin_tl < 0.05  # the default spins; after import t
 # worker spinning at the end of a region holds the core its own master thread needs, so every parallel region costs
 # the whole spin (measured: a [512, 128] softmax 8 ms per call instead of 0.02 ms). `import tinylearn` sets
 # `GOMP_SPINCOUNT=1000` (~35 µs) — but libgomp reads it once, when it loads, and `import torch` loads it: **import
-# tinylearn before torch** in your own scripts (`tinylearn info` says whether it applied; this notebook imported
-# tinylearn first). Measured below in two fresh processes: the share of a core burned while the only Python thread
-# sleeps 50 ms right after one 2-thread tinylearn kernel, with libgomp loaded first (as `import torch` does) and
-# with tinylearn first.
+# tinylearn before torch** in your own scripts (`tinylearn info` says whether it applied). Every notebook here
+# does: its first import is `import tinylearn`, kept apart from the sorted imports by an `# isort: split` line.
+# Measured below in two fresh processes: the share of a core burned while the only Python thread sleeps 50 ms
+# right after one 2-thread tinylearn kernel, with libgomp loaded first (as `import torch` does) and with tinylearn
+# first.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -21,6 +21,9 @@
 # Set `TINYLEARN_FULL=1` for the full benchmark.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import copy
 import os
 import sys
@@ -32,7 +35,6 @@ import torch
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-import tinylearn as tl
 from tinylearn.autograd import Function, gradcheck, jvp
 from tinylearn.autograd import dual as D
 from tinylearn.autograd import linalg as LA

@@ -21,6 +21,9 @@
 # were taken on a shared, loaded machine; they are printed, never asserted as "A faster than B".
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import os
 
 import matplotlib.pyplot as plt
@@ -29,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-import tinylearn as tl
 from tinylearn.conv import winograd
 
 FULL = os.environ.get("TINYLEARN_FULL") == "1"

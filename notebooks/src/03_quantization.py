@@ -28,25 +28,24 @@
 
 # %%
 # %matplotlib inline
+# first: its short OpenMP and OpenBLAS spin-waits are set before torch loads libgomp and numpy OpenBLAS (notebook 00)
+import tinylearn as tl
+
+# isort: split
+import copy
 import os
+import warnings
 
-# before numpy loads OpenBLAS, as `import tinylearn` first would (tinylearn/__init__.py): its idle worker otherwise
-# spins ~0.1 s after every BLAS call and takes a core from the next timed 2-thread kernel
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
-import copy  # noqa: E402
-import warnings  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+from tqdm.auto import tqdm
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from threadpoolctl import threadpool_limits  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-import tinylearn as tl  # noqa: E402
-from tinylearn.bench import Comparison, plot_table, tinygrad_jit  # noqa: E402
-from tinylearn.nn.models import DigitsCNN, DigitsMLP  # noqa: E402
-from tinylearn.nn.training import evaluate, fit, predict  # noqa: E402
-from tinylearn.quant.modules import DynamicQuantizedLinear  # noqa: E402
+from tinylearn.bench import Comparison, plot_table, tinygrad_jit
+from tinylearn.nn.models import DigitsCNN, DigitsMLP
+from tinylearn.nn.training import evaluate, fit, predict
+from tinylearn.quant.modules import DynamicQuantizedLinear
 
 warnings.filterwarnings("ignore")
 Q = tl.quant

@@ -25,6 +25,9 @@
 # (masks against torch, surgery against the masked model, kernels against dense). `TINYLEARN_FULL=1` = full sizes.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import os
 
 import matplotlib.pyplot as plt
@@ -33,7 +36,6 @@ import torch
 import torch.nn.utils.prune as tprune
 from threadpoolctl import threadpool_limits
 
-import tinylearn as tl
 import tinylearn.prune.bench  # noqa: F401
 from tinylearn.bench import import_tinygrad, tinygrad_jit, tinygrad_status
 from tinylearn.data import load_digits, train_test_split

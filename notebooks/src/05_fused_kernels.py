@@ -26,6 +26,9 @@ import os
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import tinylearn as tl  # noqa: E402 -- first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -33,7 +36,6 @@ import torch.nn.functional as F  # noqa: E402
 from scipy.special import erf  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-import tinylearn as tl  # noqa: E402
 from tinylearn.gemm import ARCHS, occupancy  # noqa: E402
 from tinylearn.kernels import bench as kbench  # noqa: E402
 from tinylearn.kernels import reference as ref  # noqa: E402

@@ -28,6 +28,9 @@ import os
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import tinylearn as tl  # noqa: E402 -- first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import time  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
@@ -35,7 +38,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-import tinylearn as tl  # noqa: E402
 from tinylearn import backends  # noqa: E402
 from tinylearn.bench.roofline import roofline_plot  # noqa: E402
 from tinylearn.testing import assert_close  # noqa: E402

@@ -31,6 +31,9 @@
 # are what is measured, not text quality.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import os
 
 import matplotlib.pyplot as plt
@@ -39,7 +42,6 @@ import torch
 from scipy import stats as sps
 from threadpoolctl import threadpool_limits
 
-import tinylearn as tl
 from tinylearn.bench import measure
 from tinylearn.inference import (
     GPTConfig,

@@ -33,6 +33,9 @@
 # checks on 2 and 4 ranks.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import math
 
 import matplotlib
@@ -40,7 +43,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-import tinylearn as tl
 import tinylearn.parallel as par
 from tinylearn.parallel import plots, workers, workers_elastic
 

@@ -28,6 +28,9 @@
 # Everything is `tinylearn.amp`, `tl.autograd.checkpoint` and `tl.memory.estimate / measure_peak`.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import contextlib
 import os
 
@@ -35,7 +38,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-import tinylearn as tl
 from tinylearn import amp
 from tinylearn.inference import TinyGPT
 from tinylearn.memory import estimate, measure_peak, transformer_memory

@@ -15,6 +15,9 @@
 # preprocessing, [Q224] merging speculative branches, [Q183] choosing a decode strategy.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import gc
 import itertools
 import os
@@ -29,7 +32,6 @@ import numpy as np
 import torch
 from matplotlib.patches import Patch
 
-import tinylearn as tl
 from tinylearn._threads import limited_threads
 from tinylearn.autograd import no_grad
 from tinylearn.bench import measure

@@ -25,6 +25,9 @@
 # fine-tune; the latency table, predictor and search.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import copy
 import os
 import shutil
@@ -37,7 +40,6 @@ import peft  # imported once: slow (it imports transformers)
 import torch
 from scipy.stats import norm
 
-import tinylearn as tl
 from tinylearn import nn, optim
 from tinylearn._threads import limited_threads
 from tinylearn.autograd import no_grad

@@ -26,6 +26,9 @@
 # activation checkpoints.
 
 # %%
+import tinylearn  # noqa: F401 -- first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import itertools
 import json
 import shutil

@@ -31,6 +31,9 @@
 # · [Q242] routing under quantization error.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import math
 import time
 
@@ -39,7 +42,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import tinylearn as tl
 from tinylearn.bench import measure, tinygrad_status
 from tinylearn.bench.comparators import Comparison, tinygrad_jit
 from tinylearn.bench.plots import plot_table

@@ -31,6 +31,9 @@
 # concurrent-kernel interference · [Q236] clustering new variants.
 
 # %%
+import tinylearn as tl  # first: its short OpenMP spin-wait is set before torch loads libgomp (notebook 00)
+
+# isort: split
 import dataclasses
 import functools
 import json
@@ -47,7 +50,6 @@ import torch
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-import tinylearn as tl
 from tinylearn import backends, tunable
 from tinylearn._threads import limited_threads
 from tinylearn.autograd import Tensor

@@ -19,9 +19,9 @@ state to ``result`` and reports its SHA-256 (``{"ev": "done", "digest": ...}``);
 ``{"ev": "error", "msg": ...}`` with exit code 1. Waits on stdin are bounded (1 s polls); EOF on stdin (the
 parent is gone) ends the worker.
 
-Workloads: "matmul" (a chain of fp32 ``size`` x ``size`` numpy matmuls, each clipped to [-1, 1], and seeded noise,
-~5-20 ms a step), "cnn" (one SGD training step of ``tinylearn.nn.models.DigitsCNN`` on a seeded minibatch of the 8x8 digits; the
-digits come from ``spec["data"]``, an .npz the cluster writes once, else ``tinylearn.data.datasets.load_digits``),
+Workloads: "matmul" (a chain of fp32 ``size`` x ``size`` numpy matmuls, each clipped to [-1, 1], and seeded noise, ~5-20
+ms a step), "cnn" (one SGD training step of ``tinylearn.nn.models.DigitsCNN`` on a seeded minibatch of the 8x8 digits;
+the digits come from ``spec["data"]``, an .npz the cluster writes once, else ``tinylearn.data.datasets.load_digits``),
 "gpt" (one SGD step of a 1-layer ``tinylearn.inference.model.TinyGPT``, d_model 32, on seeded next-token counting
 sequences, ~2 ms), "sleep" (``sleep_s`` per step, holds its core idle), "crash" (raises at step 2), "hang" (blocks
 forever at step 2: the cluster's step timeout kills it).
