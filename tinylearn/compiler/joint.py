@@ -40,7 +40,7 @@ from . import fusion
 from .derivatives import VJPBuilder, vjp
 from .graph import Graph, Node
 from .lowering import fusible
-from .runtime import ExternStep, call_node, leaf_value
+from .runtime import ExternStep, PreparedCall, leaf_value
 
 MAX_RECOMPUTE = 12  # ops in a recomputed point-wise cone, at most
 LEAVES = ("placeholder", "param", "constant")
@@ -76,9 +76,13 @@ class CtxStep:
 
     node: Node
     needs: tuple[bool, ...]
+    call: PreparedCall = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.call = PreparedCall(self.node, self.needs)
 
     def run(self, env: dict[Any, Any]) -> None:
-        env[self.node], env[("ctx", self.node)] = call_node(self.node, env, self.needs)
+        env[self.node], env[("ctx", self.node)] = self.call(env)
 
 
 @dataclass

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..graph import Node
 from ..kernel_ir import Buffer, FusedKernel
-from ..runtime import ExternStep, KernelStep, Program, call_node
+from ..runtime import ExternStep, KernelStep, PreparedCall, Program
 
 
 @dataclass
@@ -39,9 +39,13 @@ class ContiguousStep:
     """An extern op whose result is made C-contiguous once (a materialised transpose shared by its readers)."""
 
     node: Node
+    call: PreparedCall = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.call = PreparedCall(self.node)
 
     def run(self, env: dict[Node, Any]) -> None:
-        env[self.node] = np.ascontiguousarray(call_node(self.node, env)[0])
+        env[self.node] = np.ascontiguousarray(self.call(env)[0])
 
 
 @dataclass
