@@ -633,7 +633,8 @@ assert np.array_equal(mm_tiled, mm_ref) and np.array_equal(mm_ref, M0["A"] @ M0[
 # block forward. Run time is the median per call after warm-up (every compiler compiles in its warm-up); the
 # second table is the first call of a freshly compiled function — tl.compile with an empty kernel cache, tl.compile
 # again (trace + passes + kernel cache hit), torch.compile (Inductor, CPU) after a dynamo reset with its FX-graph
-# cache off (cold too), and tinygrad's three capture calls.
+# cache off and an empty Inductor cache dir (cold too: otherwise the C++ it compiled in an earlier run is found on
+# disk and only its codegen is timed), and tinygrad's three capture calls.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -662,6 +663,10 @@ print(f"tl.compile vs eager on the chain: {speedup:.1f}x; vs torch.compile per r
       + ", ".join(f"{c} {v:.2f}x" for c, v in vs_tc.items()))  # fmt: skip
 assert speedup > (1 if avx512 else 0.67)  # the fused chain beats op-by-op eager (AVX2 path: see section 4)
 assert all(cms[(c, "tl.compile (cold cache)")] < 5000 for c in cases)  # a cold compile: well under 5 s per row
+tcc = {c: cms[(c, "torch.compile")] for c in cases if (c, "torch.compile") in cms}
+cold = {c: cms[(c, "tl.compile (cold cache)")] / t for c, t in tcc.items()}
+print("cold compile, tl.compile / torch.compile:", {c: round(v, 2) for c, v in cold.items()})
+assert all(v < 1 for v in cold.values())  # both cold: our one small C++ file per kernel vs Inductor's codegen + C++
 for c in ("softmax", "mlp block fwd"):
     assert (c, "tinygrad") not in ms or ms[(c, "tinygrad")] > ms[(c, "tl.compile")]
 
@@ -673,9 +678,11 @@ for c in ("softmax", "mlp block fwd"):
 # generated row kernel is in the range of torch's. Goals of the issue that this table checks, not asserts: ≥ 3×
 # eager on fused chains (met only where eager runs several numpy passes), ≤ 1.2× torch.compile per row. A cold
 # tl.compile costs a few hundred ms per row (trace, passes, one small C++ file per kernel through gcc), asserted
-# under 5 s; torch.compile's first compile in a process pays for Dynamo and Inductor's start-up (seconds), and a
-# later graph whose kernels Inductor already holds in memory costs about as much as ours, so the compile-time
-# ratios in the table depend on what ran before it. tinygrad's TinyJit captures in about the same time as a cold
+# under 5 s and below a cold torch.compile's on every row (printed): Inductor's first compile in a process also pays
+# for Dynamo and Inductor's start-up (seconds), and each later graph for its codegen and a C++ compile of its
+# kernels with their larger headers (about a second each here). With Inductor's caches left on, a rerun finds its
+# compiled kernels on disk and its first call drops to tens of milliseconds; ours does the same from
+# `TINYLEARN_CACHE_DIR` (the "again" row). tinygrad's TinyJit captures in about the same time as a cold
 # tl.compile, and its CPU kernels run the softmax and MLP rows slower than tl.compile here (the printed ratios).
 
 # %% [markdown]
