@@ -406,6 +406,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_listsched",
             "test_polyhedral",
             "test_compiler_bench",
+            "test_horizontal",
         ),
         "tinylearn.compiler.bench",
         aliases=("compile", "jit"),

@@ -147,6 +147,24 @@ assert [n.op for n in gl.calls()] == ["linear_act"] and close(run_graph(gl, xl),
 # with one-use constraints), register it in a `RewritePatternSet`, run `applyPatternsAndFoldGreedily`, and lower the
 # fused op to a library call or generated loops; the legality conditions are the ones `match` checks here.
 # (`conv_act` / `linear_act` are the rewritten nodes; each is one call of a fused `ConvAct` / `LinearAct` op.)
+#
+# That is *vertical* fusion (a GEMM with what follows it). The *horizontal* kind joins independent ops that read the
+# same input: attention's q, k and v projections are three GEMMs on one activation, and `passes.horizontal` makes
+# them one GEMM against the stacked weights (a multi-output `linear_group` node whose `getitem` outputs are column
+# slices of the product). The input is read once, one call is paid instead of three, and the thin GQA k/v products
+# ride on the wide one. Its cost rule: the weights are stacked at every call (a parameter can change between
+# calls), so the pass fuses only when the input has at least `MIN_ROWS` rows; a decode step's one row stays as three
+# GEMVs, and the report says why. Inductor's pre-grad "group/batch fusion" passes do this to linears on a shared input.
+
+# %%
+q_p, k_p, v_p = tl.nn.Linear(32, 32), tl.nn.Linear(32, 8), tl.nn.Linear(32, 8)
+qkv = lambda t: (q_p(t), k_p(t), v_p(t))  # noqa: E731
+for rows in (64, 1):
+    xh = rand(rows, 32, seed=4)
+    gh = compiler.trace(qkv, xh)
+    print(f"{rows} rows:", passes.horizontal.run(gh))
+    assert all(close(a, b.numpy()) for a, b in zip(compiler.runtime.run_graph(gh, [xh.data]), qkv(xh), strict=True))
+    assert [n.op for n in gh.calls()] == (["linear_group"] if rows >= passes.horizontal.MIN_ROWS else ["Linear"] * 3)
 
 # %% [markdown]
 # ## 4. Fusion: what goes into one kernel, and the cost rule [Q54]

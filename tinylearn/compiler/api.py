@@ -113,6 +113,7 @@ def build(graph: Graph, backend: str, mode: str) -> tuple[CompiledGraph, list[st
     reports = passes.run_pipeline(train)
     infer = train.copy()
     reports.append(passes.patterns.run(infer))
+    reports.append(passes.horizontal.run(infer))
     passes.dce.run(infer)
     plan = fusion.plan(infer, mode)
     steps, used, reasons = fusion.program_steps(plan, _backend_fn, backend)

@@ -8,6 +8,8 @@
                   reshape/expand
     patterns      an MLIR-style pattern rewriter (match a node, rewrite it); e.g. linear + bias + relu/gelu ->
                   one ``linear_act`` call
+    horizontal    Linear ops reading one input -> one GEMM on their stacked weights (attention's q/k/v), by a
+                  cost rule (the input's rows)
 
 ``run_pipeline`` applies them in the order a compiler would (inference; ``patterns`` too). A report prints what its
 pass changed (``str(report)``) and nothing else.
@@ -16,11 +18,19 @@ pass changed (``str(report)``) and nothing else.
 from __future__ import annotations
 
 from ..graph import Graph
-from . import cse, dce, fold, patterns, shape_infer, simplify
+from . import cse, dce, fold, horizontal, patterns, shape_infer, simplify
 from .report import PassReport
 
 DEFAULT = ("shape_infer", "simplify", "fold", "cse", "dce")
-PASSES = {"shape_infer": shape_infer, "dce": dce, "cse": cse, "fold": fold, "simplify": simplify, "patterns": patterns}
+PASSES = {
+    "shape_infer": shape_infer,
+    "dce": dce,
+    "cse": cse,
+    "fold": fold,
+    "simplify": simplify,
+    "patterns": patterns,
+    "horizontal": horizontal,
+}
 
 
 def run_pipeline(graph: Graph, names: tuple[str, ...] = DEFAULT) -> list[PassReport]:
