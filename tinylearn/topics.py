@@ -113,7 +113,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_gemm_route",
         ),
         "tinylearn.autograd.bench",
-        ("optim*.cpp",),
+        ("optim*.cpp", "autograd_*.cpp"),
         aliases=("autodiff",),
         questions="4, 17, 18, 24, 34, 70, 93",
         sanitize=(
@@ -126,7 +126,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_relu_kernel",
             "test_autograd_hardening",
         ),
-        registers=("autograd.relu", "optim.optimizer"),
+        registers=("autograd.relu", "autograd.ops_index", "optim.optimizer"),
     ),
     Topic(
         "conv",

@@ -495,3 +495,32 @@ def test_index_add_rows_equals_np_add_at(dtype):
     assert np.array_equal(got[7:], base[7:])  # rows no index names stay as they were
     index_add_rows(got, idx[:0], rows[:0])  # nothing to add
     np.testing.assert_allclose(got, want, rtol=1e-3 if dtype == "float16" else 1e-6, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_index_add_rows_cpp_is_bitwise_np_add_at_and_checks_indices(dtype):
+    """The C++ scatter (op autograd.index_add_rows) adds in index order: bitwise np.add.at; a bad index raises
+    naming it and leaves out untouched; a layout the kernel does not take (a strided out) runs the numpy path."""
+    from tinylearn import backends
+    from tinylearn.autograd.ops_index import INDEX_ADD, index_add_rows
+
+    if not backends.C_available("autograd"):
+        pytest.skip("tinylearn._C.autograd is not built")
+    rng = np.random.default_rng(4)
+    idx = rng.integers(0, 50, 2048)
+    rows = rng.standard_normal((2048, 64)).astype(dtype)
+    base = rng.standard_normal((60, 64)).astype(dtype)
+    got, want = base.copy(), base.copy()
+    with backends.use(INDEX_ADD, backend="cpp"):
+        index_add_rows(got, idx, rows)
+    np.add.at(want, idx, rows)
+    assert np.array_equal(got, want)
+    bad = idx.copy()
+    bad[7] = 60
+    before = got.copy()
+    with pytest.raises(ValueError, match="idx: index 60 at position 7 is out of range"):
+        backends.load_C("autograd").index_add_rows(got, bad, rows)
+    assert np.array_equal(got, before)
+    strided = np.zeros((60, 128), dtype)[:, ::2]  # not C-contiguous: the numpy path, same sums
+    index_add_rows(strided, idx, rows)
+    np.testing.assert_allclose(strided, want - base, rtol=1e-5, atol=1e-5)
