@@ -57,9 +57,13 @@ def index_add_rows(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
     if idx.size == 0:
         return
     if _cpp_fits(out, rows) and backends.resolve(INDEX_ADD)[0] == "cpp":
-        backends.load_C("autograd").index_add_rows(out, np.asarray(idx, np.int64), rows.reshape(idx.size, -1))
+        _index_add_kernel(out, idx, rows)
         return
     _index_add_numpy(out, idx, rows)
+
+
+def _index_add_kernel(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
+    backends.load_C("autograd").index_add_rows(out, np.asarray(idx, np.int64), rows.reshape(idx.size, -1))
 
 
 def _index_add_into_copy(inplace: Any) -> Any:
@@ -79,7 +83,7 @@ def _index_add_cpp(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
     if not _cpp_fits(out, rows):
         raise ValueError(f"out, rows: the C++ kernel takes C-contiguous float32/float64 out and rows of its dtype, "
                          f"got {out.dtype} {out.shape} and {rows.dtype} {rows.shape}")  # fmt: skip
-    backends.load_C("autograd").index_add_rows(out, np.asarray(idx, np.int64), rows.reshape(idx.size, -1))
+    _index_add_kernel(out, idx, rows)
 
 
 def _index_add_example(rng: Any) -> tuple[tuple, dict]:
