@@ -15,7 +15,7 @@
 //          every operand must be unit-stride there (each row is one SIMD row call)
 // The Python caller takes numpy's path on False. Shape/dtype mismatches raise ValueError.
 // Paths (cpu_features.h switch): AVX-512 (compare to a mask, masked move, masked tail), AVX2 (compare, and),
-// scalar (plain loop). Every path gives the same bits: the op is a select. One thread below kGrain elements per
+// scalar (plain loop). Every path gives the same bits: the op is a select. One thread below relu_kGrain elements per
 // thread (an OpenMP team costs several us, more than the whole [128, 512] op); the GIL is released from there.
 #include <immintrin.h>
 
@@ -34,7 +34,7 @@ namespace py = pybind11;
 namespace {
 using namespace tl;
 
-constexpr int64_t kGrain = int64_t(1) << 18;  // elements per OpenMP thread (1 MiB of float32 input)
+constexpr int64_t relu_kGrain = int64_t(1) << 18;  // elements per OpenMP thread (1 MiB of float32 input)
 
 enum class Isa { scalar, avx2, avx512 };
 Isa isa() {
@@ -222,7 +222,7 @@ bool run(const std::vector<py::array>& ops, RowFn row) {
   if (n == 0) return true;
   bool flat = dense(out);
   for (size_t k = 1; flat && k < ops.size(); ++k) flat = same_strides(ops[k], out);
-  const bool big = n >= 2 * kGrain;
+  const bool big = n >= 2 * relu_kGrain;
   if (flat) {
     std::vector<const T*> in;
     for (size_t k = 1; k < ops.size(); ++k) in.push_back(static_cast<const T*>(ops[k].data()));
@@ -230,7 +230,7 @@ bool run(const std::vector<py::array>& ops, RowFn row) {
     auto body = [&](int64_t b, int64_t e) { row(in, o, b, e - b); };
     if (big) {
       py::gil_scoped_release nogil;
-      run_chunks(n, kGrain, true, body);
+      run_chunks(n, relu_kGrain, true, body);
     } else {
       body(0, n);
     }
@@ -252,7 +252,7 @@ bool run(const std::vector<py::array>& ops, RowFn row) {
   };
   if (big) {
     py::gil_scoped_release nogil;
-    run_chunks(R, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)), true, body);
+    run_chunks(R, std::max<int64_t>(1, relu_kGrain / std::max<int64_t>(C, 1)), true, body);
   } else {
     body(0, R);
   }

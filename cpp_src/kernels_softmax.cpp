@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "kernels_math.h"
+#include "softmax_rows.h"
 
 namespace py = pybind11;
 
@@ -370,56 +371,29 @@ carr<T> softmax_backward(carr<T> y, carr<T> dy) {
 }
 
 // ---- log_softmax: y = (x - max) - log sum e^(x - max);  dx = dy - e^y sum(dy) --------------------------------
-// float32 rows: three copies (scalar emulating 8 lanes, AVX2, AVX-512) chosen per call by vm::best_isa()
+// float32 rows: three copies (scalar emulating 8 lanes, AVX2, AVX-512) chosen per call by vm::best_isa(); the row
+// statistics (m, log s) come from softmax_rows.h, shared with cross_entropy
 void lsm_fwd_row_scalar(const float* x, float* y, ssize_t C) {
-  float m = -kInf;
-  for (ssize_t c = 0; c < C; ++c) m = x[c] > m ? x[c] : m;
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (ssize_t c = 0; c < C; ++c) lanes[c & 7] += vm::scalar::exp(x[c] - m);
-  const float ls = std::log(reduce8(lanes));
-  for (ssize_t c = 0; c < C; ++c) y[c] = (x[c] - m) - ls;
+  const RowLse st = row_lse_scalar(x, C);
+  for (ssize_t c = 0; c < C; ++c) y[c] = (x[c] - st.m) - st.ls;
 }
 
 TL_AVX2 void lsm_fwd_row_avx2(const float* x, float* y, ssize_t C) {
-  __m256 mv = _mm256_set1_ps(-kInf);
+  const RowLse st = row_lse_avx2(x, C);
+  const __m256 mb = _mm256_set1_ps(st.m), lb = _mm256_set1_ps(st.ls);
   ssize_t c = 0;
-  for (; c + 8 <= C; c += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + c));
-  float m = vm::avx2::hmax(mv);
-  for (; c < C; ++c) m = x[c] > m ? x[c] : m;
-  const __m256 mb = _mm256_set1_ps(m);
-  __m256 acc = _mm256_setzero_ps();
-  for (c = 0; c + 8 <= C; c += 8)
-    acc = _mm256_add_ps(acc, vm::avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(x + c), mb)));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  for (; c < C; ++c) lanes[c & 7] += vm::scalar::exp(x[c] - m);
-  const float ls = std::log(reduce8(lanes));
-  const __m256 lb = _mm256_set1_ps(ls);
-  for (c = 0; c + 8 <= C; c += 8)
+  for (; c + 8 <= C; c += 8)
     _mm256_storeu_ps(y + c, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), mb), lb));
-  for (; c < C; ++c) y[c] = (x[c] - m) - ls;
+  for (; c < C; ++c) y[c] = (x[c] - st.m) - st.ls;
 }
 
 TL_AVX512 void lsm_fwd_row_avx512(const float* x, float* y, ssize_t C) {
-  __m512 mv = _mm512_set1_ps(-kInf);
+  const RowLse st = row_lse_avx512(x, C);
+  const __m512 mb = _mm512_set1_ps(st.m), lb = _mm512_set1_ps(st.ls);
   ssize_t c = 0;
-  for (; c + 16 <= C; c += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + c));
-  float m = _mm512_reduce_max_ps(mv);
-  for (; c < C; ++c) m = x[c] > m ? x[c] : m;
-  const __m512 mb = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  for (c = 0; c + 16 <= C; c += 16)
-    acc = _mm512_add_ps(acc, vm::avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(x + c), mb)));
-  alignas(64) float l16[16];
-  _mm512_store_ps(l16, acc);
-  float lanes[8];
-  for (int l = 0; l < 8; ++l) lanes[l] = l16[l] + l16[l + 8];
-  for (; c < C; ++c) lanes[c & 7] += vm::scalar::exp(x[c] - m);
-  const float ls = std::log(reduce8(lanes));
-  const __m512 lb = _mm512_set1_ps(ls);
-  for (c = 0; c + 16 <= C; c += 16)
+  for (; c + 16 <= C; c += 16)
     _mm512_storeu_ps(y + c, _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), mb), lb));
-  for (; c < C; ++c) y[c] = (x[c] - m) - ls;
+  for (; c < C; ++c) y[c] = (x[c] - st.m) - st.ls;
 }
 
 void lsm_bwd_row_scalar(const float* y, const float* g, float* dx, ssize_t C) {

@@ -13,7 +13,7 @@
 //               dequantize writes its first few floats one at a time so its vector stores are 64-byte aligned
 //               (numpy's 16-byte-aligned buffers split every 64-byte store over two cache lines: 1M codes, one
 //               thread, loaded box: AVX-512 70 -> 58 us, AVX2 72 -> 65 us)
-//   v2_threads  v1_simd split over OpenMP threads in chunks of >= kGrain elements (inputs below 2 * kGrain run on
+//   v2_threads  v1_simd split over OpenMP threads in chunks of >= qa_kGrain elements (inputs below 2 * qa_kGrain run on
 //               the calling thread: a thread wake-up costs more than a small kernel)
 // quant_affine_isa() names the SIMD level v1/v2 take now.
 #include <immintrin.h>
@@ -34,7 +34,7 @@ namespace {
 
 enum class AffIsa { scalar, avx2, avx512 };
 
-constexpr int64_t kGrain = 1 << 16;  // elements per thread at least (~20 us of work on one core)
+constexpr int64_t qa_kGrain = 1 << 16;  // elements per thread at least (~20 us of work on one core)
 
 AffIsa affine_isa() {
   if (tl::cpu_has("avx512f") && tl::cpu_has("avx512bw") && tl::cpu_has("avx512vl")) return AffIsa::avx512;
@@ -185,7 +185,7 @@ py::array_t<T> quantize_impl(py::array_t<float, py::array::c_style> x, float sca
   const float inv = 1.0f / scale, fz = float(zp), lo = float(qmin), hi = float(qmax);
   const AffIsa isa = ver == tl::Rung::scalar ? AffIsa::scalar : affine_isa();
   py::gil_scoped_release release;
-  tl::run_chunks(n, kGrain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
+  tl::run_chunks(n, qa_kGrain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
     if (isa == AffIsa::avx512)
       quantize_avx512<T>(px + b, po + b, e - b, inv, fz, lo, hi);
     else if (isa == AffIsa::avx2)
@@ -223,7 +223,7 @@ py::array_t<float> dequantize_impl(py::array_t<T, py::array::c_style> q, float s
   const float fz = float(zp);
   const AffIsa isa = ver == tl::Rung::scalar ? AffIsa::scalar : affine_isa();
   py::gil_scoped_release release;
-  tl::run_chunks(n, kGrain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
+  tl::run_chunks(n, qa_kGrain, ver == tl::Rung::threads, [&](int64_t b, int64_t e) {
     if (isa == AffIsa::avx512)
       dequantize_avx512<T>(pq + b, po + b, e - b, fz, scale);
     else if (isa == AffIsa::avx2)

@@ -42,6 +42,18 @@ def conformance_examples() -> dict[str, Any]:
         o, lse = reference.attention(q, k, v, True, 64)
         return (q, k, v, o, lse, rng.standard_normal(o.shape).astype(np.float32), True, 64), {}
 
+    def ce(rng: Any) -> tuple[np.ndarray, np.ndarray]:  # ignored rows (-100) and a label in the last column
+        t = rng.integers(0, 37, 5)
+        t[1], t[3] = -100, 36
+        return rows(rng) * 3, t
+
+    def ce_bwd(rng: Any) -> tuple[tuple, dict]:
+        from . import reference
+
+        x, t = ce(rng)
+        _, stats, _ = reference.cross_entropy(x, t, -100, 0.1)
+        return (x, stats, t, rng.standard_normal(5).astype(np.float32), -100, 0.1), {}
+
     return {
         "softmax": lambda rng: ((rows(rng),), {}),
         "softmax_backward": lambda rng: ((np.abs(rows(rng)) / 37, rows(rng)), {}),
@@ -55,4 +67,6 @@ def conformance_examples() -> dict[str, Any]:
         "bias_gelu_backward": lambda rng: ((rows(rng), rows(rng), rows(rng, 1)[0], "tanh"), {}),
         "attention": lambda rng: ((*attn(rng), True, 64), {}),
         "attention_backward": attn_bwd,
+        "cross_entropy": lambda rng: ((*ce(rng), -100, 0.1), {}),
+        "cross_entropy_backward": ce_bwd,
     }

@@ -9,6 +9,9 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
 - log_softmax (forward and backward, one version each): three passes per row (max, sum of exp, write), one exp
   per element; the backward one pass for sum(dy) and one for dx = dy - e^y sum(dy) (cpp_src/kernels_softmax.cpp;
   ``log_softmax_path()`` reports the float32 copy: avx512 / avx2 / scalar after ``TINYLEARN_CPU_FEATURES``).
+- cross_entropy (forward and backward, one version each): class-index targets, ignore_index, label smoothing; the
+  forward reads each row twice (the log_softmax statistics of cpp_src/softmax_rows.h) and writes per-row losses and
+  (max, log sum exp) only, the backward writes softmax - onehot scaled in one pass (cpp_src/kernels_cross_entropy.cpp).
 - layer_norm: ``two_pass``, ``welford``, ``simd`` (one pass of shifted sums in float64 lanes + the write pass),
   ``simd_omp``.
 - group_norm (forward and backward, one version each): [N, C, HW] with weight/bias [C] or None, OpenMP over the N*G
@@ -101,6 +104,19 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def log_softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return _k().log_softmax_backward(y, dy)
+
+
+def cross_entropy(
+    x: np.ndarray, target: np.ndarray, ignore_index: int, label_smoothing: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(loss [R], stats [R, 2], valid row count) of logits rows x [R, C] (cpp_src/kernels_cross_entropy.cpp)."""
+    return tuple(_k().cross_entropy_forward(x, target, int(ignore_index), float(label_smoothing)))
+
+
+def cross_entropy_backward(
+    x: np.ndarray, stats: np.ndarray, target: np.ndarray, scale: np.ndarray, ignore_index: int, label_smoothing: float
+) -> np.ndarray:
+    return _k().cross_entropy_backward(x, stats, target, scale, int(ignore_index), float(label_smoothing))
 
 
 def log_softmax_path() -> str:

@@ -8,6 +8,8 @@ Formulas (forward and backward side by side):
 
 - softmax: y = exp(x - max x) / sum exp(x - max x);             dx = y * (dy - sum(dy * y))
 - log_softmax: y = (x - max x) - log sum exp(x - max x);        dx = dy - exp(y) * sum(dy)
+- cross_entropy (class indices t, label smoothing eps): loss = -(1 - eps) y_t - eps mean(y) with y = log_softmax(x);
+  dx = softmax(x) - (1 - eps) onehot(t) - eps / C, times the row's upstream gradient
 - LayerNorm: xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps) (biased var); y = xhat * w + b;
   with g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
 - GroupNorm on [N, C, HW], G groups: LayerNorm's statistics over each group's C/G * HW values, w/b per channel:
@@ -94,6 +96,61 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def log_softmax_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """dx = dy - exp(y) * sum(dy) from the forward output y [R, C]."""
     return dy - np.exp(y) * np.sum(dy, axis=-1, keepdims=True)
+
+
+def cross_entropy(
+    x: np.ndarray, target: np.ndarray, ignore_index: int, label_smoothing: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-row cross-entropy of logits x [R, C] against class indices ``target`` [R] (rows whose target is
+    ``ignore_index`` give 0) -> (loss [R], stats [R, 2] = (max, log sum exp(x - max)), number of valid rows).
+    loss = -(1 - eps) logp_t - eps mean_c logp_c with logp = (x - max) - log sum exp(x - max)."""
+    valid, ts = _ce_targets(x, target, ignore_index, label_smoothing)
+    with np.errstate(invalid="ignore"):  # -inf - -inf: the NaN row torch gives
+        m = np.max(x, axis=-1)
+        z = x - m[:, None]
+        ls = np.log(np.sum(np.exp(z), axis=-1))
+        loss = -(z[np.arange(x.shape[0]), ts] - ls)
+        if label_smoothing:
+            loss = (1 - label_smoothing) * loss - label_smoothing * (z.mean(axis=-1) - ls)
+    stats = np.stack([m, ls], axis=1)
+    loss, stats = np.where(valid, loss, 0), np.where(valid[:, None], stats, 0)
+    return loss.astype(x.dtype, copy=False), stats.astype(x.dtype, copy=False), int(valid.sum())
+
+
+def cross_entropy_backward(
+    x: np.ndarray, stats: np.ndarray, target: np.ndarray, scale: np.ndarray, ignore_index: int, label_smoothing: float
+) -> np.ndarray:
+    """dx = scale * (softmax(x) - (1 - eps) onehot(target) - eps / C) per row, 0 where target == ignore_index; the
+    softmax from the forward's stats, exp((x - max) - log sum exp); ``scale`` [R] or [1]."""
+    valid, ts = _ce_targets(x, target, ignore_index, label_smoothing)
+    r, c = x.shape
+    s = np.broadcast_to(np.asarray(scale, x.dtype).reshape(-1), (r,))[:, None]
+    with np.errstate(invalid="ignore"):
+        dx = np.exp((x - stats[:, :1]) - stats[:, 1:])
+    if label_smoothing:
+        dx -= x.dtype.type(label_smoothing / c)
+    dx[np.arange(r), ts] -= x.dtype.type(1 - label_smoothing)
+    dx *= s
+    dx[~valid] = 0
+    return dx
+
+
+def _ce_targets(x: np.ndarray, target: np.ndarray, ignore_index: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(valid rows, targets with ignored rows set to 0), after the kernel's checks (ValueError naming the label)."""
+    r, c = x.shape
+    target = np.asarray(target)
+    if target.shape != (r,):
+        raise ValueError(f"cross_entropy: target must be 1-D with one class index per row of x ({r}), got shape "
+                         f"{target.shape}")  # fmt: skip
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {eps}")
+    valid = target != ignore_index
+    bad = valid & ((target < 0) | (target >= c))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"cross_entropy: target label {int(target[row])} at row {row} is out of range [0, {c}) "
+                         f"(ignore_index {ignore_index})")  # fmt: skip
+    return valid, np.where(valid, target, 0)
 
 
 # ---------------------------------------------------------------------------------------------------- LayerNorm

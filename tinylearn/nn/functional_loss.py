@@ -13,13 +13,21 @@ from typing import Any
 
 import numpy as np
 
+from .. import backends
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
+from ..kernels import reference
 
 _REDUCTIONS = ("mean", "sum", "none")
 
 
 class CrossEntropyFn(Function):
+    """One node for integer class indices without class weights: the registered kernels ``kernels.cross_entropy`` /
+    ``cross_entropy_backward`` (cpp: cpp_src/kernels_cross_entropy.cpp, the forward writes per-row losses and
+    (max, log sum exp) only, the backward softmax - onehot in one pass; numpy: tinylearn/kernels/reference.py),
+    float32/float64 on the registry's choice (a ``backends.use`` pin respected), other float dtypes on the numpy
+    reference. Saved for the backward: the logits, the row statistics [N, 2] and the targets."""
+
     @staticmethod
     def forward(ctx, logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0):
         if reduction not in _REDUCTIONS:
@@ -35,61 +43,41 @@ class CrossEntropyFn(Function):
         target = np.asarray(target)
         if target.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: target must hold integer class indices, got dtype {target.dtype}")
-        n, c = logits.shape
-        if target.shape != (n,):
+        if target.shape != logits.shape[:1]:
             raise ValueError(f"cross_entropy: target shape {target.shape} does not match logits shape {logits.shape}")
-        # every label in range and ignore_index outside it (the usual case): no mask, fewer small numpy calls
-        all_valid = n > 0 and not 0 <= ignore_index < c and target.min() >= 0 and target.max() < c
-        if all_valid:
-            valid, tsafe = None, target
-        else:
-            valid = target != ignore_index
-            bad = valid & ((target < 0) | (target >= c))
-            if bad.any():
-                lbl = int(target[bad][0])
-                raise ValueError(
-                    f"cross_entropy: target label {lbl} is out of range [0, {c}) for logits shape {logits.shape}"
-                )
-            tsafe = np.where(valid, target, 0)
-        z = logits - logits.max(axis=1, keepdims=True)
-        e = np.exp(z)
-        s = e.sum(axis=1, keepdims=True)
-        logp_t = z[np.arange(n), tsafe] - np.log(s[:, 0])
-        loss = -logp_t
-        if label_smoothing:
-            logp_mean = (z - np.log(s)).mean(axis=1)
-            loss = (1 - label_smoothing) * loss - label_smoothing * logp_mean
-        if valid is not None:
-            loss = np.where(valid, loss, 0)
-        loss = loss.astype(logits.dtype, copy=False)
-        nvalid = n if valid is None else int(valid.sum())
-        e /= s  # softmax
-        ctx.save_for_backward(e, tsafe, valid)
-        ctx.meta = (reduction, nvalid, label_smoothing)
+        fwd, bwd = _ce_kernels(logits.dtype)
+        x = np.ascontiguousarray(logits)
+        t = np.ascontiguousarray(target, dtype=np.int64)
+        loss, stats, nvalid = fwd(x, t, ignore_index, label_smoothing)
+        ctx.save_for_backward(x, stats, t)
+        ctx.meta = (reduction, nvalid, ignore_index, label_smoothing, bwd)
         if reduction == "mean":
-            return np.asarray(loss.sum() / max(nvalid, 1) if nvalid else np.nan, dtype=logits.dtype)
+            return np.asarray(loss.sum() / nvalid if nvalid else np.nan, dtype=logits.dtype)
         if reduction == "sum":
             return np.asarray(loss.sum(), dtype=logits.dtype)
         return loss[0] if ctx.squeeze else loss
 
     @staticmethod
     def backward(ctx, g):
-        p, t, valid = ctx.saved_tensors
-        reduction, nvalid, ls = ctx.meta
-        grad = p.copy()
-        c = p.shape[1]
-        if ls:
-            grad -= ls / c
-        grad[np.arange(p.shape[0]), t] -= 1 - ls
-        if valid is not None:  # None: every row counts (see forward)
-            grad *= valid[:, None]
+        x, stats, t = ctx.saved_tensors
+        reduction, nvalid, ignore_index, ls, bwd = ctx.meta
         if reduction == "mean":
-            grad *= g / max(nvalid, 1)
+            scale = np.asarray(g, x.dtype).reshape(1) / x.dtype.type(max(nvalid, 1))
         elif reduction == "sum":
-            grad *= g
+            scale = np.asarray(g, x.dtype).reshape(1)
         else:
-            grad *= (g.reshape(1) if ctx.squeeze else g)[:, None]
+            scale = np.ascontiguousarray(g, x.dtype).reshape(-1)
+        grad = bwd(x, stats, t, scale, ignore_index, ls)
         return (grad[0] if ctx.squeeze else grad), None
+
+
+def _ce_kernels(dtype: np.dtype) -> tuple[Any, Any]:
+    """(forward, backward) for logits of ``dtype``: the registered kernels for float32/float64, else the numpy
+    reference (float16, bfloat16 arrays)."""
+    if dtype.type in (np.float32, np.float64):
+        b, _, fwd = backends.resolve("kernels.cross_entropy")
+        return fwd, backends.resolve("kernels.cross_entropy_backward", b)[2]
+    return reference.cross_entropy, reference.cross_entropy_backward
 
 
 def _cross_entropy_indices(
