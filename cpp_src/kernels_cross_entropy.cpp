@@ -117,8 +117,8 @@ int64_t check_rows(const carr<T>& x, const idx_arr& target, int64_t ignore_index
   for (ssize_t r = 0; r < R; ++r) {
     if (pt[r] == ignore_index) continue;
     if (pt[r] < 0 || pt[r] >= C)
-      tl::value_error(std::string(fn) + ": target label " + std::to_string(pt[r]) + " at row " + std::to_string(r) +
-                      " is out of range [0, " + std::to_string(C) + ") (ignore_index " +
+      tl::value_error(std::string(fn) + ": target label " + std::to_string(pt[r]) + " is out of range [0, " +
+                      std::to_string(C) + ") (row " + std::to_string(r) + ", ignore_index " +
                       std::to_string(ignore_index) + ")");
     ++nvalid;
   }

@@ -303,6 +303,26 @@ def test_shared_grad_arrays_are_not_aliased():
     assert x.grad.data.tolist() == [4, 4, 4]
 
 
+def test_leaf_grads_from_views_never_alias_anything_else():
+    """The engine hands a leaf a view of a backward's array without copying only when nothing else references its
+    base (engine._sole_view): views of one shared gradient, or of the caller's gradient array, are copied."""
+    x = tl.Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    y = tl.Tensor(np.ones((3, 2), np.float32), requires_grad=True)
+    (x.reshape(6) + y.reshape(6)).sum().backward()  # both reshape VJPs view the same upstream array
+    x.grad.data *= 5
+    assert y.grad.data.tolist() == [[1, 1]] * 3 and x.grad.data.tolist() == [[5, 5, 5]] * 2
+    g = np.arange(6, dtype=np.float32)
+    z = tl.Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    z.reshape(6).backward(tl.Tensor(g))  # the VJP is a view of the caller's array
+    z.grad.data += 100
+    assert g.tolist() == [0, 1, 2, 3, 4, 5]
+    w = tl.Tensor(np.ones(32, np.float32), requires_grad=True)
+    v = tl.Tensor(np.random.default_rng(0).standard_normal((2, 32, 4)).astype(np.float32), requires_grad=True)
+    tl.nn.functional.group_norm(v, 4, w).sum().backward()  # dx: a reshape of the kernel's fresh array, handed over
+    assert v.grad.data.flags.writeable and v.grad.shape == (2, 32, 4)
+    assert not np.shares_memory(v.grad.data, v.data) and not np.shares_memory(v.grad.data, w.grad.data)
+
+
 def test_backward_twice_raises_and_retain_graph_works():
     x = tl.Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
     y = (x * x).sum()

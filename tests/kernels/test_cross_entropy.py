@@ -102,9 +102,9 @@ def test_large_magnitudes_and_nan_like_torch(backend: str) -> None:
 def test_bad_targets_name_the_label(backend: str) -> None:
     x = np.zeros((4, 5), np.float32)
     k = KERNELS[backend]
-    with pytest.raises(ValueError, match=r"target label 5 at row 2 is out of range \[0, 5\)"):
+    with pytest.raises(ValueError, match=r"target label 5 is out of range \[0, 5\) \(row 2"):
         k.cross_entropy(x, np.array([0, 1, 5, 2]), -100, 0.0)
-    with pytest.raises(ValueError, match=r"target label -3 at row 0"):
+    with pytest.raises(ValueError, match=r"target label -3 is out of range \[0, 5\) \(row 0"):
         k.cross_entropy(x, np.array([-3, 1, 1, 2]), -100, 0.0)
     with pytest.raises(ValueError, match="label_smoothing"):
         k.cross_entropy(x, np.array([0, 1, 1, 2]), -100, 1.5)

@@ -12,6 +12,7 @@ calls, like torch; intermediate gradients are dropped unless ``retain_grad()`` w
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -69,6 +70,15 @@ def _call_hooks(hooks: list, g: np.ndarray) -> np.ndarray:
     return g
 
 
+def _sole_view(g: np.ndarray) -> bool:
+    """True when ``g`` is a view (e.g. a reshape of a backward's fresh result) of an array that owns its data and
+    that nothing but ``g`` references (CPython's reference count 3: the base pointer of ``g``, the local ``b`` and
+    getrefcount's argument; any other view, saved tensor or user array holds one more), so handing ``g`` to ``.grad``
+    shares nothing."""
+    b = g.base
+    return type(b) is np.ndarray and b.flags.owndata and sys.getrefcount(b) == 3
+
+
 def _accumulate_leaf(t: Tensor, g: np.ndarray, handed: set, fresh: bool = False) -> None:
     """Add this pass's total gradient ``g`` of leaf ``t`` into ``t.grad`` (hooks first, like torch)."""
     if t._hooks:
@@ -79,7 +89,7 @@ def _accumulate_leaf(t: Tensor, g: np.ndarray, handed: set, fresh: bool = False)
         fresh = True
     if t.grad is None:
         # the engine's array may be shared (a view, another leaf's grad, a pending slot): copy only then
-        if not fresh and (g.base is not None or not g.flags.writeable or id(g) in handed):
+        if not fresh and ((g.base is not None and not _sole_view(g)) or not g.flags.writeable or id(g) in handed):
             g = g.copy()
         handed.add(id(g))
         t.grad = Tensor._make(g, False, None, 0)

@@ -148,8 +148,8 @@ def _ce_targets(x: np.ndarray, target: np.ndarray, ignore_index: int, eps: float
     bad = valid & ((target < 0) | (target >= c))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"cross_entropy: target label {int(target[row])} at row {row} is out of range [0, {c}) "
-                         f"(ignore_index {ignore_index})")  # fmt: skip
+        raise ValueError(f"cross_entropy: target label {int(target[row])} is out of range [0, {c}) (row {row}, "
+                         f"ignore_index {ignore_index})")  # fmt: skip
     return valid, np.where(valid, target, 0)
 
 
