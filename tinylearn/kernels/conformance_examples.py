@@ -54,6 +54,16 @@ def conformance_examples() -> dict[str, Any]:
         _, stats, _ = reference.cross_entropy(x, t, -100, 0.1)
         return (x, stats, t, rng.standard_normal(5).astype(np.float32), -100, 0.1), {}
 
+    def bn(rng: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return rng.standard_normal((4, 6, 9)).astype(np.float32) * 2 + 1, rows(rng, 1, 6)[0], rows(rng, 1, 6)[0]
+
+    def bn_bwd(rng: Any) -> tuple[tuple, dict]:
+        from . import reference
+
+        x, w, b = bn(rng)
+        _, mean, invstd, _ = reference.batch_norm(x, w, b, None, None, 1e-5)
+        return (rng.standard_normal(x.shape).astype(np.float32), x, w, mean, invstd, True), {}
+
     return {
         "softmax": lambda rng: ((rows(rng),), {}),
         "softmax_backward": lambda rng: ((np.abs(rows(rng)) / 37, rows(rng)), {}),
@@ -69,4 +79,6 @@ def conformance_examples() -> dict[str, Any]:
         "attention_backward": attn_bwd,
         "cross_entropy": lambda rng: ((*ce(rng), -100, 0.1), {}),
         "cross_entropy_backward": ce_bwd,
+        "batch_norm": lambda rng: ((*bn(rng), None, None, 1e-5), {}),
+        "batch_norm_backward": bn_bwd,
     }

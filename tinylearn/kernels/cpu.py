@@ -14,6 +14,9 @@ Each op keeps its versions ladder (llm.c style), every rung selectable and teste
   (max, log sum exp) only, the backward writes softmax - onehot scaled in one pass (cpp_src/kernels_cross_entropy.cpp).
 - layer_norm: ``two_pass``, ``welford``, ``simd`` (one pass of shifted sums in float64 lanes + the write pass),
   ``simd_omp``.
+- batch_norm (forward and backward, one version each): [N, C, L], OpenMP over channels, double accumulators, the
+  training statistics or given (eval) ones; the backward from two per-channel sums, then one pass for dx
+  (cpp_src/kernels_batchnorm.cpp, compiled like group_norm's: avx512 / avx2 / baseline copies).
 - group_norm (forward and backward, one version each): [N, C, HW] with weight/bias [C] or None, OpenMP over the N*G
   groups, double accumulators, one write pass (cpp_src/kernels_groupnorm.cpp; ``group_norm_path()`` reports the
   compiled copy the call takes: avx512 / avx2 / scalar after ``TINYLEARN_CPU_FEATURES``).
@@ -135,6 +138,30 @@ def layer_norm_backward(
     dy: np.ndarray, x: np.ndarray, w: np.ndarray, mean: np.ndarray, rstd: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(_k().layer_norm_backward(dy, x, w, mean, rstd))
+
+
+def batch_norm(
+    x: np.ndarray,
+    w: np.ndarray | None,
+    b: np.ndarray | None,
+    mean: np.ndarray | None,
+    var: np.ndarray | None,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(y, mean, invstd, var) of x [N, C, L] (cpp_src/kernels_batchnorm.cpp); mean/var None: training."""
+    return tuple(_k().batch_norm_forward(x, w, b, mean, var, float(eps)))
+
+
+def batch_norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray | None,
+    mean: np.ndarray,
+    invstd: np.ndarray,
+    training: bool,
+    need_dx: bool = True,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    return tuple(_k().batch_norm_backward(dy, x, w, mean, invstd, bool(training), bool(need_dx)))
 
 
 def group_norm(

@@ -48,6 +48,7 @@ _ATTN = ("attention", "attention_backward")
 _GN = ("group_norm", "group_norm_backward")  # numpy and cpp only
 _LSM = ("log_softmax", "log_softmax_backward")  # numpy and cpp only
 _CE = ("cross_entropy", "cross_entropy_backward")  # numpy and cpp only (tl.nn.functional.cross_entropy calls them)
+_BN = ("batch_norm", "batch_norm_backward")  # numpy and cpp only (tl.nn.functional.batch_norm calls them)
 
 
 class Kernel:
@@ -95,14 +96,14 @@ def _register(op: str, backend: str, versions: tuple[str, ...] = ("default",), a
 _EXAMPLES = conformance_examples()
 _register("softmax", "numpy", ("three_pass",))
 _register("softmax", "numpy", ("online",), attr="softmax_online")
-for _op in _ALL[1:] + _ATTN + _GN + _LSM + _CE:
+for _op in _ALL[1:] + _ATTN + _GN + _LSM + _CE + _BN:
     _register(_op, "numpy")
 # cpp: the first version of each ladder is the default (vec_math SIMD, OpenMP over rows above a grain size)
 _register("softmax", "cpp", ("simd_omp", "three_pass", "online", "simd", "online_simd"))
 _register("layer_norm", "cpp", ("simd_omp", "two_pass", "welford", "simd"))
 for _op in _ATTN:
     _register(_op, "cpp", ("blocked_simd_omp", "tiled", "blocked_simd"))
-for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward") + _GN + _LSM + _CE:
+for _op in ("softmax_backward", "layer_norm_backward", "bias_gelu", "bias_gelu_backward") + _GN + _LSM + _CE + _BN:
     _register(_op, "cpp")
 _register("softmax", "triton", ("one_block", "online"))
 for _op in ("layer_norm", "bias_gelu", "attention"):

@@ -12,6 +12,8 @@ Formulas (forward and backward side by side):
   dx = softmax(x) - (1 - eps) onehot(t) - eps / C, times the row's upstream gradient
 - LayerNorm: xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps) (biased var); y = xhat * w + b;
   with g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
+- BatchNorm on [N, C, L]: per channel over N * L (training: the batch's statistics, biased var; eval: the running
+  ones); training dx = (dy - xhat mean(dy xhat) - mean(dy)) invstd w, eval dx = dy invstd w
 - GroupNorm on [N, C, HW], G groups: LayerNorm's statistics over each group's C/G * HW values, w/b per channel:
   the same dx with the means over the group; dw = sum_{n, hw} dy * xhat, db = sum_{n, hw} dy
 - GELU (erf):  gelu(u) = u Phi(u) = u/2 (1 + erf(u/sqrt 2));
@@ -202,6 +204,58 @@ def layer_norm_backward(
 
 
 # ---------------------------------------------------------------------------------------------------- GroupNorm
+def batch_norm(
+    x: np.ndarray,
+    w: np.ndarray | None,
+    b: np.ndarray | None,
+    mean: np.ndarray | None,
+    var: np.ndarray | None,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Unfused BatchNorm of x [N, C, L] per channel (w/b [C] or None); ``mean``/``var`` None: the batch's statistics
+    (training, var biased), else those given (eval). Returns (y, mean [C], invstd [C], var [C])."""
+    if mean is None:
+        mean = x.mean(axis=(0, 2))
+        xc = x - mean[:, None]
+        var = (xc * xc).mean(axis=(0, 2))
+    else:
+        xc = x - mean[:, None]
+    invstd = 1.0 / np.sqrt(var + x.dtype.type(eps))
+    y = xc * invstd[:, None]
+    if w is not None:
+        y = y * w[:, None]
+    if b is not None:
+        y = y + b[:, None]
+    dt = x.dtype
+    return y.astype(dt, copy=False), mean.astype(dt), invstd.astype(dt, copy=False), var.astype(dt)
+
+
+def batch_norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray | None,
+    mean: np.ndarray,
+    invstd: np.ndarray,
+    training: bool,
+    need_dx: bool = True,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """(dx [N, C, L] or None, dw [C], db [C]) from the forward's (mean, invstd); training adds the statistics' VJP:
+    dx = (dy - xhat sum(dy xhat) / m - sum(dy) / m) invstd w, eval dx = dy invstd w."""
+    xhat = (x - mean[:, None]) * invstd[:, None]
+    sg = dy.sum(axis=(0, 2))
+    sgx = np.einsum("ncl,ncl->c", dy, xhat)
+    dx = None
+    if need_dx:
+        scale = (invstd if w is None else invstd * w)[:, None]
+        if training:
+            m = x.shape[0] * x.shape[2]
+            dx = (dy - xhat * (sgx / m)[:, None] - (sg / m)[:, None]) * scale
+        else:
+            dx = dy * scale
+        dx = dx.astype(x.dtype, copy=False)
+    return dx, sgx.astype(x.dtype, copy=False), sg.astype(x.dtype, copy=False)
+
+
 def group_norm(
     x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, num_groups: int, eps: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

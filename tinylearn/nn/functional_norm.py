@@ -21,6 +21,7 @@ functional_fused.py), else ``tinylearn.kernels.reference`` (the unfused numpy re
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,23 +73,27 @@ class BatchNormFn(Function):
         axes = (0,) + tuple(range(2, x.ndim))
         bshape = (1, c) + (1,) * (x.ndim - 2)
         m = x.size // c
+        if training and m <= 1:
+            raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input {x.shape}")
+        if not training and (running_mean is None or running_var is None):
+            raise ValueError("batch_norm: running_mean and running_var are required when training=False")
+        ctx.meta = (axes, bshape, training)
+        ctx.kernel = _batch_norm_path(x, weight, bias)
+        if ctx.kernel is not None:  # the registry's kernel: saves x and (mean, invstd), not xhat
+            x3 = np.ascontiguousarray(x).reshape(x.shape[0], c, -1)
+            given = (None, None) if training else (_as(running_mean, x.dtype), _as(running_var, x.dtype))
+            y, mean, invstd, var = _k._kernel("batch_norm", *ctx.kernel)(x3, weight, bias, *given, eps)
+            if training:
+                _update_running(running_mean, running_var, mean, var, momentum, m)
+            ctx.save_for_backward(x3, weight, mean, invstd)
+            y.shape = x.shape  # in place: the kernel's fresh array, not a view
+            return y
         if training:
-            if m <= 1:
-                raise ValueError(
-                    f"batch_norm: expected more than 1 value per channel when training, got input {x.shape}"
-                )
             mean = x.mean(axis=axes)
             xc = x - mean.reshape(bshape)
             var = (xc * xc).mean(axis=axes)
-            if running_mean is not None:
-                running_mean *= 1 - momentum
-                running_mean += momentum * mean
-            if running_var is not None:
-                running_var *= 1 - momentum
-                running_var += momentum * var * (m / (m - 1))
+            _update_running(running_mean, running_var, mean, var, momentum, m)
         else:
-            if running_mean is None or running_var is None:
-                raise ValueError("batch_norm: running_mean and running_var are required when training=False")
             mean, var = running_mean, running_var
             xc = x - mean.reshape(bshape)
         invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
@@ -99,7 +104,6 @@ class BatchNormFn(Function):
         if bias is not None:
             out = out + bias.reshape(bshape)
         ctx.save_for_backward(xhat, invstd, weight)
-        ctx.meta = (axes, bshape, training)
         return out
 
     @staticmethod
@@ -107,9 +111,17 @@ class BatchNormFn(Function):
         """With dxh = g * w the statistics' VJP needs sum(dxh) = w * sum(g) and sum(dxh * xhat) = w * sum(g * xhat),
         the two sums dbias and dweight are anyway: so dx = (g - xhat * sum(g*xhat)/m - sum(g)/m) * rstd * w, built
         in one full-size array after two reductions (einsum over an [N, C, L] view, no product temporary)."""
-        xhat, invstd, weight = ctx.saved_tensors
         axes, bshape, training = ctx.meta
         nx, nw, nb = ctx.needs_input_grad[:3]
+        if ctx.kernel is not None:
+            x3, weight, mean, invstd = ctx.saved_tensors
+            kernel = _k._kernel("batch_norm_backward", _k.backward_backend("batch_norm", ctx.kernel[0]))
+            gx, gw, gb = kernel(np.ascontiguousarray(g, x3.dtype).reshape(x3.shape), x3, weight, mean, invstd, training,
+                                need_dx=bool(nx))  # fmt: skip
+            if nx:
+                gx.shape = g.shape
+            return gx, gw if nw else None, gb if nb else None
+        xhat, invstd, weight = ctx.saved_tensors
         n, c = g.shape[:2]
         g3, xh3 = g.reshape(n, c, -1), xhat.reshape(n, c, -1)
         sum_gx = np.einsum("ncl,ncl->c", g3, xh3) if nw or (nx and training) else None
@@ -126,6 +138,28 @@ class BatchNormFn(Function):
             else:
                 gx = g * scale.reshape(bshape)
         return gx, sum_gx if nw else None, sum_g if nb else None
+
+
+def _as(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _update_running(rm: Any, rv: Any, mean: np.ndarray, var: np.ndarray, momentum: float, m: int) -> None:
+    """torch's running statistics, in place: r = (1 - momentum) r + momentum stat, var unbiased (m / (m - 1))."""
+    if rm is not None:
+        rm *= 1 - momentum
+        rm += momentum * mean
+    if rv is not None:
+        rv *= 1 - momentum
+        rv += momentum * var * (m / (m - 1))
+
+
+def _batch_norm_path(x: np.ndarray, weight: Any, bias: Any) -> tuple[str, str | None] | None:
+    """The registered ``kernels.batch_norm`` path (backend, version) for these arrays, or None for BatchNormFn's own
+    numpy code (other dtypes, mixed dtypes, empty input), as ``group_norm_path``."""
+    if x.size == 0 or any(p is not None and p.dtype != x.dtype for p in (weight, bias)):
+        return None
+    return _k.tensor_path("batch_norm", x.dtype)
 
 
 def group_norm_path(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None) -> tuple[str, str | None] | None:
