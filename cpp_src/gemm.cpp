@@ -532,6 +532,8 @@ py::array matmul(const py::array& a_in, const py::array& b_in, const std::string
 // what bf16 halves is the traffic of reading A and B from memory, once per panel.
 // dot: "auto" (the AVX512_BF16 vdpbf16ps kernel where the CPU has it and the path is avx512, else the widening one),
 // "widen" or "dpbf16" (ValueError where it cannot run). bf16_dot_path() says what "auto" takes now.
+constexpr long long kBf16FlopsPerThread = 1LL << 22;  // ~4 MFLOP: 10-20 us of one core's bf16 GEMM
+
 bool dpbf16_ok(const std::string& isa) { return isa == "avx512" && tl::cpu_has("avx512bf16"); }
 
 bool use_dpbf16(const std::string& dot, const std::string& isa) {
@@ -571,9 +573,14 @@ py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::s
   }
   const Bf16* bp = bias_obj.is_none() ? nullptr : static_cast<const Bf16*>(bias.data());
   const std::string isa = pick_isa(isa_req);
-  const int threads = threads_arg(threads_obj, "gemm.bf16_matmul");
+  int threads = threads_arg(threads_obj, "gemm.bf16_matmul");
   py::array a = as_view_array(a_in), b = as_view_array(b_in);
   const Dims d{a.shape(0), b.shape(1), a.shape(1)};
+  // threads=0 (autocast's "parallel"): one thread per kBf16FlopsPerThread of work at most. A [128, 128] @ [128, 10]
+  // (a classifier head) on a 2-thread team took 120-135 us per call on the busy 2-core box (the team waits for its
+  // second thread), ~10 us on one; the split over M rows does not change any sum, so the bits are the same
+  if (py::int_(threads_obj).cast<long long>() == 0)
+    threads = int(std::max<long long>(1, std::min<long long>(threads, 2LL * d.M * d.N * d.K / kBf16FlopsPerThread)));
   const View<Bf16> A{static_cast<const Bf16*>(a.data()), ssize_t(a.strides(0) / 2), ssize_t(a.strides(1) / 2)};
   const View<Bf16> B{static_cast<const Bf16*>(b.data()), ssize_t(b.strides(0) / 2), ssize_t(b.strides(1) / 2)};
   // isa="auto" on the scalar level (a CPU without AVX2, or TINYLEARN_CPU_FEATURES=scalar): the portable packed kernel,

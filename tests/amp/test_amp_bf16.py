@@ -231,6 +231,23 @@ def test_to_bf16_layouts_and_bad_input():
         amp.to_bf16(x, np.empty((4, 6), np.int16))
 
 
+def test_from_bf16_registered_cast_is_exact_and_routes_layouts():
+    """amp.from_bf16 (autocast's cast up): C++ for contiguous bf16, numpy's astype otherwise; exact either way; an
+    autocast conv's input rounding and the casts of its gradients run it."""
+    from tinylearn.amp.bf16_ops import FROM_BF16, from_bf16
+
+    rng = np.random.default_rng(6)
+    x = to_bf16(np.concatenate([SPECIAL, (rng.standard_normal(980) * 1e3).astype(np.float32)]).reshape(40, 25))
+    want = x.view(np.uint16).astype(np.uint32) << 16
+    for backend in ("cpp", "numpy"):
+        got = from_bf16(x, backend=backend)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want)
+    assert np.array_equal(from_bf16(x.T).view(np.uint32), want.T)  # non-contiguous: numpy's astype
+    assert backends.resolve(FROM_BF16, args=(x.T,))[0] == "numpy" and backends.resolve(FROM_BF16, args=(x,))[0] == "cpp"
+    with pytest.raises(TypeError, match="x: expected a bfloat16 numpy.ndarray, got float32"):
+        from_bf16(np.ones(3, np.float32))
+
+
 # ---------------------------------------------------------------------------------------------------- ReLU
 def _bits(vals):
     return np.array(vals, np.uint16)
