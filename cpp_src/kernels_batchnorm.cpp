@@ -13,9 +13,9 @@
 //                        c2 (x - mean) + c3 with k1 = invstd w, c2 = -w invstd^3 sgx / m, c3 = -w invstd sg / m
 //                        (the statistics' VJP, the form GroupNorm's kernel uses); eval: dx = invstd w dy.
 //                        dweight = invstd sgx, dbias = sg. -> (dx, dweight [C], dbias [C]).
-// SIMD: plain loops with `#pragma omp simd`, compiled three times (always_inline bodies under
-// __attribute__((target)) for avx512f, avx2+fma and the build's baseline; kernels_groupnorm.cpp's scheme), chosen per
-// call by tl::vm::best_isa() (TINYLEARN_CPU_FEATURES forces one). The paths differ only in summation order.
+// SIMD: plain loops with `#pragma omp simd`, compiled three times by kernels_math.h's pick_isa_copy (avx512f,
+// avx2+fma, the build's baseline), chosen per call by tl::vm::best_isa() (TINYLEARN_CPU_FEATURES forces one). The
+// paths differ only in summation order.
 //
 // [128, 16, 8, 8] fp32 (the amp bench CNN's first BatchNorm), one thread, 2-core Zen 5 dev box, best of 5: forward
 // 66 us, backward 70 us (the numpy reference: 208 / 204 us; torch's batch_norm forward 164 us, fwd+bwd 218 us). The
@@ -120,32 +120,6 @@ __attribute__((always_inline)) inline void bn_bwd_item(const BnArgs<T>& a, ssize
   }
 }
 
-// the three compiled copies of each body, chosen per call
-template <typename T>
-void bn_fwd_base(const BnArgs<T>& a, ssize_t c) {
-  bn_fwd_item(a, c);
-}
-template <typename T>
-TL_AVX2 void bn_fwd_avx2(const BnArgs<T>& a, ssize_t c) {
-  bn_fwd_item(a, c);
-}
-template <typename T>
-TL_AVX512 void bn_fwd_avx512(const BnArgs<T>& a, ssize_t c) {
-  bn_fwd_item(a, c);
-}
-template <typename T>
-void bn_bwd_base(const BnArgs<T>& a, ssize_t c) {
-  bn_bwd_item(a, c);
-}
-template <typename T>
-TL_AVX2 void bn_bwd_avx2(const BnArgs<T>& a, ssize_t c) {
-  bn_bwd_item(a, c);
-}
-template <typename T>
-TL_AVX512 void bn_bwd_avx512(const BnArgs<T>& a, ssize_t c) {
-  bn_bwd_item(a, c);
-}
-
 template <typename T>
 using bn_arr = py::array_t<T, py::array::c_style>;
 
@@ -168,10 +142,8 @@ int bn_threads(ssize_t elems, ssize_t items) {
 
 template <typename T>
 void bn_run(const BnArgs<T>& a, bool backward) {
-  const tl::vm::Isa isa = tl::vm::best_isa();
-  void (*item)(const BnArgs<T>&, ssize_t) =
-      backward ? (isa == tl::vm::Isa::avx512 ? bn_bwd_avx512<T> : isa == tl::vm::Isa::avx2 ? bn_bwd_avx2<T> : bn_bwd_base<T>)
-               : (isa == tl::vm::Isa::avx512 ? bn_fwd_avx512<T> : isa == tl::vm::Isa::avx2 ? bn_fwd_avx2<T> : bn_fwd_base<T>);
+  const auto item = backward ? tl::kern::pick_isa_copy<BnArgs<T>, bn_bwd_item<T>>()
+                             : tl::kern::pick_isa_copy<BnArgs<T>, bn_fwd_item<T>>();
   py::gil_scoped_release release;
   const int nt = bn_threads(a.N * a.C * a.L, a.C);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)

@@ -19,7 +19,8 @@
 //                        rstd[n, g], dbeta[c] = sum_n db[n, c] from the [N, C] partials (no full-size temporary
 //                        besides dx). Returns dx, dweight [C], dbias [C] (computed also without affine: ones).
 // SIMD: the loops are plain C++ with `#pragma omp simd` reductions, compiled three times (one always_inline body per
-// group, wrapped under __attribute__((target)) for avx512f, avx2+fma and the build's baseline) and chosen per call by
+// group, wrapped under __attribute__((target)) for avx512f, avx2+fma and the build's baseline by kernels_math.h's
+// pick_isa_copy, which BatchNorm's kernel shares) and chosen per call by
 // tl::vm::best_isa(), so TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 forces a path (group_norm_path() reports it). The
 // "scalar" path is the build-flags one: scalar code on baseline x86-64 (TINYLEARN_NATIVE=OFF, SSE2 auto-vectorised),
 // what -march=native allows otherwise (cpu_features.h's note). The paths differ only in summation order.
@@ -125,32 +126,6 @@ __attribute__((always_inline)) inline void gn_bwd_item(const GnBwd<T>& a, ssize_
   }
 }
 
-// the three compiled copies of each body (see the header), chosen per call
-template <typename T>
-void gn_fwd_base(const GnFwd<T>& a, ssize_t k) {
-  gn_fwd_item(a, k);
-}
-template <typename T>
-TL_AVX2 void gn_fwd_avx2(const GnFwd<T>& a, ssize_t k) {
-  gn_fwd_item(a, k);
-}
-template <typename T>
-TL_AVX512 void gn_fwd_avx512(const GnFwd<T>& a, ssize_t k) {
-  gn_fwd_item(a, k);
-}
-template <typename T>
-void gn_bwd_base(const GnBwd<T>& a, ssize_t k) {
-  gn_bwd_item(a, k);
-}
-template <typename T>
-TL_AVX2 void gn_bwd_avx2(const GnBwd<T>& a, ssize_t k) {
-  gn_bwd_item(a, k);
-}
-template <typename T>
-TL_AVX512 void gn_bwd_avx512(const GnBwd<T>& a, ssize_t k) {
-  gn_bwd_item(a, k);
-}
-
 // ---- argument checks -------------------------------------------------------------------------------------------
 template <typename T>
 using gn_arr = py::array_t<T, py::array::c_style>;
@@ -212,10 +187,7 @@ py::tuple group_norm_forward(gn_arr<T> x, std::optional<gn_arr<T>> weight, std::
   a.y = y.mutable_data();
   a.mean = mean.mutable_data();
   a.rstd = rstd.mutable_data();
-  const tl::vm::Isa isa = tl::vm::best_isa();
-  void (*item)(const GnFwd<T>&, ssize_t) = isa == tl::vm::Isa::avx512 ? gn_fwd_avx512<T>
-                                           : isa == tl::vm::Isa::avx2 ? gn_fwd_avx2<T>
-                                                                      : gn_fwd_base<T>;
+  const auto item = tl::kern::pick_isa_copy<GnFwd<T>, gn_fwd_item<T>>();  // the header's three compiled copies
   const ssize_t items = HW > 0 ? N * G : 0;  // HW = 0: nothing to normalise (mean/rstd stay NaN, as torch's)
   if (items == 0) {
     for (ssize_t k = 0; k < N * G; ++k) a.mean[k] = a.rstd[k] = std::numeric_limits<T>::quiet_NaN();
@@ -253,10 +225,7 @@ py::tuple group_norm_backward(gn_arr<T> dy, gn_arr<T> x, std::optional<gn_arr<T>
              C,
              HW,
              G};
-  const tl::vm::Isa isa = tl::vm::best_isa();
-  void (*item)(const GnBwd<T>&, ssize_t) = isa == tl::vm::Isa::avx512 ? gn_bwd_avx512<T>
-                                           : isa == tl::vm::Isa::avx2 ? gn_bwd_avx2<T>
-                                                                      : gn_bwd_base<T>;
+  const auto item = tl::kern::pick_isa_copy<GnBwd<T>, gn_bwd_item<T>>();
   T *pdw = dw.mutable_data(), *pdb = dbias.mutable_data();
   const T* pr = rstd.data();
   {

@@ -36,6 +36,31 @@ inline int threads_for(ssize_t elems, ssize_t grain = 0) {
   return want < 1 ? 1 : (want < nt ? static_cast<int>(want) : nt);
 }
 
+// One always_inline per-item body compiled three times -- the build's baseline, avx2+fma, avx512f (the body has no
+// target attribute of its own, so each wrapper inlines it under its own) -- and chosen per call by vm::best_isa()
+// (TINYLEARN_CPU_FEATURES forces one): the GroupNorm and BatchNorm kernels' loops are plain C++ with
+// `#pragma omp simd`, so the three copies differ only in the vector width the compiler uses.
+template <class A, void (*Body)(const A&, ssize_t)>
+void isa_copy_base(const A& a, ssize_t k) {
+  Body(a, k);
+}
+template <class A, void (*Body)(const A&, ssize_t)>
+TL_AVX2 void isa_copy_avx2(const A& a, ssize_t k) {
+  Body(a, k);
+}
+template <class A, void (*Body)(const A&, ssize_t)>
+TL_AVX512 void isa_copy_avx512(const A& a, ssize_t k) {
+  Body(a, k);
+}
+template <class A>
+using IsaCopy = void (*)(const A&, ssize_t);
+template <class A, void (*Body)(const A&, ssize_t)>
+IsaCopy<A> pick_isa_copy() {
+  const vm::Isa isa = vm::best_isa();
+  return isa == vm::Isa::avx512 ? isa_copy_avx512<A, Body> : isa == vm::Isa::avx2 ? isa_copy_avx2<A, Body>
+                                                                                    : isa_copy_base<A, Body>;
+}
+
 // Lane-wise partial sums (8 lanes, lane = index % 8) reduced in one fixed order, ((l0+l4)+(l2+l6)) +
 // ((l1+l5)+(l3+l7)): the SIMD and the scalar paths of a kernel both end in this, so they agree bit for bit.
 template <typename T>
