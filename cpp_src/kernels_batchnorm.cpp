@@ -123,13 +123,14 @@ __attribute__((always_inline)) inline void bn_bwd_item(const BnArgs<T>& a, ssize
 template <typename T>
 using bn_arr = py::array_t<T, py::array::c_style>;
 
+// a [C] argument, read only (a read-only array is fine: data(), never mutable_data())
 template <typename T>
-T* bn_vec(std::optional<bn_arr<T>>& p, ssize_t C, const char* fn, const char* name) {
+const T* bn_vec(const std::optional<bn_arr<T>>& p, ssize_t C, const char* fn, const char* name) {
   if (!p) return nullptr;
   if (p->ndim() != 1 || p->shape(0) != C)
     tl::value_error(std::string(fn) + ": " + name + " shape " + tl::shape_str(*p) + " must be (" + std::to_string(C) +
                     ",)");
-  return p->mutable_data();
+  return p->data();
 }
 
 // OpenMP threads: >= kBnGrain elements and one channel each (the GroupNorm kernel's rule and reason: a team whose
@@ -166,12 +167,13 @@ py::tuple batch_norm_forward(bn_arr<T> x, std::optional<bn_arr<T>> weight, std::
   bn_arr<T> m_out = stats ? bn_arr<T>(C) : *mean, v_out = stats ? bn_arr<T>(C) : *var;
   BnArgs<T> a{x.data(), nullptr, bn_vec(weight, C, fn, "weight"), bn_vec(bias, C, fn, "bias"), y.mutable_data(),
               nullptr, invstd.mutable_data(), nullptr, nullptr, nullptr, N, C, L, eps, stats, true};
-  if (!stats) {  // given statistics: checked, read only
-    bn_vec(mean, C, fn, "mean");
-    bn_vec(var, C, fn, "var");
+  if (stats) {  // computed here: fresh arrays
+    a.mean = m_out.mutable_data();
+    a.var = v_out.mutable_data();
+  } else {  // given (eval): checked and only read by bn_fwd_item (stats false), so a read-only array is fine
+    a.mean = const_cast<T*>(bn_vec(mean, C, fn, "mean"));
+    a.var = const_cast<T*>(bn_vec(var, C, fn, "var"));
   }
-  a.mean = m_out.mutable_data();
-  a.var = v_out.mutable_data();
   bn_run(a, false);
   return py::make_tuple(y, m_out, invstd, v_out);
 }
@@ -183,17 +185,16 @@ py::tuple batch_norm_backward(bn_arr<T> dy, bn_arr<T> x, std::optional<bn_arr<T>
   tl::need_ndim(x, 3, fn, "x");
   tl::need_same(dy, x, fn, "dy", "x");
   const ssize_t N = x.shape(0), C = x.shape(1), L = x.shape(2);
-  std::optional<bn_arr<T>> mo(mean), io(invstd);
-  bn_vec(mo, C, fn, "mean");
-  bn_vec(io, C, fn, "invstd");
+  const T* pm = bn_vec(std::optional<bn_arr<T>>(mean), C, fn, "mean");  // read only
+  const T* pi = bn_vec(std::optional<bn_arr<T>>(invstd), C, fn, "invstd");
   bn_arr<T> dx(need_dx ? std::vector<ssize_t>{N, C, L} : std::vector<ssize_t>{0}), dw(C), db(C);
   BnArgs<T> a{x.data(),
               dy.data(),
               bn_vec(weight, C, fn, "weight"),
               nullptr,
               need_dx ? dx.mutable_data() : nullptr,
-              mean.mutable_data(),
-              invstd.mutable_data(),
+              const_cast<T*>(pm),  // only read by bn_bwd_item
+              const_cast<T*>(pi),
               nullptr,
               dw.mutable_data(),
               db.mutable_data(),

@@ -143,3 +143,22 @@ def test_need_dx_false_skips_the_input_gradient() -> None:
         _, m, i, _ = k.batch_norm(x, None, None, None, None, 1e-5)
         dx, dw, db = k.batch_norm_backward(x, x, None, m, i, True, need_dx=False)
         assert dx is None and dw.shape == (3,) and db.shape == (3,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_only_parameters_and_buffers(backend) -> None:
+    """Read-only weight, input and (eval) running statistics are only read: no 'array is not writeable'."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    w, rm, rv = np.full(3, 2.0, np.float32), np.zeros(3, np.float32), np.ones(3, np.float32)
+    for a in (x, w, rm, rv):
+        a.flags.writeable = False
+    with backends.use("kernels.batch_norm", backend=backend):
+        xt, wt = tl.Tensor(x, requires_grad=True), tl.Tensor(w, requires_grad=True)
+        y = tl.nn.functional.batch_norm(xt, rm, rv, wt, None, training=False)
+        y.sum().backward()
+        yt = tl.nn.functional.batch_norm(tl.Tensor(x), None, None, tl.Tensor(w), None, training=True)
+    assert_close(y.data, x * 2 / np.sqrt(1 + 1e-5), "float32")
+    assert_close(xt.grad.data, np.full(x.shape, 2 / np.sqrt(1 + 1e-5), np.float32), "float32")
+    assert_close(yt.data, F.batch_norm(torch.from_numpy(x.copy()), None, None, torch.from_numpy(w.copy()),
+                                       training=True).numpy(), "float32")  # fmt: skip
