@@ -162,3 +162,27 @@ def test_read_only_parameters_and_buffers(backend) -> None:
     assert_close(xt.grad.data, np.full(x.shape, 2 / np.sqrt(1 + 1e-5), np.float32), "float32")
     assert_close(yt.data, F.batch_norm(torch.from_numpy(x.copy()), None, None, torch.from_numpy(w.copy()),
                                        training=True).numpy(), "float32")  # fmt: skip
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_float16_and_empty_input_run_the_reference(training) -> None:
+    """float16 (no registered kernel dtype) goes through kernels.reference with numpy's promotion: y and dx in
+    float16 like torch's; an empty batch in eval gives an empty result, not an error."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((6, 4, 5)) * 2 + 1).astype(np.float16)
+    g = rng.standard_normal(x.shape).astype(np.float16)
+    w, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)  # torch's mix
+    rm, rv = np.zeros(4, np.float32), np.ones(4, np.float32)
+    ty, (tgx, tgw, tgb), (trm, trv) = _torch(x, w, b, rm.copy(), rv.copy(), training, g)
+    xt, wt, bt = (tl.Tensor(a, requires_grad=True) for a in (x, w, b))
+    rm_tl, rv_tl = rm.copy(), rv.copy()
+    y = tl.nn.functional.batch_norm(xt, rm_tl, rv_tl, wt, bt, training=training)
+    (y * tl.Tensor(g)).sum().backward()
+    assert y.data.dtype == np.float16 and xt.grad.data.dtype == np.float16 and wt.grad.data.dtype == np.float32
+    for ours, theirs in ((y.data, ty), (xt.grad.data, tgx), (wt.grad.data, tgw), (bt.grad.data, tgb)):
+        np.testing.assert_allclose(ours.astype(np.float32), theirs.astype(np.float32), rtol=2e-2, atol=5e-2)
+    np.testing.assert_allclose(rm_tl, trm, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(rv_tl, trv, rtol=1e-2, atol=1e-2)
+    if not training:
+        empty = tl.nn.functional.batch_norm(tl.Tensor(np.zeros((0, 4, 5), np.float32)), rm, rv, training=False)
+        assert empty.shape == (0, 4, 5)

@@ -147,6 +147,15 @@ def tensor_path(op: str, dtype: Any) -> tuple[str, str | None] | None:
     return (b, v) if np.dtype(dtype).type in k.module.NATIVE_DTYPES else ("numpy", None)
 
 
+def affine_path(op: str, x: np.ndarray, *params: np.ndarray | None) -> tuple[str, str | None] | None:
+    """``tensor_path`` of a normalization op (layer_norm, group_norm, batch_norm) on ``x`` with its affine
+    ``params`` (weight, bias; None when absent), or None for the Tensor op's own numpy code: empty input, or a
+    parameter of another dtype than x."""
+    if x.size == 0 or any(p is not None and p.dtype != x.dtype for p in params):
+        return None
+    return tensor_path(op, x.dtype)
+
+
 def backward_backend(op: str, forward_backend: str) -> str:
     """The backend for ``kernels.<op>_backward`` after a forward on ``forward_backend``: the same one when it has a
     backward kernel, else the numpy reference."""

@@ -242,7 +242,7 @@ def batch_norm_backward(
     """(dx [N, C, L] or None, dw [C], db [C]) from the forward's (mean, invstd); training adds the statistics' VJP:
     dx = (dy - xhat sum(dy xhat) / m - sum(dy) / m) invstd w, eval dx = dy invstd w."""
     xhat = (x - mean[:, None]) * invstd[:, None]
-    sg = dy.sum(axis=(0, 2))
+    sg = np.einsum("ncl->c", dy)
     sgx = np.einsum("ncl,ncl->c", dy, xhat)
     dx = None
     if need_dx:

@@ -83,9 +83,7 @@ class GELU(_ew.GELU):
 def layer_norm_path(x: np.ndarray, weight: Any, bias: Any) -> tuple[str, str | None] | None:
     """The kernel path of a layer_norm on these arrays, or None for the numpy reference (other dtypes, mixed
     dtypes, empty input)."""
-    if x.size == 0 or any(p is not None and p.dtype != x.dtype for p in (weight, bias)):
-        return None
-    return _k.tensor_path("layer_norm", x.dtype)
+    return _k.affine_path("layer_norm", x, weight, bias)
 
 
 def layer_norm_forward(

@@ -106,16 +106,10 @@ def _probability_loss(x: Tensor, t: Tensor, w: np.ndarray, label_smoothing: floa
     return -(x.log_softmax(1) * t * Tensor(w.astype(x.dtype, copy=False))).sum(1)
 
 
-def _index_loss(x: Tensor, t: np.ndarray, w: np.ndarray, ignore_index: int, label_smoothing: float, shape: Any):
+def _index_loss(x: Tensor, t: np.ndarray, w: np.ndarray, ignore_index: int, label_smoothing: float):
     """(per-row loss, mean denominator) of weighted class-index targets, torch's formula with label smoothing."""
-    n, c = x.shape
-    valid = t != ignore_index
-    bad = valid & ((t < 0) | (t >= c))
-    if bad.any():
-        raise ValueError(
-            f"cross_entropy: target label {int(t[bad][0])} is out of range [0, {c}) for input shape {shape}"
-        )
-    ts = np.where(valid, t, 0)
+    c = x.shape[1]
+    valid, ts = reference._ce_targets(x.data, t, ignore_index, label_smoothing)  # the kernel's label checks
     wt = (w[ts] * valid).astype(x.dtype)
     logp = x.log_softmax(1)
     out = -logp.gather(1, ts[:, None]).reshape(-1) * Tensor(wt * (1 - label_smoothing))
@@ -181,7 +175,7 @@ def cross_entropy(
         if probs:
             out, denom = _probability_loss(x, t, w, label_smoothing), x.shape[0]
         else:
-            out, denom = _index_loss(x, t, w, ignore_index, label_smoothing, input.shape)
+            out, denom = _index_loss(x, t, w, ignore_index, label_smoothing)
         if reduction == "mean":
             return out.sum() / denom
         if reduction == "sum":

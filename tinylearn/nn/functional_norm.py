@@ -12,7 +12,8 @@ numpy code of GroupNormFn.
 batch_norm: statistics over all dims except 1 (channels). Training uses the batch statistics and updates the
 running buffers in place: running = (1 - momentum) * running + momentum * batch, with the *unbiased* variance
 (m / (m - 1)) for running_var — exactly torch's rule. Eval uses the running statistics (a per-channel affine
-map, so dx = g * gamma / sqrt(running_var + eps)).
+map, so dx = g * gamma / sqrt(running_var + eps)); its arithmetic is the registered ``kernels.batch_norm`` /
+``batch_norm_backward`` kernel for float32/float64, else the numpy reference (other dtypes, mixed dtypes, empty).
 layer_norm: statistics over the trailing ``normalized_shape`` dims of each sample; its arithmetic is the registered
 ``kernels.layer_norm`` / ``layer_norm_backward`` kernel (float32/float64: the C++ one when built; see
 functional_fused.py), else ``tinylearn.kernels.reference`` (the unfused numpy reference), not a copy.
@@ -32,20 +33,12 @@ from ..kernels import reference
 from . import functional_fused as _fused
 
 
-def _stats_vjp(
-    dxh: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, axes: tuple[int, ...], inplace: bool = False
-) -> np.ndarray:
-    """dx = rstd * (dxh - mean(dxh) - xhat * mean(dxh * xhat)), the means over ``axes`` (the statistic's set); the
-    VJP that batch_norm (training) and group_norm share. ``inplace`` overwrites and returns ``dxh`` (group_norm's,
-    a fresh array); batch_norm builds a new array, the step whose temporaries ``tl.memory.estimate`` models."""
-    m = int(np.prod([dxh.shape[a] for a in axes]))
-    mean_d = dxh.sum(axis=axes, keepdims=True) / m
-    if axes == (-1,):  # one contiguous row per statistic: einsum avoids the dxh * xhat temporary
-        mean_dx = np.einsum("...k,...k->...", dxh, xhat)[..., None] / m
-    else:
-        mean_dx = (dxh * xhat).sum(axis=axes, keepdims=True) / m
-    if not inplace:
-        return rstd * (dxh - mean_d - xhat * mean_dx)
+def _stats_vjp(dxh: np.ndarray, xhat: np.ndarray, rstd: np.ndarray) -> np.ndarray:
+    """dx = rstd * (dxh - mean(dxh) - xhat * mean(dxh * xhat)), the means over the last axis (one contiguous row per
+    statistic: einsum avoids the dxh * xhat temporary); overwrites and returns ``dxh`` (group_norm's numpy path)."""
+    m = dxh.shape[-1]
+    mean_d = dxh.sum(axis=-1, keepdims=True) / m
+    mean_dx = np.einsum("...k,...k->...", dxh, xhat)[..., None] / m
     dxh -= mean_d
     dxh -= xhat * mean_dx
     dxh *= rstd
@@ -70,74 +63,42 @@ class BatchNormFn(Function):
                 raise ValueError(
                     f"batch_norm: {name} shape {np.shape(a)} does not match {c} channels of input {x.shape}"
                 )
-        axes = (0,) + tuple(range(2, x.ndim))
-        bshape = (1, c) + (1,) * (x.ndim - 2)
-        m = x.size // c
+        m = x.size // c if c else 0
         if training and m <= 1:
             raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input {x.shape}")
         if not training and (running_mean is None or running_var is None):
             raise ValueError("batch_norm: running_mean and running_var are required when training=False")
-        ctx.meta = (axes, bshape, training)
-        ctx.kernel = _batch_norm_path(x, weight, bias)
-        if ctx.kernel is not None:  # the registry's kernel: saves x and (mean, invstd), not xhat
-            x3 = np.ascontiguousarray(x).reshape(x.shape[0], c, -1)
+        ctx.meta = training
+        ctx.kernel = _k.affine_path("batch_norm", x, weight, bias)
+        x3 = np.ascontiguousarray(x).reshape(x.shape[0], c, int(np.prod(x.shape[2:])))
+        if ctx.kernel is not None:  # the registry's kernel (C++ or its numpy reference) in x's dtype
             given = (None, None) if training else (_as(running_mean, x.dtype), _as(running_var, x.dtype))
             y, mean, invstd, var = _k._kernel("batch_norm", *ctx.kernel)(x3, weight, bias, *given, eps)
-            if training:
-                _update_running(running_mean, running_var, mean, var, momentum, m)
-            ctx.save_for_backward(x3, weight, mean, invstd)
-            y.shape = x.shape  # in place: the kernel's fresh array, not a view
-            return y
+        else:  # other dtypes, mixed dtypes, empty input: the reference with numpy's promotion, y in x's dtype
+            given = (None, None) if training else (running_mean, running_var)
+            y, mean, invstd, var = reference.batch_norm(x3, weight, bias, *given, eps)
         if training:
-            mean = x.mean(axis=axes)
-            xc = x - mean.reshape(bshape)
-            var = (xc * xc).mean(axis=axes)
             _update_running(running_mean, running_var, mean, var, momentum, m)
-        else:
-            mean, var = running_mean, running_var
-            xc = x - mean.reshape(bshape)
-        invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-        xhat = xc * invstd.reshape(bshape)
-        out = xhat
-        if weight is not None:
-            out = out * weight.reshape(bshape)
-        if bias is not None:
-            out = out + bias.reshape(bshape)
-        ctx.save_for_backward(xhat, invstd, weight)
-        return out
+        ctx.save_for_backward(x3, weight, mean, invstd)  # x and (mean, invstd), not xhat
+        y.shape = x.shape  # in place: a fresh array, not a view
+        return y
 
     @staticmethod
     def backward(ctx, g):
-        """With dxh = g * w the statistics' VJP needs sum(dxh) = w * sum(g) and sum(dxh * xhat) = w * sum(g * xhat),
-        the two sums dbias and dweight are anyway: so dx = (g - xhat * sum(g*xhat)/m - sum(g)/m) * rstd * w, built
-        in one full-size array after two reductions (einsum over an [N, C, L] view, no product temporary)."""
-        axes, bshape, training = ctx.meta
+        """dx = (dy - xhat sum(dy xhat) / m - sum(dy) / m) invstd w in training (the statistics' VJP), dy invstd w
+        in eval; dweight = sum(dy xhat), dbias = sum(dy) (kernels.batch_norm_backward)."""
+        training = ctx.meta
         nx, nw, nb = ctx.needs_input_grad[:3]
+        x3, weight, mean, invstd = ctx.saved_tensors
         if ctx.kernel is not None:
-            x3, weight, mean, invstd = ctx.saved_tensors
             kernel = _k._kernel("batch_norm_backward", _k.backward_backend("batch_norm", ctx.kernel[0]))
-            gx, gw, gb = kernel(np.ascontiguousarray(g, x3.dtype).reshape(x3.shape), x3, weight, mean, invstd, training,
-                                need_dx=bool(nx))  # fmt: skip
-            if nx:
-                gx.shape = g.shape
-            return gx, gw if nw else None, gb if nb else None
-        xhat, invstd, weight = ctx.saved_tensors
-        n, c = g.shape[:2]
-        g3, xh3 = g.reshape(n, c, -1), xhat.reshape(n, c, -1)
-        sum_gx = np.einsum("ncl,ncl->c", g3, xh3) if nw or (nx and training) else None
-        sum_g = np.einsum("ncl->c", g3) if nb or (nx and training) else None
-        gx = None
+        else:
+            kernel = reference.batch_norm_backward
+        gx, gw, gb = kernel(np.ascontiguousarray(g, x3.dtype).reshape(x3.shape), x3, weight, mean, invstd, training,
+                            need_dx=bool(nx))  # fmt: skip
         if nx:
-            scale = invstd if weight is None else invstd * weight
-            if training:
-                m = xhat.size // c
-                gx = xhat * (sum_gx / m).astype(g.dtype, copy=False).reshape(bshape)
-                np.subtract(g, gx, out=gx)
-                gx -= (sum_g / m).astype(g.dtype, copy=False).reshape(bshape)
-                gx *= scale.reshape(bshape)
-            else:
-                gx = g * scale.reshape(bshape)
-        return gx, sum_gx if nw else None, sum_g if nb else None
+            gx.shape = g.shape
+        return gx, gw if nw else None, gb if nb else None
 
 
 def _as(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -154,21 +115,11 @@ def _update_running(rm: Any, rv: Any, mean: np.ndarray, var: np.ndarray, momentu
         rv += momentum * var * (m / (m - 1))
 
 
-def _batch_norm_path(x: np.ndarray, weight: Any, bias: Any) -> tuple[str, str | None] | None:
-    """The registered ``kernels.batch_norm`` path (backend, version) for these arrays, or None for BatchNormFn's own
-    numpy code (other dtypes, mixed dtypes, empty input), as ``group_norm_path``."""
-    if x.size == 0 or any(p is not None and p.dtype != x.dtype for p in (weight, bias)):
-        return None
-    return _k.tensor_path("batch_norm", x.dtype)
-
-
 def group_norm_path(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None) -> tuple[str, str | None] | None:
     """The registered ``kernels.group_norm`` path (backend, version) for these arrays (float32/float64: the C++
     kernel when built, else the numpy reference; a ``backends.use`` pin wins), or None for GroupNormFn's own numpy
     code (other dtypes, mixed dtypes, empty input)."""
-    if x.size == 0 or any(p is not None and p.dtype != x.dtype for p in (weight, bias)):
-        return None
-    return _k.tensor_path("group_norm", x.dtype)
+    return _k.affine_path("group_norm", x, weight, bias)
 
 
 class GroupNormFn(Function):
@@ -220,7 +171,7 @@ class GroupNormFn(Function):
         if nx:
             n = shape[0]
             dxh = (g3 * weight[:, None] if weight is not None else g3.copy()).reshape(n, groups, -1)
-            gx = _stats_vjp(dxh, xh3.reshape(n, groups, -1), rstd, (-1,), inplace=True).reshape(shape)
+            gx = _stats_vjp(dxh, xh3.reshape(n, groups, -1), rstd).reshape(shape)
         return gx, gw, gb
 
 
