@@ -5,18 +5,17 @@ PY := $(VENV)/bin/python
 # installs go through uv when it can be had (~30 s instead of ~200 s for the dependency set), else pip
 INSTALL := tools/pip_install.sh $(PY)
 EXTRAS ?= notebooks,kernels,dist,dev,serve,tune
-NBVAL := --nbval notebooks/ --nbval-sanitize-with notebooks/sanitize.cfg
-# pytest-xdist workers for the unit tests (auto = one per core; 0 = in-process, no xdist). The notebooks run one
-# at a time by default (NB_JOBS=0): their benchmark asserts (thread scaling, fitted link costs) assume the cores are
-# theirs; NB_JOBS=2 runs two at once (--dist loadfile keeps each notebook's cells in order on one kernel)
+# pytest-xdist workers for the unit tests (auto = one per core; 0 = in-process, no xdist). The notebooks run two at
+# a time (NB_JOBS=2, tools/nbval_run.py: --dist loadfile keeps each notebook's cells in order on one kernel) except
+# those the topic table marks notebook_exclusive (asserts on multi-process or core-capacity measurements), which run
+# alone first; a notebook that fails beside another is rerun alone and named. NB_JOBS=1: one at a time
 JOBS ?= auto
 XDIST := -n $(JOBS)
 # one OpenMP / torch / BLAS thread per xdist worker (the workers already fill the cores): two workers x two threads on
 # two cores made every OpenMP barrier wait for a time slice (a 0.2 ms flash-attention call took 17 ms). Tests that
 # exercise the threaded paths pass threads= explicitly or set OMP_NUM_THREADS in their child's environment.
 XDIST_ENV := $(if $(filter-out 0,$(JOBS)),OMP_NUM_THREADS=1,)
-NB_JOBS ?= 0
-NB_XDIST := $(if $(filter-out 0,$(NB_JOBS)),-n $(NB_JOBS) --dist loadfile,)
+NB_JOBS ?= 2
 STAMP := $(VENV)/.tinylearn-installed
 
 .PHONY: setup system-deps lab bench test test-tests test-exercises test-notebooks test-portable test-lab wheel-smoke exercises \
@@ -55,7 +54,7 @@ test-exercises: $(STAMP)
 	$(PY) -m pytest exercises/ --impl=reference -q
 
 test-notebooks: $(STAMP)
-	$(PY) -m pytest $(NBVAL) -q $(NB_XDIST)
+	$(PY) tools/nbval_run.py --jobs $(NB_JOBS)
 
 # the suites again with other numeric paths forced (torch ATEN_CPU_CAPABILITY, OPENBLAS_CORETYPE, numpy
 # NPY_DISABLE_CPU_FEATURES, TINYLEARN_CPU_FEATURES); prints and verifies the paths of each run (tools/portable.py).

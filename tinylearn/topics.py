@@ -33,6 +33,10 @@ class Topic:
     # test modules whose results cannot depend on a CPU numeric path (file layout, CLI, packaging, docs, nvcc,
     # process launchers): marked ``path_independent`` by tests/conftest.py, so make test-portable does not rerun them
     path_independent: tuple[str, ...] = ()
+    # why the notebook must have the cores to itself ("" = it may share them: tools/nbval_run.py and lab_test.py run
+    # two such notebooks at once, and rerun one alone if it fails beside another); set where an assert reads a
+    # measurement of several processes or of the cores' capacity (fitted link costs, scaling, real job timings)
+    notebook_exclusive: str = ""
     # modules (under tinylearn/) whose import registers this topic's ops in tinylearn.backends: backends imports them
     # from here the first time an op of one of the topic's packages is asked for, so an op is found whether or not
     # its package was imported (tests/tour/test_foundation.py checks that every registering module is listed)
@@ -268,6 +272,8 @@ TOPICS: tuple[Topic, ...] = (
         aliases=("allreduce",),
         questions="25, 30, 61, 85, 94, 102a, 122, 141, 145, 157, 160, 192, 201, 209, 223, 230, 235, 283",
         path_independent=("test_dist_launchers",),
+        notebook_exclusive="gloo processes on every core; asserts on the measured collective times (16 MB vs 64 KB, "
+        "fitted costs)",
     ),
     Topic(
         "memory",
@@ -662,6 +668,8 @@ TOPICS: tuple[Topic, ...] = (
         questions="71, 115, 126, 127, 131, 138, 140, 154, 155, 165, 171, 172, 182, 186, 194, 227, 229, 234, 243, 246, "
         "254, 256, 263, 282",
         path_independent=("test_sched_bench",),
+        notebook_exclusive="runs real jobs on this machine's cores and asserts their measured completion-time order "
+        "per policy",
     ),
 )
 
@@ -677,6 +685,11 @@ COMMON_TESTS: dict[str, str] = {
     "categories (NaN/inf, floats for ints, bools, strings, None, huge/negative ints, nested lists, wrong-rank/complex/"
     "0-size arrays; numpy scalars as valid values) in one crash-safe child interpreter",
 }
+
+
+def exclusive_notebooks() -> dict[str, str]:
+    """notebooks/<name>.ipynb -> why it runs alone (``Topic.notebook_exclusive``); the others may share the cores."""
+    return {f"{t.notebook}.ipynb": t.notebook_exclusive for t in TOPICS if t.notebook_exclusive}
 
 
 def path_independent_tests() -> set[str]:

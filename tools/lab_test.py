@@ -7,6 +7,9 @@ For each notebook: open it in JupyterLab, Run All, wait for the kernel to go idl
 and save a screenshot (PNG) of the first plot. With --compare, each cell's outputs are also compared with the
 committed ones by nbval's rules (tools/nbcompare.py), so a run under forced numeric paths (tools/portable.py starts
 this script with its environment: the server and its kernels inherit it) is that path's nbval run as well.
+Notebooks run two at a time (``--jobs``, default NB_JOBS or 2: two pages, each in its own workspace, driven from
+this one thread), except those the topic table marks ``notebook_exclusive``, which run alone first; a notebook that
+fails beside another is run again alone and named (as tools/nbval_run.py does for nbval).
 The server's log is kept and the run fails on a server-side
 traceback. The server runs from the project's .venv on 127.0.0.1 with a random token and temporary settings,
 workspace and runtime dirs; autosave is off, so the committed notebooks are never modified. The server (and its
@@ -16,7 +19,7 @@ Browser: Debian's chromium (`apt-get install chromium`) driven by Playwright for
 to it — no browser download. Without them the run prints the exact install command and exits 0 (SKIPPED), unless
 --require is given (CI).
 
-    python tools/lab_test.py [NOTEBOOK ...] [--out DIR] [--timeout-s 600] [--require] [--compare]
+    python tools/lab_test.py [NOTEBOOK ...] [--out DIR] [--timeout-s 600] [--require] [--compare] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -51,12 +54,17 @@ _COLLECT_JS = """() => {
   return out;
 }"""
 
+# starts Run All without waiting for it: window.__tlRun says 'running', then 'done' (or the error) when the
+# command's promise settles (all cells executed), so several pages can run at once from this one thread
 _RUN_ALL_JS = """async () => {
   const app = window.jupyterapp;
   const w = app.shell.currentWidget;
   await w.context.ready;
   await w.sessionContext.ready;
-  return await app.commands.execute('notebook:run-all-cells');
+  window.__tlRun = 'running';
+  app.commands.execute('notebook:run-all-cells').then(
+    () => { window.__tlRun = 'done'; }, (e) => { window.__tlRun = 'error: ' + e; });
+  return true;
 }"""
 
 _KERNEL_STATE_JS = """() => {
@@ -192,59 +200,143 @@ def check_cells(cells: list[dict]) -> list[str]:
     return problems
 
 
-def run_notebook(
-    browser, server: LabServer, name: str, out_dir: Path, timeout_s: float, compare: bool = False
-) -> tuple[list[str], dict[str, float]]:
-    """Open, Run All, check: the problems found and the seconds of each phase (open, run, check)."""
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    problems: list[str] = []
-    phases: dict[str, float] = {}
-    t_open = time.time()
-    try:
-        # &reset: a fresh workspace, so the previous notebook (its kernel shut down) is not restored beside this one
-        page.goto(server.url(f"lab/tree/{name}") + "&reset", wait_until="domcontentloaded", timeout=60_000)
-        page.wait_for_function(
-            "(name) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " return !!(w && w.context && w.context.path.endsWith(name) && w.content && w.content.model); }",
-            arg=name,
-            timeout=120_000,
-        )
-        t0 = time.time()
-        phases["open"] = t0 - t_open
-        page.evaluate(_RUN_ALL_JS)
-        while page.evaluate(_KERNEL_STATE_JS) not in ("idle",):
-            if time.time() - t0 > timeout_s:
-                problems.append(f"kernel still busy after {timeout_s} s")
-                break
-            time.sleep(0.2)
-        t_check = time.time()
-        phases["run"] = t_check - t0
-        cells = page.evaluate(_COLLECT_JS)
-        problems += check_cells(cells)
-        if compare:
-            import nbcompare
+class NotebookRun:
+    """One notebook in its own page (and JupyterLab workspace): ``start`` opens it and starts Run All, ``poll`` says
+    whether it has finished, ``finish`` checks the cells and returns (problems, seconds of open / run / check)."""
 
-            reference = nbcompare.nbformat.read(NB_DIR / name, as_version=4)
-            problems += nbcompare.compare_cells(reference, cells, nbcompare.sanitize_patterns())
-        n_img = page.evaluate(
-            "() => { const i = document.querySelectorAll('.jp-RenderedImage img');"
-            " if (i.length) i[0].scrollIntoView({block: 'center'}); return i.length; }"
-        )
-        if n_img == 0:
-            problems.append("no plot image rendered in the page")
-        time.sleep(0.2)
-        page.screenshot(path=str(out_dir / f"{Path(name).stem}.png"))
-        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
-        phases["check"] = time.time() - t_check
-    except Exception as e:  # a driver error is a failure of this notebook, reported with its type
-        problems.append(f"{type(e).__name__}: {str(e)[:300]}")
+    def __init__(self, browser, server: LabServer, name: str, out_dir: Path, timeout_s: float, compare: bool) -> None:
+        self.browser, self.server, self.name, self.out_dir = browser, server, name, out_dir
+        self.timeout_s, self.compare = timeout_s, compare
+        self.problems: list[str] = []
+        self.phases: dict[str, float] = {}
+        self.page = None
+        self.t_start = self.t_run = time.time()
+
+    def _fail(self, e: Exception) -> None:  # a driver error is a failure of this notebook, reported with its type
+        self.problems.append(f"{type(e).__name__}: {str(e)[:300]}")
         try:
-            page.screenshot(path=str(out_dir / f"{Path(name).stem}-error.png"))
+            self.page.screenshot(path=str(self.out_dir / f"{Path(self.name).stem}-error.png"))
         except Exception:
             pass
-    finally:
-        page.close()
-    return problems, phases
+
+    def start(self, slot: int = 0) -> None:
+        self.page = self.browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            # a workspace per slot, reset: the previous notebook (its kernel shut down) is not restored beside this one
+            url = self.server.url(f"lab/workspaces/tl-slot{slot}/tree/{self.name}") + "&reset"
+            self.page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+            self.page.wait_for_function(
+                "(name) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                " return !!(w && w.context && w.context.path.endsWith(name) && w.content && w.content.model); }",
+                arg=self.name,
+                timeout=120_000,
+            )
+            self.t_run = time.time()
+            self.phases["open"] = self.t_run - self.t_start
+            self.page.evaluate(_RUN_ALL_JS)
+        except Exception as e:
+            self._fail(e)
+
+    def poll(self) -> bool:
+        """True once Run All has settled and the kernel is idle (or on a problem / the time limit)."""
+        if self.problems:
+            return True
+        try:
+            state = self.page.evaluate("() => window.__tlRun")
+            if state != "running" and self.page.evaluate(_KERNEL_STATE_JS) == "idle":
+                if state != "done":
+                    self.problems.append(f"Run All: {state}"[:300])
+                return True
+        except Exception as e:
+            self._fail(e)
+            return True
+        if time.time() - self.t_run > self.timeout_s:
+            self.problems.append(f"kernel still busy after {self.timeout_s} s")
+            return True
+        return False
+
+    def finish(self) -> tuple[list[str], dict[str, float]]:
+        t_check = time.time()
+        if "open" in self.phases:
+            self.phases["run"] = t_check - self.t_run
+        try:
+            if not self.problems:
+                cells = self.page.evaluate(_COLLECT_JS)
+                self.problems += check_cells(cells)
+                if self.compare:
+                    import nbcompare
+
+                    reference = nbcompare.nbformat.read(NB_DIR / self.name, as_version=4)
+                    self.problems += nbcompare.compare_cells(reference, cells, nbcompare.sanitize_patterns())
+                n_img = self.page.evaluate(
+                    "() => { const i = document.querySelectorAll('.jp-RenderedImage img');"
+                    " if (i.length) i[0].scrollIntoView({block: 'center'}); return i.length; }"
+                )
+                if n_img == 0:
+                    self.problems.append("no plot image rendered in the page")
+                time.sleep(0.2)
+                self.page.screenshot(path=str(self.out_dir / f"{Path(self.name).stem}.png"))
+            self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+            self.phases["check"] = time.time() - t_check
+        except Exception as e:
+            self._fail(e)
+        finally:
+            self.page.close()
+        return self.problems, self.phases
+
+
+def run_notebooks(
+    browser, server: LabServer, names: list[str], out_dir: Path, timeout_s: float, compare: bool, jobs: int
+) -> dict[str, list[str]]:
+    """Run ``names``: the topic table's exclusive notebooks one at a time first, the others ``jobs`` at a time;
+    one that fails beside another is run again alone (it passes only there, and is named). Returns the failures."""
+    from tinylearn.topics import exclusive_notebooks
+
+    alone = set(exclusive_notebooks()) if jobs > 1 else set(names)
+    failures: dict[str, list[str]] = {}
+
+    def report(run: NotebookRun, shared: bool) -> list[str]:
+        probs, phases = run.finish()
+        status = "ok" if not probs else ("SHARED-FAIL" if shared else "FAIL")
+        split = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+        print(f"{status:4s} {run.name:40s} {time.time() - run.t_start:6.1f} s  ({split})", flush=True)
+        for p in probs:
+            print(f"       - {p}")
+        return probs
+
+    def one(name: str) -> list[str]:
+        run = NotebookRun(browser, server, name, out_dir, timeout_s, compare)
+        run.start()
+        while not run.poll():
+            time.sleep(0.2)
+        return report(run, False)
+
+    for n in [n for n in names if n in alone]:
+        if probs := one(n):
+            failures[n] = probs
+    queue = [n for n in names if n not in alone]
+    active: list[tuple[int, NotebookRun]] = []
+    rerun: list[tuple[str, str]] = []
+    while queue or active:
+        while queue and len(active) < jobs:
+            slot = min(set(range(jobs)) - {s for s, _ in active})
+            run = NotebookRun(browser, server, queue.pop(0), out_dir, timeout_s, compare)
+            run.start(slot)
+            active.append((slot, run))
+        done = [(s, r) for s, r in active if r.poll()]
+        for s, r in done:
+            active.remove((s, r))
+            if probs := report(r, True):
+                rerun.append((r.name, probs[0]))
+        if not done:
+            time.sleep(0.2)
+    for n, first in rerun:
+        print(f"lab test: {n} failed beside another notebook ({first[:120]}); running it alone", flush=True)
+        if probs := one(n):
+            failures[n] = probs
+        else:
+            print(f"lab test: NOTE {n} passed alone but failed while sharing the cores: {first[:200]}")
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,7 +346,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=600, help="per-notebook limit for Run All")
     ap.add_argument("--require", action="store_true", help="fail (instead of skipping) without chromium/playwright")
     ap.add_argument("--compare", action="store_true", help="compare outputs with the committed ones (nbval)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("NB_JOBS", "2")),
+        help="notebooks at once where they may share the cores (default NB_JOBS or 2; as nbval_run.py)",
+    )
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    sys.path.insert(0, str(ROOT))
 
     chromium = _chromium()
     try:
@@ -283,16 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait_ready()
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
-                for n in names:
-                    t0 = time.time()
-                    probs, phases = run_notebook(browser, server, n, out_dir, args.timeout_s, args.compare)
-                    status = "ok" if not probs else "FAIL"
-                    split = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
-                    print(f"{status:4s} {n:40s} {time.time() - t0:6.1f} s  ({split})", flush=True)
-                    for p in probs:
-                        print(f"       - {p}")
-                    if probs:
-                        failures[n] = probs
+                failures.update(run_notebooks(browser, server, names, out_dir, args.timeout_s, args.compare, args.jobs))
                 browser.close()
         finally:
             alive = server.stop()

@@ -26,7 +26,8 @@ the ``timing`` ones (fits of measured times, which ``make test`` runs alone on t
 notebooks of the first run execute in a real JupyterLab in headless Chromium (tools/lab_test.py --compare: Run
 All, no error cell, plots and widgets rendered, and every compared cell equal to the committed output by nbval's
 rules); the server and its kernels inherit the run's environment, so that one execution is both the browser test
-and this path's nbval run. Later runs (e.g. avx2 on an AVX-512 CPU) use nbval. ``--notebooks-via lab`` fails when
+and this path's nbval run. Later runs (e.g. avx2 on an AVX-512 CPU) use nbval (tools/nbval_run.py, as make
+test-notebooks: two notebooks at a time, the exclusive ones alone). ``--notebooks-via lab`` fails when
 no browser is installed (CI); ``auto`` (default) falls back to nbval; ``nbval`` never starts a browser.
 
     python tools/portable.py                  # every run, then the suites
@@ -60,17 +61,7 @@ SUITES = {
         WORKERS,
     ],
     "exercises": ["-m", "pytest", "exercises/", "--impl=reference", "-q", "-p", "no:cacheprovider"],
-    "notebooks": [
-        "-m",
-        "pytest",
-        "--nbval",
-        "notebooks/",
-        "--nbval-sanitize-with",
-        "notebooks/sanitize.cfg",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-    ],
+    "notebooks": ["tools/nbval_run.py"],  # two at a time where they may share the cores (make test-notebooks)
 }
 LAB = ["tools/lab_test.py", "--compare", "--require", "--out", str(ROOT / "build" / "lab-test-portable")]
 
