@@ -64,11 +64,10 @@ from .async_writer import (
     _idle_reversible,
     _layout,
     _picklable,
-    _unlink_quiet,
     set_policy,
     write_checkpoint,
 )
-from .atomic import CheckpointError
+from .atomic import CheckpointError, _unlink_quiet
 
 POLL_S = 0.05  # a blocking wait checks the child's liveness this often
 

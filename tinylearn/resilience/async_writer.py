@@ -26,7 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .atomic import TMP_PREFIX, CheckpointError, DiskFull, _point, atomic_write, fsync_dir
+from .atomic import TMP_PREFIX, CheckpointError, _point, atomic_write, discard, publish
 from .manifest import step_dir
 
 FORMAT = "tinylearn.async/1"
@@ -164,19 +164,12 @@ def write_direct(path: Path, buf: memoryview, nbytes: int, *, fsync: bool = True
                 os.fsync(fd)
         finally:
             os.close(fd)
-        _point("rename", path, nbytes)
-        os.replace(tmp, path)
-        if fsync:
-            _point("fsync_dir", path.parent, nbytes)
-            fsync_dir(path.parent)
-    except OSError as e:
-        _unlink_quiet(os.fspath(tmp))
-        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise DiskFull(f"{os.fspath(path)}: {errno.errorcode.get(e.errno, e.errno)} after {written} bytes") from e
-        raise
-    except BaseException:
-        _unlink_quiet(os.fspath(tmp))
-        raise
+        publish(tmp, path, nbytes, fsync=fsync)
+    except BaseException as e:
+        full = discard(tmp, path, written, e)
+        if full is None:
+            raise
+        raise full from e
     return nbytes
 
 
@@ -204,13 +197,6 @@ def _idle_reversible() -> bool:
     t.start()
     t.join()
     return bool(ok and ok[0])
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _layout(sizes: list[int]) -> tuple[list[int], int]:

@@ -85,6 +85,28 @@ def _chunks(data: bytes | bytearray | memoryview | Iterable[bytes]) -> Iterable[
         yield from data
 
 
+def publish(tmp: Path, path: Path, nbytes: int, *, fsync: bool) -> None:
+    """The commit point of a write: rename ``tmp`` over ``path`` (crash point ``"rename"``), then flush the directory
+    entry (``"fsync_dir"``) when ``fsync``. Shared by ``atomic_write`` and the O_DIRECT writer (async_writer.py)."""
+    _point("rename", path, nbytes)
+    os.replace(tmp, path)
+    if fsync:
+        _point("fsync_dir", path.parent, nbytes)
+        fsync_dir(path.parent)
+
+
+def discard(tmp: Path, path: Path, written: int, error: BaseException) -> DiskFull | None:
+    """After a failed write: remove ``tmp``; for ENOSPC / EFBIG / EDQUOT return the ``DiskFull`` to raise (naming
+    ``path`` and the bytes written), else None (re-raise ``error``). The old ``path``, if any, is untouched."""
+    _unlink_quiet(tmp)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return DiskFull(
+            f"{os.fspath(path)}: {errno.errorcode.get(error.errno, error.errno)} after {written} bytes; "
+            f"the previous file (if any) is untouched"
+        )
+    return None
+
+
 def atomic_write(
     path: str | os.PathLike[str],
     data: bytes | bytearray | memoryview | Iterable[bytes],
@@ -116,22 +138,12 @@ def atomic_write(
             if fsync:
                 _point("fsync", tmp, written)
                 os.fsync(f.fileno())
-        _point("rename", path, written)
-        os.replace(tmp, path)
-        if fsync:
-            _point("fsync_dir", path.parent, written)
-            fsync_dir(path.parent)
-    except OSError as e:
-        _unlink_quiet(tmp)
-        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise DiskFull(
-                f"{os.fspath(path)}: {errno.errorcode.get(e.errno, e.errno)} after {written} bytes; "
-                f"the previous file (if any) is untouched"
-            ) from e
-        raise
-    except BaseException:
-        _unlink_quiet(tmp)
-        raise
+        publish(tmp, path, written, fsync=fsync)
+    except BaseException as e:
+        full = discard(tmp, path, written, e)
+        if full is None:
+            raise
+        raise full from e
     finally:
         if old is not None:
             signal.signal(signal.SIGXFSZ, old)
@@ -167,9 +179,9 @@ def remove_stale_temps(dirpath: str | os.PathLike[str]) -> list[Path]:
     return out
 
 
-def _unlink_quiet(p: Path) -> None:
+def _unlink_quiet(p: str | os.PathLike[str]) -> None:
     try:
-        p.unlink()
+        os.unlink(p)
     except FileNotFoundError:
         pass
 
