@@ -81,6 +81,30 @@ class MatMul(Function):
         return ga, gb
 
 
+def linear_arrays(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """``Linear.forward``'s arithmetic on checked arrays, without the checks and the ctx (the decode fast path of
+    tinylearn/inference/decode_fast.py calls it per layer): the bf16 GEMM under autocast, the C++ GEMM where
+    gemm_route picks it, the transposed orientation for short 2-D inputs, else numpy's matmul; then the bias."""
+    if _bf16_2d(w) and x.dtype == w.dtype:  # autocast bf16: the C++ GEMM reads the transposed view as is and
+        # adds the bias to its fp32 sums before the one rounding (torch's addmm)
+        bias = b if b is not None and b.dtype == w.dtype else None
+        out = backends.dispatch(BF16_MATMUL, x.reshape(-1, x.shape[-1]), w.T, bias)
+        out = out.reshape(x.shape[:-1] + (w.shape[0],))
+        if b is not None and bias is None:
+            out += b
+        return out
+    x2 = x.reshape(-1, x.shape[-1])
+    if gemm_route.use_cpp(x2, w.T):  # the C++ AVX-512 GEMM (gemm_route.py): C-contiguous [N, out]
+        out = _shaped(gemm_route.cpp_mm(x2, w.T), x.shape[:-1] + (w.shape[0],))
+    elif x.ndim == 2 and x.shape[0] <= w.shape[0]:
+        out = (w @ x.T).T  # [N, out] view of a C-contiguous [out, N] result; see the module docstring
+    else:
+        out = x @ w.T
+    if b is not None:
+        out += b
+    return out
+
+
 class Linear(Function):
     """y = x @ w.T + b with x of shape [..., in], w [out, in], b [out] or None."""
 
@@ -96,24 +120,7 @@ class Linear(Function):
             raise ShapeError(f"linear: bias shape {b.shape} does not match weight shape {w.shape}")
         ctx.save_for_backward(x, w)
         ctx.has_b = b is not None
-        if _bf16_2d(w) and x.dtype == w.dtype:  # autocast bf16: the C++ GEMM reads the transposed view as is and
-            # adds the bias to its fp32 sums before the one rounding (torch's addmm)
-            bias = b if b is not None and b.dtype == w.dtype else None
-            out = backends.dispatch(BF16_MATMUL, x.reshape(-1, x.shape[-1]), w.T, bias)
-            out = out.reshape(x.shape[:-1] + (w.shape[0],))
-            if b is not None and bias is None:
-                out += b
-            return out
-        x2 = x.reshape(-1, x.shape[-1])
-        if gemm_route.use_cpp(x2, w.T):  # the C++ AVX-512 GEMM (gemm_route.py): C-contiguous [N, out]
-            out = _shaped(gemm_route.cpp_mm(x2, w.T), x.shape[:-1] + (w.shape[0],))
-        elif x.ndim == 2 and x.shape[0] <= w.shape[0]:
-            out = (w @ x.T).T  # [N, out] view of a C-contiguous [out, N] result; see the module docstring
-        else:
-            out = x @ w.T
-        if b is not None:
-            out += b
-        return out
+        return linear_arrays(x, w, b)
 
     @staticmethod
     def backward(ctx, g):

@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..autograd import function as _function
-from ..autograd import gemm_route
 from ..autograd import ops_elementwise as _ew
 from ..autograd import ops_shape as _sh
-from ..autograd.linalg import Linear as _LinearFn
+from ..autograd.linalg import linear_arrays
 from ..autograd.tensor import Tensor
 from ..nn import GELU, Embedding, LayerNorm, Linear, ModuleList
 from ..nn import functional as F
@@ -81,13 +80,7 @@ def eligible(model: Any, classes: tuple[type, type, type]) -> tuple | None:
 
 
 def _linear(lin: Any, x: np.ndarray) -> np.ndarray:
-    w, b = lin.weight.data, None if lin.bias is None else lin.bias.data
-    if x.ndim == 3 and x.dtype == w.dtype == np.float32 and x.shape[0] * x.shape[1] < gemm_route.MIN_M:
-        out = x @ w.T  # what Linear.forward computes for these operands (x 3-D, rows below the C++ GEMM's)
-        if b is not None:
-            out += b
-        return out
-    return _LinearFn.forward(_Ctx(), x, w, b)
+    return linear_arrays(x, lin.weight.data, None if lin.bias is None else lin.bias.data)  # Linear.forward's math
 
 
 def _layer_norm(ln: Any, x: np.ndarray) -> np.ndarray:

@@ -53,6 +53,11 @@ def rope_cpp(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool = Fa
     c2, s2 = _rows(x, np.asarray(cos)), _rows(x, np.asarray(sin))
     if c2 is None or s2 is None or c2.shape != s2.shape:
         raise ValueError(f"cos, sin: expected [T, D] or [D] rows for x {x.shape}, got {np.shape(cos)}, {np.shape(sin)}")
+    return _rope_c(x, c2, s2, inverse)
+
+
+def _rope_c(x: np.ndarray, c2: np.ndarray, s2: np.ndarray, inverse: bool) -> np.ndarray:
+    """The C++ call on checked arguments: float32 x of 1-4 dims, cos / sin as ``_rows``' [T or 1, D] rows."""
     x4 = x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x  # leading unit dims: a view
     if x4.strides[-1] != x4.itemsize:
         x4 = np.ascontiguousarray(x4)
@@ -63,10 +68,12 @@ def rope_kernel(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool) 
     """The registered kernel's result, or None when the numpy code should run (see the module docstring)."""
     if x.dtype != np.float32 or not 1 <= x.ndim <= 4 or x.shape[-1] % 2 or x.size == 0:
         return None
-    if _rows(x, cos) is None or _rows(x, sin) is None or cos.dtype != np.float32 or sin.dtype != np.float32:
+    if cos.dtype != np.float32 or sin.dtype != np.float32:
         return None
-    b, _, fn = backends.resolve(OP)
-    return fn(x, cos, sin, inverse) if b == "cpp" else None
+    c2, s2 = _rows(x, cos), _rows(x, sin)
+    if c2 is None or s2 is None or c2.shape != s2.shape or backends.resolve(OP)[0] != "cpp":
+        return None
+    return _rope_c(x, c2, s2, inverse)  # rope_cpp's call, the rows computed once
 
 
 def _example(rng: Any) -> tuple[tuple, dict]:
