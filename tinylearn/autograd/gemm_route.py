@@ -57,3 +57,20 @@ def cpp_mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` for 2-D arrays (any strides) on the GEMM ``use_cpp`` picks."""
     return cpp_mm(a, b) if use_cpp(a, b) else a @ b
+
+
+def linear_grads(
+    g: np.ndarray, x: np.ndarray, w: np.ndarray, need_x: bool, need_w: bool, transpose_w: bool = True
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(dX shaped like ``x``, dW shaped like ``w``) of z = x @ w.T (``transpose_w``, nn.Linear's weight [out, in])
+    or x @ w (a matmul's [in, out]) from g = dL/dz [..., out] (x [..., in]; g may also be the [rows, out] rows), each
+    product on the GEMM ``use_cpp`` picks, else numpy's matmul on the arrays as given (Linear.backward's products);
+    None where not needed. The compiler's fused Linear nodes (LinearAct, LinearGroup) share it."""
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+    wb = w if transpose_w else w.T  # [out, in]
+    gx = gw = None
+    if need_x:
+        gx = (cpp_mm(g2, wb) if use_cpp(g2, wb) else g @ wb).reshape(x.shape)
+    if need_w:
+        gw = mm(g2.T, x2) if transpose_w else mm(x2.T, g2)
+    return gx, gw

@@ -38,9 +38,7 @@ class LinearGroup(Function):
     def forward(ctx, x, *wb, n=2, has_bias=False):
         ws, bs = wb[:n], wb[n:] if has_bias else ()
         w = np.concatenate(ws, axis=0)  # [sum out, in]
-        x2 = x.reshape(-1, x.shape[-1])
-        wt = w.T
-        z = gemm_route.cpp_mm(x2, wt) if gemm_route.use_cpp(x2, wt) else x2 @ wt
+        z = gemm_route.mm(x.reshape(-1, x.shape[-1]), w.T)
         if has_bias:
             z += np.concatenate(bs)
         ctx.save_for_backward(x, w)
@@ -55,10 +53,8 @@ class LinearGroup(Function):
     def backward(ctx, *gs):
         x, w = ctx.saved_tensors
         g = np.concatenate([gi.reshape(-1, gi.shape[-1]) for gi in gs], axis=1)  # [rows, sum out]
-        x2 = x.reshape(-1, x.shape[-1])
         need = ctx.needs_input_grad
-        gx = gemm_route.mm(g, w).reshape(x.shape) if need[0] else None
-        gw = gemm_route.mm(g.T, x2) if any(need[1 : 1 + len(ctx.widths)]) else None
+        gx, gw = gemm_route.linear_grads(g, x, w, need[0], any(need[1 : 1 + len(ctx.widths)]))
         gws, gbs, o = [], [], 0
         for width in ctx.widths:
             gws.append(None if gw is None else gw[o : o + width])

@@ -60,11 +60,7 @@ class LinearAct(Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         gz = type(ctx.act_ctx).backward(ctx.act_ctx, g)
-        wt = w.T if ctx.transpose_w else w
-        g2, x2 = gz.reshape(-1, gz.shape[-1]), x.reshape(-1, x.shape[-1])
-        gx = gemm_route.cpp_mm(g2, wt.T) if gemm_route.use_cpp(g2, wt.T) else gz @ wt.T
-        gx = gx if gx.shape == x.shape else gx.reshape(x.shape)
-        gw = gemm_route.mm(g2.T, x2) if ctx.transpose_w else gemm_route.mm(x2.T, g2)
+        gx, gw = gemm_route.linear_grads(gz, x, w, True, True, ctx.transpose_w)
         gb = unbroadcast(gz, ctx.bshape) if ctx.has_b else None
         return gx, gw, gb
 
