@@ -326,8 +326,8 @@ def run_notebooks(
         done = [(s, r) for s, r in active if r.poll()]
         for s, r in done:
             active.remove((s, r))
-            if probs := report(r, True):
-                rerun.append((r.name, probs[0]))
+            if probs := report(r, True):  # named by the cell's error when one raised
+                rerun.append((r.name, next((p for p in probs if " raised " in p), probs[0])))
         if not done:
             time.sleep(0.2)
     for n, first in rerun:
