@@ -61,3 +61,27 @@ def test_tl_check_errors_name_the_argument():
         tl.check("01_autodiff", impl="mine")
     with pytest.raises(ValueError, match="has no exercises"):
         tl.check("tour")
+
+
+def _nbval_run():
+    spec = importlib.util.spec_from_file_location("nbval_run", ROOT / "tools" / "nbval_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_nbval_run_reads_failed_cells_and_checks_its_arguments():
+    run = _nbval_run()
+    m = run.FAILED.match("FAILED notebooks/13_llm_serving.ipynb::Cell 5 - \x1b[91mNotebook cell failed\x1b[0m")
+    assert m and m.group(1) == "notebooks/13_llm_serving.ipynb" and m.group(2).startswith("Cell 5")
+    assert run.FAILED.match("PASSED notebooks/00_tour.ipynb::Cell 0") is None
+    for argv in (["--jobs", "0"], ["no_such_notebook"]):
+        with pytest.raises(SystemExit):
+            run.main(argv)
+
+
+def test_exclusive_notebooks_exist_and_say_why():
+    from tinylearn.topics import exclusive_notebooks
+
+    alone = exclusive_notebooks()
+    assert alone and all((ROOT / "notebooks" / n).is_file() and len(why) > 20 for n, why in alone.items())
