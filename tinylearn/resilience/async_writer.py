@@ -166,10 +166,7 @@ def write_direct(path: Path, buf: memoryview, nbytes: int, *, fsync: bool = True
             os.close(fd)
         publish(tmp, path, nbytes, fsync=fsync)
     except BaseException as e:
-        full = discard(tmp, path, written, e)
-        if full is None:
-            raise
-        raise full from e
+        discard(tmp, path, written, e)
     return nbytes
 
 

@@ -24,6 +24,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 TMP_PREFIX = ".tmp-"
 _crash_point: Callable[[str, Path, int], None] | None = None
@@ -95,16 +96,16 @@ def publish(tmp: Path, path: Path, nbytes: int, *, fsync: bool) -> None:
         fsync_dir(path.parent)
 
 
-def discard(tmp: Path, path: Path, written: int, error: BaseException) -> DiskFull | None:
-    """After a failed write: remove ``tmp``; for ENOSPC / EFBIG / EDQUOT return the ``DiskFull`` to raise (naming
-    ``path`` and the bytes written), else None (re-raise ``error``). The old ``path``, if any, is untouched."""
+def discard(tmp: Path, path: Path, written: int, error: BaseException) -> NoReturn:
+    """After a failed write: remove ``tmp`` and raise -- ``DiskFull`` (naming ``path`` and the bytes written) for
+    ENOSPC / EFBIG / EDQUOT, else ``error`` itself. The old ``path``, if any, is untouched."""
     _unlink_quiet(tmp)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-        return DiskFull(
+        raise DiskFull(
             f"{os.fspath(path)}: {errno.errorcode.get(error.errno, error.errno)} after {written} bytes; "
             f"the previous file (if any) is untouched"
-        )
-    return None
+        ) from error
+    raise error
 
 
 def atomic_write(
@@ -140,10 +141,7 @@ def atomic_write(
                 os.fsync(f.fileno())
         publish(tmp, path, written, fsync=fsync)
     except BaseException as e:
-        full = discard(tmp, path, written, e)
-        if full is None:
-            raise
-        raise full from e
+        discard(tmp, path, written, e)
     finally:
         if old is not None:
             signal.signal(signal.SIGXFSZ, old)
