@@ -35,7 +35,8 @@ class Topic:
     path_independent: tuple[str, ...] = ()
     # why the notebook must have the cores to itself ("" = it may share them: tools/nbval_run.py and lab_test.py run
     # two such notebooks at once, and rerun one alone if it fails beside another); set where an assert reads a
-    # measurement of several processes or of the cores' capacity (fitted link costs, scaling, real job timings)
+    # measurement of several processes, of the cores' capacity or of latency tails (collective times, real job
+    # timings, TPOT p99)
     notebook_exclusive: str = ""
     # modules (under tinylearn/) whose import registers this topic's ops in tinylearn.backends: backends imports them
     # from here the first time an op of one of the topic's packages is asked for, so an op is found whether or not
@@ -468,6 +469,8 @@ TOPICS: tuple[Topic, ...] = (
         # the engine reaches C++ through the paged-attention decode kernel and the GEMMs of TinyGPT's layers
         sanitize=("test_serve_engine", "test_serve_block_manager"),
         path_independent=("test_serve_tiering", "test_serve_journal", "test_serve_prewarm"),
+        notebook_exclusive="asserts on per-token latency percentiles (TPOT p99) and worst engine steps, which a "
+        "neighbour's time slices set (shared runs failed on them twice)",
     ),
     Topic(
         "compress",

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """nbval over the notebooks, two at a time where they may share the cores (``make test-notebooks``).
 
-The notebooks the topic table marks ``notebook_exclusive`` (an assert reads a measurement of several processes or
-of the cores' capacity: notebook 06's collective times, 18's real jobs) run first, one at a time, with the cores to
-themselves. The others run ``--jobs`` at a time on pytest-xdist workers (``--dist loadfile``: each notebook's cells
-stay in order on one kernel). A notebook that fails beside another is run again alone: it passes only if it passes
-there, and the report names it and its first failure, so a notebook whose claims do not survive a busy neighbour
-(the learner's busy laptop) is visible rather than hidden. ``--jobs 1`` runs every notebook one at a time.
+The notebooks the topic table marks ``notebook_exclusive`` (an assert reads a measurement of several processes, of
+the cores' capacity or of latency tails: notebook 06's collective times, 13's TPOT p99, 18's real jobs) run first,
+one at a time, with the cores to themselves. The others run ``--jobs`` at a time on pytest-xdist workers
+(``--dist loadfile``: each notebook's cells stay in order on one kernel). A notebook that fails beside another is
+run again alone: it passes only if it passes there, and the report names it and its first failure, so a notebook
+whose claims do not survive a busy neighbour (the learner's busy laptop) is visible rather than hidden.
+``--jobs 1`` runs every notebook one at a time.
 
     python tools/nbval_run.py                      # every notebook
     python tools/nbval_run.py --jobs 1             # one at a time
