@@ -362,11 +362,21 @@ void macro_kernel(const Kernel<T, P>& kn, ssize_t mc, ssize_t nc, ssize_t kc, co
   }
 }
 
+// An epilogue called on each finished block of C: rows [i0, i0 + mc), columns [j0, j0 + nc).
+struct NoEpilogue {
+  void operator()(ssize_t, ssize_t, ssize_t, ssize_t) const {}
+};
+
 // BLIS loop nest (jc, pc, ic) with packing; `threads` > 1 shares each packed B panel and splits the ic loop.
-template <class T, class S, class P>
-void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int threads) {
-  std::fill(C, C + d.M * d.N, T(0));
-  if (d.M == 0 || d.N == 0 || d.K == 0) return;
+// epi(i0, mc, j0, nc) runs on each block of C once its last k block is summed, by the thread that summed it (the
+// block is still in its caches): bf16_matmul's bias and rounding, in parallel and without another pass over C.
+template <class T, class S, class P, class Epi = NoEpilogue>
+void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int threads, const Epi& epi = Epi()) {
+  if (d.M == 0 || d.N == 0 || d.K == 0) {
+    std::fill(C, C + d.M * d.N, T(0));
+    if (d.M > 0 && d.N > 0) epi(0, d.M, 0, d.N);
+    return;
+  }
   const ssize_t nc_max = std::min(kn.NC, ((d.N + kn.NR - 1) / kn.NR) * kn.NR);
   const ssize_t kc_max = std::min(kn.KC, d.K);
   // balance: split M into a multiple of `threads` blocks of at most MC rows (rounded to MR)
@@ -399,7 +409,10 @@ void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int
         for (ssize_t ic = 0; ic < d.M; ic += mc_blk) {
           const ssize_t mc = std::min(mc_blk, d.M - ic);
           pack_a(A, ic, mc, pc, kc, kn.MR, Ap);
+          if (pc == 0)  // the block's rows of C, zeroed by the thread that accumulates into them (in its cache)
+            for (ssize_t i = ic; i < ic + mc; ++i) std::fill(C + i * d.N + jc, C + i * d.N + jc + nc, T(0));
           macro_kernel(kn, mc, nc, kc, Ap, Bp.get(), C + ic * d.N + jc, d.N);
+          if (pc + kc == d.K) epi(ic, mc, jc, nc);
         }
         // implicit barrier: nobody repacks B while another thread still reads it
       }
@@ -588,38 +601,30 @@ py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::s
   // explicitly: the no-SIMD baseline of the ladder
   const Kernel<float> kn = kernel_for<float>(isa == "scalar" && isa_req == "auto" ? "packed" : "simd", isa);
   const bool dp = use_dpbf16(dot, isa);
-  auto run = [&](float* cp) {
-    if (dp)
-      gemm_packed(A, B, cp, d, kDpbf16Kernel, threads);
-    else
-      gemm_packed(A, B, cp, d, kn, threads);
-  };
+  const bool to_bf16 = out == "bfloat16";
   py::array_t<float> c({d.M, d.N});
-  auto add_bias = [&](float* cp) {
-    if (!bp) return;
-    for (ssize_t i = 0; i < d.M; ++i)
-      for (ssize_t j = 0; j < d.N; ++j) cp[i * d.N + j] += widen(bp[j]);
-  };
-  if (out == "float32") {
-    float* cp = c.mutable_data();
-    {
-      py::gil_scoped_release release;  // no Python object is touched (copied, returned) without the GIL
-      run(cp);
-      add_bias(cp);
-    }
-    return c;
-  }
-  py::array_t<uint16_t> r({d.M, d.N});
+  py::array_t<uint16_t> r(to_bf16 ? std::vector<ssize_t>{d.M, d.N} : std::vector<ssize_t>{0});
   float* cp = c.mutable_data();
   uint16_t* rp = r.mutable_data();
+  // the epilogue on each finished block (gemm_packed): + bias in fp32, then the one rounding to bf16
+  auto epi = [&](ssize_t i0, ssize_t mc, ssize_t j0, ssize_t nc) {
+    for (ssize_t i = i0; i < i0 + mc; ++i) {
+      float* ci = cp + i * d.N;
+      if (bp)
+        for (ssize_t j = j0; j < j0 + nc; ++j) ci[j] += widen(bp[j]);
+      if (to_bf16)
+        for (ssize_t j = j0; j < j0 + nc; ++j) rp[i * d.N + j] = tl::bf16_round(ci[j]);
+    }
+  };
   {
-    py::gil_scoped_release release;
-    run(cp);
-    add_bias(cp);
-    const ssize_t n = d.M * d.N;
-    for (ssize_t i = 0; i < n; ++i) rp[i] = tl::bf16_round(cp[i]);
+    py::gil_scoped_release release;  // no Python object is touched (copied, returned) without the GIL
+    if (dp)
+      gemm_packed(A, B, cp, d, kDpbf16Kernel, threads, epi);
+    else
+      gemm_packed(A, B, cp, d, kn, threads, epi);
   }
-  return r;
+  if (to_bf16) return r;
+  return c;
 }
 
 // pack_a / pack_b of a whole matrix (kc = K, one block), for tests and the notebook: shape (panels, K, MR|NR).

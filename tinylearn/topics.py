@@ -695,6 +695,17 @@ def exclusive_notebooks() -> dict[str, str]:
     return {f"{t.notebook}.ipynb": t.notebook_exclusive for t in TOPICS if t.notebook_exclusive}
 
 
+def notebook_plan(names: list[str], jobs: int) -> tuple[list[str], list[str]]:
+    """(alone, shared): the notebooks (``<name>.ipynb``, in the given order) to run one at a time first, and those
+    that may run ``jobs`` at a time -- the topic table's exclusive ones alone, or every one when ``jobs`` is 1.
+    tools/nbval_run.py and tools/lab_test.py both run this plan, each with its own engine."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
+    exclusive = exclusive_notebooks()
+    alone = [n for n in names if jobs == 1 or n in exclusive]
+    return alone, [n for n in names if n not in alone]
+
+
 def path_independent_tests() -> set[str]:
     """The test files (paths) whose results cannot depend on the CPU numeric path (not rerun by test-portable)."""
     return {f"tests/{t.name}/{m}.py" for t in TOPICS for m in t.path_independent}

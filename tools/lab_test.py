@@ -290,9 +290,9 @@ def run_notebooks(
 ) -> dict[str, list[str]]:
     """Run ``names``: the topic table's exclusive notebooks one at a time first, the others ``jobs`` at a time;
     one that fails beside another is run again alone (it passes only there, and is named). Returns the failures."""
-    from tinylearn.topics import exclusive_notebooks
+    from tinylearn.topics import notebook_plan
 
-    alone = set(exclusive_notebooks()) if jobs > 1 else set(names)
+    alone, queue = notebook_plan(names, jobs)
     failures: dict[str, list[str]] = {}
 
     def report(run: NotebookRun, shared: bool) -> list[str]:
@@ -311,10 +311,9 @@ def run_notebooks(
             time.sleep(0.2)
         return report(run, False)
 
-    for n in [n for n in names if n in alone]:
+    for n in alone:
         if probs := one(n):
             failures[n] = probs
-    queue = [n for n in names if n not in alone]
     active: list[tuple[int, NotebookRun]] = []
     rerun: list[tuple[str, str]] = []
     while queue or active:

@@ -54,17 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     sys.path.insert(0, str(ROOT))
-    from tinylearn.topics import exclusive_notebooks
+    from tinylearn.topics import notebook_plan
 
     names = args.notebooks or sorted(p.name for p in NB_DIR.glob("*.ipynb"))
     names = [n if n.endswith(".ipynb") else n + ".ipynb" for n in names]
     missing = [n for n in names if not (NB_DIR / n).is_file()]
     if missing:
         ap.error(f"notebooks: no such notebook(s) {missing} in {NB_DIR}")
-    alone = exclusive_notebooks()
     paths = [f"notebooks/{n}" for n in names]
-    exclusive = [p for p in paths if Path(p).name in alone] if args.jobs > 1 else paths
-    shared = [p for p in paths if p not in exclusive]
+    exclusive, shared = ([f"notebooks/{n}" for n in part] for part in notebook_plan(names, args.jobs))
     t0, bad = time.time(), []
     if exclusive:
         print(f"nbval: {len(exclusive)} notebook(s) one at a time: {', '.join(Path(p).stem for p in exclusive)}")

@@ -85,3 +85,16 @@ def test_exclusive_notebooks_exist_and_say_why():
 
     alone = exclusive_notebooks()
     assert alone and all((ROOT / "notebooks" / n).is_file() and len(why) > 20 for n, why in alone.items())
+
+
+def test_notebook_plan_runs_exclusive_ones_alone_and_the_rest_shared():
+    from tinylearn.topics import exclusive_notebooks, notebook_plan
+
+    names = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    alone, shared = notebook_plan(names, 2)
+    assert set(alone) == set(exclusive_notebooks()) and sorted(alone + shared) == names
+    assert alone == [n for n in names if n in alone]  # the given order is kept
+    assert notebook_plan(names, 1) == (names, [])
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="jobs"):
+            notebook_plan(names, bad)

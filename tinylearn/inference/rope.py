@@ -68,10 +68,10 @@ def rope_kernel(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool) 
     """The registered kernel's result, or None when the numpy code should run (see the module docstring)."""
     if x.dtype != np.float32 or not 1 <= x.ndim <= 4 or x.shape[-1] % 2 or x.size == 0:
         return None
-    if cos.dtype != np.float32 or sin.dtype != np.float32:
+    if cos.dtype != np.float32 or sin.dtype != np.float32 or backends.resolve(OP)[0] != "cpp":
         return None
-    c2, s2 = _rows(x, cos), _rows(x, sin)
-    if c2 is None or s2 is None or c2.shape != s2.shape or backends.resolve(OP)[0] != "cpp":
+    c2, s2 = _rows(x, cos), _rows(x, sin)  # only once the registry has picked the kernel
+    if c2 is None or s2 is None or c2.shape != s2.shape:
         return None
     return _rope_c(x, c2, s2, inverse)  # rope_cpp's call, the rows computed once
 
