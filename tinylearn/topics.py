@@ -147,6 +147,7 @@ TOPICS: tuple[Topic, ...] = (
             "test_conv_deformable",
             "test_ops_spatial",
             "test_conv_fold",
+            "test_conv_params",
         ),
         "tinylearn.conv.bench",
         ("conv_*.cpp", "conv_*.h", "conv_direct_simd.inc"),

@@ -9,7 +9,9 @@ It must be >= 1, i.e. the dilated kernel ``dil*(k-1)+1`` must fit in the padded 
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -19,6 +21,39 @@ from .._inputs import as_array
 Pair = tuple[int, int]
 BACKENDS = ("numpy", "numba", "cpp")
 _INDEX_LIMIT = 2**62  # every size/offset a backend computes stays below this, so int64 arithmetic cannot overflow
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_PLAIN = (int, bool, str, type(None))  # argument types a memoised validation may key on (bool: ceil_mode)
+_MEMO_MAX = 4096  # entries per memoised function: distinct layer geometries of a process, not calls
+
+
+def _plain(v: Any) -> bool:
+    return type(v) in _PLAIN or (type(v) is tuple and all(type(e) is int for e in v))
+
+
+def memo_geometry(fn: _F) -> _F:
+    """Memoise a validation that is a pure function of plain arguments (ints, bools, strs, None, tuples of ints):
+    a training step asks the same conv/pool geometry every call (~10 us of checks each, 6 per step of a small CNN).
+    The key holds each argument's type, so ``True`` never hits an entry made for ``1`` (bools are refused where a
+    size is expected); anything else (lists, numpy ints, floats) runs the checks every time, and errors are never
+    cached."""
+    cache: dict[Any, Any] = {}
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        vals = args + tuple(kw.values())
+        if not all(_plain(v) for v in vals):
+            return fn(*args, **kw)
+        key = (args, tuple(kw.items()), tuple(map(type, vals)))
+        hit = cache.get(key)
+        if hit is None:
+            hit = fn(*args, **kw)
+            if len(cache) < _MEMO_MAX:
+                cache[key] = hit
+        return hit
+
+    return wrapped  # type: ignore[return-value]
 
 
 def pair(value: Any, name: str) -> Pair:
@@ -104,6 +139,7 @@ def ntuple(value: Any, n: int, name: str) -> tuple[int, ...]:
     raise TypeError(f"{name}: expected int or {what} of ints, got {value!r}")
 
 
+@memo_geometry
 def window_params_nd(
     spatial: tuple[int, ...],
     kernel_size: Any,
@@ -157,6 +193,7 @@ def window_params_nd(
     return k, s, p, d, out
 
 
+@memo_geometry
 def pool_params_nd(
     spatial: tuple[int, ...],
     kernel_size: Any,
