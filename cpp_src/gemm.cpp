@@ -33,6 +33,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -171,15 +172,83 @@ std::unique_ptr<T[], AlignedFree> aligned_buffer(size_t n) {
   return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(p));
 }
 
+// ---- transposing packs (AVX2): the packed layouts are k-major, so a row-major A or a column-major B is transposed
+// on the way in. Scalar code moves one element per load/store pair (with bf16, a widening in between); these load 8
+// consecutive k of 8 rows (columns), transpose them in registers and store 8 k-slices: ~3x fewer instructions.
+__attribute__((target("avx2"))) inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2"))) inline __m256 load8_f32(const Bf16* p) {  // 8 bf16 -> fp32 (exact: bits << 16)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// r[j][i] <- r[i][j] for 8 rows of 8 floats
+__attribute__((target("avx2"), always_inline)) inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 0-3 (h = 0) and 4-7 (h = 1)
+    u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+    r[j + 4] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+  }
+}
+
+// One MR-row panel of a row-major A (row i at src + i * ld, MR = 6 or 8): dst[k * MR + i] = A[i][k] for k below
+// kc rounded down to 8; returns that k (the caller packs the rest). With MR = 6 rows 6-7 are zeros and each 8-wide
+// store spills two of them into the next k-slice, which the next store (or the caller's remainder, or the next
+// panel) overwrites; the last slice of the buffer spills 2 floats past it (gemm_packed allocates 8 spare).
+template <class S>
+__attribute__((target("avx2"))) ssize_t pack_a_t8(const S* src, ssize_t ld, ssize_t kc, ssize_t MR, float* dst) {
+  ssize_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    __m256 r[8];
+    for (ssize_t i = 0; i < 8; ++i) r[i] = i < MR ? load8_f32(src + i * ld + k) : _mm256_setzero_ps();
+    transpose8x8(r);
+    for (int v = 0; v < 8; ++v) _mm256_storeu_ps(dst + (k + v) * MR, r[v]);
+  }
+  return k;
+}
+
+// One NR-column panel of a column-major B (column j at src + j * ld, NR a multiple of 8): dst[k * NR + j] = B[k][j]
+// for k below kc rounded down to 8; returns that k.
+template <class S>
+__attribute__((target("avx2"))) ssize_t pack_b_t8(const S* src, ssize_t ld, ssize_t kc, ssize_t NR, float* dst) {
+  ssize_t k = 0;
+  for (; k + 8 <= kc; k += 8)
+    for (ssize_t g = 0; g < NR; g += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = load8_f32(src + (g + i) * ld + k);
+      transpose8x8(r);
+      for (int v = 0; v < 8; ++v) _mm256_storeu_ps(dst + (k + v) * NR + g, r[v]);
+    }
+  return k;
+}
+
 // pack_a: rows [i0, i0+mc) x cols [p0, p0+kc) of A into ceil(mc/MR) micro-panels; panel r holds, for each k,
 // the MR values A[i0+r*MR : i0+r*MR+MR, p0+k] next to each other (rows past mc are zero). The micro-kernel then
 // reads A with unit stride: MR scalars per k.
 // S is the stored element type (T itself, or Bf16 widened to T = float on the way in).
+// simd: the kernel is AVX2 or AVX-512 (so the CPU has AVX2): a row-major A (unit column stride, where the
+// packing is a transpose) goes through 8x8 register transposes (pack_a_t8).
 template <class T, class S>
-void pack_a(View<S> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, T* dst) {
+void pack_a(View<S> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, T* dst, bool simd = false) {
   for (ssize_t r = 0; r < mc; r += MR) {
     const ssize_t rows = std::min(MR, mc - r);
-    for (ssize_t k = 0; k < kc; ++k) {
+    ssize_t k = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      if (simd && A.cs == 1 && rows == MR && (MR == 6 || MR == 8)) {
+        k = pack_a_t8(A.p + (i0 + r) * A.rs + p0, A.rs, kc, MR, dst);
+        dst += k * MR;
+      }
+    }
+    for (; k < kc; ++k) {
       for (ssize_t ii = 0; ii < rows; ++ii) dst[ii] = widen(A(i0 + r + ii, p0 + k));
       for (ssize_t ii = rows; ii < MR; ++ii) dst[ii] = T(0);
       dst += MR;
@@ -189,11 +258,19 @@ void pack_a(View<S> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t M
 
 // pack_b: rows [p0, p0+kc) x cols [j0, j0+nc) of B into ceil(nc/NR) micro-panels; panel c holds, for each k,
 // B[p0+k, j0+c*NR : j0+c*NR+NR] contiguous (columns past nc are zero): NR/lanes aligned vector loads per k.
+// simd: as pack_a's; a column-major B (unit row stride: a transposed weight, x @ W.T) through 8x8 transposes.
 template <class T, class S>
-void pack_b(View<S> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, T* dst) {
+void pack_b(View<S> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, T* dst, bool simd = false) {
   for (ssize_t c = 0; c < nc; c += NR) {
     const ssize_t cols = std::min(NR, nc - c);
-    for (ssize_t k = 0; k < kc; ++k) {
+    ssize_t k = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      if (simd && B.rs == 1 && B.cs != 1 && cols == NR && NR % 8 == 0) {
+        k = pack_b_t8(B.p + p0 + (j0 + c) * B.cs, B.cs, kc, NR, dst);
+        dst += k * NR;
+      }
+    }
+    for (; k < kc; ++k) {
       const S* src = B.p + (p0 + k) * B.rs + (j0 + c) * B.cs;
       if (B.cs == 1) {
         for (ssize_t jj = 0; jj < cols; ++jj) dst[jj] = widen(src[jj]);
@@ -265,7 +342,7 @@ inline Bf16Pair load_pair(const Bf16* p) {
   return v;
 }
 
-void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, Bf16Pair* dst) {
+void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, Bf16Pair* dst, bool = false) {
   for (ssize_t r = 0; r < mc; r += MR) {
     const ssize_t rows = std::min(MR, mc - r);
     for (ssize_t k = 0; k < kc; k += 2) {
@@ -280,7 +357,7 @@ void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_
   }
 }
 
-void pack_b(View<Bf16> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, Bf16Pair* dst) {
+void pack_b(View<Bf16> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, Bf16Pair* dst, bool = false) {
   for (ssize_t c = 0; c < nc; c += NR) {
     const ssize_t cols = std::min(NR, nc - c);
     for (ssize_t k = 0; k < kc; k += 2) {
@@ -313,6 +390,7 @@ template <class T, class P = T>
 struct Kernel {
   void (*ukr)(ssize_t, const P*, const P*, T*, ssize_t);
   ssize_t MR, NR, KC, MC, NC;
+  bool simd_pack = false;  // an AVX2/AVX-512 kernel: the packs may use AVX2 (pack_a_t8 / pack_b_t8)
 };
 
 // dpbf16: KC = 512 k is 256 pairs, so the KC x NR sliver of B is 32 KB as in the fp32 6x32 kernel.
@@ -324,8 +402,8 @@ Kernel<T> kernel_for(const std::string& version, const std::string& isa);
 template <>
 Kernel<float> kernel_for<float>(const std::string& version, const std::string& isa) {
   if (version == "packed") return {&ukr_generic<float, 6, 16>, 6, 16, 256, 144, 4080};
-  if (isa == "avx512") return {&ukr_avx512_f32, 6, 32, 256, 96, 4096};
-  if (isa == "avx2") return {&ukr_avx2_f32, 6, 16, 256, 144, 4080};
+  if (isa == "avx512") return {&ukr_avx512_f32, 6, 32, 256, 96, 4096, true};
+  if (isa == "avx2") return {&ukr_avx2_f32, 6, 16, 256, 144, 4080, true};
   return {&ukr_scalar<float, 6, 16>, 6, 16, 256, 144, 4080};
 }
 
@@ -387,7 +465,7 @@ void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int
   const ssize_t kp_max = (kc_max + kPerElement<P> - 1) / kPerElement<P>;  // packed elements along k
   auto Bp = aligned_buffer<P>(size_t(kp_max) * nc_max);
   std::vector<std::unique_ptr<P[], AlignedFree>> Aps;
-  for (int t = 0; t < threads; ++t) Aps.push_back(aligned_buffer<P>(size_t(mc_blk) * kp_max));
+  for (int t = 0; t < threads; ++t) Aps.push_back(aligned_buffer<P>(size_t(mc_blk) * kp_max + 8));  // + pack_a_t8's spill
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
 #ifdef _OPENMP
@@ -403,12 +481,13 @@ void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int
         const ssize_t kp = (kc + kPerElement<P> - 1) / kPerElement<P>;
 #pragma omp for schedule(static)
         for (ssize_t q = 0; q < npanels; ++q)
-          pack_b(B, pc, kc, jc + q * kn.NR, std::min(kn.NR, nc - q * kn.NR), kn.NR, Bp.get() + q * kn.NR * kp);
+          pack_b(B, pc, kc, jc + q * kn.NR, std::min(kn.NR, nc - q * kn.NR), kn.NR, Bp.get() + q * kn.NR * kp,
+                 kn.simd_pack);
         // implicit barrier: the B panel is complete before anyone reads it
 #pragma omp for schedule(static)
         for (ssize_t ic = 0; ic < d.M; ic += mc_blk) {
           const ssize_t mc = std::min(mc_blk, d.M - ic);
-          pack_a(A, ic, mc, pc, kc, kn.MR, Ap);
+          pack_a(A, ic, mc, pc, kc, kn.MR, Ap, kn.simd_pack);
           if (pc == 0)  // the block's rows of C, zeroed by the thread that accumulates into them (in its cache)
             for (ssize_t i = ic; i < ic + mc; ++i) std::fill(C + i * d.N + jc, C + i * d.N + jc + nc, T(0));
           macro_kernel(kn, mc, nc, kc, Ap, Bp.get(), C + ic * d.N + jc, d.N);
@@ -631,22 +710,27 @@ py::array bf16_matmul(const py::array& a_in, const py::array& b_in, const std::s
 // panel_axis: the axis cut into panels of w (0: A's rows, pack_a; 1: B's columns, pack_b); K is the other one.
 template <class Pack>
 py::array_t<float> pack_whole(py::array_t<float> in, ssize_t w, int panel_axis, const std::string& fn,
-                              const char* mat, const char* warg, Pack pack) {
+                              const char* mat, const char* warg, Pack pack, bool simd) {
+  if (simd && !tl::cpu_has("avx2"))
+    tl::value_error(fn + ": simd=True needs AVX2 (the transposing packs); this CPU or TINYLEARN_CPU_FEATURES has none");
   if (in.ndim() != 2) tl::value_error(fn + ": " + mat + " must be 2-D, got shape " + shape_str(in));
   if (w < 1) tl::value_error(fn + ": " + warg + " must be >= 1, got " + std::to_string(w));
   py::array v = as_view_array(in);
   const ssize_t R = v.shape(0), C = v.shape(1), L = v.shape(panel_axis), K = v.shape(1 - panel_axis);
+  // + 8: pack_a_t8's spill past the last k-slice (as gemm_packed's buffers)
+  std::vector<float> buf(size_t((L + w - 1) / w) * K * w + 8);
+  pack(view_of<float>(v), 0, R, 0, C, w, buf.data(), simd);
   py::array_t<float> out({(L + w - 1) / w, K, w});
-  pack(view_of<float>(v), 0, R, 0, C, w, out.mutable_data());
+  std::copy(buf.begin(), buf.end() - 8, out.mutable_data());
   return out;
 }
 
-py::array_t<float> pack_a_py(py::array_t<float> a_in, ssize_t mr) {
-  return pack_whole(a_in, mr, 0, "gemm.pack_a", "a", "mr", pack_a<float, float>);
+py::array_t<float> pack_a_py(py::array_t<float> a_in, ssize_t mr, bool simd) {
+  return pack_whole(a_in, mr, 0, "gemm.pack_a", "a", "mr", pack_a<float, float>, simd);
 }
 
-py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr) {
-  return pack_whole(b_in, nr, 1, "gemm.pack_b", "b", "nr", pack_b<float, float>);
+py::array_t<float> pack_b_py(py::array_t<float> b_in, ssize_t nr, bool simd) {
+  return pack_whole(b_in, nr, 1, "gemm.pack_b", "b", "nr", pack_b<float, float>, simd);
 }
 
 // ------------------------------------------------------------------------------------------------ FMA peak
@@ -742,10 +826,12 @@ TL_REGISTER(gemm) {
   m.def(
       "bf16_dot_path", [](const std::string& isa) { return std::string(dpbf16_ok(pick_isa(isa)) ? "dpbf16" : "widen"); },
       py::arg("isa") = "auto", "the kernel bf16_matmul(dot='auto') runs now: 'dpbf16' (AVX512_BF16) or 'widen'");
-  m.def("pack_a", &pack_a_py, py::arg("a"), py::arg("mr"),
-        "pack a (M, K) float32 matrix into (ceil(M/mr), K, mr) micro-panels, zero-padded");
-  m.def("pack_b", &pack_b_py, py::arg("b"), py::arg("nr"),
-        "pack a (K, N) float32 matrix into (ceil(N/nr), K, nr) micro-panels, zero-padded");
+  m.def("pack_a", &pack_a_py, py::arg("a"), py::arg("mr"), py::arg("simd") = false,
+        "pack a (M, K) float32 matrix into (ceil(M/mr), K, mr) micro-panels, zero-padded; simd=True: the AVX2 "
+        "transposing pack for a row-major a where it applies (mr 6 or 8), as the AVX2/AVX-512 GEMM kernels use");
+  m.def("pack_b", &pack_b_py, py::arg("b"), py::arg("nr"), py::arg("simd") = false,
+        "pack a (K, N) float32 matrix into (ceil(N/nr), K, nr) micro-panels, zero-padded; simd=True: the AVX2 "
+        "transposing pack for a column-major b (e.g. W.T) where it applies (nr a multiple of 8)");
   m.def("fma_peak", &fma_peak, py::arg("iters") = 20000000, py::arg("threads") = 0, py::arg("repeat") = 3,
         py::arg("isa") = "auto",
         "register-only FMA loop: best-of-repeat fp32 GFLOP/s on `threads` threads (0 = OpenMP default, at most 1024)");

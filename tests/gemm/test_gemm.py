@@ -160,6 +160,51 @@ def test_pack_b_matches_reference(k: int, n: int, nr: int) -> None:
     assert ref[0, 0, : min(nr, n)].tolist() == b[0, : min(nr, n)].tolist()
 
 
+PACK_CASES = [(6, 8, 6), (12, 16, 6), (13, 21, 6), (6, 7, 6), (25, 67, 6), (8, 40, 8), (40, 9, 16), (37, 24, 32),
+              (19, 33, 8), (5, 12, 4)]  # fmt: skip
+
+
+@needs_C
+@pytest.mark.parametrize("rows,k,w", PACK_CASES)
+def test_transposing_packs_equal_the_scalar_ones(rows: int, k: int, w: int) -> None:
+    """The AVX2 transposing packs (row-major A, column-major B such as W.T: 8x8 register transposes, partial panels
+    and the last k % 8 by the scalar code) lay out exactly what the scalar packs do."""
+    from tinylearn.cpu import cpu_features
+
+    g = backends.load_C("gemm")
+    a, _ = _pair(rows, k, 1)  # row-major [rows, k]
+    bt = np.ascontiguousarray(_pair(rows, k, 1)[0]).T  # column-major [k, rows]
+    if "avx2" not in cpu_features():
+        with pytest.raises(ValueError, match="simd=True needs AVX2"):
+            g.pack_a(a, w, simd=True)
+        return
+    np.testing.assert_array_equal(g.pack_a(a, w, simd=True), g.pack_a(a, w))
+    np.testing.assert_array_equal(g.pack_b(bt, w, simd=True), g.pack_b(bt, w))
+    np.testing.assert_array_equal(g.pack_b(bt, w, simd=True), tl.gemm.pack_b(bt, w))
+
+
+@needs_C
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "scalar"])
+def test_linear_layouts_through_the_packed_kernels(isa: str) -> None:
+    """x @ W.T and g @ W as a Linear runs them (fp32 and bf16 widen), odd sizes and N < NR, against fp64."""
+    import ml_dtypes
+
+    from tinylearn.cpu import cpu_features
+
+    if isa != "scalar" and {"avx2": "avx2", "avx512": "avx512f"}[isa] not in cpu_features():
+        pytest.skip(f"{isa} not available on this CPU / TINYLEARN_CPU_FEATURES")
+    g = backends.load_C("gemm")
+    rng = np.random.default_rng(0)
+    for m, k, n in [(256, 512, 10), (37, 29, 53), (64, 8, 16), (7, 300, 33), (300, 17, 100)]:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        ref = (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+        assert_close(g.matmul(x, w.T, "parallel", isa), ref, reduction_size=k)
+        xb, wb = x.astype(ml_dtypes.bfloat16), w.astype(ml_dtypes.bfloat16)
+        got = g.bf16_matmul(xb.view(np.uint16), wb.view(np.uint16).T, out="float32", isa=isa, dot="widen")
+        assert_close(got, (xb.astype(np.float64) @ wb.T.astype(np.float64)).astype(np.float32), reduction_size=k)
+
+
 def test_numpy_blocked_and_packed_references() -> None:
     for m, k, n in [(1, 1, 1), (7, 33, 5), (65, 300, 130)]:
         a, b = _pair(m, k, n, "float64")
