@@ -5,6 +5,8 @@
 //   to_bf16(x, out)               float32 -> bf16 bits, round to nearest even (torch's c10::round_to_nearest_even;
 //                                 NaN -> the quiet NaN 0x7FC0; overflow carries into the exponent: Inf)
 //   from_bf16(x, out)             bf16 bits -> float32 (exact: append 16 zero bits)
+//   round_bf16(x, out)            float32 -> float32 holding x rounded to bf16 (to_bf16 then from_bf16 in one pass:
+//                                 autocast's rounding of an emulated op's fp32 inputs and of their gradients)
 //   relu(x, out)                  0 where x < 0, else x (NaN and -0.0 pass, as torch.relu)
 //   relu_backward(g, y, out)      0 where y <= 0, else g (torch's threshold_backward on the saved output)
 //   isa()                         the path the next call takes: "avx2" or "scalar" (TINYLEARN_CPU_FEATURES)
@@ -52,6 +54,13 @@ __attribute__((optimize("no-tree-vectorize"))) void bf16k_to_bf16_scalar(const f
 __attribute__((optimize("no-tree-vectorize"))) void bf16k_from_bf16_scalar(const uint16_t* x, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = tl::bf16_to_float(x[i]);
 }
+__attribute__((optimize("no-tree-vectorize"))) void bf16k_round_scalar(const float* x, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    o[i] = tl::bf16_to_float(tl::bf16_round_bits(u));
+  }
+}
 __attribute__((optimize("no-tree-vectorize"))) void bf16k_relu_scalar(const uint16_t* x, uint16_t* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = amp_neg(x[i]) ? uint16_t(0) : x[i];
 }
@@ -87,6 +96,14 @@ __attribute__((target("avx2"))) void bf16k_from_bf16_avx2(const uint16_t* x, flo
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_slli_epi32(w, 16));
   }
   bf16k_from_bf16_scalar(x + i, o + i, n - i);
+}
+__attribute__((target("avx2"))) void bf16k_round_avx2(const float* x, float* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i r = bf16k_round8(_mm256_castps_si256(_mm256_loadu_ps(x + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_slli_epi32(r, 16));
+  }
+  bf16k_round_scalar(x + i, o + i, n - i);
 }
 // unsigned 16-bit a > b as max(a, b) != b; a <= b as min(a, b) == a
 __attribute__((target("avx2"))) inline __m256i bf16k_le16(__m256i a, __m256i b) {
@@ -164,6 +181,17 @@ void amp_from_bf16(const py::array& x, py::array& out) {
   amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_from_bf16_avx2 : bf16k_from_bf16_scalar)(xp + b, op + b, e - b); });
 }
 
+void amp_round_bf16(const py::array& x, py::array& out) {
+  amp_need(x, py::dtype::of<float>(), "round_bf16", "x");
+  amp_need(out, py::dtype::of<float>(), "round_bf16", "out");
+  amp_same_shape(x, out, "round_bf16", "x", "out");
+  const float* xp = static_cast<const float*>(x.data());
+  float* op = static_cast<float*>(out.mutable_data());
+  const bool v = amp_avx2();
+  py::gil_scoped_release release;
+  amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_round_avx2 : bf16k_round_scalar)(xp + b, op + b, e - b); });
+}
+
 void amp_relu(const py::array& x, py::array& out) {
   amp_need(x, py::dtype::of<uint16_t>(), "relu", "x");
   amp_need(out, py::dtype::of<uint16_t>(), "relu", "out");
@@ -197,6 +225,8 @@ TL_REGISTER(amp) {
   m.def("to_bf16", &amp_to_bf16, py::arg("x"), py::arg("out"),
         "out[...] = bf16 bits of float32 x, round to nearest even (NaN -> 0x7FC0); C-contiguous, same shape");
   m.def("from_bf16", &amp_from_bf16, py::arg("x"), py::arg("out"), "out[...] = float32 values of the bf16 bits x (exact)");
+  m.def("round_bf16", &amp_round_bf16, py::arg("x"), py::arg("out"),
+        "out[...] = float32 x rounded to the nearest bf16 (ties to even; NaN -> quiet NaN), kept in float32");
   m.def("relu", &amp_relu, py::arg("x"), py::arg("out"), "out = 0 where x < 0 else x, on bf16 bits (torch.relu)");
   m.def("relu_backward", &amp_relu_backward, py::arg("g"), py::arg("y"), py::arg("out"),
         "out = 0 where y <= 0 else g, on bf16 bits (torch's threshold_backward on the saved output)");

@@ -248,6 +248,34 @@ def test_from_bf16_registered_cast_is_exact_and_routes_layouts():
         from_bf16(np.ones(3, np.float32))
 
 
+def test_round_bf16_equals_the_two_casts_on_every_path(cpu_path):
+    """amp.round_bf16 (AutocastRound's one pass) gives the bits of to_bf16 then from_bf16: ties to even, NaN quiet,
+    overflow to Inf, subnormals, -0.0; C++ for contiguous float32, numpy's casts otherwise."""
+    from tinylearn.amp.bf16_ops import ROUND_BF16, round_bf16
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([SPECIAL, (rng.standard_normal(1036) * 1e3).astype(np.float32)]).reshape(-1, 33)
+    want = to_bf16(x).astype(np.float32)
+    nan = np.isnan(x)
+
+    def same(got, want, nan):  # bit for bit; a NaN stays a NaN (the C++ path makes it the quiet 0x7FC0, as torch)
+        return np.array_equal(np.isnan(got), nan) and np.array_equal(
+            got.view(np.uint32)[~nan], want.view(np.uint32)[~nan]
+        )
+
+    for backend in ("cpp", "numpy"):
+        got = round_bf16(x, backend=backend)
+        assert got.dtype == np.float32 and same(got, want, nan)
+    assert same(round_bf16(x.T), want.T, nan.T)
+    assert (
+        backends.resolve(ROUND_BF16, args=(x.T,))[0] == "numpy" and backends.resolve(ROUND_BF16, args=(x,))[0] == "cpp"
+    )
+    with pytest.raises(TypeError, match="x: expected a float32 numpy.ndarray, got float64"):
+        round_bf16(np.ones(3))
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        backends.load_C("amp").round_bf16(x.T, np.empty(x.T.shape, np.float32))
+
+
 # ---------------------------------------------------------------------------------------------------- ReLU
 def _bits(vals):
     return np.array(vals, np.uint16)

@@ -43,7 +43,7 @@ from ..autograd.autocast_state import (  # noqa: F401  (get_/is_autocast_*: the 
     register_hook,
     set_dtype,
 )
-from .bf16_ops import FROM_BF16, TO_BF16
+from .bf16_ops import FROM_BF16, ROUND_BF16, TO_BF16
 from .dtypes import bfloat16, float16, float32, is_floating, low_dtype
 
 # torch aten op -> tinylearn Function class name
@@ -133,6 +133,8 @@ class AutocastRound(Function):
 
 
 def _round_fp32(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == bfloat16 and x.dtype == float32:
+        return backends.dispatch(ROUND_BF16, x)  # one pass (C++ for contiguous arrays) instead of two casts
     return _convert(_convert(x, dtype), x.dtype)
 
 

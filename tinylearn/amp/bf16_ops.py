@@ -12,6 +12,9 @@
                              numpy's fp32 copies
     amp.to_bf16       float32 -> bfloat16, round to nearest even (torch's rule; NaN -> quiet NaN)
                       numpy  ml_dtypes' astype        cpp  cpp_src/amp_bf16.cpp (AVX2, scalar), C-contiguous input
+    amp.round_bf16    float32 -> float32 rounded to bfloat16 (to_bf16 then from_bf16: autocast's rounding of an
+                      emulated op's fp32 inputs and gradients, AutocastRound)
+                      numpy  the two astypes                cpp  cpp_src/amp_bf16.cpp, one pass, C-contiguous input
     amp.from_bf16     bfloat16 -> float32 (exact: 16 zero bits appended)
                       numpy  ml_dtypes' astype        cpp  cpp_src/amp_bf16.cpp, C-contiguous input ([128, 16, 8, 8]:
                                                            6 us vs astype's 27 us; autocast's casts up and its
@@ -37,6 +40,7 @@ from .dtypes import bfloat16
 BF16_MATMUL = "amp.bf16_matmul"
 TO_BF16 = "amp.to_bf16"
 FROM_BF16 = "amp.from_bf16"
+ROUND_BF16 = "amp.round_bf16"
 
 
 def _check_matmul(a: Any, b: Any) -> None:
@@ -89,6 +93,14 @@ def from_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
     return backends.dispatch(FROM_BF16, x, backend=backend)
 
 
+def round_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
+    """float32 array -> float32 array of its values rounded to the nearest bfloat16 (ties to even)."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
+        raise TypeError(f"x: expected a float32 numpy.ndarray, got {got}")
+    return backends.dispatch(ROUND_BF16, x, backend=backend)
+
+
 # ------------------------------------------------------------------------------------------------ implementations
 def _matmul_numpy(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     c = a.astype(np.float32) @ b.astype(np.float32)
@@ -125,6 +137,16 @@ def _from_bf16_numpy(x: np.ndarray) -> np.ndarray:
 def _from_bf16_cpp(x: np.ndarray) -> np.ndarray:
     out = np.empty(x.shape, np.float32)
     backends.load_C("amp").from_bf16(x.view(np.uint16), out)
+    return out
+
+
+def _round_numpy(x: np.ndarray) -> np.ndarray:
+    return x.astype(bfloat16).astype(np.float32)
+
+
+def _round_cpp(x: np.ndarray) -> np.ndarray:
+    out = np.empty(x.shape, np.float32)
+    backends.load_C("amp").round_bf16(x, out)
     return out
 
 
@@ -168,5 +190,7 @@ backends.register(BF16_MATMUL, "cpp", _matmul_cpp(1), version="simd", available=
 backends.register(BF16_MATMUL, "cpp", _matmul_cpp(0), version="parallel", default=True, available=_cpp_ok)
 backends.register(TO_BF16, "numpy", _to_bf16_numpy, example=_example_cast, compared=_compared)
 backends.register(TO_BF16, "cpp", _to_bf16_cpp, when=_contiguous_f32, available=_has("amp", "to_bf16"))
+backends.register(ROUND_BF16, "numpy", _round_numpy, example=_example_cast)
+backends.register(ROUND_BF16, "cpp", _round_cpp, when=_contiguous_f32, available=_has("amp", "round_bf16"))
 backends.register(FROM_BF16, "numpy", _from_bf16_numpy, example=_example_widen)
 backends.register(FROM_BF16, "cpp", _from_bf16_cpp, when=_contiguous_bf16, available=_has("amp", "from_bf16"))
