@@ -342,10 +342,54 @@ inline Bf16Pair load_pair(const Bf16* p) {
   return v;
 }
 
-void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, Bf16Pair* dst, bool = false) {
+// Row-major B with pairs: row 2p and row 2p+1 interleaved (16 columns per step: vpunpckl/hwd, then the 128-bit
+// halves put back in column order); returns the pairs packed (the caller packs the rest).
+__attribute__((target("avx2"))) ssize_t pack_b_pairs_rows(const Bf16* src, ssize_t rs, ssize_t kc, ssize_t NR,
+                                                          Bf16Pair* dst) {
+  ssize_t p = 0;
+  for (; 2 * p + 1 < kc; ++p)
+    for (ssize_t g = 0; g < NR; g += 16) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * p * rs + g));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (2 * p + 1) * rs + g));
+      const __m256i a = _mm256_unpacklo_epi16(lo, hi), b = _mm256_unpackhi_epi16(lo, hi);  // cols 0-3 8-11 | 4-7 12-15
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + p * NR + g), _mm256_permute2x128_si256(a, b, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + p * NR + g + 8), _mm256_permute2x128_si256(a, b, 0x31));
+    }
+  return p;
+}
+
+// Column-major A (g.T in dW = g.T @ x) with pairs, MR = 6: columns 2p and 2p+1 (contiguous over the rows)
+// interleaved 8 rows at a time, of which the 6 of the panel are stored (the caller guarantees rows 6-7 exist in the
+// block, so the loads stay inside A); returns the pairs packed.
+ssize_t pack_a_pairs_cols6(const Bf16* src, ssize_t cs, ssize_t kc, Bf16Pair* dst) {
+  ssize_t p = 0;
+  for (; 2 * p + 1 < kc; ++p, dst += 6) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * p * cs));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (2 * p + 1) * cs));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_unpacklo_epi16(lo, hi));      // rows 0-3
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + 4), _mm_unpackhi_epi16(lo, hi));  // rows 4-5
+  }
+  return p;
+}
+
+// simd (the dpbf16 kernel: AVX-512, so AVX2): a pair of adjacent k is one 32-bit lane, so a row-major A and a
+// column-major B (W.T) are the fp32 transposes of pack_a_t8 / pack_b_t8 on those lanes (bits moved, never
+// converted), a row-major B interleaves two rows (pack_b_pairs_rows); odd strides and the last k % 16 go scalar.
+void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_t MR, Bf16Pair* dst, bool simd = false) {
   for (ssize_t r = 0; r < mc; r += MR) {
     const ssize_t rows = std::min(MR, mc - r);
-    for (ssize_t k = 0; k < kc; k += 2) {
+    ssize_t k0 = 0;
+    if (simd && A.cs == 1 && A.rs % 2 == 0 && p0 % 2 == 0 && rows == MR && (MR == 6 || MR == 8)) {
+      const float* src = reinterpret_cast<const float*>(A.p + (i0 + r) * A.rs + p0);
+      const ssize_t np = pack_a_t8(src, A.rs / 2, kc / 2, MR, reinterpret_cast<float*>(dst));
+      k0 = 2 * np;
+      dst += np * MR;
+    } else if (simd && A.rs == 1 && A.cs != 1 && rows == MR && MR == 6 && r + 8 <= mc) {
+      const ssize_t np = pack_a_pairs_cols6(A.p + i0 + r + p0 * A.cs, A.cs, kc, dst);
+      k0 = 2 * np;
+      dst += np * MR;
+    }
+    for (ssize_t k = k0; k < kc; k += 2) {
       if (A.cs == 1 && k + 1 < kc)
         for (ssize_t ii = 0; ii < rows; ++ii) dst[ii] = load_pair(&A.p[(i0 + r + ii) * A.rs + p0 + k]);
       else
@@ -357,10 +401,21 @@ void pack_a(View<Bf16> A, ssize_t i0, ssize_t mc, ssize_t p0, ssize_t kc, ssize_
   }
 }
 
-void pack_b(View<Bf16> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, Bf16Pair* dst, bool = false) {
+void pack_b(View<Bf16> B, ssize_t p0, ssize_t kc, ssize_t j0, ssize_t nc, ssize_t NR, Bf16Pair* dst, bool simd = false) {
   for (ssize_t c = 0; c < nc; c += NR) {
     const ssize_t cols = std::min(NR, nc - c);
-    for (ssize_t k = 0; k < kc; k += 2) {
+    ssize_t k0 = 0;
+    if (simd && cols == NR && NR % 16 == 0 && p0 % 2 == 0) {
+      ssize_t np = 0;
+      if (B.rs == 1 && B.cs != 1 && B.cs % 2 == 0)
+        np = pack_b_t8(reinterpret_cast<const float*>(B.p + p0 + (j0 + c) * B.cs), B.cs / 2, kc / 2, NR,
+                       reinterpret_cast<float*>(dst));
+      else if (B.cs == 1)
+        np = pack_b_pairs_rows(B.p + p0 * B.rs + j0 + c, B.rs, kc, NR, dst);
+      k0 = 2 * np;
+      dst += np * NR;
+    }
+    for (ssize_t k = k0; k < kc; k += 2) {
       const Bf16* lo = B.p + (p0 + k) * B.rs + (j0 + c) * B.cs;
       const bool has_hi = k + 1 < kc;
       if (B.rs == 1 && has_hi)
@@ -394,7 +449,7 @@ struct Kernel {
 };
 
 // dpbf16: KC = 512 k is 256 pairs, so the KC x NR sliver of B is 32 KB as in the fp32 6x32 kernel.
-const Kernel<float, Bf16Pair> kDpbf16Kernel{&ukr_avx512_dpbf16, 6, 32, 512, 96, 4096};
+const Kernel<float, Bf16Pair> kDpbf16Kernel{&ukr_avx512_dpbf16, 6, 32, 512, 96, 4096, true};
 
 template <class T>
 Kernel<T> kernel_for(const std::string& version, const std::string& isa);
@@ -457,11 +512,14 @@ void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int
   }
   const ssize_t nc_max = std::min(kn.NC, ((d.N + kn.NR - 1) / kn.NR) * kn.NR);
   const ssize_t kc_max = std::min(kn.KC, d.K);
-  // balance: split M into a multiple of `threads` blocks of at most MC rows (rounded to MR)
+  // balance: split M into a multiple of `threads` blocks of about MC rows, in whole MR-row units spread evenly
+  // (block b holds units [b U / nblk, (b+1) U / nblk)): the static schedule then gives every thread the same rows
+  // to one unit per block. (Rounding one block size up to MR and cutting M by it left the last block short: M = 512
+  // on two threads was 270 rows against 242.)
+  const ssize_t units = (d.M + kn.MR - 1) / kn.MR;
   ssize_t nblk = (d.M + kn.MC - 1) / kn.MC;
-  nblk = ((nblk + threads - 1) / threads) * threads;
-  ssize_t mc_blk = (d.M + nblk - 1) / nblk;
-  mc_blk = std::max(kn.MR, ((mc_blk + kn.MR - 1) / kn.MR) * kn.MR);
+  nblk = std::min(((nblk + threads - 1) / threads) * threads, std::max<ssize_t>(units, 1));
+  const ssize_t mc_blk = ((units + nblk - 1) / nblk) * kn.MR;  // the largest block
   const ssize_t kp_max = (kc_max + kPerElement<P> - 1) / kPerElement<P>;  // packed elements along k
   auto Bp = aligned_buffer<P>(size_t(kp_max) * nc_max);
   std::vector<std::unique_ptr<P[], AlignedFree>> Aps;
@@ -485,8 +543,10 @@ void gemm_packed(View<S> A, View<S> B, T* C, Dims d, const Kernel<T, P>& kn, int
                  kn.simd_pack);
         // implicit barrier: the B panel is complete before anyone reads it
 #pragma omp for schedule(static)
-        for (ssize_t ic = 0; ic < d.M; ic += mc_blk) {
-          const ssize_t mc = std::min(mc_blk, d.M - ic);
+        for (ssize_t blk = 0; blk < nblk; ++blk) {
+          const ssize_t ic = blk * units / nblk * kn.MR;
+          const ssize_t mc = std::min((blk + 1) * units / nblk * kn.MR, d.M) - ic;
+          if (mc <= 0) continue;
           pack_a(A, ic, mc, pc, kc, kn.MR, Ap, kn.simd_pack);
           if (pc == 0)  // the block's rows of C, zeroed by the thread that accumulates into them (in its cache)
             for (ssize_t i = ic; i < ic + mc; ++i) std::fill(C + i * d.N + jc, C + i * d.N + jc + nc, T(0));

@@ -248,6 +248,29 @@ def test_from_bf16_registered_cast_is_exact_and_routes_layouts():
         from_bf16(np.ones(3, np.float32))
 
 
+@pytest.mark.parametrize("ta,tb,odd", [(a, b, o) for a in (0, 1) for b in (0, 1) for o in (0, 1)])
+def test_bf16_matmul_every_operand_layout_is_exact(cpu_path, ta, tb, odd):
+    """Row- and column-major A and B (the packs' transposing and pair-interleaving paths, their odd-stride and k-tail
+    fallbacks, the balanced row split over two threads): integer inputs, so every fp32 sum is exact and each dot
+    path must give exactly the float64 product."""
+    g = backends.load_C("gemm")
+    rng = np.random.default_rng(8)
+    dots = ["widen"] + (["dpbf16"] if cpu_path == "avx512" and "dpbf16" in g.bf16_dot_path() else [])
+    for m, k, n in [(256, 512, 10), (37, 29, 53), (64, 8, 64), (7, 300, 33), (300, 17, 100), (50, 1030, 70)]:
+        a = rng.integers(-4, 5, (k, m) if ta else (m, k)).astype(bfloat16).view(np.uint16)
+        b = rng.integers(-4, 5, (n, k) if tb else (k, n)).astype(bfloat16).view(np.uint16)
+        a, b = (a.T if ta else a), (b.T if tb else b)
+        if odd:  # a row stride that is odd (a column slice of a wider array)
+            wide = np.zeros((a.shape[0], a.shape[1] + 1), np.uint16)
+            wide[:, :-1] = a
+            a = wide[:, :-1]
+        want = a.view(bfloat16).astype(np.float64) @ b.view(bfloat16).astype(np.float64)
+        for dot in dots:
+            for threads in (1, 2):
+                got = g.bf16_matmul(a, b, out="float32", dot=dot, threads=threads)
+                assert np.array_equal(got, want), (m, k, n, dot, threads)
+
+
 def test_round_bf16_equals_the_two_casts_on_every_path(cpu_path):
     """amp.round_bf16 (AutocastRound's one pass) gives the bits of to_bf16 then from_bf16: ties to even, NaN quiet,
     overflow to Inf, subnormals, -0.0; C++ for contiguous float32, numpy's casts otherwise."""
