@@ -8,8 +8,12 @@
 //             (MR rows / NR columns interleaved, zero-padded) then a portable C++ MR x NR micro-kernel
 //   simd      the same packing with a hand-written register-blocked micro-kernel: MR x NR accumulators held in
 //             vector registers, one broadcast of A and NR/lanes loads of B per k, FMA (AVX2 6x16 / AVX-512
-//             6x32 for fp32; 6x8 / 6x16 for fp64); runtime ISA dispatch, a scalar kernel as the fallback
-//   parallel  simd + OpenMP: threads share the packed B panel and split the MC row blocks (macro-tiles) of C
+//             6x32 for fp32; 6x8 / 6x16 for fp64); runtime ISA dispatch, a scalar kernel as the fallback. Its
+//             packing is vectorised where the packed layout is a transpose of the source (a row-major A, a
+//             column-major B such as W.T): 8x8 register transposes (pack_a_t8 / pack_b_t8), 2-3x the scalar copy
+//   parallel  simd + OpenMP: threads share the packed B panel and split C's rows into MC-sized blocks of whole
+//             MR-row units spread evenly (each thread the same rows to one unit); each thread zeroes its own
+//             blocks of C and runs the epilogue (bf16_matmul's bias and rounding) on them while they are in cache
 // ISA dispatch: the best of avx512 > avx2 > scalar this CPU has; TINYLEARN_CPU_FEATURES=scalar|avx2|avx512 (or the
 // isa= argument) forces one (ValueError when the CPU lacks it). The SIMD kernels are compiled with
 // __attribute__((target(...))) so a portable build still contains them.
