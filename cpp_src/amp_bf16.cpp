@@ -7,6 +7,8 @@
 //   from_bf16(x, out)             bf16 bits -> float32 (exact: append 16 zero bits)
 //   round_bf16(x, out)            float32 -> float32 holding x rounded to bf16 (to_bf16 then from_bf16 in one pass:
 //                                 autocast's rounding of an emulated op's fp32 inputs and of their gradients)
+//   sum_rows(x, out)              out[j] = bf16 of the fp32 sum over i of x[i, j] (a bf16 Linear's bias gradient:
+//                                 fp32 accumulation of the rows in order, one rounding), x 2-D
 //   relu(x, out)                  0 where x < 0, else x (NaN and -0.0 pass, as torch.relu)
 //   relu_backward(g, y, out)      0 where y <= 0, else g (torch's threshold_backward on the saved output)
 //   isa()                         the path the next call takes: "avx2" or "scalar" (TINYLEARN_CPU_FEATURES)
@@ -105,6 +107,34 @@ __attribute__((target("avx2"))) void bf16k_round_avx2(const float* x, float* o, 
   }
   bf16k_round_scalar(x + i, o + i, n - i);
 }
+__attribute__((optimize("no-tree-vectorize"))) void bf16k_sum_rows_scalar(const uint16_t* x, int64_t m, int64_t n,
+                                                                      int64_t j0, int64_t j1, uint16_t* o) {
+  for (int64_t j = j0; j < j1; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < m; ++i) acc += tl::bf16_to_float(x[i * n + j]);
+    o[j] = tl::bf16_round(acc);
+  }
+}
+// 32 columns at a time (one 64-byte line per row): four 8-lane fp32 accumulators, rows added in order (the scalar
+// loop's sums, bit for bit)
+__attribute__((target("avx2"))) void bf16k_sum_rows_avx2(const uint16_t* x, int64_t m, int64_t n, int64_t j0,
+                                                         int64_t j1, uint16_t* o) {
+  int64_t j = j0;
+  for (; j + 32 <= j1; j += 32) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < m; ++i)
+      for (int q = 0; q < 4; ++q) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i * n + j + 8 * q));
+        acc[q] = _mm256_add_ps(acc[q], _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+      }
+    for (int q = 0; q < 2; ++q) {
+      const __m256i lo = bf16k_round8(_mm256_castps_si256(acc[2 * q])), hi = bf16k_round8(_mm256_castps_si256(acc[2 * q + 1]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j + 16 * q),
+                          _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8));
+    }
+  }
+  bf16k_sum_rows_scalar(x, m, n, j, j1, o);
+}
 // unsigned 16-bit a > b as max(a, b) != b; a <= b as min(a, b) == a
 __attribute__((target("avx2"))) inline __m256i bf16k_le16(__m256i a, __m256i b) {
   return _mm256_cmpeq_epi16(_mm256_min_epu16(a, b), a);
@@ -192,6 +222,27 @@ void amp_round_bf16(const py::array& x, py::array& out) {
   amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_round_avx2 : bf16k_round_scalar)(xp + b, op + b, e - b); });
 }
 
+void amp_sum_rows(const py::array& x, py::array& out) {
+  amp_need(x, py::dtype::of<uint16_t>(), "sum_rows", "x");
+  amp_need(out, py::dtype::of<uint16_t>(), "sum_rows", "out");
+  if (x.ndim() != 2) tl::value_error("amp.sum_rows: x must be 2-D, got shape " + tl::shape_str(x));
+  if (out.ndim() != 1 || out.shape(0) != x.shape(1))
+    tl::value_error("amp.sum_rows: out must have shape (" + std::to_string(x.shape(1)) + ",), got " +
+                    tl::shape_str(out));
+  const uint16_t* xp = static_cast<const uint16_t*>(x.data());
+  uint16_t* op = static_cast<uint16_t*>(out.mutable_data());
+  const int64_t m = x.shape(0), n = x.shape(1);
+  const bool v = amp_avx2();
+  py::gil_scoped_release release;
+  // column blocks over threads only when big (each thread's columns are summed exactly as on one)
+  const int64_t blocks = m * n >= 4 * kAmpGrain ? (n + 255) / 256 : 1;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t j0 = b * n / blocks, j1 = (b + 1) * n / blocks;
+    (v ? bf16k_sum_rows_avx2 : bf16k_sum_rows_scalar)(xp, m, n, j0, j1, op);
+  }
+}
+
 void amp_relu(const py::array& x, py::array& out) {
   amp_need(x, py::dtype::of<uint16_t>(), "relu", "x");
   amp_need(out, py::dtype::of<uint16_t>(), "relu", "out");
@@ -227,6 +278,8 @@ TL_REGISTER(amp) {
   m.def("from_bf16", &amp_from_bf16, py::arg("x"), py::arg("out"), "out[...] = float32 values of the bf16 bits x (exact)");
   m.def("round_bf16", &amp_round_bf16, py::arg("x"), py::arg("out"),
         "out[...] = float32 x rounded to the nearest bf16 (ties to even; NaN -> quiet NaN), kept in float32");
+  m.def("sum_rows", &amp_sum_rows, py::arg("x"), py::arg("out"),
+        "out[j] = bf16 bits of the fp32 sum of the bf16 column x[:, j] (rows in order), x 2-D C-contiguous");
   m.def("relu", &amp_relu, py::arg("x"), py::arg("out"), "out = 0 where x < 0 else x, on bf16 bits (torch.relu)");
   m.def("relu_backward", &amp_relu_backward, py::arg("g"), py::arg("y"), py::arg("out"),
         "out = 0 where y <= 0 else g, on bf16 bits (torch's threshold_backward on the saved output)");

@@ -271,6 +271,28 @@ def test_bf16_matmul_every_operand_layout_is_exact(cpu_path, ta, tb, odd):
                 assert np.array_equal(got, want), (m, k, n, dot, threads)
 
 
+def test_bf16_sum_rows_equals_numpys_fp32_reduce_on_every_path(cpu_path):
+    """amp.bf16_sum_rows (a bf16 Linear's bias gradient): the bits of np.add.reduce(dtype=float32) then one rounding,
+    for column counts around the 32-wide SIMD block, empty shapes and a large array split over threads."""
+    from tinylearn.amp.bf16_ops import SUM_ROWS, bf16_sum_rows
+
+    rng = np.random.default_rng(9)
+    for shape in [(256, 512), (256, 10), (3, 70), (1, 33), (1200, 1100), (0, 5), (5, 0)]:
+        x = (rng.standard_normal(shape) * 100).astype(bfloat16)
+        want = np.add.reduce(x, axis=0, dtype=np.float32).astype(bfloat16)
+        for backend in ("cpp", "numpy"):
+            got = bf16_sum_rows(x, backend=backend)
+            assert got.dtype == bfloat16 and np.array_equal(got.view(np.uint16), want.view(np.uint16)), shape
+    x = rng.standard_normal((6, 4)).astype(bfloat16)
+    assert backends.resolve(SUM_ROWS, args=(x.T,))[0] == "numpy" and backends.resolve(SUM_ROWS, args=(x,))[0] == "cpp"
+    with pytest.raises(TypeError, match="x: expected a bfloat16 numpy.ndarray, got float32"):
+        bf16_sum_rows(np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match="x: must be 2-D"):
+        bf16_sum_rows(np.ones(3, bfloat16))
+    with pytest.raises(ValueError, match="out must have shape"):
+        backends.load_C("amp").sum_rows(x.view(np.uint16), np.empty(5, np.uint16))
+
+
 def test_round_bf16_equals_the_two_casts_on_every_path(cpu_path):
     """amp.round_bf16 (AutocastRound's one pass) gives the bits of to_bf16 then from_bf16: ties to even, NaN quiet,
     overflow to Inf, subnormals, -0.0; C++ for contiguous float32, numpy's casts otherwise."""

@@ -15,6 +15,9 @@
     amp.round_bf16    float32 -> float32 rounded to bfloat16 (to_bf16 then from_bf16: autocast's rounding of an
                       emulated op's fp32 inputs and gradients, AutocastRound)
                       numpy  the two astypes                cpp  cpp_src/amp_bf16.cpp, one pass, C-contiguous input
+    amp.bf16_sum_rows the bf16 column sums of a 2-D bfloat16 array, accumulated in fp32 over the rows in order and
+                      rounded once (a bf16 Linear's bias gradient)
+                      numpy  np.add.reduce(dtype=float32)   cpp  cpp_src/amp_bf16.cpp (24 -> ~4 us at 256 x 512)
     amp.from_bf16     bfloat16 -> float32 (exact: 16 zero bits appended)
                       numpy  ml_dtypes' astype        cpp  cpp_src/amp_bf16.cpp, C-contiguous input ([128, 16, 8, 8]:
                                                            6 us vs astype's 27 us; autocast's casts up and its
@@ -41,6 +44,7 @@ BF16_MATMUL = "amp.bf16_matmul"
 TO_BF16 = "amp.to_bf16"
 FROM_BF16 = "amp.from_bf16"
 ROUND_BF16 = "amp.round_bf16"
+SUM_ROWS = "amp.bf16_sum_rows"
 
 
 def _check_matmul(a: Any, b: Any) -> None:
@@ -101,6 +105,16 @@ def round_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
     return backends.dispatch(ROUND_BF16, x, backend=backend)
 
 
+def bf16_sum_rows(x: Any, *, backend: str | None = None) -> np.ndarray:
+    """Column sums of a 2-D bfloat16 array: fp32 accumulation over the rows, one rounding to bfloat16 ([N])."""
+    if not isinstance(x, np.ndarray) or x.dtype != bfloat16:
+        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
+        raise TypeError(f"x: expected a bfloat16 numpy.ndarray, got {got}")
+    if x.ndim != 2:
+        raise ValueError(f"x: must be 2-D, got shape {x.shape}")
+    return backends.dispatch(SUM_ROWS, x, backend=backend)
+
+
 # ------------------------------------------------------------------------------------------------ implementations
 def _matmul_numpy(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     c = a.astype(np.float32) @ b.astype(np.float32)
@@ -150,6 +164,25 @@ def _round_cpp(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _sum_rows_numpy(x: np.ndarray) -> np.ndarray:
+    return np.add.reduce(x, axis=0, dtype=np.float32).astype(bfloat16)
+
+
+def _sum_rows_cpp(x: np.ndarray) -> np.ndarray:
+    out = np.empty(x.shape[1], np.uint16)
+    backends.load_C("amp").sum_rows(x.view(np.uint16), out)
+    return out.view(bfloat16)
+
+
+def _contiguous_bf16_2d(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == bfloat16 and x.ndim == 2 and x.flags.c_contiguous
+
+
+def _example_sum_rows(rng: Any) -> tuple[tuple, dict]:
+    """Small integers: every fp32 sum is exact, so both implementations agree bit for bit."""
+    return (rng.integers(-8, 9, (37, 45)).astype(bfloat16),), {}
+
+
 def _contiguous_f32(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
 
@@ -192,5 +225,7 @@ backends.register(TO_BF16, "numpy", _to_bf16_numpy, example=_example_cast, compa
 backends.register(TO_BF16, "cpp", _to_bf16_cpp, when=_contiguous_f32, available=_has("amp", "to_bf16"))
 backends.register(ROUND_BF16, "numpy", _round_numpy, example=_example_cast)
 backends.register(ROUND_BF16, "cpp", _round_cpp, when=_contiguous_f32, available=_has("amp", "round_bf16"))
+backends.register(SUM_ROWS, "numpy", _sum_rows_numpy, example=_example_sum_rows, compared=_compared)
+backends.register(SUM_ROWS, "cpp", _sum_rows_cpp, when=_contiguous_bf16_2d, available=_has("amp", "sum_rows"))
 backends.register(FROM_BF16, "numpy", _from_bf16_numpy, example=_example_widen)
 backends.register(FROM_BF16, "cpp", _from_bf16_cpp, when=_contiguous_bf16, available=_has("amp", "from_bf16"))
