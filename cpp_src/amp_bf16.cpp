@@ -189,37 +189,29 @@ void amp_split(int64_t n, F body) {
   for (int64_t c = 0; c < chunks; ++c) body(c * kAmpGrain, std::min(n, (c + 1) * kAmpGrain));
 }
 
+// out = kernel(x) element-wise: dtypes In -> Out, one shape, C-contiguous; the AVX2 or scalar kernel (the path
+// TINYLEARN_CPU_FEATURES allows), big arrays split over threads, the GIL released.
+template <class In, class Out>
+void amp_unary(const py::array& x, py::array& out, const char* fn, void (*avx2)(const In*, Out*, int64_t),
+               void (*scalar)(const In*, Out*, int64_t)) {
+  amp_need(x, py::dtype::of<In>(), fn, "x");
+  amp_need(out, py::dtype::of<Out>(), fn, "out");
+  amp_same_shape(x, out, fn, "x", "out");
+  const In* xp = static_cast<const In*>(x.data());
+  Out* op = static_cast<Out*>(out.mutable_data());
+  const auto kernel = amp_avx2() ? avx2 : scalar;
+  py::gil_scoped_release release;
+  amp_split(x.size(), [&](int64_t b, int64_t e) { kernel(xp + b, op + b, e - b); });
+}
+
 void amp_to_bf16(const py::array& x, py::array& out) {
-  amp_need(x, py::dtype::of<float>(), "to_bf16", "x");
-  amp_need(out, py::dtype::of<uint16_t>(), "to_bf16", "out");
-  amp_same_shape(x, out, "to_bf16", "x", "out");
-  const float* xp = static_cast<const float*>(x.data());
-  uint16_t* op = static_cast<uint16_t*>(out.mutable_data());
-  const bool v = amp_avx2();
-  py::gil_scoped_release release;
-  amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_to_bf16_avx2 : bf16k_to_bf16_scalar)(xp + b, op + b, e - b); });
+  amp_unary<float, uint16_t>(x, out, "to_bf16", bf16k_to_bf16_avx2, bf16k_to_bf16_scalar);
 }
-
 void amp_from_bf16(const py::array& x, py::array& out) {
-  amp_need(x, py::dtype::of<uint16_t>(), "from_bf16", "x");
-  amp_need(out, py::dtype::of<float>(), "from_bf16", "out");
-  amp_same_shape(x, out, "from_bf16", "x", "out");
-  const uint16_t* xp = static_cast<const uint16_t*>(x.data());
-  float* op = static_cast<float*>(out.mutable_data());
-  const bool v = amp_avx2();
-  py::gil_scoped_release release;
-  amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_from_bf16_avx2 : bf16k_from_bf16_scalar)(xp + b, op + b, e - b); });
+  amp_unary<uint16_t, float>(x, out, "from_bf16", bf16k_from_bf16_avx2, bf16k_from_bf16_scalar);
 }
-
 void amp_round_bf16(const py::array& x, py::array& out) {
-  amp_need(x, py::dtype::of<float>(), "round_bf16", "x");
-  amp_need(out, py::dtype::of<float>(), "round_bf16", "out");
-  amp_same_shape(x, out, "round_bf16", "x", "out");
-  const float* xp = static_cast<const float*>(x.data());
-  float* op = static_cast<float*>(out.mutable_data());
-  const bool v = amp_avx2();
-  py::gil_scoped_release release;
-  amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_round_avx2 : bf16k_round_scalar)(xp + b, op + b, e - b); });
+  amp_unary<float, float>(x, out, "round_bf16", bf16k_round_avx2, bf16k_round_scalar);
 }
 
 void amp_sum_rows(const py::array& x, py::array& out) {
@@ -244,14 +236,7 @@ void amp_sum_rows(const py::array& x, py::array& out) {
 }
 
 void amp_relu(const py::array& x, py::array& out) {
-  amp_need(x, py::dtype::of<uint16_t>(), "relu", "x");
-  amp_need(out, py::dtype::of<uint16_t>(), "relu", "out");
-  amp_same_shape(x, out, "relu", "x", "out");
-  const uint16_t* xp = static_cast<const uint16_t*>(x.data());
-  uint16_t* op = static_cast<uint16_t*>(out.mutable_data());
-  const bool v = amp_avx2();
-  py::gil_scoped_release release;
-  amp_split(x.size(), [&](int64_t b, int64_t e) { (v ? bf16k_relu_avx2 : bf16k_relu_scalar)(xp + b, op + b, e - b); });
+  amp_unary<uint16_t, uint16_t>(x, out, "relu", bf16k_relu_avx2, bf16k_relu_scalar);
 }
 
 void amp_relu_backward(const py::array& g, const py::array& y, py::array& out) {

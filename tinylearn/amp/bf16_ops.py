@@ -81,36 +81,32 @@ def bf16_matmul(
     return backends.dispatch(BF16_MATMUL, a, b, bias, backend=backend, version=version)
 
 
+def _need(x: Any, dtype: Any) -> np.ndarray:
+    """``x`` when it is a numpy array of ``dtype``; TypeError naming ``x`` and what it got otherwise."""
+    if not isinstance(x, np.ndarray) or x.dtype != dtype:
+        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
+        raise TypeError(f"x: expected a {np.dtype(dtype).name} numpy.ndarray, got {got}")
+    return x
+
+
 def to_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
     """float32 array -> bfloat16 array, round to nearest even (``x.astype(bfloat16)``'s values, faster)."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
-        raise TypeError(f"x: expected a float32 numpy.ndarray, got {got}")
-    return backends.dispatch(TO_BF16, x, backend=backend)
+    return backends.dispatch(TO_BF16, _need(x, np.float32), backend=backend)
 
 
 def from_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
     """bfloat16 array -> float32 array (exact; ``x.astype(numpy.float32)``, faster)."""
-    if not isinstance(x, np.ndarray) or x.dtype != bfloat16:
-        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
-        raise TypeError(f"x: expected a bfloat16 numpy.ndarray, got {got}")
-    return backends.dispatch(FROM_BF16, x, backend=backend)
+    return backends.dispatch(FROM_BF16, _need(x, bfloat16), backend=backend)
 
 
 def round_bf16(x: Any, *, backend: str | None = None) -> np.ndarray:
     """float32 array -> float32 array of its values rounded to the nearest bfloat16 (ties to even)."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
-        raise TypeError(f"x: expected a float32 numpy.ndarray, got {got}")
-    return backends.dispatch(ROUND_BF16, x, backend=backend)
+    return backends.dispatch(ROUND_BF16, _need(x, np.float32), backend=backend)
 
 
 def bf16_sum_rows(x: Any, *, backend: str | None = None) -> np.ndarray:
     """Column sums of a 2-D bfloat16 array: fp32 accumulation over the rows, one rounding to bfloat16 ([N])."""
-    if not isinstance(x, np.ndarray) or x.dtype != bfloat16:
-        got = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
-        raise TypeError(f"x: expected a bfloat16 numpy.ndarray, got {got}")
-    if x.ndim != 2:
+    if _need(x, bfloat16).ndim != 2:
         raise ValueError(f"x: must be 2-D, got shape {x.shape}")
     return backends.dispatch(SUM_ROWS, x, backend=backend)
 
