@@ -277,3 +277,14 @@ def test_recompute_priority_bad_input():
         amp.select_by_priority([1, 2], [1.0], 1)
     with pytest.raises(ValueError, match="budget"):
         amp.select_by_priority([1, 2], [1.0, 2.0], -1)
+
+
+def test_step_ratio_times_both_steps_and_checks_its_arguments():
+    from tinylearn.amp.bench import step_ratio
+
+    r = step_ratio("mlp", 32, 16, rounds=2)
+    assert 0.05 < r < 20  # a ratio of two real step times (bf16 / fp32), not a constant
+    for kw in ({"kind": "rnn"}, {"width": 0}, {"batch": True}, {"rounds": 1.5}):
+        args = {"kind": "mlp", "width": 32, "batch": 16, "rounds": 2, **kw}
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            step_ratio(**args)

@@ -180,6 +180,29 @@ def _tinygrad_step(tg: Any, kind: str, width: int, batch: int, dtype: str) -> Ca
     return lambda: jf(x)
 
 
+def step_ratio(kind: str, width: int, batch: int, rounds: int = 15) -> float:
+    """tinylearn's autocast-bf16 step time / its fp32 step time, the two steps timed **interleaved** (fp32, bf16,
+    fp32, ... after two warm-up calls each) and compared on their fastest calls: load on a shared machine then hits
+    both alike, where a table that times one step after the other can catch a burst on one of them only (a loaded
+    CI box put notebook 11's bf16 row 1.5x over its fp32 row that way, and a quiet rerun at 1.2x)."""
+    import time
+
+    if kind not in ("mlp", "cnn"):
+        raise ValueError(f"kind: expected 'mlp' or 'cnn', got {kind!r}")
+    for name, v in (("width", width), ("batch", batch), ("rounds", rounds)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    steps = {"fp32": _tl_step(kind, width, batch, None), "bf16": _tl_step(kind, width, batch, "bfloat16")}
+    best = {k: float("inf") for k in steps}
+    for r in range(rounds + 2):
+        for k in ("fp32", "bf16") if r % 2 else ("bf16", "fp32"):
+            t0 = time.perf_counter()
+            steps[k]()
+            if r >= 2:  # two warm-up rounds
+                best[k] = min(best[k], time.perf_counter() - t0)
+    return best["bf16"] / best["fp32"]
+
+
 def step_table(kind: str, width: int, batch: int, progress: Callable[[str], None] | None = None) -> Table:
     from ..memory import estimate, measure_peak
 
