@@ -312,8 +312,12 @@ def run_notebooks(
         return report(run, False)
 
     for n in alone:
-        if probs := one(n):
-            failures[n] = probs
+        if probs := one(n):  # a timing assert under load from outside: one more run alone, named (as nbval_run.py)
+            print(f"lab test: {n} failed alone ({probs[0][:120]}); running it once more", flush=True)
+            if again := one(n):
+                failures[n] = again
+            else:
+                print(f"lab test: NOTE {n} passed on a second run alone after failing the first: {probs[0][:200]}")
     active: list[tuple[int, NotebookRun]] = []
     rerun: list[tuple[str, str]] = []
     while queue or active:

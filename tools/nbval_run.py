@@ -6,7 +6,9 @@ the cores' capacity or of latency tails: notebook 06's collective times, 13's TP
 one at a time, with the cores to themselves. The others run ``--jobs`` at a time on pytest-xdist workers
 (``--dist loadfile``: each notebook's cells stay in order on one kernel). A notebook that fails beside another is
 run again alone: it passes only if it passes there, and the report names it and its first failure, so a notebook
-whose claims do not survive a busy neighbour (the learner's busy laptop) is visible rather than hidden.
+whose claims do not survive a busy neighbour (the learner's busy laptop) is visible rather than hidden. A notebook
+that fails alone (its timing asserts met load from outside this machine's own jobs: a shared host) gets one more
+run alone, under the same rule: it passes only if that run passes, and a NOTE names it and its first failure.
 ``--jobs 1`` runs every notebook one at a time.
 
     python tools/nbval_run.py                      # every notebook
@@ -67,7 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     if exclusive:
         print(f"nbval: {len(exclusive)} notebook(s) one at a time: {', '.join(Path(p).stem for p in exclusive)}")
         code, failed = _pytest(exclusive, [])
-        bad += list(failed) or ([f"(pytest exit {code})"] if code else [])
+        if code and not failed:
+            bad.append(f"(pytest exit {code}, no failed cell reported)")
+        for nb, first in failed.items():  # a timing assert under load from outside: one more run alone, named
+            print(f"nbval: {nb} failed alone ({first}); running it once more")
+            if _pytest([nb], [])[0]:
+                bad.append(nb)
+            else:
+                print(f"nbval: NOTE {nb} passed on a second run alone after failing the first: {first}")
     if shared:
         print(f"nbval: {len(shared)} notebooks, {args.jobs} at a time")
         code, failed = _pytest(shared, ["-n", str(args.jobs), "--dist", "loadfile"])
