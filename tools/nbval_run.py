@@ -66,28 +66,26 @@ def main(argv: list[str] | None = None) -> int:
     paths = [f"notebooks/{n}" for n in names]
     exclusive, shared = ([f"notebooks/{n}" for n in part] for part in notebook_plan(names, args.jobs))
     t0, bad = time.time(), []
-    if exclusive:
-        print(f"nbval: {len(exclusive)} notebook(s) one at a time: {', '.join(Path(p).stem for p in exclusive)}")
-        code, failed = _pytest(exclusive, [])
-        if code and not failed:
-            bad.append(f"(pytest exit {code}, no failed cell reported)")
-        for nb, first in failed.items():  # a timing assert under load from outside: one more run alone, named
-            print(f"nbval: {nb} failed alone ({first}); running it once more")
-            if _pytest([nb], [])[0]:
-                bad.append(nb)
-            else:
-                print(f"nbval: NOTE {nb} passed on a second run alone after failing the first: {first}")
-    if shared:
-        print(f"nbval: {len(shared)} notebooks, {args.jobs} at a time")
-        code, failed = _pytest(shared, ["-n", str(args.jobs), "--dist", "loadfile"])
+
+    def run(paths: list[str], extra: list[str], failed_how: str, passed_how: str) -> None:
+        """nbval over ``paths``; each notebook that fails is run once more alone and passes only if that run does
+        (``bad`` collects the rest), a NOTE naming it and its first failure otherwise."""
+        code, failed = _pytest(paths, extra)
         if code and not failed:
             bad.append(f"(pytest exit {code}, no failed cell reported)")
         for nb, first in failed.items():
-            print(f"nbval: {nb} failed beside another notebook ({first}); running it alone")
+            print(f"nbval: {nb} failed {failed_how} ({first}); running it alone once more")
             if _pytest([nb], [])[0]:
                 bad.append(nb)
             else:
-                print(f"nbval: NOTE {nb} passed alone but failed while sharing the cores: {first}")
+                print(f"nbval: NOTE {nb} passed alone but failed {passed_how}: {first}")
+
+    if exclusive:  # a failure alone: a timing assert met load from outside this machine's own jobs
+        print(f"nbval: {len(exclusive)} notebook(s) one at a time: {', '.join(Path(p).stem for p in exclusive)}")
+        run(exclusive, [], "alone", "its first run alone")
+    if shared:
+        print(f"nbval: {len(shared)} notebooks, {args.jobs} at a time")
+        run(shared, ["-n", str(args.jobs), "--dist", "loadfile"], "beside another notebook", "while sharing the cores")
     status = "FAILED: " + ", ".join(bad) if bad else "all passed"
     print(f"nbval: {len(paths)} notebooks in {time.time() - t0:.0f} s, {status}")
     return 1 if bad else 0
