@@ -98,3 +98,28 @@ def test_dispatch_latency_is_charged_to_startup():
     assert cal["dispatch_s"] == pytest.approx(0.025)  # median of 0 (a) and 0.05 (b)
     assert cal["spawn_s"] == pytest.approx(0.1)
     assert cal["startup_s"] == pytest.approx(0.125)
+
+
+def test_warmup_steps_fitted_apart_and_replayed():
+    # one job alone: a cold first step of 0.5 s, then 0.1 s steps; the steady step ignores the cold one
+    js = _js("a", 0.0, 0.0, [0.5, 0.1, 0.1, 0.1, 0.1, 0.1])
+    cal = calibrate([js])
+    k = job_key(js.job)
+    assert cal["step_s"][k] == pytest.approx(0.1)
+    assert cal["warmup_s"][k] == [pytest.approx(0.4), pytest.approx(0.0), pytest.approx(0.0)]
+    out = validate([js], FIFO(), {"cpu": 1})
+    assert out["per_job"]["a"]["sim"] == pytest.approx(js.jct())
+    no_warm = validate([js], FIFO(), {"cpu": 1}, calib={**cal, "warmup_s": {}})
+    assert no_warm["per_job"]["a"]["sim"] == pytest.approx(js.jct() - 0.4)
+
+
+def test_pauses_make_a_preempted_job_count_for_startup():
+    js = _js("a", 0.0, 0.0, [0.1] * 4, pre=0.3)
+    js.preemptions = 1
+    assert calibrate([js])["spawn_s"] == 0.0  # no record of the pause: left out
+    js.finish_t += 2.0  # paused 2 s between steps 2 and 3
+    js.extra["pauses"] = [(0.5, 2.5)]
+    js.extra["step_ends"] = [0.4, 0.5, 2.6, 2.7]
+    cal = calibrate([js])
+    assert cal["spawn_s"] == pytest.approx(0.3)
+    assert cal["startup_by_workload"]["matmul"] == pytest.approx(0.3)

@@ -50,6 +50,24 @@ def test_srpt_suspends_and_resumes() -> None:
     assert ["preempt", "paused", "resume"] == [k for k in kinds(r, "long") if k in ("preempt", "paused", "resume")]
     assert by["long"].preemptions == 1 and r.completion_order() == ["short", "long"]
     assert by["long"].done_steps == 150
+    # what calibrate.py reads: when each step was heard of, and the idle pause (paused -> resume) in between
+    ev = {k: t for t, k, n, _ in r.events if n == "long" and k in ("paused", "resume")}
+    assert len(by["long"].extra["step_ends"]) == len(by["long"].step_times) == 150
+    (p0, p1), *rest = by["long"].extra["pauses"]
+    assert not rest and p0 == pytest.approx(ev["paused"], abs=1e-3) and p1 == pytest.approx(ev["resume"], abs=1e-3)
+
+
+@pytest.mark.timing
+def test_next_job_starts_without_waiting_for_the_last_to_exit() -> None:
+    # one core, two jobs back to back: the second starts within a scheduler tick of the first's "done", not after the
+    # first worker's interpreter teardown, 60-70 ms here (the loop reaps exited workers instead of waiting for them)
+    c = Cluster(devices={"cpu": 1, "mem_gb": 1.0}, policy=FIFO())
+    c.submit(Job("a", 3, size=64))
+    c.submit(Job("b", 3, size=64))
+    r = c.run(timeout_s=30)
+    by = r.by_name()
+    assert by["a"].state == by["b"].state == "done"
+    assert 0.0 <= by["b"].start_t - by["a"].finish_t < 0.04, (by["a"].finish_t, by["b"].start_t)
 
 
 def test_checkpoint_preemption_resumes_bitwise() -> None:

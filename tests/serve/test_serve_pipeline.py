@@ -180,9 +180,15 @@ def test_async_preprocessor_overlap(model):
 
     with no_grad():
         seq_out, seq_t = pre.serve(reqs, step, overlap=False)
-        ov_out, ov_t = pre.serve(reqs, step, overlap=True)
-    for a, b in zip(seq_out, ov_out):
-        np.testing.assert_array_equal(a, b)
+        # up to 3 overlapped runs: each must be issued ahead (structural); the measured overlap needs the OS to run
+        # the preprocessing threads during a step, which a loaded host (CI once) can delay past it in one run
+        for _ in range(3):
+            ov_out, ov_t = pre.serve(reqs, step, overlap=True)
+            for a, b in zip(seq_out, ov_out):
+                np.testing.assert_array_equal(a, b)
+            assert ov_t["pre_spans"][1][0] < ov_t["step_spans"][0][1]
+            if ov_t["overlap_s"] > 0:
+                break
     # multi-turn: turn j's rendered text starts with turn j-1's, so its full blocks are prefix-cache hits
     pre2 = AsyncPreprocessor(tok, block_size=16, max_len=96)
     for j, batch in enumerate(reqs):
@@ -191,7 +197,7 @@ def test_async_preprocessor_overlap(model):
             prev = [len(tok.encode("".join(f"<{r}>: {m}\n" for r, m in req[:-2]))) // 16 for req in batch]
             assert all(h >= n > 0 for h, n in zip(packed.cached_blocks, prev))
     # pipelining, from the measured spans: batch 1 is preprocessed while batch 0 is in the model step ...
-    assert ov_t["pre_spans"][1][0] < ov_t["step_spans"][0][1] and ov_t["overlap_s"] > 0
+    assert ov_t["overlap_s"] > 0
     assert seq_t["overlap_s"] == 0
     # ... and never more than 2 * depth + 1 batches ahead of the model (bounded queue)
     for j in range(5, len(reqs)):

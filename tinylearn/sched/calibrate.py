@@ -3,19 +3,25 @@
 ``calibrate(report_or_jobstates)`` reads what the real cluster (``cluster.py``) measured on processes -- each
 finished job's ``step_times``, ``start_t`` and ``finish_t`` -- and fits the three parameters of ``sim.Simulator``:
 
-    step_s[key]    the mean step time of a job kind running ALONE, key = (workload, size, gang) (the mean, not the
-                   median: a JCT is a sum of step times, and a shared VM's occasional slow steps belong in it); a step
-                   counts as "alone" when less than half of it overlapped another job's run. Step intervals are rebuilt
-                   from the finish time backwards (``finish_t - sum of the later step times``) for jobs that were never
-                   preempted; a preempted job's steps are still used for the step time of its kind but not classified
-                   (its pauses break the reconstruction). Another job counts as running from its start (process spawn
-                   included: a spawning worker slows its neighbour too) to its finish. A cluster that records absolute
-                   step end times in ``extra["step_ends"]`` is read directly.
+    step_s[key]    the mean step time of a job kind running ALONE past its first ``WARMUP_STEPS`` steps, key =
+                   (workload, size, gang) (the mean, not the median: a JCT is a sum of step times, and a shared VM's
+                   occasional slow steps belong in it); a step counts as "alone" when less than half of it overlapped
+                   another job's run. Step intervals come from ``extra["step_ends"]`` (the real cluster records when
+                   it heard of each step), else are rebuilt from the finish time backwards (``finish_t - sum of the
+                   later step times``) for jobs that were never preempted. Another job counts as running from its
+                   start (process spawn included: a spawning worker slows its neighbour too) to its finish.
+    warmup_s[key]  the extra seconds of each of a kind's first ``WARMUP_STEPS`` steps over its steady step (a cold
+                   worker: page faults, allocator growth, lazy init; the digits CNN's first step takes ~5x a later
+                   one). It matters beyond the seconds: SRPT and SJF order by the mean step MEASURED so far, so a
+                   slow first step pushes a job back in the queue -- the simulator sees the same numbers only if it
+                   replays the same warm-up.
     interference   the mean of (a step that overlapped another job) / (its kind's alone mean): co-located jobs
                    on this VM's 2 cores share the memory bandwidth and last-level cache (and any other load the VM
                    has), so both slow down. 1.0 when the run has no such pairs.
-    startup_s      spawn_s + dispatch_s. spawn_s: the median over never-preempted jobs of (finish - start - sum of
-                   step times): process spawn, imports and the work the worker does not count as a step. dispatch_s:
+    startup_s      spawn_s + dispatch_s. spawn_s: the median over jobs of (active time - sum of step times): process
+                   spawn, imports and the work the worker does not count as a step; active time = finish - start less
+                   the idle pauses the cluster recorded (``extra["pauses"]``; a preempted job without them is left
+                   out). dispatch_s:
                    the median over jobs of (start - the moment it could have started: its arrival, or the last finish
                    before its start), the scheduler loop's reaction time -- the simulator reacts instantly, so it is
                    charged to the job's start. ``startup_by_workload`` is the same per workload (a CNN worker
@@ -43,6 +49,7 @@ from .policies import Policy
 from .sim import Simulator
 
 Key = tuple[str, int, int]
+WARMUP_STEPS = 3  # a worker's first steps run cold (page faults, allocator growth, lazy init): fitted apart
 
 
 def job_key(job: Job) -> Key:
@@ -79,6 +86,15 @@ def step_intervals(js: JobState) -> list[tuple[float, float]] | None:
     return out[::-1]
 
 
+def active_s(js: JobState) -> float | None:
+    """Seconds a job's worker was running (start to finish less the recorded idle pauses ``extra["pauses"]``); None
+    for a preempted job without that record (its pauses are unknown)."""
+    pauses = js.extra.get("pauses")
+    if js.preemptions and (pauses is None or len(pauses) < js.preemptions):
+        return None
+    return float(js.finish_t) - float(js.start_t) - sum(float(b) - float(a) for a, b in pauses or [])  # type: ignore[arg-type]
+
+
 def _overlap(a0: float, a1: float, spans: Sequence[tuple[float, float]]) -> float:
     return sum(max(0.0, min(a1, b1) - max(a0, b0)) for b0, b1 in spans)
 
@@ -96,45 +112,53 @@ def calibrate(report_or_jobstates: Any) -> dict[str, Any]:
     """
     many = _is_runs(report_or_jobstates)
     runs = [_states(r) for r in report_or_jobstates] if many else [_states(report_or_jobstates)]
-    alone: dict[Key, list[float]] = {}
-    shared: list[tuple[Key, float]] = []
+    alone: dict[Key, list[tuple[int, float]]] = {}  # (step index, seconds)
+    shared: list[tuple[Key, int, float]] = []
+    first: list[tuple[Key, int, float, str]] = []  # the first WARMUP_STEPS steps: (key, index, s, alone/shared/?)
     for done in runs:
         # another job "runs" from its start (process spawn included) to its finish
         spans = {id(js): (float(js.start_t), float(js.finish_t)) for js in done}  # type: ignore[arg-type]
         for js in done:
             key = job_key(js.job)
             iv = step_intervals(js)
-            if iv is None:
-                continue
             others = [spans[id(o)] for o in done if o is not js]
-            for (a0, a1), d in zip(iv, js.step_times, strict=True):
-                if a1 - a0 <= 0:
-                    continue
-                if _overlap(a0, a1, others) / (a1 - a0) < 0.5:
-                    alone.setdefault(key, []).append(float(d))
-                else:
-                    shared.append((key, float(d)))
+            for i, d in enumerate(js.step_times):
+                how = "?"
+                if iv is not None and iv[i][1] - iv[i][0] > 0:
+                    a0, a1 = iv[i]
+                    how = "alone" if _overlap(a0, a1, others) / (a1 - a0) < 0.5 else "shared"
+                    if how == "alone":
+                        alone.setdefault(key, []).append((i, float(d)))
+                    else:
+                        shared.append((key, i, float(d)))
+                if i < WARMUP_STEPS:
+                    first.append((key, i, float(d), how))
     done = [js for run in runs for js in run]
-    step_s = {k: float(np.mean(v)) for k, v in alone.items()}
-    ratios = [d / step_s[k] for k, d in shared if k in step_s]
+
+    def steady(xs: list[tuple[int, float]]) -> list[float]:  # past the warm-up, unless the kind never got there
+        return [d for i, d in xs if i >= WARMUP_STEPS] or [d for _, d in xs]
+
+    step_s = {k: float(np.mean(steady(v))) for k, v in alone.items()}
+    ratios = steady([(i, d / step_s[k]) for k, i, d in shared if k in step_s])
     interference = max(1.0, float(np.mean(ratios))) if ratios else 1.0
     for js in done:  # kinds that never ran alone: their shared mean deflated by the interference
         k = job_key(js.job)
         if k not in step_s:
-            pool = [d for kk, d in shared if kk == k] or list(js.step_times)
+            pool = steady([(i, d) for kk, i, d in shared if kk == k]) or list(js.step_times)
             step_s[k] = float(np.mean(pool)) / interference
-    over = [
-        float(js.finish_t) - float(js.start_t) - sum(js.step_times)  # type: ignore[arg-type]
-        for js in done
-        if not js.preemptions
-    ]
+    warm: dict[Key, list[float]] = {}  # extra seconds of step i (i < WARMUP_STEPS) over the kind's steady step
+    for k in step_s:
+        rows = [[d - step_s[k] * (interference if how == "shared" else 1.0) for kk, ii, d, how in first
+                 if kk == k and ii == i] for i in range(WARMUP_STEPS)]  # fmt: skip
+        ex = [max(0.0, float(np.mean(r))) if r else 0.0 for r in rows]
+        if any(ex):
+            warm[k] = ex
+    over = [a - sum(js.step_times) for js in done if (a := active_s(js)) is not None]
     spawn = max(0.0, float(np.median(over))) if over else 0.0
     over_wl: dict[str, list[float]] = {}
     for js in done:
-        if not js.preemptions:
-            over_wl.setdefault(js.job.workload, []).append(
-                float(js.finish_t) - float(js.start_t) - sum(js.step_times)  # type: ignore[arg-type]
-            )
+        if (a := active_s(js)) is not None:
+            over_wl.setdefault(js.job.workload, []).append(a - sum(js.step_times))
     gaps = []  # dispatch latency: from the moment a job could start (arrival, or the last finish before it) to start
     for run in runs:
         for js in run:
@@ -143,6 +167,7 @@ def calibrate(report_or_jobstates: Any) -> dict[str, Any]:
     dispatch = max(0.0, float(np.median(gaps))) if gaps else 0.0
     return {
         "step_s": step_s,
+        "warmup_s": warm,
         "interference": interference,
         "startup_s": spawn + dispatch,
         # per workload: a CNN worker imports the nn stack and loads the digits, a matmul one only numpy
@@ -153,6 +178,12 @@ def calibrate(report_or_jobstates: Any) -> dict[str, Any]:
         "n_shared": len(shared),
         "keys": sorted(step_s),
     }
+
+
+def warmup_fn(calib: Mapping[str, Any]) -> Callable[[Job], Sequence[float]]:
+    """``warmup_of(job)`` for ``Simulator``: the extra seconds of the job kind's first steps (empty if none)."""
+    table: dict[Key, list[float]] = {k: list(v) for k, v in (calib.get("warmup_s") or {}).items()}
+    return lambda job: table.get(job_key(job), [])
 
 
 def step_time_fn(calib: Mapping[str, Any]) -> Callable[[Job, DeviceSpec | None], float]:
@@ -203,7 +234,7 @@ def validate(
     if isinstance(su, Mapping):  # a workload the calibration run did not have gets the overall startup
         su = {**{js.job.workload: float(cal["startup_s"]) for js in done}, **su}
     sim = Simulator(capacity, type(policy)() if _fresh_ok(policy) else policy, step_s_of=step_time_fn(cal),
-                    interference=float(cal["interference"]), startup_s=su)  # fmt: skip
+                    interference=float(cal["interference"]), startup_s=su, warmup_of=warmup_fn(cal))  # fmt: skip
     rep = sim.simulate(arrivals)
     sim_jct = rep.jct()
     per_job = {}

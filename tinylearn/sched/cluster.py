@@ -51,6 +51,7 @@ from .policies import FIFO, Policy, make_policy
 
 PREEMPT_MODES = ("suspend", "checkpoint")
 STARTUP_GRACE_S = 10.0  # added to step_timeout_s until a new worker reports "ready" (interpreter + imports)
+EXIT_GRACE_S = 5.0  # a worker that reported "done" (or was killed) and has not exited after this is SIGKILLed
 _ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -141,6 +142,7 @@ class Cluster:
         self._free = dict(self.capacity)
         self._cores = list(self.core_ids)
         self._procs: dict[int, _Proc] = {}  # id(JobState) -> its live worker
+        self._exiting: list[tuple[_Proc, float]] = []  # finished workers still exiting, with a kill deadline
         self._tmp = tempfile.TemporaryDirectory(prefix="tl_sched_")
         if any(js.job.workload == "cnn" for js in jobs):  # one copy of the digits for every cnn worker
             X, y = load_digits()
@@ -156,6 +158,7 @@ class Cluster:
                     arrived.append(js)
                     self._event("arrive", js, f"demand={js.job.demand}")
                 self._check_limits(now)
+                self._reap()
                 self._schedule(self._waiting(arrived))
                 waiting = self._waiting(arrived)
                 if not arrivals and not waiting and not self._procs:
@@ -174,6 +177,7 @@ class Cluster:
         finally:
             for p in list(self._procs.values()):
                 self._kill(p, "cluster shut down")
+            self._reap(block=True)
             self._tmp.cleanup()
         return summarize(jobs, self._events, len(self.core_ids), policy=self.policy.name)
 
@@ -216,6 +220,8 @@ class Cluster:
             cores, self._cores = self._cores[: js.job.gang], self._cores[js.job.gang :]
             self._free = take(self._free, js.job.demand)
             p = self._procs.get(id(js))
+            if "_paused_at" in js.extra:  # idle intervals (no worker running), for calibrate.py's start-up fit
+                js.extra.setdefault("pauses", []).append((js.extra.pop("_paused_at"), self._now()))
             if p is not None and p.phase == "paused":  # suspended worker: resume on (possibly other) cores
                 p.cores, p.phase, p.seg_start, p.last_t = cores, "running", self._now(), self._now()
                 self._send(p, "resume " + json.dumps(cores))
@@ -281,17 +287,30 @@ class Cluster:
         js.state, js.finish_t, js.error = state, self._now(), error
         self._event(state, js, error or "")
         self._procs.pop(id(js), None)
-        try:
-            p.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.popen.kill()
-            p.popen.wait(timeout=5)
-        for f in (p.popen.stdin, p.popen.stdout, p.err):
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
+        self._exiting.append((p, self._now() + EXIT_GRACE_S))  # reaped by the loop: waiting here would stall it
+
+    def _reap(self, block: bool = False) -> None:
+        """Close the finished workers that have exited; SIGKILL one still alive ``EXIT_GRACE_S`` after its end (all
+        of them, waiting, when ``block``). The loop never waits for an exit: a worker's interpreter teardown takes
+        tens of ms, and blocking on it delayed the next job's start by as much (seen as the dispatch delay)."""
+        keep = []
+        for p, deadline in self._exiting:
+            if p.popen.poll() is None:
+                if not block and self._now() < deadline:
+                    keep.append((p, deadline))
+                    continue
+                try:
+                    p.popen.wait(timeout=max(0.0, deadline - self._now()) if block else 0)
+                except subprocess.TimeoutExpired:
+                    p.popen.kill()
+                    p.popen.wait(timeout=5)
+            for f in (p.popen.stdin, p.popen.stdout, p.err):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
+        self._exiting = keep
 
     def _kill(self, p: _Proc, why: str) -> None:
         p.popen.kill()  # SIGKILL: the job gets no say
@@ -348,21 +367,21 @@ class Cluster:
         elif ev == "step":
             js.done_steps = int(m["step"])
             js.step_times.append(float(m["dt"]))
+            js.extra.setdefault("step_ends", []).append(now)  # when the scheduler heard of it (calibrate.py reads it)
             js.attained_s = js.extra.get("closed_s", 0.0) + (now - p.seg_start)
         elif ev == "paused":
             self._release(p)
             p.phase, js.state = "paused", "paused"
+            js.extra["_paused_at"] = now
             self._event("paused", js, f"step={m['step']}")
         elif ev == "stopped":
             self._release(p)
             js.extra["ckpt_saved"] = True
+            js.extra["_paused_at"] = now
             js.state = "paused"
             self._event("stopped", js, f"step={m['step']} checkpoint")
             self._procs.pop(id(js), None)
-            p.popen.wait(timeout=5)
-            for f in (p.popen.stdin, p.popen.stdout, p.err):
-                if f is not None:
-                    f.close()
+            self._exiting.append((p, now + EXIT_GRACE_S))
         elif ev == "done":
             js.done_steps = int(m["step"])
             js.extra["digest"] = m["digest"]

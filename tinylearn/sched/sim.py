@@ -13,7 +13,8 @@ real cluster (``cluster.py``) measures on processes, the simulator computes:
                 ``startup_s`` on a job's first step (process spawn and imports on the real cluster; it counts as
                 service and in the JCT, not in ``step_times``, as a real worker reports its steps); a dict
                 ``{workload: seconds}`` gives each workload its own (a CNN worker imports and loads more than a
-                matmul one; a workload not in the dict gets the median of the dict's values).
+                matmul one; a workload not in the dict gets the median of the dict's values), plus
+                ``warmup_of(job)[i]`` on step i (a cold worker's first steps; ``calibrate.warmup_fn``).
     ties        jobs arriving at the same time keep their order in the input list (``extra["seq"]``, as the real
                 cluster's submission sequence), which FIFO-like policies use to break the tie.
     decisions   ``select`` is called after every batch of events at one time instant whenever a job waits (with an
@@ -126,6 +127,7 @@ class Simulator:
         f_mhz: float | None = None,
         interference: float = 1.0,
         startup_s: float | Mapping[str, float] = 0.0,
+        warmup_of: Callable[[Job], Sequence[float]] | None = None,
     ) -> None:
         if isinstance(devices, Mapping):
             if not devices:
@@ -149,6 +151,8 @@ class Simulator:
             raise TypeError(f"policy: expected a tinylearn.sched Policy, got {type(policy).__name__} {policy!r}")
         if step_s_of is not None and not callable(step_s_of):
             raise TypeError(f"step_s_of: expected a callable (job, device) -> seconds, got {step_s_of!r}")
+        if warmup_of is not None and not callable(warmup_of):
+            raise TypeError(f"warmup_of: expected a callable job -> [extra s of step 0, 1, ...], got {warmup_of!r}")
         if not is_real(interference) or not 1.0 <= float(interference) < 100:
             raise ValueError(f"interference: expected a slowdown factor in [1, 100), got {interference!r}")
         per_wl = dict(startup_s) if isinstance(startup_s, Mapping) else {}
@@ -159,6 +163,7 @@ class Simulator:
             raise ValueError("startup_s: expected a non-empty dict workload -> seconds, got {}")
         self.policy = policy
         self.step_s_of = step_s_of
+        self.warmup_of = warmup_of
         self.f_mhz = f_mhz
         self.interference = float(interference)
         self.startup_by_workload = {str(k): float(v) for k, v in per_wl.items()}
@@ -229,6 +234,10 @@ class Simulator:
             nonlocal seq
             base = self._base_step(js.job, js.extra.get("_units", []))
             dt = base * (self.interference if len(running) > 1 else 1.0)
+            if self.warmup_of is not None:  # a cold worker's first steps (calibrate.py's warmup_s)
+                warm = self.warmup_of(js.job)
+                if js.done_steps < len(warm):
+                    dt += float(warm[js.done_steps])
             js.extra["_su"] = 0.0
             if js.done_steps == 0 and not js.extra.get("_started"):
                 su = self.startup_by_workload.get(js.job.workload, self.startup_s)
