@@ -91,3 +91,32 @@ def test_run_bandit_bad_inputs():
         run_bandit(SPACE, {"N": 64}, [{"k": 1}], rounds=3, reward="flops")
     with pytest.raises(ValueError, match="shape"):
         run_bandit(SPACE, {"N": 0}, [{"k": 1}], rounds=3)
+
+
+def test_run_bandit_rescores_when_a_faster_call_arrives(monkeypatch):
+    # scripted costs: arm k=1 costs 1.0 but its FIRST call was slowed to 5.0 (a busy neighbour); arm k=2 costs 3.0.
+    # A scale fixed by the first round (t_ref = 3.0) would score both arms 1.0 -- no gap to learn from; the running
+    # minimum rescored gives 1.0 and 1/3, so the slow arm is pulled rarely
+    import tinylearn.tune.bandit as bandit
+
+    calls = {1: 0}
+
+    def fake_timed(fn):  # the arm is the one select() just returned
+        if fake_timed.arm == 1:
+            calls[1] += 1
+            return 5.0 if calls[1] == 1 else 1.0
+        return 3.0
+
+    cfgs = [{"k": 1}, {"k": 2}]
+    orig_select = bandit.UCB1.select
+
+    def select(self):
+        arm = orig_select(self)
+        fake_timed.arm = cfgs[arm]["k"]
+        return arm
+
+    monkeypatch.setattr(bandit, "_timed", fake_timed)
+    monkeypatch.setattr(bandit.UCB1, "select", select)
+    res = run_bandit(SPACE, {"N": 16}, cfgs, rounds=200)
+    assert res.means[0] > 0.95 and res.means[1] == pytest.approx(1 / 3)
+    assert res.counts[1] < 0.25 * 200 and res.settled_arm == 0

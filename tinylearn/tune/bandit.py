@@ -10,13 +10,14 @@ reward; UCB1 (Auer et al. 2002) plays every arm once, then the arm maximising
 ever more rarely, and the expected number of pulls of a suboptimal arm grows only like log N / gap^2.
 
 ``run_bandit`` pulls arms = configurations: one pull is one timed call, its reward ``t_ref / t`` (``t_ref``: the
-fastest time of the first round, so the best arm earns about 1 and an arm twice as slow about 0.5, clipped to
-[0, 1]) or a callable ``reward(config, seconds)``. ``reward="cycles"`` counts CPU cycles of the call with the
-hardware counters of ``tinylearn.profiler.counters`` (same ratio, cycles instead of seconds: immune to frequency
-changes and to time the thread spent descheduled); where the PMU cannot be read (a VM without one) it falls back
-to time and ``reward_source`` says so. Afterwards every arm is measured carefully (``measure_config``) and the
-*regret* of each round is ``(t[chosen] - t[best]) / t[best]``: the fraction of a best call's time lost to
-exploring; its cumulative sum grows logarithmically when the bandit works.
+fastest call so far, of any arm, so the best arm earns about 1 and an arm twice as slow about 0.5; when a faster
+call arrives every earlier reward is rescored against it: a scale fixed by one slow first round -- a busy neighbour
+-- would shrink the gaps the bandit needs) or a callable ``reward(config, seconds)``. ``reward="cycles"`` counts CPU
+cycles of the call with the hardware counters of ``tinylearn.profiler.counters`` (same ratio, cycles instead of
+seconds: immune to frequency changes and to time the thread spent descheduled); where the PMU cannot be read (a VM
+without one) it falls back to time and ``reward_source`` says so. Afterwards every arm is measured carefully
+(``measure_config``) and the *regret* of each round is ``(t[chosen] - t[best]) / t[best]``: the fraction of a best
+call's time lost to exploring; its cumulative sum grows logarithmically when the bandit works.
 """
 
 from __future__ import annotations
@@ -174,25 +175,24 @@ def run_bandit(
         fns.append(fn)
     ucb = UCB1(list(range(len(cfgs))), c=c)
     chosen: list[int] = []
-    t_ref: float | None = None
-    first: list[float] = []
+    costs: list[list[float]] = [[] for _ in cfgs]  # every pull's cost, per arm: rewards are rescored when t_ref falls
+    t_ref = math.inf
     for _ in range(rounds):
         i = ucb.select()
         call = functools.partial(fns[i], *args, **kwargs)
         t = _timed(call)
-        if callable(reward):
-            r = float(reward(cfgs[i], t))
-        else:
-            cost = _cycles(counters, call) if counters is not None else t
-            if t_ref is None:
-                first.append(cost)
-            r = 1.0 if t_ref is None else min(1.0, t_ref / cost)  # provisional during the first round
-        ucb.update(i, r)
         chosen.append(i)
-        if t_ref is None and not callable(reward) and len(first) == len(cfgs):
-            t_ref = min(first)  # the first round is over: fix the scale and rescore its provisional rewards
-            for j, cj in enumerate(first):
-                ucb.sums[j] += min(1.0, t_ref / cj) - 1.0
+        if callable(reward):
+            ucb.update(i, float(reward(cfgs[i], t)))
+            continue
+        cost = _cycles(counters, call) if counters is not None else t
+        costs[i].append(cost)
+        if cost < t_ref:  # a new fastest call sets the scale: rescore every reward so far against it
+            t_ref = cost
+            ucb.counts[i] += 1
+            ucb.sums = [sum(min(1.0, t_ref / cj) for cj in cs) for cs in costs]
+        else:
+            ucb.update(i, min(1.0, t_ref / cost))
     true_s = [measure_config(space, cf, args, kwargs, warmup=1, repeat=5).seconds or float("inf") for cf in cfgs]
     best = min(true_s)
     regret, acc = [], 0.0
