@@ -220,14 +220,14 @@ class Cluster:
             cores, self._cores = self._cores[: js.job.gang], self._cores[js.job.gang :]
             self._free = take(self._free, js.job.demand)
             p = self._procs.get(id(js))
-            if "_paused_at" in js.extra:  # idle intervals (no worker running), for calibrate.py's start-up fit
-                js.extra.setdefault("pauses", []).append((js.extra.pop("_paused_at"), self._now()))
             if p is not None and p.phase == "paused":  # suspended worker: resume on (possibly other) cores
                 p.cores, p.phase, p.seg_start, p.last_t = cores, "running", self._now(), self._now()
                 self._send(p, "resume " + json.dumps(cores))
                 self._event("resume", js, "cores=" + ",".join(map(str, cores)))
             else:
                 self._spawn(js, cores, resume=bool(js.extra.get("ckpt_saved")))
+            if "_paused_at" in js.extra:  # the idle interval, paused/stopped -> resume/restart event (calibrate.py)
+                js.extra.setdefault("pauses", []).append((js.extra.pop("_paused_at"), self._events[-1][0]))
             js.state = "running"
             if js.start_t is None:
                 js.start_t = self._now()
@@ -372,14 +372,14 @@ class Cluster:
         elif ev == "paused":
             self._release(p)
             p.phase, js.state = "paused", "paused"
-            js.extra["_paused_at"] = now
             self._event("paused", js, f"step={m['step']}")
+            js.extra["_paused_at"] = self._events[-1][0]
         elif ev == "stopped":
             self._release(p)
             js.extra["ckpt_saved"] = True
-            js.extra["_paused_at"] = now
             js.state = "paused"
             self._event("stopped", js, f"step={m['step']} checkpoint")
+            js.extra["_paused_at"] = self._events[-1][0]
             self._procs.pop(id(js), None)
             self._exiting.append((p, now + EXIT_GRACE_S))
         elif ev == "done":
