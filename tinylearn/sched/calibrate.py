@@ -153,12 +153,12 @@ def calibrate(report_or_jobstates: Any) -> dict[str, Any]:
         ex = [max(0.0, float(np.mean(r))) if r else 0.0 for r in rows]
         if any(ex):
             warm[k] = ex
-    over = [a - sum(js.step_times) for js in done if (a := active_s(js)) is not None]
-    spawn = max(0.0, float(np.median(over))) if over else 0.0
-    over_wl: dict[str, list[float]] = {}
+    over_wl: dict[str, list[float]] = {}  # per workload: active time not spent in steps (spawn, imports)
     for js in done:
         if (a := active_s(js)) is not None:
             over_wl.setdefault(js.job.workload, []).append(a - sum(js.step_times))
+    over = [v for vs in over_wl.values() for v in vs]
+    spawn = max(0.0, float(np.median(over))) if over else 0.0
     gaps = []  # dispatch latency: from the moment a job could start (arrival, or the last finish before it) to start
     for run in runs:
         for js in run:

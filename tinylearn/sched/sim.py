@@ -234,8 +234,10 @@ class Simulator:
             nonlocal seq
             base = self._base_step(js.job, js.extra.get("_units", []))
             dt = base * (self.interference if len(running) > 1 else 1.0)
-            if self.warmup_of is not None:  # a cold worker's first steps (calibrate.py's warmup_s)
-                warm = self.warmup_of(js.job)
+            if self.warmup_of is not None:  # a cold worker's first steps (calibrate.py's warmup_s), looked up once
+                warm = js.extra.get("_warm")
+                if warm is None:
+                    warm = js.extra["_warm"] = self.warmup_of(js.job)
                 if js.done_steps < len(warm):
                     dt += float(warm[js.done_steps])
             js.extra["_su"] = 0.0
